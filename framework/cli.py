@@ -1,0 +1,159 @@
+"""Command line: ``python experiments/run.py --selector static --length confidence ...``.
+
+Strategy names and their hyper-parameter flags come from the registry: every field ``f`` of a
+registered strategy's config is settable as ``--<kind>.<f> VALUE`` (``--selector.skip_ratio 0.3``,
+``--length.threshold 0.7``). Out-of-tree strategies are loaded with ``--import my_pkg.module``.
+Bad input exits with status 2 and a message naming the flag, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from framework.config import ConfigError, build_config, field_defaults, field_help
+from framework.data import DataError
+from framework.models import DTYPES, ModelLoadError
+from framework.registry import REGISTRIES, UnknownNameError, load_builtin_strategies
+from framework.utils import MissingDependencyError
+
+USER_ERRORS = (ConfigError, UnknownNameError, DataError, ModelLoadError, MissingDependencyError)
+
+
+def list_strategies(verbose: bool = True) -> str:
+    """Every registry with each name's one-line description (and its config fields)."""
+    lines = []
+    for kind, reg in REGISTRIES.items():
+        lines.append(f"{kind}s (--{kind}):")
+        for e in reg.entries():
+            lines.append(f"  {e.name:<22} {e.description}")
+            if verbose:
+                helps, defaults = field_help(e.config), field_defaults(e.config)
+                for f in dataclasses.fields(e.config):
+                    lines.append(f"      --{kind}.{f.name} (default {defaults.get(f.name)!r}): {helps[f.name]}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _import_user_modules(argv: Sequence[str]) -> None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--import", dest="imports", action="append", default=[])
+    known, _ = pre.parse_known_args(argv)
+    for mod in known.imports:
+        try:
+            importlib.import_module(mod)
+        except ImportError as err:
+            raise ConfigError("--import", mod, f"an importable module ({err})") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run.py",
+        description="Self-speculative decoding experiment: decode every prompt with vanilla greedy decoding and "
+        "with the chosen strategies, interleaved, and print speedup, M, alpha and the lossless check.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Strategy hyper-parameters: --<kind>.<field> VALUE (see --list for every field and default).",
+    )
+    p.add_argument("--list", action="store_true", help="list every registered strategy with its config fields and exit")
+    p.add_argument("--print-config", action="store_true", help="print the resolved configuration as JSON and exit")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers extra strategies (repeatable)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None, help="HF model directory or hub id (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=None, help="Spec-Bench-format JSONL (default: the built-in suite)")
+    g.add_argument("--categories", default="", help="comma-separated categories to keep (e.g. mt_bench,qa)")
+    g.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per turn (default 128)")
+    g.add_argument("--stop", action="append", default=[], metavar="STRING", help="extra stop string (repeatable)")
+    g = p.add_argument_group("strategies")
+    defaults = {"selector": "static", "length": "confidence", "drafter": "layer_skip", "verifier": "greedy"}
+    for kind, reg in REGISTRIES.items():
+        g.add_argument(f"--{kind}", default=defaults[kind], metavar="{" + ",".join(reg.names()) + "}",
+                       help=f"{kind} (default {defaults[kind]})")
+    g = p.add_argument_group("strategy hyper-parameters")
+    for kind, reg in REGISTRIES.items():
+        owners: dict[str, list[str]] = {}
+        for e in reg.entries():
+            for f in dataclasses.fields(e.config):
+                owners.setdefault(f.name, []).append(e.name)
+        for fname, names in sorted(owners.items()):
+            g.add_argument(f"--{kind}.{fname}", dest=f"{kind}.{fname}", default=None, metavar="V",
+                           help=f"({', '.join(names)})")
+    g = p.add_argument_group("output")
+    g.add_argument("--output", default=None, help="results JSONL, appended (default runs/<method>-<time>.jsonl)")
+    g.add_argument("--name", default=None, help="method name in the results (default <selector>+<length>)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--warmup", type=int, default=1, help="warm-up generations per method (default 1)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace):
+    """Build a validated :class:`~framework.runner.RunConfig` from parsed arguments."""
+    from framework.runner import RunConfig, StrategySpec
+
+    specs = {}
+    for kind, reg in REGISTRIES.items():
+        name = getattr(args, kind)
+        entry = reg.entry(name)  # UnknownNameError lists the registered names
+        values = {
+            key.split(".", 1)[1]: val
+            for key, val in vars(args).items()
+            if key.startswith(f"{kind}.") and val is not None
+        }
+        specs[kind] = StrategySpec(name, build_config(entry.config, values, flag_prefix=f"--{kind}."))
+    return RunConfig(
+        model=args.model,
+        dtype=args.dtype if args.dtype in DTYPES else _bad("--dtype", args.dtype, f"one of {', '.join(DTYPES)}"),
+        device=args.device,
+        data=args.data,
+        categories=tuple(c.strip() for c in args.categories.split(",") if c.strip()),
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        output=args.output,
+        seed=args.seed,
+        warmup=args.warmup,
+        threads=args.threads,
+        stop_strings=tuple(args.stop),
+        name=args.name,
+        **specs,
+    )
+
+
+def _bad(flag: str, value, allowed: str):
+    raise ConfigError(flag, value, allowed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        load_builtin_strategies()
+        _import_user_modules(argv)
+        args = build_parser().parse_args(argv)
+        if args.list:
+            print(list_strategies())
+            return 0
+        cfg = config_from_args(args)
+        if args.print_config:
+            print(json.dumps(cfg.describe(), indent=2, default=str))
+            return 0
+        from framework.runner import run
+
+        run(cfg)
+        return 0
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # e.g. --device cuda without CUDA, prompt over the context
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: every finished prompt is in the output file", file=sys.stderr)
+        return 130

@@ -1,0 +1,150 @@
+"""Config dataclass helpers: documented fields, range checks with clear messages, string parsing.
+
+Every strategy owns a frozen dataclass of hyper-parameters. Fields are declared with
+:func:`param` (a default plus a one-line help that the CLI and the docs render); ``__post_init__``
+validates with :func:`check_range` / :func:`check_choice`, which raise :class:`ConfigError` naming
+the field, the value received and what is allowed. :func:`build_config` turns CLI/YAML strings into
+a config and prefixes the field with the flag (``--selector.skip_ratio``) in error messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config value is out of range or of the wrong type.
+
+    Attributes:
+        field: the config field (or CLI flag) at fault.
+        value: the value received.
+        allowed: a description of the allowed values.
+    """
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field} must be {allowed}, got {value!r}")
+
+    def with_flag(self, flag: str) -> ConfigError:
+        return ConfigError(flag, self.value, self.allowed)
+
+
+def param(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:  # noqa: A002
+    """A dataclass field with a help string (shown by ``run.py --help-strategy`` and the docs)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple or default_factory for mutable defaults")
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+def check_range(
+    field: str,
+    value: float,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> None:
+    """Raise :class:`ConfigError` unless ``lo (<|<=) value (<|<=) hi``."""
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or value != value  # NaN
+    if not bad and lo is not None:
+        bad = value <= lo if lo_open else value < lo
+    if not bad and hi is not None:
+        bad = value >= hi if hi_open else value > hi
+    if bad:
+        if lo is not None and hi is not None:
+            allowed = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        elif lo is not None:
+            allowed = f"{'>' if lo_open else '>='} {lo:g}"
+        elif hi is not None:
+            allowed = f"{'<' if hi_open else '<='} {hi:g}"
+        else:
+            allowed = "a number"
+        raise ConfigError(field, value, allowed)
+
+
+def check_choice(field: str, value: Any, choices: typing.Iterable[Any]) -> None:
+    choices = list(choices)
+    if value not in choices:
+        raise ConfigError(field, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def field_help(cfg_cls: type) -> dict[str, str]:
+    """``{field name: help}`` of a config dataclass."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cfg_cls)}
+
+
+def field_defaults(cfg_cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cfg_cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
+    return out
+
+
+def _parse_value(text: str, tp: Any, flag: str) -> Any:
+    """Convert a CLI/YAML string to the annotated type ``tp``."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if text.strip().lower() in ("none", "null", ""):
+            return None
+        return _parse_value(text, args[0], flag)
+    if origin is Literal:
+        choices = get_args(tp)
+        for c in choices:
+            if str(c) == text:
+                return c
+        raise ConfigError(flag, text, "one of " + ", ".join(str(c) for c in choices))
+    if origin is tuple:
+        inner = get_args(tp)[0] if get_args(tp) else str
+        parts = [p for p in text.replace(" ", "").split(",") if p]
+        return tuple(_parse_value(p, inner, flag) for p in parts)
+    if tp is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(flag, text, "a boolean (true/false)")
+    if tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            raise ConfigError(flag, text, f"a number ({tp.__name__})") from None
+    return text
+
+
+def build_config(cfg_cls: type[C], values: dict[str, Any], flag_prefix: str = "") -> C:
+    """Build ``cfg_cls`` from a dict of field values (strings are parsed with the field's type).
+
+    Args:
+        cfg_cls: a config dataclass.
+        values: ``{field: value}``; string values are converted using the field annotations.
+        flag_prefix: prepended to field names in error messages (``"--selector."``).
+
+    Raises:
+        ConfigError: unknown field, unparsable value, or a value rejected by the config's own
+            validation; the message names the flag.
+    """
+    hints = typing.get_type_hints(cfg_cls)
+    names = [f.name for f in dataclasses.fields(cfg_cls)]
+    kwargs = {}
+    for key, raw in values.items():
+        flag = f"{flag_prefix}{key}"
+        if key not in names:
+            raise ConfigError(flag, raw, f"a field of {cfg_cls.__name__} ({', '.join(names) or 'none'})")
+        kwargs[key] = _parse_value(raw, hints[key], flag) if isinstance(raw, str) else raw
+        if isinstance(kwargs[key], list):
+            kwargs[key] = tuple(kwargs[key])
+    try:
+        return cfg_cls(**kwargs)
+    except ConfigError as err:
+        raise err.with_flag(f"{flag_prefix}{err.field}") from None

@@ -1,0 +1,125 @@
+"""Aggregating per-prompt records into the metrics the papers report, and the results table.
+
+Definitions (``docs/concepts.md`` has the long form):
+
+- tokens/s of a method in a category: mean over prompts of (new tokens / wall time), all turns;
+- speedup: tokens/s of the method / tokens/s of vanilla on the same prompts (Spec-Bench's ratio of
+  means), both measured in the same process, interleaved, after warm-up;
+- M (mean accepted length): tokens committed per verification round, bonus token included;
+- alpha (acceptance rate): accepted draft tokens / drafted tokens;
+- skip ratio: mean fraction of sub-layers the draft skipped, over rounds that drafted;
+- lossless: prompts whose every turn is token-identical to vanilla greedy decoding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from framework.data import category_sort_key
+
+PHASES = ("prefill", "draft", "verify", "select", "length", "commit")
+
+
+@dataclass
+class MethodStats:
+    """Pooled statistics of one method over a set of prompts."""
+
+    prompts: int = 0
+    tokens_per_s: list[float] = field(default_factory=list)
+    new_tokens: int = 0
+    wall_time: float = 0.0
+    rounds: int = 0
+    committed: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    skip_ratio_sum: float = 0.0
+    skip_rounds: int = 0
+    lossless: int = 0
+    timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.prompts += 1
+        self.new_tokens += rec["new_tokens"]
+        self.wall_time += rec["wall_time"]
+        self.tokens_per_s.append(rec["new_tokens"] / rec["wall_time"] if rec["wall_time"] > 0 else 0.0)
+        self.rounds += len(rec["accept_lengths"])
+        self.committed += sum(rec["accept_lengths"])
+        self.drafted += rec["drafted"]
+        self.accepted += rec["accepted"]
+        for t in rec["turns"]:
+            self.skip_ratio_sum += sum(t.get("skip_ratios", []))
+            self.skip_rounds += len(t.get("skip_ratios", []))
+        self.lossless += int(bool(rec.get("lossless", False)))
+        for k, v in rec.get("timings", {}).items():
+            self.timings[k] += v
+
+    @property
+    def mean_tokens_per_s(self) -> float:
+        return sum(self.tokens_per_s) / len(self.tokens_per_s) if self.tokens_per_s else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.committed / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def skip_ratio(self) -> float:
+        return self.skip_ratio_sum / self.skip_rounds if self.skip_rounds else 0.0
+
+
+def aggregate(records: Iterable[dict[str, Any]], baseline: str = "vanilla") -> dict[str, dict[str, MethodStats]]:
+    """``{category or "overall": {method: MethodStats}}`` from per-prompt records."""
+    out: dict[str, dict[str, MethodStats]] = defaultdict(lambda: defaultdict(MethodStats))
+    for rec in records:
+        for cat in (rec["category"], "overall"):
+            out[cat][rec["method"]].add(rec)
+    cats = sorted((c for c in out if c != "overall"), key=category_sort_key) + ["overall"]
+    return {c: dict(out[c]) for c in cats if c in out}
+
+
+def results_table(records: list[dict[str, Any]], method: str, baseline: str = "vanilla") -> str:
+    """Markdown table per category and overall for ``method`` against ``baseline``."""
+    agg = aggregate(records, baseline)
+    head = (
+        "| category | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | lossless |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    rows = [head]
+    for cat, by_method in agg.items():
+        b, m = by_method.get(baseline), by_method.get(method)
+        if b is None or m is None:
+            continue
+        speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
+        name = f"**{cat}**" if cat == "overall" else cat
+        rows.append(
+            f"| {name} | {m.prompts} | {b.mean_tokens_per_s:.2f} | {m.mean_tokens_per_s:.2f} | {speed:.3f}x | "
+            f"{m.mean_accepted_length:.2f} | {m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {m.lossless}/{m.prompts} |"
+        )
+    return "\n".join(rows)
+
+
+def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str:
+    """Where the time goes: share of wall time per phase, per method (overall)."""
+    agg = aggregate(records)["overall"] if records else {}
+    rows = [
+        "| method | wall s | prefill | draft | verify | (LM head, inside draft+verify) | select | length | commit | other |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in methods:
+        s = agg.get(name)
+        if s is None or s.wall_time <= 0:
+            continue
+        t = s.timings
+        other = s.wall_time - sum(t.get(p, 0.0) for p in PHASES)
+        cells = [f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%" for p in ("prefill", "draft", "verify")]
+        cells.append(f"{100 * t.get('lm_head', 0.0) / s.wall_time:.1f}%")
+        cells += [f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%" for p in ("select", "length", "commit")]
+        cells.append(f"{100 * other / s.wall_time:.1f}%")
+        rows.append(f"| {name} | {s.wall_time:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -1,0 +1,303 @@
+"""Run an unmodified Hugging Face causal LM block by block, with sub-layer skipping and early exit.
+
+The adapter owns the loop over decoder blocks; inside a block it calls the model's own modules
+(norms, attention, MLP), so no modeling file is forked and new transformers releases keep working.
+For each block ``i`` of a pre-norm decoder::
+
+    h = h + attn_i(norm1_i(h))     unless plan skips attention i   (a skipped attention writes no KV)
+    h = h + mlp_i(norm2_i(h))      unless plan skips MLP i
+    ... after block E-1 when plan.exit_layer == E: final_norm -> lm_head
+
+An architecture is supported by a small registered :class:`ModelAdapter` subclass that says where
+its embedding, blocks, rotary embedding, final norm and LM head live and how to call one attention
+and one MLP branch. :class:`LlamaFamilyAdapter` covers Llama, Mistral, Qwen2, Qwen3 and SmolLM.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from framework.interfaces import LayerPlan, ModelInfo
+from framework.kv_cache import KVCache
+
+_ADAPTERS: dict[str, type[ModelAdapter]] = {}
+
+
+def register_adapter(*model_types: str) -> Callable[[type[ModelAdapter]], type[ModelAdapter]]:
+    """Class decorator: use this adapter for HF configs whose ``model_type`` is in ``model_types``."""
+
+    def decorator(cls: type[ModelAdapter]) -> type[ModelAdapter]:
+        for mt in model_types:
+            if mt in _ADAPTERS:
+                raise ValueError(f"an adapter for model_type {mt!r} is already registered ({_ADAPTERS[mt].__name__})")
+            _ADAPTERS[mt] = cls
+        cls.model_types = tuple(model_types)
+        return cls
+
+    return decorator
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_ADAPTERS)
+
+
+def adapter_for(model: nn.Module) -> ModelAdapter:
+    """Wrap ``model`` with the adapter registered for its ``config.model_type``.
+
+    Raises:
+        ValueError: no adapter is registered for that architecture.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in _ADAPTERS:
+        raise ValueError(
+            f"no model adapter for model_type {model_type!r}; supported: {', '.join(supported_model_types())}. "
+            "An architecture is added with a small @register_adapter subclass of ModelAdapter "
+            "(see docs/howto/new_architecture.md)."
+        )
+    return _ADAPTERS[model_type](model)
+
+
+@dataclass
+class ForwardOutput:
+    """What one adapter forward returns.
+
+    Attributes:
+        logits: FloatTensor (B, T', V) at the requested positions, or ``None``.
+        hidden_states: FloatTensor (L'+1, B, T, d) pre-norm residuals after each block run (index 0
+            is the embedding; only when ``capture_hidden``; L' = blocks run).
+        last_hidden: FloatTensor (B, T, d), the residual stream where the pass stopped (pre-norm).
+    """
+
+    logits: torch.Tensor | None
+    hidden_states: torch.Tensor | None
+    last_hidden: torch.Tensor
+
+
+class ModelAdapter(ABC):
+    """Block-level access to one HF causal LM architecture.
+
+    Subclasses implement the architecture-specific pieces; :meth:`forward` is shared.
+
+    Attributes:
+        lm_head_seconds: wall time spent in final norm + LM head (for time breakdowns).
+    """
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.config = model.config
+        self.lm_head_seconds = 0.0
+        self.forward_calls = 0
+        self.block_evals = 0  # blocks entered x tokens, for the layer-cost accounting
+        self._profile = False
+
+    # ---- architecture-specific pieces ---------------------------------------------------
+    @property
+    @abstractmethod
+    def blocks(self) -> list[nn.Module]:
+        """The decoder blocks in order."""
+
+    @abstractmethod
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, T, d)."""
+
+    @abstractmethod
+    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        """Position embeddings for the attention modules (e.g. RoPE cos/sin)."""
+
+    @abstractmethod
+    def attention_branch(
+        self, i: int, hidden: torch.Tensor, pos_emb: Any, mask: torch.Tensor | None, cache: KVCache
+    ) -> torch.Tensor:
+        """The residual update of block i's attention sub-layer (norm included); writes KV."""
+
+    @abstractmethod
+    def mlp_branch(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The residual update of block i's MLP sub-layer (norm included)."""
+
+    @abstractmethod
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    # ---- facts -----------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_kv_heads(self) -> int:
+        c = self.config
+        return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        c = self.config
+        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+    @property
+    def max_context(self) -> int:
+        """Longest supported sequence: the position limit, or the sliding window if smaller
+        (sliding-window masks are not implemented; the window bounds the context instead)."""
+        c = self.config
+        limit = getattr(c, "max_position_embeddings", None) or 2048
+        window = getattr(c, "sliding_window", None)
+        if window and getattr(c, "use_sliding_window", True):
+            limit = min(limit, window)
+        return int(limit)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def info(self, name: str = "") -> ModelInfo:
+        c = self.config
+        return ModelInfo(
+            num_layers=self.num_layers,
+            hidden_size=c.hidden_size,
+            vocab_size=c.vocab_size,
+            max_context=self.max_context,
+            name=name or getattr(c, "_name_or_path", ""),
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        return KVCache(self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+
+    # ---- the shared forward ------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache,
+        plan: LayerPlan | None = None,
+        *,
+        logits_at: str | torch.Tensor | None = "all",
+        capture_hidden: bool = False,
+        base: int | None = None,
+        visible: int | None = None,
+        tree_mask: torch.Tensor | None = None,
+        persist: bool = True,
+    ) -> ForwardOutput:
+        """Run the (partial) model over new tokens, reading and writing ``cache``.
+
+        Args:
+            input_ids: LongTensor (B, T).
+            position_ids: LongTensor (B, T), absolute positions (RoPE).
+            cache: the KV cache; see :meth:`KVCache.begin` for ``base``/``visible``/``tree_mask``/
+                ``persist``.
+            plan: sub-layers to skip / exit layer; ``None`` runs the full model.
+            logits_at: ``"all"``, ``"last"``, a LongTensor of positions in ``[0, T)``, or ``None``
+                (no LM head at all).
+            capture_hidden: also return every block's output (pre-norm).
+
+        Returns:
+            ForwardOutput.
+        """
+        if plan is not None and plan.num_layers != self.num_layers:
+            raise ValueError(f"the plan has {plan.num_layers} blocks but the model has {self.num_layers}")
+        self.forward_calls += 1
+        h = self.embed(input_ids)
+        pos_emb = self.rotary(h, position_ids)
+        n_blocks = self.num_layers if plan is None else plan.blocks_run
+        hidden = [h] if capture_hidden else None
+        cache.begin(input_ids.shape[1], base=base, visible=visible, tree_mask=tree_mask, persist=persist)
+        try:
+            for i in range(n_blocks):
+                if plan is None or plan.runs_attn(i):
+                    h = h + self.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
+                if plan is None or plan.runs_mlp(i):
+                    h = h + self.mlp_branch(i, h)
+                if hidden is not None:
+                    hidden.append(h)
+        finally:
+            cache.end()
+        self.block_evals += n_blocks * input_ids.shape[1]
+        logits = None
+        if logits_at is not None:
+            t0 = time.perf_counter()
+            sel = h
+            if isinstance(logits_at, str):
+                if logits_at == "last":
+                    sel = h[:, -1:]
+                elif logits_at != "all":
+                    raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {logits_at!r}")
+            else:
+                sel = h.index_select(1, logits_at.to(h.device))
+            logits = self.lm_head(self.final_norm(sel))
+            self.lm_head_seconds += time.perf_counter() - t0
+        return ForwardOutput(logits, torch.stack(hidden) if hidden is not None else None, h)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on pre-norm residuals of any shape (..., d) (shadow predictions)."""
+        with torch.inference_mode():
+            return self.lm_head(self.final_norm(hidden))
+
+
+@register_adapter("llama", "mistral", "qwen2", "qwen3", "smollm3")
+class LlamaFamilyAdapter(ModelAdapter):
+    """Pre-norm decoders laid out like ``LlamaForCausalLM``.
+
+    ``model.model.{embed_tokens, layers, norm, rotary_emb}`` and ``model.lm_head``; every block has
+    ``input_layernorm``, ``self_attn``, ``post_attention_layernorm`` and ``mlp``. The attention
+    module is called as HF calls it (hidden states, RoPE cos/sin, an additive mask, a cache with
+    ``update``), so q/k norms (Qwen3), biases (Qwen2) and GQA come from HF's own code.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        inner = model.model
+        self._blocks = list(inner.layers)
+        self._embed = inner.embed_tokens
+        self._norm = inner.norm
+        self._rotary = inner.rotary_emb
+        self._head = model.lm_head
+        for i, blk in enumerate(self._blocks):
+            for attr in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"):
+                if not hasattr(blk, attr):
+                    raise ValueError(f"block {i} of {type(model).__name__} has no {attr}: not a Llama-family layout")
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return self._blocks
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self._embed(input_ids)
+
+    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        return self._rotary(hidden, position_ids)
+
+    def attention_branch(self, i, hidden, pos_emb, mask, cache):
+        blk = self._blocks[i]
+        out = blk.self_attn(
+            hidden_states=blk.input_layernorm(hidden),
+            position_embeddings=pos_emb,
+            attention_mask=mask,
+            past_key_values=cache,
+        )
+        return out[0]
+
+    def mlp_branch(self, i, hidden):
+        blk = self._blocks[i]
+        return blk.mlp(blk.post_attention_layernorm(hidden))
+
+    def final_norm(self, hidden):
+        return self._norm(hidden)
+
+    def lm_head(self, hidden):
+        return self._head(hidden)

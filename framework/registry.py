@@ -1,0 +1,205 @@
+"""Named registries of strategies: one generic :class:`Registry` and four instances.
+
+Every pluggable part of the decoding loop (drafter, verifier, layer selector, length controller)
+is a class registered under a snake_case name together with its frozen config dataclass. The
+name doubles as the CLI value (``--selector clasp_dp``).
+
+Example:
+    >>> from framework.registry import register_selector, get_selector
+    >>> @register_selector("my_selector", config=MyConfig)      # doctest: +SKIP
+    ... class MySelector(LayerSelector):
+    ...     '''Skip the layers whose residual update is smallest.'''
+    >>> get_selector("my_selector")                              # doctest: +SKIP
+    <class 'MySelector'>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class RegistryError(ValueError):
+    """A strategy was registered incorrectly (duplicate name, wrong base class, bad config)."""
+
+
+class UnknownNameError(KeyError):
+    """An unregistered name was looked up. The message lists the registered names."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered strategy.
+
+    Attributes:
+        name: the snake_case name it is registered (and selected on the CLI) under.
+        cls: the implementing class.
+        config: its frozen config dataclass.
+        description: the first line of the class docstring.
+    """
+
+    name: str
+    cls: type[T]
+    config: type
+    description: str
+
+
+class Registry(Generic[T]):
+    """A name -> class mapping for one interface.
+
+    Args:
+        kind: human-readable kind, used in messages and CLI flags (``"selector"``).
+        base_cls: every registered class must subclass it.
+    """
+
+    def __init__(self, kind: str, base_cls: type[T] | None = None) -> None:
+        self.kind = kind
+        self.base_cls = base_cls
+        self._entries: dict[str, Entry[T]] = {}
+
+    def bind_base(self, base_cls: type[T]) -> None:
+        """Set the base class (done once by :mod:`framework.interfaces` to avoid an import cycle)."""
+        self.base_cls = base_cls
+
+    def register(self, name: str, *, config: type | None = None) -> Callable[[type[T]], type[T]]:
+        """Class decorator registering ``cls`` under ``name`` with its config dataclass.
+
+        Args:
+            name: snake_case name, unique within this registry.
+            config: a frozen dataclass whose fields are the strategy's hyper-parameters. Defaults
+                to the class attribute ``Config`` if it has one.
+
+        Raises:
+            RegistryError: bad name, duplicate name, class not a subclass of the base, or a config
+                that is not a frozen dataclass.
+        """
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise RegistryError(f"{self.kind} name must be snake_case ([a-z][a-z0-9_]*), got {name!r}")
+
+        def decorator(cls: type[T]) -> type[T]:
+            if name in self._entries:
+                raise RegistryError(
+                    f"{self.kind} {name!r} is already registered "
+                    f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"
+                )
+            if self.base_cls is not None and not (isinstance(cls, type) and issubclass(cls, self.base_cls)):
+                raise RegistryError(
+                    f"cannot register {cls!r} as {self.kind} {name!r}: it must subclass {self.base_cls.__name__}"
+                )
+            cfg = config if config is not None else getattr(cls, "Config", None)
+            if cfg is None or not dataclasses.is_dataclass(cfg) or not cfg.__dataclass_params__.frozen:
+                raise RegistryError(
+                    f"{self.kind} {name!r} needs a frozen config dataclass (pass config=... to the decorator)"
+                )
+            cls.Config = cfg  # type: ignore[attr-defined]
+            cls.name = name  # type: ignore[attr-defined]
+            doc = (cls.__doc__ or "").strip().splitlines()
+            self._entries[name] = Entry(name, cls, cfg, doc[0].strip() if doc else "")
+            return cls
+
+        return decorator
+
+    def get(self, name_or_obj: str | type[T] | T) -> type[T] | T:
+        """Look up a class by name; a class or an instance is passed through unchanged.
+
+        Raises:
+            UnknownNameError: the name is not registered; the message lists the registered names
+                and suggests the closest.
+        """
+        if not isinstance(name_or_obj, str):
+            return name_or_obj
+        try:
+            return self._entries[name_or_obj].cls
+        except KeyError:
+            raise UnknownNameError(self.unknown_message(name_or_obj)) from None
+
+    def entry(self, name: str) -> Entry[T]:
+        """The full :class:`Entry` for ``name`` (raises :class:`UnknownNameError`)."""
+        if name not in self._entries:
+            raise UnknownNameError(self.unknown_message(name))
+        return self._entries[name]
+
+    def unknown_message(self, name: str) -> str:
+        names = sorted(self._entries)
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(names) or '(none)'}"
+
+    def names(self, pattern: str = "*") -> list[str]:
+        """Registered names matching a glob ``pattern``, sorted."""
+        return sorted(n for n in self._entries if fnmatch.fnmatch(n, pattern))
+
+    def entries(self) -> list[Entry[T]]:
+        return [self._entries[n] for n in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (for tests and notebooks that re-register a class)."""
+        self._entries.pop(name, None)
+
+
+DRAFTERS: Registry[Any] = Registry("drafter")
+VERIFIERS: Registry[Any] = Registry("verifier")
+SELECTORS: Registry[Any] = Registry("selector")
+LENGTH_CONTROLLERS: Registry[Any] = Registry("length")
+
+#: All registries by the CLI flag that selects from them.
+REGISTRIES: dict[str, Registry[Any]] = {
+    "selector": SELECTORS,
+    "length": LENGTH_CONTROLLERS,
+    "drafter": DRAFTERS,
+    "verifier": VERIFIERS,
+}
+
+register_drafter = DRAFTERS.register
+register_verifier = VERIFIERS.register
+register_selector = SELECTORS.register
+register_length = LENGTH_CONTROLLERS.register
+get_drafter = DRAFTERS.get
+get_verifier = VERIFIERS.get
+get_selector = SELECTORS.get
+get_length = LENGTH_CONTROLLERS.get
+
+
+def list_selectors(pattern: str = "*") -> list[str]:
+    return SELECTORS.names(pattern)
+
+
+def list_drafters(pattern: str = "*") -> list[str]:
+    return DRAFTERS.names(pattern)
+
+
+def list_verifiers(pattern: str = "*") -> list[str]:
+    return VERIFIERS.names(pattern)
+
+
+def list_lengths(pattern: str = "*") -> list[str]:
+    return LENGTH_CONTROLLERS.names(pattern)
+
+
+def load_builtin_strategies() -> None:
+    """Import the shipped strategies so that they register themselves.
+
+    ``framework`` never imports ``strategies`` directly anywhere else; the registry is the only
+    link between the engine and concrete strategies.
+    """
+    import importlib
+
+    importlib.import_module("strategies")

@@ -1,0 +1,42 @@
+"""``confidence``: stop drafting when the draft's top-1 probability falls below a threshold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.config import check_range, param
+from framework.interfaces import LengthController
+from framework.registry import register_length
+
+
+@dataclass(frozen=True)
+class ConfidenceLengthConfig:
+    threshold: float = param(
+        0.6, help="stop drafting after a token whose top-1 draft probability is below this; in (0, 1)"
+    )
+    max_length: int = param(12, help="cap on the draft length of one round; >= 1")
+
+    def __post_init__(self) -> None:
+        check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_range("max_length", self.max_length, 1)
+
+
+@register_length("confidence", config=ConfidenceLengthConfig)
+class ConfidenceLength(LengthController):
+    """Stop drafting when the draft's top-1 probability falls below a fixed threshold.
+
+    SWIFT's confidence early stopping (eps = 0.8 there) and Draft & Verify's draft-exit rule
+    without its adaptive update (gamma = 0.6 there).
+
+    As in both papers' code, the token that falls below the threshold is kept and verified.
+    """
+
+    needs_confidence = True
+
+    def max_length(self, state) -> int:
+        return self.config.max_length
+
+    def should_continue(self, drafted: int, confidence: float | None) -> bool:
+        if confidence is None:
+            raise RuntimeError("confidence controller needs draft confidences (drafter ignored needs_confidence)")
+        return confidence >= self.config.threshold and drafted < self.config.max_length

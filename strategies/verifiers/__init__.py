@@ -1,0 +1,3 @@
+"""Verifiers: which draft tokens are accepted."""
+
+from strategies.verifiers import greedy  # noqa: F401

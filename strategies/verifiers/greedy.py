@@ -1,0 +1,37 @@
+"""``greedy``: accept the longest draft prefix that matches the target's argmax."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from framework.interfaces import Draft, Verification, Verifier
+from framework.registry import register_verifier
+
+
+@dataclass(frozen=True)
+class GreedyVerifierConfig:
+    pass
+
+
+@register_verifier("greedy", config=GreedyVerifierConfig)
+class GreedyVerifier(Verifier):
+    """Exact-match greedy verification (Leviathan et al. 2023, T = 0): lossless token for token.
+
+    One full forward over ``[pending, d_1..d_K]`` gives the target's choices ``a_0..a_K``; the
+    longest prefix with ``d_j == a_{j-1}`` is accepted and ``a_m`` is appended (the correction on a
+    mismatch, the bonus token when all K are accepted).
+    """
+
+    def verify(self, state, draft: Draft) -> Verification:
+        block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
+        out = state.forward_verify(block, logits_at="all")
+        target = out.logits.argmax(dim=-1)  # (B, K+1)
+        match = (draft.tokens == target[:, :-1]).long()  # (B, K)
+        m = match.cumprod(dim=1).sum(dim=1)  # (B,)
+        k = int(m[0])
+        new = torch.cat([draft.tokens[:, :k], target[:, k : k + 1]], dim=1)  # (B, m+1)
+        return Verification(
+            num_accepted=m, new_tokens=new, target_tokens=target, hidden_states=out.hidden_states
+        )

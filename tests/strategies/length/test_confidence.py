@@ -1,0 +1,102 @@
+"""strategies/length/confidence.py: validation, the stopping rule, the cap, with the real drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.config import ConfigError
+from framework.interfaces import LayerPlan
+from framework.state import DecodeState
+from framework.testing import LengthControllerContract, random_prompt
+from strategies.drafters.layer_skip import LayerSkipDrafter
+from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
+
+
+class TestConfidenceDefaultContract(LengthControllerContract):
+    def make(self):
+        return ConfidenceLength()
+
+
+class TestConfidenceStrictContract(LengthControllerContract):
+    def make(self):
+        return ConfidenceLength(ConfidenceLengthConfig(threshold=0.95, max_length=5))
+
+
+class TestConfidenceLaxContract(LengthControllerContract):
+    def make(self):
+        return ConfidenceLength(ConfidenceLengthConfig(threshold=0.001, max_length=7))
+
+
+@pytest.mark.parametrize("t", [0.0, 1.0, -0.2, 1.3, float("nan")])
+def test_threshold_open_interval(t):
+    with pytest.raises(ConfigError, match=r"threshold must be in \(0, 1\)"):
+        ConfidenceLengthConfig(threshold=t)
+
+
+@pytest.mark.parametrize("m", [0, -3])
+def test_max_length_at_least_one(m):
+    with pytest.raises(ConfigError, match="max_length must be >= 1"):
+        ConfidenceLengthConfig(max_length=m)
+
+
+def test_should_continue_rule():
+    ctl = ConfidenceLength(ConfidenceLengthConfig(threshold=0.6, max_length=4))
+    assert ctl.needs_confidence is True
+    assert ctl.max_length(None) == 4
+    assert ctl.should_continue(1, 0.6) is True  # at the threshold: continue
+    assert ctl.should_continue(1, 0.5999) is False
+    assert ctl.should_continue(3, 0.99) is True
+    assert ctl.should_continue(4, 0.99) is False  # cap reached
+    with pytest.raises(RuntimeError, match="needs draft confidences"):
+        ctl.should_continue(1, None)
+
+
+def _state(adapter, seed=0) -> DecodeState:
+    state = DecodeState(adapter, random_prompt(6, 128, seed), 64, need_confidence=True)
+    state.append(state.prefill().argmax(-1)[:, None])
+    return state
+
+
+PLAN = LayerPlan.from_indices(4, attn=[1], mlp=[2])
+
+
+def _draft(adapter, threshold, max_length, max_tokens=8, seed=0):
+    ctl = ConfidenceLength(ConfidenceLengthConfig(threshold=threshold, max_length=max_length))
+    return LayerSkipDrafter().draft(_state(adapter, seed), PLAN, ctl, max_tokens)
+
+
+def test_stops_exactly_below_threshold_keeping_the_low_token(llama_adapter):
+    for seed in (0, 1, 2):
+        # the unconstrained draft: confidences c_0..c_7
+        base = _draft(llama_adapter, 1e-9, 8, seed=seed)
+        conf = base.confidences[0].tolist()
+        assert base.length == 8
+        cases = 0
+        for j in range(8):
+            hi = min(conf[:j], default=1.0)
+            if hi > conf[j]:
+                t = (hi + conf[j]) / 2 if j else min(0.999, conf[0] + (1 - conf[0]) / 2)
+                d = _draft(llama_adapter, t, 8, seed=seed)
+                # every kept token but the last clears the threshold; the last (low) one is kept
+                assert d.length == j + 1, (seed, j, t, conf)
+                assert torch.equal(d.tokens, base.tokens[:, : j + 1])
+                assert float(d.confidences[0, -1]) < t
+                assert all(c >= t for c in d.confidences[0, :-1].tolist())
+                cases += 1
+        assert cases >= 1
+
+
+def test_confidences_are_top1_probabilities(llama_adapter):
+    d = _draft(llama_adapter, 1e-9, 5, max_tokens=5)
+    assert d.confidences.shape == (1, 5)
+    assert bool(((d.confidences > 0) & (d.confidences <= 1)).all())
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3])
+def test_max_length_caps_the_draft(llama_adapter, cap):
+    d = _draft(llama_adapter, 1e-9, cap, max_tokens=8)
+    assert d.length == cap
+    # and the engine's max_tokens caps it too
+    d2 = _draft(llama_adapter, 1e-9, 8, max_tokens=cap)
+    assert d2.length == cap

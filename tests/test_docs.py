@@ -1,0 +1,88 @@
+"""The documentation stays in step with the code.
+
+- Every shipped strategy has a page ``docs/strategies/<dir>/<name>.md`` that names each of its
+  config fields.
+- The tutorial script, which the tutorial page includes section by section, runs and exits 0.
+- Every snippet section a page includes exists in the file it names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from framework.registry import REGISTRIES, load_builtin_strategies
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+KIND_DIRS = {"selector": "selectors", "length": "length", "drafter": "drafters", "verifier": "verifiers"}
+
+
+def _shipped_strategies() -> list[tuple[str, str, type]]:
+    """(kind, name, config class) of every registered strategy shipped in ``strategies/``.
+
+    Tests elsewhere register throw-away strategies; those live outside the ``strategies``
+    package and need no page.
+    """
+    load_builtin_strategies()
+    return [
+        (kind, e.name, e.config)
+        for kind, reg in REGISTRIES.items()
+        for e in reg.entries()
+        if e.cls.__module__.split(".")[0] == "strategies"
+    ]
+
+
+def test_every_kind_has_a_docs_directory():
+    assert set(KIND_DIRS) == set(REGISTRIES), "a new registry needs an entry in KIND_DIRS and a docs directory"
+
+
+@pytest.mark.parametrize(("kind", "name", "config"), _shipped_strategies(), ids=lambda v: getattr(v, "__name__", v))
+def test_strategy_has_page_naming_every_config_field(kind, name, config):
+    page = DOCS / "strategies" / KIND_DIRS[kind] / f"{name}.md"
+    assert page.is_file(), f"{kind} {name!r} has no docs page: write {page.relative_to(ROOT)}"
+    text = page.read_text(encoding="utf-8")
+    missing = [f.name for f in dataclasses.fields(config) if not re.search(rf"\b{re.escape(f.name)}\b", text)]
+    assert not missing, f"{page.relative_to(ROOT)} does not mention config field(s) {missing}"
+
+
+def test_tutorial_script_runs():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    # Tiny matmuls gain nothing from intra-op threads, and lose a lot on a busy CPU.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(
+        [sys.executable, str(DOCS / "tutorials" / "custom_selector.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"tutorial script failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.rstrip().endswith("ok"), proc.stdout
+
+
+_SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"\s*$', re.MULTILINE)
+
+
+def test_snippet_sections_exist():
+    includes = [
+        (page, path, section)
+        for page in DOCS.rglob("*.md")
+        for path, section in _SNIPPET.findall(page.read_text(encoding="utf-8"))
+    ]
+    assert includes, "no snippet includes found: did the include syntax change?"
+    for page, path, section in includes:
+        target = ROOT / path
+        assert target.is_file(), f"{page.relative_to(ROOT)} includes missing file {path}"
+        if section:
+            src = target.read_text(encoding="utf-8")
+            for marker in (f"--8<-- [start:{section}]", f"--8<-- [end:{section}]"):
+                assert marker in src, f"{page.relative_to(ROOT)} includes {path}:{section}, but {path} has no {marker!r}"
