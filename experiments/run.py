@@ -1,6 +1,6 @@
 """Run one self-speculative decoding experiment (see ``--help`` and ``--list``).
 
-    python experiments/run.py --selector static --length confidence --limit 2
+python experiments/run.py --selector static --length confidence --limit 2
 """
 
 import sys

@@ -34,7 +34,9 @@ def list_strategies(verbose: bool = True) -> str:
             if verbose:
                 helps, defaults = field_help(e.config), field_defaults(e.config)
                 for f in dataclasses.fields(e.config):
-                    lines.append(f"      --{kind}.{f.name} (default {defaults.get(f.name)!r}): {helps[f.name]}")
+                    lines.append(
+                        f"      --{kind}.{f.name} (default {defaults.get(f.name)!r}): {helps[f.name]}"
+                    )
         lines.append("")
     return "\n".join(lines)
 
@@ -58,12 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Strategy hyper-parameters: --<kind>.<field> VALUE (see --list for every field and default).",
     )
-    p.add_argument("--list", action="store_true", help="list every registered strategy with its config fields and exit")
-    p.add_argument("--print-config", action="store_true", help="print the resolved configuration as JSON and exit")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import a module that registers extra strategies (repeatable)")
+    p.add_argument(
+        "--list", action="store_true", help="list every registered strategy with its config fields and exit"
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module that registers extra strategies (repeatable)",
+    )
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, help="HF model directory or hub id (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument(
+        "--model", default=None, help="HF model directory or hub id (default: embedded SmolLM2-135M-Instruct)"
+    )
     g.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -72,12 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--categories", default="", help="comma-separated categories to keep (e.g. mt_bench,qa)")
     g.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
     g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per turn (default 128)")
-    g.add_argument("--stop", action="append", default=[], metavar="STRING", help="extra stop string (repeatable)")
+    g.add_argument(
+        "--stop", action="append", default=[], metavar="STRING", help="extra stop string (repeatable)"
+    )
     g = p.add_argument_group("strategies")
     defaults = {"selector": "static", "length": "confidence", "drafter": "layer_skip", "verifier": "greedy"}
     for kind, reg in REGISTRIES.items():
-        g.add_argument(f"--{kind}", default=defaults[kind], metavar="{" + ",".join(reg.names()) + "}",
-                       help=f"{kind} (default {defaults[kind]})")
+        g.add_argument(
+            f"--{kind}",
+            default=defaults[kind],
+            metavar="{" + ",".join(reg.names()) + "}",
+            help=f"{kind} (default {defaults[kind]})",
+        )
     g = p.add_argument_group("strategy hyper-parameters")
     for kind, reg in REGISTRIES.items():
         owners: dict[str, list[str]] = {}
@@ -85,10 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
             for f in dataclasses.fields(e.config):
                 owners.setdefault(f.name, []).append(e.name)
         for fname, names in sorted(owners.items()):
-            g.add_argument(f"--{kind}.{fname}", dest=f"{kind}.{fname}", default=None, metavar="V",
-                           help=f"({', '.join(names)})")
+            g.add_argument(
+                f"--{kind}.{fname}",
+                dest=f"{kind}.{fname}",
+                default=None,
+                metavar="V",
+                help=f"({', '.join(names)})",
+            )
     g = p.add_argument_group("output")
-    g.add_argument("--output", default=None, help="results JSONL, appended (default runs/<method>-<time>.jsonl)")
+    g.add_argument(
+        "--output", default=None, help="results JSONL, appended (default runs/<method>-<time>.jsonl)"
+    )
     g.add_argument("--name", default=None, help="method name in the results (default <selector>+<length>)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--warmup", type=int, default=1, help="warm-up generations per method (default 1)")
@@ -96,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace):
-    """Build a validated :class:`~framework.runner.RunConfig` from parsed arguments."""
+    """Build a validated `RunConfig` from parsed arguments."""
     from framework.runner import RunConfig, StrategySpec
 
     specs = {}
@@ -111,7 +138,9 @@ def config_from_args(args: argparse.Namespace):
         specs[kind] = StrategySpec(name, build_config(entry.config, values, flag_prefix=f"--{kind}."))
     return RunConfig(
         model=args.model,
-        dtype=args.dtype if args.dtype in DTYPES else _bad("--dtype", args.dtype, f"one of {', '.join(DTYPES)}"),
+        dtype=args.dtype
+        if args.dtype in DTYPES
+        else _bad("--dtype", args.dtype, f"one of {', '.join(DTYPES)}"),
         device=args.device,
         data=args.data,
         categories=tuple(c.strip() for c in args.categories.split(",") if c.strip()),
@@ -157,3 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: every finished prompt is in the output file", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

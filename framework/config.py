@@ -1,9 +1,9 @@
 """Config dataclass helpers: documented fields, range checks with clear messages, string parsing.
 
 Every strategy owns a frozen dataclass of hyper-parameters. Fields are declared with
-:func:`param` (a default plus a one-line help that the CLI and the docs render); ``__post_init__``
-validates with :func:`check_range` / :func:`check_choice`, which raise :class:`ConfigError` naming
-the field, the value received and what is allowed. :func:`build_config` turns CLI/YAML strings into
+`param` (a default plus a one-line help that the CLI and the docs render); ``__post_init__``
+validates with `check_range` / `check_choice`, which raise `ConfigError` naming
+the field, the value received and what is allowed. `build_config` turns CLI/YAML strings into
 a config and prefixes the field with the flag (``--selector.skip_ratio``) in error messages.
 """
 
@@ -50,7 +50,7 @@ def check_range(
     lo_open: bool = False,
     hi_open: bool = False,
 ) -> None:
-    """Raise :class:`ConfigError` unless ``lo (<|<=) value (<|<=) hi``."""
+    """Raise `ConfigError` unless ``lo (<|<=) value (<|<=) hi``."""
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) or value != value  # NaN
     if not bad and lo is not None:
         bad = value <= lo if lo_open else value < lo

@@ -8,7 +8,7 @@ One JSON object per line::
 roleplay, reasoning, math, coding, extraction, stem, humanities) are grouped as ``mt_bench``, as
 Spec-Bench reports them; ``--categories`` accepts either the group or the original category.
 Lines are validated here (errors name ``file:line``) and the records are held in a
-:class:`datasets.Dataset`.
+`datasets.Dataset`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,13 @@ def _parse_line(line: str, where: str) -> dict[str, Any]:
         if not isinstance(t, str) or not t.strip():
             raise DataError(f"{where}: turn {i} is empty or not a string")
     group = "mt_bench" if cat in MT_BENCH_CATEGORIES else cat
-    return {"question_id": str(qid), "qid_is_int": isinstance(qid, int), "category": group, "subcategory": cat, "turns": turns}
+    return {
+        "question_id": str(qid),
+        "qid_is_int": isinstance(qid, int),
+        "category": group,
+        "subcategory": cat,
+        "turns": turns,
+    }
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -108,7 +114,7 @@ def category_sort_key(cat: str) -> tuple[int, str]:
 def load_prompts(
     path: str | Path | None = None, categories: Sequence[str] | None = None, limit: int | None = None
 ) -> list[Prompt]:
-    """Load prompts through :mod:`datasets`, filtered by category, at most ``limit`` per category.
+    """Load prompts through `datasets`, filtered by category, at most ``limit`` per category.
 
     Args:
         path: a JSONL file; ``None`` for the built-in suite.
@@ -126,7 +132,9 @@ def load_prompts(
         available = sorted(set(ds["category"]) | set(ds["subcategory"]))
         unknown = [c for c in categories if c not in available]
         if unknown:
-            raise DataError(f"--categories: unknown {', '.join(map(repr, unknown))}; available: {', '.join(available)}")
+            raise DataError(
+                f"--categories: unknown {', '.join(map(repr, unknown))}; available: {', '.join(available)}"
+            )
         wanted = set(categories)
         ds = ds.filter(lambda r: r["category"] in wanted or r["subcategory"] in wanted)
     if limit is not None:
@@ -142,7 +150,12 @@ def load_prompts(
     if len(ds) == 0:
         raise DataError("the prompt selection is empty (check --data / --categories)")
     return [
-        Prompt(int(r["question_id"]) if r["qid_is_int"] else r["question_id"], r["category"], r["subcategory"], tuple(r["turns"]))
+        Prompt(
+            int(r["question_id"]) if r["qid_is_int"] else r["question_id"],
+            r["category"],
+            r["subcategory"],
+            tuple(r["turns"]),
+        )
         for r in ds
     ]
 

@@ -1,6 +1,6 @@
 """The decoding loops: self-speculative rounds and the vanilla autoregressive baseline.
 
-Both loops run through the same :class:`~framework.model_adapter.ModelAdapter`, KV cache and stop
+Both loops run through the same `ModelAdapter`, KV cache and stop
 logic, so a speedup compares like with like. The speculative loop knows only the four interfaces.
 """
 
@@ -133,6 +133,49 @@ def _check_context(adapter: ModelAdapter, prompt_len: int, max_new_tokens: int) 
         )
 
 
+def _prefill(
+    state: DecodeState, choose: Any, stop: StopCondition
+) -> tuple[float, list[int], tuple[int, str] | None]:
+    """Prefill, choose the first new token, start the clock; returns (t0, new tokens, cut)."""
+    t0 = time.perf_counter()
+    logits = state.prefill()
+    state.append(choose(logits)[:, None])
+    state.stats.timings["prefill"] = time.perf_counter() - t0
+    new = [int(state.pending.item())]
+    return t0, new, stop.find_cut(new, 0)
+
+
+def _finish(
+    state: DecodeState,
+    t0: float,
+    lm0: float,
+    new: list[int],
+    cut: tuple[int, str],
+    *,
+    decode_phase: str | None = None,
+    **fields: Any,
+) -> GenerationResult:
+    """Stop the clock and package a GenerationResult (tokens cut at the stop position).
+
+    ``decode_phase`` names the phase that gets all time after prefill (vanilla: ``"verify"``).
+    """
+    wall = time.perf_counter() - t0
+    timings = dict(state.stats.timings)
+    if decode_phase is not None:
+        timings[decode_phase] = wall - timings["prefill"]
+    timings["lm_head"] = state.adapter.lm_head_seconds - lm0
+    keep, reason = cut
+    return GenerationResult(
+        tokens=new[:keep],
+        wall_time=wall,
+        stop_reason=reason,
+        timings=timings,
+        target_forwards=state.stats.target_forwards,
+        draft_forwards=state.stats.draft_forwards,
+        **fields,
+    )
+
+
 class VanillaDecoder:
     """Greedy autoregressive decoding through the adapter: one full forward per token.
 
@@ -153,12 +196,7 @@ class VanillaDecoder:
         _check_context(adapter, prompt_ids.shape[1], stop.max_new_tokens)
         state = DecodeState(adapter, prompt_ids, _capacity(prompt_ids.shape[1], stop.max_new_tokens, 0))
         lm0 = adapter.lm_head_seconds
-        t0 = time.perf_counter()
-        logits = state.prefill()
-        state.append(self.choose(logits)[:, None])
-        state.stats.timings["prefill"] = time.perf_counter() - t0
-        new: list[int] = [int(state.pending.item())]
-        cut = stop.find_cut(new, 0)
+        t0, new, cut = _prefill(state, self.choose, stop)
         while cut is None:
             out = state.forward_verify(state.pending, logits_at="last")
             tok = self.choose(out.logits[:, -1])
@@ -166,19 +204,7 @@ class VanillaDecoder:
             state.append(tok[:, None])
             new.append(int(tok.item()))
             cut = stop.find_cut(new, len(new) - 1)
-        wall = time.perf_counter() - t0
-        timings = dict(state.stats.timings)
-        timings["verify"] = wall - timings["prefill"]
-        timings["lm_head"] = adapter.lm_head_seconds - lm0
-        keep, reason = cut
-        return GenerationResult(
-            tokens=new[:keep],
-            wall_time=wall,
-            stop_reason=reason,
-            accept_lengths=[1] * (len(new) - 1),
-            timings=timings,
-            target_forwards=state.stats.target_forwards,
-        )
+        return _finish(state, t0, lm0, new, cut, accept_lengths=[1] * (len(new) - 1), decode_phase="verify")
 
 
 class SpeculativeDecoder:
@@ -186,7 +212,10 @@ class SpeculativeDecoder:
 
     Args:
         adapter: the model adapter.
-        selector / length / drafter / verifier: strategy instances (see :mod:`framework.interfaces`).
+        selector: the LayerSelector instance.
+        length: the LengthController instance.
+        drafter: the Drafter instance.
+        verifier: the Verifier instance.
         max_draft: hard cap on one round's draft length (sizes the cache); the length controller's
             own cap is usually lower.
     """
@@ -211,7 +240,12 @@ class SpeculativeDecoder:
             s.setup(info)
 
     def strategies(self) -> dict[str, Any]:
-        return {"selector": self.selector, "length": self.length, "drafter": self.drafter, "verifier": self.verifier}
+        return {
+            "selector": self.selector,
+            "length": self.length,
+            "drafter": self.drafter,
+            "verifier": self.verifier,
+        }
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, stop: StopCondition) -> GenerationResult:
@@ -230,12 +264,7 @@ class SpeculativeDecoder:
         timings = state.stats.timings
         lm0 = adapter.lm_head_seconds
         clock = time.perf_counter
-        t0 = clock()
-        logits = state.prefill()
-        state.append(self.verifier.choose(logits)[:, None])
-        timings["prefill"] = clock() - t0
-        new: list[int] = [int(state.pending.item())]
-        cut = stop.find_cut(new, 0)
+        t0, new, cut = _prefill(state, self.verifier.choose, stop)
         drafted = accepted = 0
         accept_lengths: list[int] = []
         skip_ratios: list[float] = []
@@ -277,20 +306,15 @@ class SpeculativeDecoder:
             start = len(new)
             new.extend(int(x) for x in committed[0].tolist())
             cut = stop.find_cut(new, start)
-        wall = clock() - t0
-        timings = dict(timings)
-        timings["lm_head"] = adapter.lm_head_seconds - lm0
-        keep, reason = cut
-        return GenerationResult(
-            tokens=new[:keep],
-            wall_time=wall,
-            stop_reason=reason,
+        return _finish(
+            state,
+            t0,
+            lm0,
+            new,
+            cut,
             accept_lengths=accept_lengths,
             drafted=drafted,
             accepted=accepted,
             skip_ratios=skip_ratios,
-            timings=timings,
-            target_forwards=state.stats.target_forwards,
-            draft_forwards=state.stats.draft_forwards,
             strategy_summary={k: s.summary() for k, s in self.strategies().items() if s.summary()},
         )

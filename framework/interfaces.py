@@ -157,7 +157,9 @@ class LayerPlan:
     def to_bits(self) -> tuple[int, ...]:
         """The 2L bit vector (1 = skipped), early-exited blocks included."""
         n = self.num_layers
-        return tuple(int(not self.runs_attn(i)) for i in range(n)) + tuple(int(not self.runs_mlp(i)) for i in range(n))
+        return tuple(int(not self.runs_attn(i)) for i in range(n)) + tuple(
+            int(not self.runs_mlp(i)) for i in range(n)
+        )
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary (for logs)."""
@@ -250,14 +252,19 @@ class Strategy(ABC):
                 raise TypeError(f"{type(self).__name__} has no Config; register it or pass a config")
             config = cfg_cls()
         elif cfg_cls is not None and not isinstance(config, cfg_cls):
-            raise TypeError(f"{type(self).__name__} expects a {cfg_cls.__name__}, got {type(config).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} expects a {cfg_cls.__name__}, got {type(config).__name__}"
+            )
         self.config = config
 
     def setup(self, info: ModelInfo) -> None:  # noqa: B027 - optional hook
         """Called once with the model's facts before the first prompt (validate against it here)."""
 
     def reset(self) -> None:  # noqa: B027 - optional hook
-        """Called before each prompt. Strategies whose state carries across prompts keep it."""
+        """Called before each generation (each turn of each prompt).
+
+        Strategies whose state carries across prompts (e.g. SWIFT's optimisation) keep it here.
+        """
 
     def summary(self) -> dict[str, Any]:
         """Per-prompt statistics to log (e.g. optimisation steps, chosen sets)."""

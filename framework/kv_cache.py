@@ -32,7 +32,7 @@ import torch
 
 @dataclass
 class _Write:
-    """Where one forward writes and what it attends to (set by :meth:`KVCache.begin`)."""
+    """Where one forward writes and what it attends to (set by `KVCache.begin`)."""
 
     num_new: int
     base: int | None  # slot of the first new token; None = each layer's own end pointer
@@ -131,7 +131,7 @@ class KVCache:
         self._mask_cache = {}
 
     def end(self) -> None:
-        """Finish the forward declared by :meth:`begin` and move the end pointers."""
+        """Finish the forward declared by `begin` and move the end pointers."""
         w = self._write
         if w is None:
             raise RuntimeError("KVCache.end called without begin()")
@@ -149,7 +149,9 @@ class KVCache:
         assert w is not None
         return self.lengths[layer] if w.base is None else w.base
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new tokens' K/V of one layer and return that layer's visible K/V.
 
         Called by Hugging Face attention modules. ``key``/``value``: (B, H_kv, T, D).
@@ -187,7 +189,11 @@ class KVCache:
             device = self.keys.device
             allowed = torch.zeros(t, base + t, dtype=torch.bool, device=device)
             allowed[:, :visible] = True
-            block = w.tree_mask if w.tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+            block = (
+                w.tree_mask
+                if w.tree_mask is not None
+                else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+            )
             allowed[:, base : base + t] = block.to(device)
             mask = torch.zeros(t, base + t, dtype=self.dtype, device=device)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
@@ -214,14 +220,18 @@ class KVCache:
         c = self.committed
         short = [i for i, n in enumerate(self.lengths) if n < c + num]
         if short:
-            raise ValueError(f"cannot commit {num} positions: layers {short} hold only {min(self.lengths) - c}")
+            raise ValueError(
+                f"cannot commit {num} positions: layers {short} hold only {min(self.lengths) - c}"
+            )
         if keep is not None:
             keep = keep.to(self.keys.device)
             if keep.numel() != num:
                 raise ValueError(f"keep has {keep.numel()} offsets, expected {num}")
             written = min(self.lengths) - c
             if num and (int(keep.min()) < 0 or int(keep.max()) >= written):
-                raise ValueError(f"keep offsets must be in [0, {written}) (the verified block), got {keep.tolist()}")
+                raise ValueError(
+                    f"keep offsets must be in [0, {written}) (the verified block), got {keep.tolist()}"
+                )
             idx = c + keep
             self.keys[:, :, :, c : c + num] = self.keys.index_select(3, idx)
             self.values[:, :, :, c : c + num] = self.values.index_select(3, idx)

@@ -73,7 +73,9 @@ class MethodStats:
         return self.skip_ratio_sum / self.skip_rounds if self.skip_rounds else 0.0
 
 
-def aggregate(records: Iterable[dict[str, Any]], baseline: str = "vanilla") -> dict[str, dict[str, MethodStats]]:
+def aggregate(
+    records: Iterable[dict[str, Any]], baseline: str = "vanilla"
+) -> dict[str, dict[str, MethodStats]]:
     """``{category or "overall": {method: MethodStats}}`` from per-prompt records."""
     out: dict[str, dict[str, MethodStats]] = defaultdict(lambda: defaultdict(MethodStats))
     for rec in records:
@@ -108,7 +110,7 @@ def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str
     """Where the time goes: share of wall time per phase, per method (overall)."""
     agg = aggregate(records)["overall"] if records else {}
     rows = [
-        "| method | wall s | prefill | draft | verify | (LM head, inside draft+verify) | select | length | commit | other |",
+        "| method | wall s | prefill | draft | verify | (LM head, inside prefill+draft+verify) | select | length | commit | other |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in methods:

@@ -8,9 +8,9 @@ For each block ``i`` of a pre-norm decoder::
     h = h + mlp_i(norm2_i(h))      unless plan skips MLP i
     ... after block E-1 when plan.exit_layer == E: final_norm -> lm_head
 
-An architecture is supported by a small registered :class:`ModelAdapter` subclass that says where
+An architecture is supported by a small registered `ModelAdapter` subclass that says where
 its embedding, blocks, rotary embedding, final norm and LM head live and how to call one attention
-and one MLP branch. :class:`LlamaFamilyAdapter` covers Llama, Mistral, Qwen2, Qwen3 and SmolLM.
+and one MLP branch. `LlamaFamilyAdapter` covers Llama, Mistral, Qwen2, Qwen3 and SmolLM.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def register_adapter(*model_types: str) -> Callable[[type[ModelAdapter]], type[M
     def decorator(cls: type[ModelAdapter]) -> type[ModelAdapter]:
         for mt in model_types:
             if mt in _ADAPTERS:
-                raise ValueError(f"an adapter for model_type {mt!r} is already registered ({_ADAPTERS[mt].__name__})")
+                raise ValueError(
+                    f"an adapter for model_type {mt!r} is already registered ({_ADAPTERS[mt].__name__})"
+                )
             _ADAPTERS[mt] = cls
         cls.model_types = tuple(model_types)
         return cls
@@ -83,7 +85,7 @@ class ForwardOutput:
 class ModelAdapter(ABC):
     """Block-level access to one HF causal LM architecture.
 
-    Subclasses implement the architecture-specific pieces; :meth:`forward` is shared.
+    Subclasses implement the architecture-specific pieces; `forward` is shared.
 
     Attributes:
         lm_head_seconds: wall time spent in final norm + LM head (for time breakdowns).
@@ -176,7 +178,9 @@ class ModelAdapter(ABC):
         )
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        return KVCache(self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+        return KVCache(
+            self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device
+        )
 
     # ---- the shared forward ------------------------------------------------------------
     @torch.inference_mode()
@@ -199,7 +203,7 @@ class ModelAdapter(ABC):
         Args:
             input_ids: LongTensor (B, T).
             position_ids: LongTensor (B, T), absolute positions (RoPE).
-            cache: the KV cache; see :meth:`KVCache.begin` for ``base``/``visible``/``tree_mask``/
+            cache: the KV cache; see `KVCache.begin` for ``base``/``visible``/``tree_mask``/
                 ``persist``.
             plan: sub-layers to skip / exit layer; ``None`` runs the full model.
             logits_at: ``"all"``, ``"last"``, a LongTensor of positions in ``[0, T)``, or ``None``
@@ -270,7 +274,9 @@ class LlamaFamilyAdapter(ModelAdapter):
         for i, blk in enumerate(self._blocks):
             for attr in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"):
                 if not hasattr(blk, attr):
-                    raise ValueError(f"block {i} of {type(model).__name__} has no {attr}: not a Llama-family layout")
+                    raise ValueError(
+                        f"block {i} of {type(model).__name__} has no {attr}: not a Llama-family layout"
+                    )
 
     @property
     def blocks(self) -> list[nn.Module]:

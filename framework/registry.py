@@ -1,4 +1,4 @@
-"""Named registries of strategies: one generic :class:`Registry` and four instances.
+"""Named registries of strategies: one generic `Registry` and four instances.
 
 Every pluggable part of the decoding loop (drafter, verifier, layer selector, length controller)
 is a class registered under a snake_case name together with its frozen config dataclass. The
@@ -70,7 +70,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
 
     def bind_base(self, base_cls: type[T]) -> None:
-        """Set the base class (done once by :mod:`framework.interfaces` to avoid an import cycle)."""
+        """Set the base class (done once by `framework.interfaces` to avoid an import cycle)."""
         self.base_cls = base_cls
 
     def register(self, name: str, *, config: type | None = None) -> Callable[[type[T]], type[T]]:
@@ -126,7 +126,7 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.unknown_message(name_or_obj)) from None
 
     def entry(self, name: str) -> Entry[T]:
-        """The full :class:`Entry` for ``name`` (raises :class:`UnknownNameError`)."""
+        """The full `Entry` for ``name`` (raises `UnknownNameError`)."""
         if name not in self._entries:
             raise UnknownNameError(self.unknown_message(name))
         return self._entries[name]

@@ -50,7 +50,9 @@ class StrategySpec:
 class RunConfig:
     """Everything one experiment needs (built by the CLI, or directly in Python)."""
 
-    model: str | None = param(None, help="HF model directory or hub id; default: embedded SmolLM2-135M-Instruct")
+    model: str | None = param(
+        None, help="HF model directory or hub id; default: embedded SmolLM2-135M-Instruct"
+    )
     dtype: str = param("float32", help="float32 (exact greedy equality), float16, bfloat16, float64")
     device: str = param("auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     data: str | None = param(None, help="Spec-Bench-format JSONL; default: the built-in suite")
@@ -75,6 +77,8 @@ class RunConfig:
             check_range("--limit", self.limit, 1)
         if self.threads is not None:
             check_range("--threads", self.threads, 1)
+        if self.name == "vanilla":
+            raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
         for kind in REGISTRIES:
             spec = getattr(self, kind)
             if not isinstance(spec, StrategySpec):
@@ -95,7 +99,9 @@ class RunConfig:
 def build_decoder(adapter: ModelAdapter, cfg: RunConfig) -> SpeculativeDecoder:
     """Instantiate the four strategies and the speculative decoder (runs every ``setup``)."""
     parts = {kind: getattr(cfg, kind).build(kind) for kind in REGISTRIES}
-    return SpeculativeDecoder(adapter, parts["selector"], parts["length"], parts["drafter"], parts["verifier"])
+    return SpeculativeDecoder(
+        adapter, parts["selector"], parts["length"], parts["drafter"], parts["verifier"]
+    )
 
 
 def _turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
@@ -155,7 +161,9 @@ class Experiment:
                     f"at most the model's context of {limit} tokens",
                 )
 
-    def decode_prompt(self, decoder: Any, prompt: Prompt, max_new_tokens: int | None = None) -> list[tuple[GenerationResult, str]]:
+    def decode_prompt(
+        self, decoder: Any, prompt: Prompt, max_new_tokens: int | None = None
+    ) -> list[tuple[GenerationResult, str]]:
         """All turns of ``prompt``; each turn sees this decoder's own earlier answers."""
         messages: list[dict[str, str]] = []
         out = []
@@ -190,7 +198,9 @@ def environment() -> dict[str, Any]:
     }
 
 
-def run(cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+def run(
+    cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, tokenizer: Any = None
+) -> dict[str, Any]:
     """Run one experiment; returns ``{"output", "table", "breakdown", "records"}``.
 
     Raises:
@@ -204,8 +214,6 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, t
     exp = Experiment(cfg, model, tokenizer)
     exp.check_prompts(prompts)
     method = cfg.method_name
-    if method == "vanilla":
-        raise ConfigError("--name", method, "a name other than 'vanilla' (the baseline's name)")
 
     out_path = Path(cfg.output) if cfg.output else default_output(cfg)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +251,9 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, t
                     "accept_lengths": [a for r, _ in results for a in r.accept_lengths],
                     "drafted": sum(r.drafted for r, _ in results),
                     "accepted": sum(r.accepted for r, _ in results),
-                    "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings},
+                    "timings": {
+                        k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings
+                    },
                     "lossless": [r.tokens for r, _ in results] == van_tokens,
                 }
                 if name != "vanilla":

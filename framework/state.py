@@ -1,12 +1,12 @@
 """The decode state: committed tokens, the KV cache and the forwards strategies may run.
 
 Strategies never touch the KV cache directly; they call the three forwards below, which encode
-the cache semantics of :mod:`framework.kv_cache`:
+the cache semantics of `framework.kv_cache`:
 
-- :meth:`DecodeState.forward_draft`: continue the current draft with a (partial) model;
-- :meth:`DecodeState.forward_verify`: discard the draft's KV and run the full model over a block
+- `DecodeState.forward_draft`: continue the current draft with a (partial) model;
+- `DecodeState.forward_verify`: discard the draft's KV and run the full model over a block
   starting at the first uncommitted position (chain or tree);
-- :meth:`DecodeState.forward_scratch`: teacher-forced draft pass over already committed tokens
+- `DecodeState.forward_scratch`: teacher-forced draft pass over already committed tokens
   that leaves the committed cache untouched (SWIFT's candidate scoring).
 
 Invariant between rounds: ``cache.committed == num_tokens - 1``. The last committed token
@@ -49,7 +49,9 @@ class DecodeStats:
 
     rounds: list[RoundRecord] = field(default_factory=list)
     timings: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(("prefill", "select", "draft", "verify", "length", "commit"), 0.0)
+        default_factory=lambda: dict.fromkeys(
+            ("prefill", "select", "draft", "verify", "length", "commit"), 0.0
+        )
     )
     target_forwards: int = 0
     draft_forwards: int = 0
@@ -80,7 +82,9 @@ class DecodeState:
         if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
             raise ValueError(f"prompt_ids must be (B, P) with P >= 1, got shape {tuple(prompt_ids.shape)}")
         if prompt_ids.shape[0] != 1:
-            raise NotImplementedError("batch size > 1 is not supported yet (the data objects are batch-shaped)")
+            raise NotImplementedError(
+                "batch size > 1 is not supported yet (the data objects are batch-shaped)"
+            )
         self.adapter = adapter
         self.info: ModelInfo = adapter.info()
         self.device = adapter.device
@@ -131,11 +135,15 @@ class DecodeState:
         """Full forward over the prompt; returns the last position's logits (B, V).
 
         Leaves the prompt's KV committed except for its last token, which becomes ``pending``:
-        the first generated token is chosen by the caller and appended with :meth:`append`.
+        the first generated token is chosen by the caller and appended with `append`.
         """
         p = self.prompt_len
         out = self.adapter.forward(
-            self._tokens[:, :p], self._positions(0, p), self.cache, logits_at="last", capture_hidden=self.capture_hidden
+            self._tokens[:, :p],
+            self._positions(0, p),
+            self.cache,
+            logits_at="last",
+            capture_hidden=self.capture_hidden,
         )
         self.cache.commit(p)
         self.stats.target_forwards += 1
@@ -144,7 +152,11 @@ class DecodeState:
         return out.logits[:, -1]
 
     def forward_draft(
-        self, input_ids: torch.Tensor, plan: LayerPlan | None, *, logits_at: str | torch.Tensor | None = "last"
+        self,
+        input_ids: torch.Tensor,
+        plan: LayerPlan | None,
+        *,
+        logits_at: str | torch.Tensor | None = "last",
     ) -> ForwardOutput:
         """Feed the next draft token(s) (B, T) through the draft model ``plan``.
 
@@ -153,7 +165,9 @@ class DecodeState:
         """
         t = input_ids.shape[1]
         start = self.cache.committed + self.draft_len
-        out = self.adapter.forward(input_ids, self._positions(start, t), self.cache, plan, logits_at=logits_at)
+        out = self.adapter.forward(
+            input_ids, self._positions(start, t), self.cache, plan, logits_at=logits_at
+        )
         self.draft_len += t
         self.stats.draft_forwards += 1
         return out

@@ -19,7 +19,7 @@ strategy not meant to be lossless (a sampling verifier). The slots not under tes
 fixtures, so they work from any test suite; ``pytest`` is imported only when a test runs.
 
 Everything here runs on CPU in seconds and never downloads anything: models are built in-process
-from a small config with random weights (:func:`tiny_model`).
+from a small config with random weights (`tiny_model`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from framework.interfaces import (
 )
 from framework.registry import REGISTRIES, load_builtin_strategies
 
-#: Architectures :func:`tiny_model` can build (all served by the Llama-family adapter).
+#: Architectures `tiny_model` can build (all served by the Llama-family adapter).
 ARCHS: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3")
 
-#: The strategy :func:`default_strategy_instance` picks for a kind when no name is given.
+#: The strategy `default_strategy_instance` picks for a kind when no name is given.
 DEFAULT_NAMES: dict[str, str] = {
     "selector": "static",
     "length": "fixed",
@@ -138,7 +138,7 @@ def tiny_model(
 
 @functools.lru_cache(maxsize=16)
 def cached_tiny_model(arch: str = "llama", num_layers: int = 4, seed: int = 0) -> torch.nn.Module:
-    """:func:`tiny_model` built once per argument set (shared by the contract mixins; do not mutate)."""
+    """`tiny_model` built once per argument set (shared by the contract mixins; do not mutate)."""
     return tiny_model(arch, num_layers=num_layers, seed=seed)
 
 
@@ -294,6 +294,14 @@ class _Contract:
         out[self.kind] = instance
         return out
 
+    def prepared(self):
+        """A tiny adapter, the strategies (set up) and a fresh decode state."""
+        adapter = self.adapter()
+        s = self.strategies(self.make())
+        for inst in s.values():
+            self.setup_instance(inst, adapter)
+        return adapter, s, self.new_state(adapter, s)
+
     def setup_instance(self, instance: Strategy, adapter) -> Strategy:
         instance.setup(adapter.info())
         instance.reset()
@@ -364,16 +372,12 @@ class _Contract:
 
 
 class LayerSelectorContract(_Contract):
-    """Contract tests for a :class:`~framework.interfaces.LayerSelector`; override ``make``."""
+    """Contract tests for a `LayerSelector`; override ``make``."""
 
     kind = "selector"
 
     def test_plan_is_valid_layer_plan(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         for _ in range(3):
             plan = s["selector"].plan(state)
             assert isinstance(plan, LayerPlan)
@@ -383,11 +387,7 @@ class LayerSelectorContract(_Contract):
             self.run_round(state, s)
 
     def test_observe_keeps_plans_valid(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         for _ in range(4):
             plan, draft, result = self.run_round(state, s)
             assert plan.num_layers == adapter.num_layers
@@ -399,16 +399,12 @@ class LayerSelectorContract(_Contract):
 
 
 class LengthControllerContract(_Contract):
-    """Contract tests for a :class:`~framework.interfaces.LengthController`; override ``make``."""
+    """Contract tests for a `LengthController`; override ``make``."""
 
     kind = "length"
 
     def test_max_length_is_nonnegative_int(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         for _ in range(4):
             k = s["length"].max_length(state)
             assert isinstance(k, int) and not isinstance(k, bool)
@@ -426,11 +422,7 @@ class LengthControllerContract(_Contract):
             assert isinstance(inst.should_continue(1, None), bool)
 
     def test_drafts_respect_max_length(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         for _ in range(4):
             k_max = s["length"].max_length(state)
             _, draft, _ = self.run_round(state, s, k_max=64)
@@ -438,7 +430,7 @@ class LengthControllerContract(_Contract):
 
 
 class DrafterContract(_Contract):
-    """Contract tests for a :class:`~framework.interfaces.Drafter`; override ``make``."""
+    """Contract tests for a `Drafter`; override ``make``."""
 
     kind = "drafter"
 
@@ -501,22 +493,14 @@ class DrafterContract(_Contract):
             self._check_draft(draft, state, None, 3)
 
     def test_stops_when_length_says_so(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         draft = s["drafter"].draft(state, LayerPlan.full(adapter.num_layers), self._StopAfterOne(), 8)
         assert draft.length == 1, (
             "should_continue returned False after the first token: that token is kept, no more"
         )
 
     def test_committed_cache_untouched(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         c = state.cache.committed
         keys = state.cache.keys[:, :, :, :c].clone()
         values = state.cache.values[:, :, :, :c].clone()
@@ -529,7 +513,7 @@ class DrafterContract(_Contract):
 
 
 class VerifierContract(_Contract):
-    """Contract tests for a :class:`~framework.interfaces.Verifier`; override ``make``."""
+    """Contract tests for a `Verifier`; override ``make``."""
 
     kind = "verifier"
 
@@ -571,11 +555,7 @@ class VerifierContract(_Contract):
                 assert state.cache.committed == state.num_tokens - 1
 
     def test_empty_draft(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         draft = Draft.empty(1, LayerPlan.full(adapter.num_layers))
         result = s["verifier"].verify(state, draft)
         assert self._check(result, draft, state) == 0
@@ -583,11 +563,7 @@ class VerifierContract(_Contract):
         assert state.cache.committed == state.num_tokens - 1
 
     def test_random_tokens_draft(self):
-        adapter = self.adapter()
-        s = self.strategies(self.make())
-        for inst in s.values():
-            self.setup_instance(inst, adapter)
-        state = self.new_state(adapter, s)
+        adapter, s, state = self.prepared()
         g = torch.Generator().manual_seed(3)
         toks = torch.randint(0, adapter.config.vocab_size, (1, 5), generator=g)
         draft = Draft(toks, LayerPlan.full(adapter.num_layers))

@@ -26,4 +26,6 @@ def require(module: str, package: str | None = None, extra: str | None = None) -
         hint = f"pip install {package or module}"
         if extra:
             hint += f"   (or: pip install -e '.[{extra}]')"
-        raise MissingDependencyError(f"{module} is required for this feature but is not installed: {hint}") from None
+        raise MissingDependencyError(
+            f"{module} is required for this feature but is not installed: {hint}"
+        ) from None

@@ -57,6 +57,8 @@ class Olmo2Adapter(ModelAdapter):
 
     def lm_head(self, hidden):
         return self._head(hidden)
+
+
 # --8<-- [end:adapter]
 
 
@@ -69,9 +71,17 @@ from framework.model_adapter import adapter_for  # noqa: E402
 
 def tiny_olmo2(seed: int = 0) -> Olmo2ForCausalLM:
     config = Olmo2Config(
-        vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=512, initializer_range=0.1, tie_word_embeddings=False,
-        pad_token_id=0, eos_token_id=1,  # the defaults lie outside this tiny vocabulary
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,  # the defaults lie outside this tiny vocabulary
     )
     torch.manual_seed(seed)
     return Olmo2ForCausalLM(config).to(torch.float64).eval()
@@ -119,13 +129,18 @@ def check_lossless() -> None:
     adapter = adapter_for(tiny_olmo2())
     static = get_selector("static")
     spec = SpeculativeDecoder(
-        adapter, static(static.Config(skip_ratio=0.25)), get_length("fixed")(), get_drafter("layer_skip")(),
+        adapter,
+        static(static.Config(skip_ratio=0.25)),
+        get_length("fixed")(),
+        get_drafter("layer_skip")(),
         get_verifier("greedy")(),
     )
     prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     stop = StopCondition(24)
     assert spec.generate(prompt, stop).tokens == VanillaDecoder(adapter).generate(prompt, stop).tokens
     print("speculative greedy output equals vanilla greedy output")
+
+
 # --8<-- [end:check]
 
 

@@ -27,13 +27,21 @@ adapter.forward(ids[:, :P], torch.arange(P)[None], cache, logits_at="last")
 cache.commit(P)
 
 plans = {"full": None, "skip 0.2": uniform_plan(L, 0.2), "skip 0.5": uniform_plan(L, 0.5)}
-cases = [(1, "full", "last"), (4, "full", "all"), (8, "full", "all"), (1, "skip 0.2", "last"), (1, "skip 0.5", "last")]
+cases = [
+    (1, "full", "last"),
+    (4, "full", "all"),
+    (8, "full", "all"),
+    (1, "skip 0.2", "last"),
+    (1, "skip 0.5", "last"),
+]
 
 
 def run(t: int, plan: str, logits_at: str) -> float:
     start = time.perf_counter()
     # base=P: every call writes the same slots after the prefix, so all cases see the same context.
-    adapter.forward(ids[:, P : P + t], torch.arange(P, P + t)[None], cache, plans[plan], logits_at=logits_at, base=P)
+    adapter.forward(
+        ids[:, P : P + t], torch.arange(P, P + t)[None], cache, plans[plan], logits_at=logits_at, base=P
+    )
     return time.perf_counter() - start
 
 

@@ -24,7 +24,10 @@ inputs = [torch.tensor([encode_chat(tokenizer, [{"role": "user", "content": p.tu
 static = get_selector("static")
 for ratio in (0.1, 0.2, 0.3, 0.5):
     decoder = SpeculativeDecoder(
-        adapter, static(static.Config(skip_ratio=ratio)), get_length("fixed")(), get_drafter("layer_skip")(),
+        adapter,
+        static(static.Config(skip_ratio=ratio)),
+        get_length("fixed")(),
+        get_drafter("layer_skip")(),
         get_verifier("greedy")(),
     )
     drafted = accepted = rounds = committed = 0
@@ -33,4 +36,6 @@ for ratio in (0.1, 0.2, 0.3, 0.5):
         drafted, accepted = drafted + r.drafted, accepted + r.accepted
         rounds, committed = rounds + len(r.accept_lengths), committed + sum(r.accept_lengths)
     skipped = uniform_plan(adapter.num_layers, ratio).skip_ratio
-    print(f"skip_ratio {ratio}: {skipped:.3f} of sub-layers skipped, alpha {accepted / drafted:.3f}, M {committed / rounds:.2f}")
+    print(
+        f"skip_ratio {ratio}: {skipped:.3f} of sub-layers skipped, alpha {accepted / drafted:.3f}, M {committed / rounds:.2f}"
+    )

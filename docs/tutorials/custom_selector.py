@@ -23,7 +23,8 @@ from framework.registry import register_selector
 @dataclass(frozen=True)
 class MiddleMLPConfig:
     fraction: float = param(
-        0.5, help="fraction of the blocks, centred on the middle block, whose MLP sub-layer is skipped; in (0, 1]"
+        0.5,
+        help="fraction of the blocks, centred on the middle block, whose MLP sub-layer is skipped; in (0, 1]",
     )
 
     def __post_init__(self) -> None:
@@ -50,6 +51,8 @@ class MiddleMLPSelector(LayerSelector):
 
     def summary(self) -> dict:
         return {"plan": self._plan.describe()}
+
+
 # --8<-- [end:selector]
 
 
@@ -70,6 +73,8 @@ def show_config_handling() -> None:
         build_config(MiddleMLPConfig, {"fraction": "1.5"}, flag_prefix="--selector.")
     except ConfigError as err:
         print("rejected:", err)
+
+
 # --8<-- [end:config]
 
 
@@ -93,6 +98,8 @@ def tiny_llama(num_layers: int = 6, seed: int = 0) -> LlamaForCausalLM:
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
 # --8<-- [end:model]
 
 
@@ -125,6 +132,8 @@ def check_lossless(num_prompts: int = 3, max_new_tokens: int = 24) -> None:
             f"prompt {i}: {out.new_tokens} tokens identical to vanilla; "
             f"M = {out.mean_accepted_length:.2f}, alpha = {out.acceptance_rate:.2f}"
         )
+
+
 # --8<-- [end:check]
 
 
@@ -135,6 +144,8 @@ from framework.testing import LayerSelectorContract  # noqa: E402
 class TestMiddleMLPSelector(LayerSelectorContract):
     def make(self):
         return MiddleMLPSelector(MiddleMLPConfig(fraction=0.5))
+
+
 # --8<-- [end:contract]
 
 

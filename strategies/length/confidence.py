@@ -14,11 +14,11 @@ class ConfidenceLengthConfig:
     threshold: float = param(
         0.6, help="stop drafting after a token whose top-1 draft probability is below this; in (0, 1)"
     )
-    max_length: int = param(12, help="cap on the draft length of one round; >= 1")
+    max_length: int = param(12, help="cap on the draft length of one round; in [1, 64]")
 
     def __post_init__(self) -> None:
         check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
-        check_range("max_length", self.max_length, 1)
+        check_range("max_length", self.max_length, 1, 64)
 
 
 @register_length("confidence", config=ConfidenceLengthConfig)
@@ -38,5 +38,7 @@ class ConfidenceLength(LengthController):
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         if confidence is None:
-            raise RuntimeError("confidence controller needs draft confidences (drafter ignored needs_confidence)")
+            raise RuntimeError(
+                "confidence controller needs draft confidences (drafter ignored needs_confidence)"
+            )
         return confidence >= self.config.threshold and drafted < self.config.max_length

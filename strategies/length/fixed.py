@@ -11,10 +11,10 @@ from framework.registry import register_length
 
 @dataclass(frozen=True)
 class FixedLengthConfig:
-    k: int = param(4, help="draft tokens per round; >= 1")
+    k: int = param(4, help="draft tokens per round; in [1, 64]")
 
     def __post_init__(self) -> None:
-        check_range("k", self.k, 1)
+        check_range("k", self.k, 1, 64)
 
 
 @register_length("fixed", config=FixedLengthConfig)

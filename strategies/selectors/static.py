@@ -49,7 +49,9 @@ def uniform_plan(num_layers: int, ratio: float, keep_first_last: bool = True) ->
     offset by half a step so that the two kinds interleave instead of emptying the same blocks.
     With ``keep_first_last`` the eligible blocks are ``1..L-2`` (L_eff = L - 2), as in SWIFT.
     """
-    eligible = list(range(1, num_layers - 1)) if keep_first_last and num_layers > 2 else list(range(num_layers))
+    eligible = (
+        list(range(1, num_layers - 1)) if keep_first_last and num_layers > 2 else list(range(num_layers))
+    )
     n = int(ratio * 2 * len(eligible))
     n_attn, n_mlp = (n + 1) // 2, n // 2
     attn = _spread(n_attn, eligible, 0.5)
@@ -71,12 +73,16 @@ class StaticSelector(LayerSelector):
             for name in ("skip_attn", "skip_mlp"):
                 bad = [i for i in getattr(c, name) if i >= n]
                 if bad:
-                    raise ConfigError(f"--selector.{name}", getattr(c, name), f"block indices in [0, {n - 1}]")
+                    raise ConfigError(
+                        f"--selector.{name}", getattr(c, name), f"block indices in [0, {n - 1}]"
+                    )
             self._plan = LayerPlan.from_indices(n, attn=c.skip_attn, mlp=c.skip_mlp)
         else:
             self._plan = uniform_plan(n, c.skip_ratio, c.keep_first_last)
         if self._plan.num_skipped == 2 * n:
-            raise ConfigError("--selector", self._plan.describe(), "a skip set that leaves at least one sub-layer")
+            raise ConfigError(
+                "--selector", self._plan.describe(), "a skip set that leaves at least one sub-layer"
+            )
 
     def plan(self, state) -> LayerPlan:
         return self._plan

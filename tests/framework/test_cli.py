@@ -33,15 +33,30 @@ def test_list_prints_every_registered_strategy(capsys):
 
 
 def test_run_py_entry_point_lists(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "run.py"), "--list"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "run.py"), "--list"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "static" in proc.stdout and "greedy" in proc.stdout
 
 
 def test_print_config_resolves_strategy_flags(capsys):
-    code, out, _ = run_cli(capsys, "--print-config", "--length", "fixed", "--length.k", "6",
-                           "--selector.skip_attn", "3,5", "--categories", "qa,rag")
+    code, out, _ = run_cli(
+        capsys,
+        "--print-config",
+        "--length",
+        "fixed",
+        "--length.k",
+        "6",
+        "--selector.skip_attn",
+        "3,5",
+        "--categories",
+        "qa,rag",
+    )
     assert code == 0
     cfg = json.loads(out)
     assert cfg["length"] == {"name": "fixed", "config": {"k": 6}}
@@ -61,8 +76,11 @@ def test_print_config_resolves_strategy_flags(capsys):
         (["--selector.skip_ratio", "abc"], "--selector.skip_ratio must be a number (float), got 'abc'"),
         (["--length.threshold", "1"], "--length.threshold must be in (0, 1), got 1.0"),
         (["--length.threshold", "0"], "--length.threshold must be in (0, 1), got 0.0"),
-        (["--length", "fixed", "--length.k", "0"], "--length.k must be >= 1, got 0"),
-        (["--length", "fixed", "--length.threshold", "0.5"], "--length.threshold must be a field of FixedLengthConfig"),
+        (["--length", "fixed", "--length.k", "0"], "--length.k must be in [1, 64], got 0"),
+        (
+            ["--length", "fixed", "--length.threshold", "0.5"],
+            "--length.threshold must be a field of FixedLengthConfig",
+        ),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
         (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16, float64, got 'float8'"),
         (["--limit", "0"], "--limit must be >= 1, got 0"),
@@ -93,8 +111,12 @@ def test_bad_data_exits_2_before_loading_the_model(capsys, tmp_path):
 def test_model_that_is_not_a_causal_lm_exits_2(capsys, tmp_path):
     from transformers import T5Config
 
-    T5Config(d_model=16, num_layers=1, num_heads=2, d_kv=8, d_ff=32, vocab_size=32).save_pretrained(tmp_path / "t5")
-    code, _, err = run_cli(capsys, "--model", str(tmp_path / "t5"), "--limit", "1", "--output", str(tmp_path / "o.jsonl"))
+    T5Config(d_model=16, num_layers=1, num_heads=2, d_kv=8, d_ff=32, vocab_size=32).save_pretrained(
+        tmp_path / "t5"
+    )
+    code, _, err = run_cli(
+        capsys, "--model", str(tmp_path / "t5"), "--limit", "1", "--output", str(tmp_path / "o.jsonl")
+    )
     assert code == 2 and "is a 't5' model, not a causal language model" in err
     (tmp_path / "empty_dir").mkdir()
     code, _, err = run_cli(capsys, "--model", str(tmp_path / "empty_dir"), "--limit", "1")

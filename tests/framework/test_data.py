@@ -29,11 +29,14 @@ def test_builtin_suite_covers_every_category_with_five_prompts():
 
 
 def test_mt_bench_categories_are_grouped_and_selectable_both_ways(tmp_path):
-    path = write(tmp_path, [
-        json.dumps({"question_id": 81, "category": "writing", "turns": ["a", "b"]}),
-        json.dumps({"question_id": 82, "category": "roleplay", "turns": ["c"]}),
-        json.dumps({"question_id": 1, "category": "qa", "turns": ["d"], "reference": ["x"]}),
-    ])
+    path = write(
+        tmp_path,
+        [
+            json.dumps({"question_id": 81, "category": "writing", "turns": ["a", "b"]}),
+            json.dumps({"question_id": 82, "category": "roleplay", "turns": ["c"]}),
+            json.dumps({"question_id": 1, "category": "qa", "turns": ["d"], "reference": ["x"]}),
+        ],
+    )
     prompts = load_prompts(path)
     assert [p.category for p in prompts] == ["mt_bench", "mt_bench", "qa"]
     assert [p.subcategory for p in prompts] == ["writing", "roleplay", "qa"]
@@ -42,7 +45,10 @@ def test_mt_bench_categories_are_grouped_and_selectable_both_ways(tmp_path):
 
 
 def test_limit_is_per_category(tmp_path):
-    lines = [json.dumps({"question_id": i, "category": "qa" if i % 2 else "rag", "turns": [f"q{i}"]}) for i in range(10)]
+    lines = [
+        json.dumps({"question_id": i, "category": "qa" if i % 2 else "rag", "turns": [f"q{i}"]})
+        for i in range(10)
+    ]
     prompts = load_prompts(write(tmp_path, lines), limit=2)
     assert [p.question_id for p in prompts] == [0, 1, 2, 3]
 
@@ -53,7 +59,10 @@ def test_limit_is_per_category(tmp_path):
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
         (json.dumps({"category": "qa", "turns": ["x"]}), "missing key 'question_id'"),
-        (json.dumps({"question_id": 1, "category": "", "turns": ["x"]}), "category must be a non-empty string"),
+        (
+            json.dumps({"question_id": 1, "category": "", "turns": ["x"]}),
+            "category must be a non-empty string",
+        ),
         (json.dumps({"question_id": 1, "category": "qa", "turns": []}), "turns must be a non-empty list"),
         (json.dumps({"question_id": 1, "category": "qa", "turns": ["  "]}), "turn 0 is empty"),
         (json.dumps({"question_id": True, "category": "qa", "turns": ["x"]}), "question_id must be"),

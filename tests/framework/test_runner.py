@@ -37,8 +37,15 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 def tiny():
     load_builtin_strategies()
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=256)
+    cfg = LlamaConfig(
+        num_hidden_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM(cfg).eval().double(), tiny_tokenizer()
 
 
@@ -56,7 +63,10 @@ def data(tmp_path):
 
 def cfg_for(data, out, **kw):
     base = dict(
-        data=str(data), output=str(out), max_new_tokens=10, warmup=1,
+        data=str(data),
+        output=str(out),
+        max_new_tokens=10,
+        warmup=1,
         selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
         length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )
@@ -70,7 +80,12 @@ def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
     result = run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["question_id"], r["method"]) for r in lines] == [
-        (1, "vanilla"), (1, "static+fixed"), (2, "vanilla"), (2, "static+fixed"), (3, "vanilla"), (3, "static+fixed")
+        (1, "vanilla"),
+        (1, "static+fixed"),
+        (2, "vanilla"),
+        (2, "static+fixed"),
+        (3, "vanilla"),
+        (3, "static+fixed"),
     ]
     for r in lines:
         assert r["category"] in ("mt_bench", "qa")
@@ -80,7 +95,9 @@ def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
         assert r["lossless"] is True
         assert r["wall_time"] > 0
         if r["method"] != "vanilla":
-            assert sum(r["accept_lengths"]) >= r["new_tokens"] - len(r["turns"])  # prefill token not in a round
+            assert sum(r["accept_lengths"]) >= r["new_tokens"] - len(
+                r["turns"]
+            )  # prefill token not in a round
             assert r["accepted"] <= r["drafted"]
             assert r["strategies"]["selector"]["config"]["skip_ratio"] == 0.3
     assert "| **overall** | 3 |" in result["table"]
@@ -122,16 +139,30 @@ def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
     model, tok = tiny
     out = tmp_path / "never.jsonl"
     too_long = tmp_path / "long.jsonl"
-    too_long.write_text(json.dumps({"question_id": 9, "category": "qa", "turns": [" ".join(["w3"] * 300)]}) + "\n")
+    too_long.write_text(
+        json.dumps({"question_id": 9, "category": "qa", "turns": [" ".join(["w3"] * 300)]}) + "\n"
+    )
     with pytest.raises(ConfigError, match="at most the model's context of 256 tokens"):
         run(cfg_for(too_long, out), log=lambda s: None, model=model, tokenizer=tok)
     with pytest.raises(ConfigError, match=r"--selector.skip_attn must be block indices in \[0, 3\]"):
-        run(cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=(7,)))),
-            log=lambda s: None, model=model, tokenizer=tok)
+        run(
+            cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=(7,)))),
+            log=lambda s: None,
+            model=model,
+            tokenizer=tok,
+        )
     every = tuple(range(4))
     with pytest.raises(ConfigError, match="at least one sub-layer"):
-        run(cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=every, skip_mlp=every))),
-            log=lambda s: None, model=model, tokenizer=tok)
+        run(
+            cfg_for(
+                data,
+                out,
+                selector=StrategySpec("static", StaticSelectorConfig(skip_attn=every, skip_mlp=every)),
+            ),
+            log=lambda s: None,
+            model=model,
+            tokenizer=tok,
+        )
     with pytest.raises(ConfigError, match="--max-new-tokens must be >= 1"):
         cfg_for(data, out, max_new_tokens=0)
     assert not out.exists()

@@ -38,13 +38,32 @@ def test_default_model_is_smollm2_and_chat_template_applies(default_model):
 @pytest.mark.parametrize("length", [["--length", "confidence"], ["--length", "fixed", "--length.k", "3"]])
 def test_static_selector_is_lossless_on_the_default_model(tmp_path, capsys, length):
     out = tmp_path / "r.jsonl"
-    code = main(["--selector", "static", *length, "--categories", "mt_bench,summarization,code",
-                 "--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--device", "cpu", "--output", str(out)])
+    code = main(
+        [
+            "--selector",
+            "static",
+            *length,
+            "--categories",
+            "mt_bench,summarization,code",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--warmup",
+            "0",
+            "--device",
+            "cpu",
+            "--output",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0
     records = [json.loads(x) for x in out.read_text().splitlines()]
     spec = [r for r in records if r["method"] != "vanilla"]
-    assert len(spec) == 3 and all(r["lossless"] for r in spec), [r["question_id"] for r in spec if not r["lossless"]]
+    assert len(spec) == 3 and all(r["lossless"] for r in spec), [
+        r["question_id"] for r in spec if not r["lossless"]
+    ]
     assert all(r["drafted"] > 0 for r in spec)
     assert "| **overall** | 3 |" in printed and "3/3 |" in printed
 
@@ -64,7 +83,19 @@ def test_impossible_skip_sets_exit_2(tmp_path, capsys):
     code = main(["--selector.skip_attn", "3,31", "--limit", "1", "--device", "cpu", "--output", str(out)])
     assert code == 2 and "--selector.skip_attn must be block indices in [0, 29]" in capsys.readouterr().err
     every = ",".join(map(str, range(30)))
-    code = main(["--selector.skip_attn", every, "--selector.skip_mlp", every, "--limit", "1", "--device", "cpu",
-                 "--output", str(out)])
+    code = main(
+        [
+            "--selector.skip_attn",
+            every,
+            "--selector.skip_mlp",
+            every,
+            "--limit",
+            "1",
+            "--device",
+            "cpu",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 2 and "at least one sub-layer" in capsys.readouterr().err
     assert not out.exists()

@@ -34,9 +34,9 @@ def test_threshold_open_interval(t):
         ConfidenceLengthConfig(threshold=t)
 
 
-@pytest.mark.parametrize("m", [0, -3])
-def test_max_length_at_least_one(m):
-    with pytest.raises(ConfigError, match="max_length must be >= 1"):
+@pytest.mark.parametrize("m", [0, -3, 65])
+def test_max_length_in_range(m):
+    with pytest.raises(ConfigError, match=r"max_length must be in \[1, 64\]"):
         ConfidenceLengthConfig(max_length=m)
 
 

@@ -24,9 +24,9 @@ class TestFixedLongContract(LengthControllerContract):
         return FixedLength(FixedLengthConfig(k=9))
 
 
-@pytest.mark.parametrize("k", [0, -1, -10])
-def test_k_below_one_rejected(k):
-    with pytest.raises(ConfigError, match=rf"^k must be >= 1, got {k}$"):
+@pytest.mark.parametrize("k", [0, -1, -10, 65])
+def test_k_outside_range_rejected(k):
+    with pytest.raises(ConfigError, match=rf"^k must be in \[1, 64\], got {k}$"):
         FixedLengthConfig(k=k)
 
 
