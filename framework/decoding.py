@@ -177,17 +177,23 @@ def _finish(
 
 
 class VanillaDecoder:
-    """Greedy autoregressive decoding through the adapter: one full forward per token.
+    """Autoregressive decoding through the adapter: one full forward per token.
+
+    Each token is ``verifier.choose(logits)``: the argmax for greedy verifiers, a sample from the
+    same warped target distribution for a sampling verifier (give the baseline its own verifier
+    instance, so that it draws from its own random stream).
 
     Args:
         adapter: the model adapter.
-        verifier: chooses each token from the logits (greedy: argmax). Defaults to argmax.
+        verifier: chooses each token from the logits. Defaults to argmax.
     """
 
     name = "vanilla"
 
     def __init__(self, adapter: ModelAdapter, verifier: Verifier | None = None) -> None:
         self.adapter = adapter
+        if verifier is not None:
+            verifier.setup(adapter.info())
         self.choose = verifier.choose if verifier is not None else (lambda logits: logits.argmax(-1))
 
     @torch.inference_mode()
@@ -253,13 +259,13 @@ class SpeculativeDecoder:
         _check_context(adapter, prompt_ids.shape[1], stop.max_new_tokens)
         for s in self.strategies().values():
             s.reset()
-        state = DecodeState(
+        state = DecodeState.for_strategies(
             adapter,
             prompt_ids,
             _capacity(prompt_ids.shape[1], stop.max_new_tokens, self.max_draft),
-            capture_hidden=self.selector.needs_hidden_states,
-            need_confidence=self.length.needs_confidence,
-            need_draft_probs=self.verifier.needs_draft_probs,
+            self.selector,
+            self.length,
+            self.verifier,
         )
         timings = state.stats.timings
         lm0 = adapter.lm_head_seconds
@@ -316,5 +322,5 @@ class SpeculativeDecoder:
             drafted=drafted,
             accepted=accepted,
             skip_ratios=skip_ratios,
-            strategy_summary={k: s.summary() for k, s in self.strategies().items() if s.summary()},
+            strategy_summary={k: v for k, v in ((k, s.summary()) for k, s in self.strategies().items()) if v},
         )

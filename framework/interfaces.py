@@ -22,7 +22,7 @@ what no strategy asked for (``LayerSelector.needs_hidden_states``,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -182,6 +182,9 @@ class Draft:
             strategy asked for it.
         probs: FloatTensor (B, K, V), the draft distributions (only when the verifier sets
             ``needs_draft_probs``).
+        top_tokens: LongTensor (B, K, k), each step's k most probable draft tokens (only when
+            the verifier's ``draft_top_k()`` is k > 0; tree verification).
+        top_probs: FloatTensor (B, K, k), their draft probabilities.
         extras: strategy-specific data (e.g. tree candidates), JSON-friendly where possible.
     """
 
@@ -189,6 +192,8 @@ class Draft:
     plan: LayerPlan
     confidences: torch.Tensor | None = None
     probs: torch.Tensor | None = None
+    top_tokens: torch.Tensor | None = None
+    top_probs: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -326,6 +331,27 @@ class Verifier(Strategy):
 
     #: The drafter must keep the draft distributions (speculative sampling).
     needs_draft_probs: ClassVar[bool] = False
+    #: In what sense the output equals the target model's: ``"greedy"`` (token for token equal
+    #: to greedy decoding; the combination tests check it) or ``"distribution"`` (speculative
+    #: sampling: the same distribution as sampling from the target; checked statistically).
+    lossless: ClassVar[str] = "greedy"
+
+    def draft_sampler(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """How drafters pick tokens, so that draft and target use the same warping.
+
+        Returns:
+            ``None`` for greedy drafting (argmax), or a function ``logits (B, V) -> (tokens (B,),
+            probs (B, V))`` that samples a draft token from the warped draft distribution q and
+            returns q.
+        """
+        return None
+
+    def draft_top_k(self) -> int:
+        """How many top candidates per draft step the drafter must keep (``Draft.top_tokens``).
+
+        0 (the default) keeps none; tree verification asks for its widest band.
+        """
+        return 0
 
     @abstractmethod
     def verify(self, state: DecodeState, draft: Draft) -> Verification:

@@ -38,6 +38,7 @@ class MethodStats:
     skip_ratio_sum: float = 0.0
     skip_rounds: int = 0
     lossless: int = 0
+    lossless_checked: int = 0
     timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def add(self, rec: dict[str, Any]) -> None:
@@ -52,7 +53,9 @@ class MethodStats:
         for t in rec["turns"]:
             self.skip_ratio_sum += sum(t.get("skip_ratios", []))
             self.skip_rounds += len(t.get("skip_ratios", []))
-        self.lossless += int(bool(rec.get("lossless", False)))
+        if rec.get("lossless") is not None:
+            self.lossless_checked += 1
+            self.lossless += int(bool(rec["lossless"]))
         for k, v in rec.get("timings", {}).items():
             self.timings[k] += v
 
@@ -99,9 +102,10 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
             continue
         speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
         name = f"**{cat}**" if cat == "overall" else cat
+        lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
         rows.append(
             f"| {name} | {m.prompts} | {b.mean_tokens_per_s:.2f} | {m.mean_tokens_per_s:.2f} | {speed:.3f}x | "
-            f"{m.mean_accepted_length:.2f} | {m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {m.lossless}/{m.prompts} |"
+            f"{m.mean_accepted_length:.2f} | {m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {lossless} |"
         )
     return "\n".join(rows)
 

@@ -99,6 +99,10 @@ class DecodeState:
         self.capture_hidden = capture_hidden
         self.need_confidence = need_confidence
         self.need_draft_probs = need_draft_probs
+        #: Set by the decoder from ``Verifier.draft_sampler()``; ``None`` = greedy drafting.
+        self.draft_sampler = None
+        #: Set by the decoder from ``Verifier.draft_top_k()``; 0 = keep no top-k candidates.
+        self.draft_top_k = 0
         self.draft_len = 0  # tokens fed to the draft model in the current round
         self.round = 0
         self.stats = DecodeStats()
@@ -106,6 +110,33 @@ class DecodeState:
         self.last_hidden_states: torch.Tensor | None = None
         #: free-form per-generation scratch space for strategies (keyed by strategy name).
         self.extras: dict[str, Any] = {}
+
+    @classmethod
+    def for_strategies(
+        cls,
+        adapter: ModelAdapter,
+        prompt_ids: torch.Tensor,
+        capacity: int,
+        selector: Any,
+        length: Any,
+        verifier: Any,
+    ) -> DecodeState:
+        """A state whose flags and hooks come from the strategies' capability declarations.
+
+        The one place that wires ``needs_hidden_states``, ``needs_confidence``,
+        ``needs_draft_probs``, ``draft_sampler()`` and ``draft_top_k()`` into the state.
+        """
+        state = cls(
+            adapter,
+            prompt_ids,
+            capacity,
+            capture_hidden=selector.needs_hidden_states,
+            need_confidence=length.needs_confidence,
+            need_draft_probs=verifier.needs_draft_probs,
+        )
+        state.draft_sampler = verifier.draft_sampler()
+        state.draft_top_k = verifier.draft_top_k()
+        return state
 
     # ------------------------------------------------------------------ token views
     @property

@@ -312,13 +312,13 @@ class _Contract:
         from framework.state import DecodeState
 
         prompt = random_prompt(prompt_len, adapter.config.vocab_size, prompt_seed)
-        state = DecodeState(
+        state = DecodeState.for_strategies(
             adapter,
             prompt,
-            capacity=prompt_len + 64,
-            capture_hidden=strategies["selector"].needs_hidden_states,
-            need_confidence=strategies["length"].needs_confidence,
-            need_draft_probs=strategies["verifier"].needs_draft_probs,
+            prompt_len + 64,
+            strategies["selector"],
+            strategies["length"],
+            strategies["verifier"],
         )
         logits = state.prefill()
         state.append(strategies["verifier"].choose(logits)[:, None])
@@ -524,9 +524,17 @@ class VerifierContract(_Contract):
         m = result.accepted
         assert 0 <= m <= k
         assert result.new_tokens.shape == (1, m + 1) and result.new_tokens.dtype == torch.long
-        assert torch.equal(result.new_tokens[:, :m], draft.tokens[:, :m]), (
-            "accepted tokens must be the draft's"
-        )
+        # Accepted tokens are draft tokens: the chain's, except that a tree verifier may end the
+        # accepted path on one of the step's top-k alternatives (Draft.top_tokens).
+        if m:
+            assert torch.equal(result.new_tokens[:, : m - 1], draft.tokens[:, : m - 1]), (
+                "accepted tokens must be the draft's"
+            )
+            last = int(result.new_tokens[0, m - 1])
+            allowed = {int(draft.tokens[0, m - 1])}
+            if draft.top_tokens is not None:
+                allowed |= set(draft.top_tokens[0, m - 1].tolist())
+            assert last in allowed, "accepted tokens must be the draft's (or its top-k alternatives)"
         assert 0 <= int(result.new_tokens.min()) and int(result.new_tokens.max()) < state.info.vocab_size
         if result.kv_keep is not None:
             assert result.kv_keep.numel() == m + 1

@@ -1,3 +1,3 @@
 """Verifiers: which draft tokens are accepted."""
 
-from strategies.verifiers import greedy  # noqa: F401
+from strategies.verifiers import greedy, sampling, tree  # noqa: F401

@@ -166,3 +166,18 @@ def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
     with pytest.raises(ConfigError, match="--max-new-tokens must be >= 1"):
         cfg_for(data, out, max_new_tokens=0)
     assert not out.exists()
+
+
+def test_warmup_does_not_leak_carried_state(tiny, data, tmp_path, monkeypatch):
+    """Strategies are rebuilt after warm-up: the measured run starts from fresh instances."""
+    model, tok = tiny
+    built = []
+    real = Experiment.rebuild
+
+    def spy(self):
+        real(self)
+        built.append(self.spec)
+
+    monkeypatch.setattr(Experiment, "rebuild", spy)
+    run(cfg_for(data, tmp_path / "w.jsonl", warmup=1), log=lambda s: None, model=model, tokenizer=tok)
+    assert len(built) == 2 and built[0] is not built[1]

@@ -1,0 +1,197 @@
+"""``sampling``: speculative sampling, lossless in distribution (the output is distributed as sampling)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from framework.config import ConfigError, check_range, param
+from framework.interfaces import Draft, Verification, Verifier
+from framework.registry import register_verifier
+
+#: A residual ``max(0, p - q)`` with less total mass than this is treated as empty (p == q up to
+#: rounding, where a rejection has probability ~0): the replacement is then sampled from p.
+RESIDUAL_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class SamplingVerifierConfig:
+    temperature: float = param(1.0, help="softmax temperature applied to draft and target logits; > 0")
+    top_k: int = param(0, help="keep only the k most likely tokens before sampling; 0 = off; >= 0")
+    top_p: float = param(
+        1.0, help="nucleus sampling: keep the smallest set of tokens with mass >= top_p; 1.0 = off; in (0, 1]"
+    )
+    seed: int = param(0, help="seed of the verifier's random generator (one stream per run)")
+
+    def __post_init__(self) -> None:
+        check_range("temperature", self.temperature, 0.0, lo_open=True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ConfigError("top_k", self.top_k, "an integer >= 0 (0 = off)")
+        check_range("top_k", self.top_k, 0)
+        check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError("seed", self.seed, "an integer")
+
+
+def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The sampling distribution: temperature, then top-k, then top-p, renormalised.
+
+    Args:
+        logits: FloatTensor (..., V).
+        temperature: divides the logits (> 0).
+        top_k: keep the ``top_k`` largest logits (ties at the k-th value are all kept); 0 = off.
+        top_p: keep the most likely tokens until their mass reaches ``top_p`` (the token that
+            crosses it included, so at least one token survives); 1.0 = off.
+
+    Returns:
+        FloatTensor (..., V) of probabilities summing to 1 (float32 at least; float64 logits stay
+        float64).
+    """
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    v = x.shape[-1]
+    if 0 < top_k < v:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        probs = torch.softmax(x, dim=-1)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Drop a token once the mass strictly before it already reaches top_p.
+        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V) -> LongTensor (B,); zero-probability tokens never come."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def accept_prefix(
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The speculative-sampling acceptance rule (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
+
+    Draft token ``d_j`` is accepted with probability ``min(1, p_j(d_j) / q_j(d_j))``, in order; at the
+    first rejection the replacement is sampled from ``norm(max(0, p_j - q_j))`` (from ``p_j`` if that
+    residual is numerically empty) and drafting stops; if all K are accepted the bonus token is
+    sampled from ``p_{K+1}``. The K uniforms are drawn at once (equivalent to drawing them one by
+    one and stopping at the first rejection), then one token.
+
+    Args:
+        draft_tokens: LongTensor (B, K), K >= 0.
+        q: FloatTensor (B, K, V), the (warped) draft distributions the tokens were sampled from.
+        p: FloatTensor (B, K+1, V), the (warped) target distributions after each verified input.
+        generator: the random stream (on ``p``'s device).
+
+    Returns:
+        ``(num_accepted (B,), next_token (B,))``: m per row and the correction or bonus token.
+    """
+    b, k = draft_tokens.shape
+    q = q.to(p.dtype)
+    rows = torch.arange(b, device=p.device)
+    if k:
+        idx = draft_tokens[..., None]
+        p_d = p[:, :k].gather(-1, idx).squeeze(-1)  # (B, K)
+        q_d = q.gather(-1, idx).squeeze(-1)
+        # q(d) = 0 cannot happen for a token sampled from q; if it does, accept iff p(d) > 0.
+        ratio = torch.where(
+            q_d > 0, (p_d / q_d.clamp_min(torch.finfo(p.dtype).tiny)).clamp(max=1.0), (p_d > 0).to(p.dtype)
+        )
+        u = torch.rand(b, k, generator=generator, device=p.device, dtype=p.dtype)
+        m = (u < ratio).long().cumprod(dim=1).sum(dim=1)  # (B,)
+    else:
+        m = torch.zeros(b, dtype=torch.long, device=p.device)
+    p_m = p[rows, m]  # (B, V): p_{m+1}, the bonus distribution when m == K
+    if k:
+        q_m = q[rows, m.clamp(max=k - 1)]
+        residual = (p_m - q_m).clamp_min(0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        fixed = torch.where(mass > RESIDUAL_EPS, residual / mass.clamp_min(RESIDUAL_EPS), p_m)
+        dist = torch.where((m < k)[:, None], fixed, p_m)
+    else:
+        dist = p_m
+    return m, sample(dist, generator)
+
+
+@register_verifier("sampling", config=SamplingVerifierConfig)
+class SamplingVerifier(Verifier):
+    """Speculative sampling: the committed tokens are distributed exactly as sampling from the target.
+
+    Speculative sampling (Leviathan et al., ICML 2023; Chen et al., 2023), used for self-speculative
+    decoding in Draft & Verify (Zhang et al., ACL 2024, Alg. 4).
+
+    One warping (temperature, then top-k, then top-p, renormalised; `warp`) is applied to the
+    draft logits (through `draft_sampler`, so drafters sample from q and keep it in
+    ``Draft.probs``), to the target logits in `verify` and in `choose` (prefill, declined rounds
+    and the vanilla baseline), so speculative and vanilla sampling target the same distribution.
+    `verify` runs one full forward over ``[pending, d_1..d_K]`` and applies `accept_prefix`.
+
+    Randomness: one ``torch.Generator`` per device, seeded from ``config.seed`` when first used and
+    never re-seeded (``reset`` keeps it), so successive generations differ but a run (same seed,
+    same calls) is reproducible. Draft sampling, acceptance and vanilla sampling share it.
+    """
+
+    needs_draft_probs = True
+    lossless = "distribution"
+
+    def __init__(self, config: SamplingVerifierConfig | None = None) -> None:
+        super().__init__(config)
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self.generator(torch.device("cpu"))
+
+    def generator(self, device: torch.device | str) -> torch.Generator:
+        """The verifier's random stream on ``device`` (created and seeded on first use)."""
+        device = torch.device(device)
+        if device.type != "cpu" and device.index is None:
+            device = torch.device(device.type, torch.get_device_module(device.type).current_device())
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device).manual_seed(self.config.seed)
+            self._generators[device] = gen
+        return gen
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """The configured warping of ``logits`` (..., V) into probabilities (see `warp`)."""
+        c = self.config
+        return warp(logits, c.temperature, c.top_k, c.top_p)
+
+    def draft_sampler(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        def sample_draft(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            q = self.warp(logits)
+            return sample(q, self.generator(q.device)), q
+
+        return sample_draft
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        p = self.warp(logits)
+        return sample(p, self.generator(p.device))
+
+    def verify(self, state, draft: Draft) -> Verification:
+        k = draft.length
+        if k and draft.probs is None:
+            raise ValueError(
+                "the sampling verifier needs the draft distributions q (Draft.probs, B x K x V): the "
+                "drafter must sample through state.draft_sampler and keep q when state.need_draft_probs "
+                "is set (as the layer_skip drafter does)"
+            )
+        if k and draft.probs.shape[:2] != draft.tokens.shape:
+            raise ValueError(
+                f"Draft.probs has shape {tuple(draft.probs.shape)}, expected (B, K, V) with (B, K) = "
+                f"{tuple(draft.tokens.shape)}"
+            )
+        block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
+        out = state.forward_verify(block, logits_at="all")
+        p = self.warp(out.logits)  # (B, K+1, V)
+        q = draft.probs if k else p.new_zeros(p.shape[0], 0, p.shape[-1])
+        m, nxt = accept_prefix(draft.tokens, q, p, self.generator(p.device))
+        a = int(m[0])
+        new = torch.cat([draft.tokens[:, :a], nxt[:, None]], dim=1)  # (B, m+1)
+        return Verification(
+            num_accepted=m,
+            new_tokens=new,
+            target_tokens=out.logits.argmax(dim=-1),
+            hidden_states=out.hidden_states,
+        )

@@ -1,0 +1,378 @@
+"""strategies/verifiers/sampling.py: the contract, the acceptance rule, the warping, and losslessness
+in distribution (a chi-square test against the exact target distribution, with a negative control).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from framework.config import ConfigError, build_config
+from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.interfaces import Draft, LayerPlan, Verification
+from framework.model_adapter import adapter_for
+from framework.testing import VerifierContract, random_prompt, tiny_model
+from strategies.drafters.layer_skip import LayerSkipDrafter
+from strategies.length.fixed import FixedLength, FixedLengthConfig
+from strategies.selectors.static import StaticSelector, StaticSelectorConfig
+from strategies.verifiers.sampling import (
+    SamplingVerifier,
+    SamplingVerifierConfig,
+    accept_prefix,
+    warp,
+)
+
+V = 16  # vocabulary of the statistical tests' model: small enough to sample every cell well
+
+
+class TestSamplingContract(VerifierContract):
+    greedy_lossless = False
+
+    def make(self):
+        return SamplingVerifier(SamplingVerifierConfig(temperature=0.8, top_p=0.95))
+
+    def test_contract_state_installs_the_draft_sampler(self):
+        _, _, state = self.prepared()
+        assert state.draft_sampler is not None
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 0.0),
+        ("temperature", -1.0),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+    ],
+)
+def test_config_rejects_out_of_range(field, value):
+    with pytest.raises(ConfigError, match=field) as err:
+        SamplingVerifierConfig(**{field: value})
+    assert err.value.field == field and err.value.allowed
+
+
+def test_config_from_cli_strings():
+    cfg = build_config(
+        SamplingVerifierConfig, {"temperature": "0.7", "top_k": "5", "top_p": "0.9", "seed": "3"}
+    )
+    assert (cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed) == (0.7, 5, 0.9, 3)
+    with pytest.raises(ConfigError, match=r"--verifier\.top_p must be in \(0, 1\]"):
+        build_config(SamplingVerifierConfig, {"top_p": "0"}, flag_prefix="--verifier.")
+    assert SamplingVerifier.lossless == "distribution" and SamplingVerifier.needs_draft_probs
+
+
+# ------------------------------------------------------------------------------ warping
+
+
+def _logits(probs):
+    return torch.tensor([probs], dtype=torch.float64).log()
+
+
+def test_warp_temperature_is_scaled_softmax():
+    x = torch.randn(3, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for t in (0.5, 1.0, 2.0):
+        torch.testing.assert_close(warp(x, temperature=t), torch.softmax(x / t, dim=-1))
+    assert warp(x.float()).dtype == torch.float32 and warp(x.half()).dtype == torch.float32
+
+
+def test_warp_top_k_and_top_p_support():
+    x = _logits([0.05, 0.5, 0.15, 0.3])
+    want = {
+        (0, 1.0): [0.05, 0.5, 0.15, 0.3],
+        (2, 1.0): [0, 0.5 / 0.8, 0, 0.3 / 0.8],  # top-k keeps the two largest, renormalised
+        (1, 1.0): [0, 1, 0, 0],
+        (0, 0.6): [0, 0.5 / 0.8, 0, 0.3 / 0.8],  # smallest set with mass >= 0.6: {0.5, 0.3}
+        (0, 0.9): [0, 0.5 / 0.95, 0.15 / 0.95, 0.3 / 0.95],
+        (0, 0.4): [0, 1, 0, 0],  # the top token alone already reaches 0.4
+        (0, 1e-9): [0, 1, 0, 0],  # at least one token survives
+        # top-p is applied after top-k: on the renormalised {0.625, 0.375} 0.6 keeps the first only
+        (2, 0.6): [0, 1, 0, 0],
+    }
+    for (k, p), probs in want.items():
+        got = warp(x, top_k=k, top_p=p)
+        torch.testing.assert_close(
+            got, torch.tensor([probs], dtype=torch.float64), msg=f"top_k={k} top_p={p}"
+        )
+    # temperature first: at T = 0.5 the probabilities are ~ p^2, so 0.6 keeps only the 0.5 token
+    got = warp(x, temperature=0.5, top_p=0.6)
+    assert got[0].nonzero().flatten().tolist() == [1]
+
+
+def test_choose_and_draft_sampler_sample_the_warped_distribution():
+    v = SamplingVerifier(SamplingVerifierConfig(temperature=0.8, top_k=5, seed=1))
+    logits = torch.randn(1, V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    p = v.warp(logits)[0]
+    n = 20000
+    rows = logits.expand(n, V)
+    toks = v.choose(rows)
+    assert toks.shape == (n,) and toks.dtype == torch.long
+    tok2, q = v.draft_sampler()(rows)
+    torch.testing.assert_close(q, v.warp(rows))
+    for t in (toks, tok2):
+        freq = torch.bincount(t, minlength=V).double() / n
+        assert float(freq[p == 0].sum()) == 0.0, "a token outside the top-k was sampled"
+        assert 0.5 * float((freq - p).abs().sum()) < 0.02  # TV; its sd at n = 20000 is ~0.004
+
+
+def test_generator_is_seeded_once_per_run():
+    logits = torch.zeros(1, V)
+    a, b = SamplingVerifier(SamplingVerifierConfig(seed=5)), SamplingVerifier(SamplingVerifierConfig(seed=5))
+    seq_a = [int(a.choose(logits)) for _ in range(20)]
+    b.reset()  # reset keeps the stream: it does not re-seed
+    assert [int(b.choose(logits)) for _ in range(20)] == seq_a
+    a.reset()
+    assert [int(a.choose(logits)) for _ in range(20)] != seq_a
+
+
+# ------------------------------------------------------------------------------ acceptance rule
+
+
+def _dists(rows: int, seed: int, zero: int = 0) -> torch.Tensor:
+    """(rows, V) random distributions; ``zero`` random entries per row set to 0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(rows, V, generator=g, dtype=torch.float64) ** 3
+    if zero:
+        x.scatter_(1, torch.rand(rows, V, generator=g).argsort(1)[:, :zero], 0.0)
+    return x / x.sum(-1, keepdim=True)
+
+
+def test_q_equal_p_accepts_everything():
+    k = 4
+    p = _dists(k + 1, 0, zero=4)[None]  # (1, K+1, V)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        d = torch.multinomial(p[0, :k], 1, generator=g).T  # (1, K) sampled from q = p
+        m, nxt = accept_prefix(d, p[:, :k], p, g)
+        assert int(m) == k
+        assert float(p[0, k, nxt]) > 0  # the bonus comes from p_{K+1}
+
+
+def test_zero_target_probability_always_rejects():
+    p = _dists(3, 1)[None]
+    q = _dists(2, 2)[None]
+    d = torch.tensor([[3, 7]])
+    p[0, 0, 3] = 0.0
+    p[0, 0] /= p[0, 0].sum()
+    residual = (p[0, 0] - q[0, 0]).clamp_min(0)
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(300):
+        m, nxt = accept_prefix(d, q, p, g)
+        assert int(m) == 0
+        seen.add(int(nxt))
+    assert 3 not in seen, "the rejected token came back as its own replacement"
+    assert all(float(residual[t]) > 0 for t in seen), "replacement outside the support of max(0, p - q)"
+
+
+def test_empty_residual_falls_back_to_p():
+    # With normalised p and q an empty residual (p <= q everywhere) means p == q, where a rejection has
+    # probability 0; an unnormalised q forces the case: the replacement then comes from p itself.
+    p = torch.tensor([[[0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]]], dtype=torch.float64)
+    q = torch.tensor([[[0.5, 0.5, 0.5, 0.5]]], dtype=torch.float64)  # not normalised: residual is 0
+    g = torch.Generator().manual_seed(0)
+    out = {int(accept_prefix(torch.tensor([[0]]), q, p, g)[1]) for _ in range(100)}
+    assert out == {1, 2}
+
+
+def test_empty_draft_samples_from_p1():
+    p = torch.tensor([[[0.0, 0.0, 1.0, 0.0]]], dtype=torch.float64)
+    m, nxt = accept_prefix(torch.empty(1, 0, dtype=torch.long), p.new_zeros(1, 0, 4), p, torch.Generator())
+    assert int(m) == 0 and int(nxt) == 2
+
+
+def test_acceptance_probability_and_single_position_losslessness():
+    """Many independent rows at once: d ~ q; accepted with min(1, p(d)/q(d)); output ~ p exactly."""
+    n = 40000
+    p1, q1 = _dists(1, 3, zero=3), _dists(1, 4, zero=2)
+    p = torch.cat([p1, _dists(1, 5)])[None].expand(n, 2, V)  # (n, K+1 = 2, V)
+    q = q1[None].expand(n, 1, V)
+    g = torch.Generator().manual_seed(7)
+    d = torch.multinomial(q1, n, replacement=True, generator=g).T  # (n, 1)
+    m, nxt = accept_prefix(d, q, p, g)
+    ratio = (p1[0] / q1[0]).clamp(max=1.0).nan_to_num(0.0)
+    for tok in range(V):
+        rows = d[:, 0] == tok
+        if int(rows.sum()) >= 500:
+            rate = float(m[rows].double().mean())
+            sd = (float(ratio[tok]) * (1 - float(ratio[tok])) / int(rows.sum())) ** 0.5
+            assert abs(rate - float(ratio[tok])) <= 4 * sd + 1e-9, (
+                f"token {tok}: {rate} vs {float(ratio[tok])}"
+            )
+    out = torch.where(m == 1, d[:, 0], nxt)
+    freq = torch.bincount(out, minlength=V).double() / n
+    assert float(freq[p1[0] == 0].sum()) == 0.0
+    assert 0.5 * float((freq - p1[0]).abs().sum()) < 0.02  # TV; its sd at n = 40000 is ~0.003
+    # the broken rule "replacement from p, not from the residual" visibly misses p (a power check)
+    broken = torch.where(m == 1, d[:, 0], torch.multinomial(p1, n, replacement=True, generator=g)[0])
+    freq_b = torch.bincount(broken, minlength=V).double() / n
+    assert 0.5 * float((freq_b - p1[0]).abs().sum()) > 0.05
+
+
+def test_verify_requires_draft_probs(llama_adapter):
+    from framework.state import DecodeState
+
+    v = SamplingVerifier()
+    state = DecodeState(llama_adapter, random_prompt(6, 128, 0), 64, need_draft_probs=True)
+    state.append(v.choose(state.prefill())[:, None])
+    draft = Draft(torch.tensor([[1, 2]]), LayerPlan.full(4))
+    with pytest.raises(ValueError, match="draft_sampler"):
+        v.verify(state, draft)
+
+
+# ------------------------------------------------------------------------------ losslessness
+#
+# Method: a 4-layer float64 random Llama with a 16-token vocabulary; the draft skips the attention
+# and MLP of blocks 1 and 2 (it runs blocks 0 and 3 only), so it differs a lot from the target (about
+# a third of the draft tokens are rejected), and the residual path is exercised. Each case
+# generates N sequences from one prompt with one verifier whose generator advances from run to run,
+# and compares the marginal distribution of each of the first three new tokens with the exact
+# target distribution (warped), computed by enumerating every context with batched full forwards of
+# the unmodified Hugging Face model. Chi-square goodness of fit per position (cells with expected
+# count < 10 pooled); the three positions are Bonferroni-combined: the test passes when every
+# p-value > 0.01 / 3, so its false-alarm rate is at most 1%. Seeds are fixed: it is deterministic.
+
+N = 200
+ALPHA = 0.01 / 3
+SKIP = StaticSelectorConfig(skip_attn=(1, 2), skip_mlp=(1, 2))
+CASES = {
+    # name: (verifier config, draft length K, token budget); with budget 5 the first round drafts
+    # all K = 3 tokens, and generation is cut once 3 tokens exist.
+    "t1.0_k3": (SamplingVerifierConfig(temperature=1.0, seed=11), 3, 5),
+    "t0.7_p0.9_k3": (SamplingVerifierConfig(temperature=0.7, top_p=0.9, seed=12), 3, 5),
+    # K = 1 with budget 3: the third token is the bonus (all accepted) or an empty-draft round.
+    "topk8_k1": (SamplingVerifierConfig(temperature=1.0, top_k=8, seed=13), 1, 3),
+}
+
+
+class _FirstTokens(StopCondition):
+    """A budget of ``max_new_tokens`` (which bounds the first draft) but a cut after ``keep`` tokens."""
+
+    def __init__(self, max_new_tokens: int, keep: int) -> None:
+        super().__init__(max_new_tokens)
+        self.keep = keep
+
+    def find_cut(self, new_tokens, start):
+        return (self.keep, "max_new_tokens") if len(new_tokens) >= self.keep else None
+
+
+class _AlwaysAccept(SamplingVerifier):
+    """Broken on purpose: commits every draft token and the bonus (no acceptance test)."""
+
+    def verify(self, state, draft: Draft) -> Verification:
+        block = torch.cat([state.pending, draft.tokens], dim=1)
+        out = state.forward_verify(block, logits_at="all")
+        bonus = self.choose(out.logits[:, -1])
+        k = draft.length
+        return Verification(
+            num_accepted=torch.tensor([k]),
+            new_tokens=torch.cat([draft.tokens, bonus[:, None]], dim=1),
+            target_tokens=out.logits.argmax(-1),
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _model():
+    return tiny_model("llama", num_layers=4, seed=1, vocab_size=V)
+
+
+def _prompt() -> torch.Tensor:
+    return random_prompt(5, V, seed=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _target_marginals(cfg: SamplingVerifierConfig, n_tokens: int = 3) -> list[torch.Tensor]:
+    """Exact marginal distribution of each of the first ``n_tokens`` sampled tokens (V,) each."""
+    model, prompt = _model(), _prompt()
+    joint = torch.ones(1, dtype=torch.float64)  # over the contexts enumerated so far
+    ctx = torch.empty(1, 0, dtype=torch.long)
+    out = []
+    with torch.no_grad():
+        for _ in range(n_tokens):
+            ids = torch.cat([prompt.expand(ctx.shape[0], -1), ctx], dim=1)
+            cond = warp(model(ids).logits[:, -1], cfg.temperature, cfg.top_k, cfg.top_p)  # (C, V)
+            step = joint[:, None] * cond
+            out.append(step.sum(0))
+            joint = step.reshape(-1)
+            ctx = torch.cat(
+                [ctx.repeat_interleave(V, dim=0), torch.arange(V).repeat(ctx.shape[0])[:, None]], 1
+            )
+    return out
+
+
+def _chi2_gof(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 10.0) -> float:
+    """p-value of Pearson's chi-square goodness of fit (cells with expected < min_expected pooled)."""
+    counts, probs = counts.double(), probs.double()
+    n = counts.sum()
+    if float(counts[probs <= 0].sum()) > 0:
+        return 0.0  # a token of probability 0 was produced
+    exp = probs * n
+    keep = exp >= min_expected
+    obs_c, exp_c = list(counts[keep]), list(exp[keep])
+    if float(exp[~keep].sum()) > 0:
+        obs_c.append(counts[~keep].sum())
+        exp_c.append(exp[~keep].sum())
+    obs_t, exp_t = torch.stack(obs_c), torch.stack(exp_c)
+    stat = ((obs_t - exp_t) ** 2 / exp_t).sum()
+    df = obs_t.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+def _pvalues(samples: torch.Tensor, cfg: SamplingVerifierConfig) -> list[float]:
+    return [
+        _chi2_gof(torch.bincount(samples[:, j], minlength=V), want)
+        for j, want in enumerate(_target_marginals(cfg))
+    ]
+
+
+def _speculative_samples(verifier: SamplingVerifier, k: int, budget: int, n: int = N) -> torch.Tensor:
+    adapter = adapter_for(_model())
+    dec = SpeculativeDecoder(
+        adapter, StaticSelector(SKIP), FixedLength(FixedLengthConfig(k=k)), LayerSkipDrafter(), verifier
+    )
+    stop, prompt = _FirstTokens(budget, 3), _prompt()
+    rows = []
+    for _ in range(n):
+        res = dec.generate(prompt, stop)
+        assert len(res.tokens) == 3
+        rows.append(res.tokens)
+    return torch.tensor(rows)
+
+
+def test_exact_reference_is_normalised():
+    for want in _target_marginals(CASES["t0.7_p0.9_k3"][0]):
+        assert abs(float(want.sum()) - 1) < 1e-9
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculative_sampling_matches_target_distribution(case):
+    cfg, k, budget = CASES[case]
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget)
+    pvals = _pvalues(samples, cfg)
+    print(f"\n{case}: per-position chi-square p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"{case}: speculative sampling does not match the target: p = {pvals}"
+
+
+def test_vanilla_sampling_matches_target_distribution():
+    """VanillaDecoder + sampling (the baseline) samples the same warped distribution."""
+    cfg = CASES["t0.7_p0.9_k3"][0]
+    dec = VanillaDecoder(adapter_for(_model()), SamplingVerifier(cfg))
+    samples = torch.tensor([dec.generate(_prompt(), StopCondition(3)).tokens for _ in range(N)])
+    pvals = _pvalues(samples, cfg)
+    print(f"\nvanilla: per-position chi-square p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"vanilla sampling does not match the target: p = {pvals}"
+
+
+def test_negative_control_always_accept_fails():
+    """The same test has power: a verifier that accepts every draft token is caught (with N / 2 runs)."""
+    cfg, k, budget = CASES["t0.7_p0.9_k3"]
+    samples = _speculative_samples(_AlwaysAccept(cfg), k, budget, n=N // 2)
+    pvals = _pvalues(samples, cfg)
+    print(f"\nalways-accept control: per-position chi-square p-values {pvals}")
+    assert min(pvals) < ALPHA, f"the broken verifier passed the losslessness test: p = {pvals}"
