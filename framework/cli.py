@@ -18,8 +18,12 @@ from collections.abc import Sequence
 from framework.config import ConfigError, build_config, field_defaults, field_help
 from framework.data import DataError
 from framework.models import DTYPES, ModelLoadError
+from framework.presets import MissingStrategyError, list_presets, load_preset
 from framework.registry import REGISTRIES, UnknownNameError, load_builtin_strategies
 from framework.utils import MissingDependencyError
+
+#: Strategy names used when neither --method nor the flag names one.
+DEFAULTS = {"selector": "static", "length": "confidence", "drafter": "layer_skip", "verifier": "greedy"}
 
 USER_ERRORS = (ConfigError, UnknownNameError, DataError, ModelLoadError, MissingDependencyError)
 
@@ -38,6 +42,13 @@ def list_strategies(verbose: bool = True) -> str:
                         f"      --{kind}.{f.name} (default {defaults.get(f.name)!r}): {helps[f.name]}"
                     )
         lines.append("")
+    lines.append("presets (--method):")
+    for name in list_presets():
+        try:
+            desc = load_preset(name)["description"].splitlines()[0]
+        except MissingStrategyError as err:
+            desc = f"(needs {err.kind} {err.strategy!r}, not implemented yet)"
+        lines.append(f"  {name:<22} {desc}")
     return "\n".join(lines)
 
 
@@ -90,13 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop", action="append", default=[], metavar="STRING", help="extra stop string (repeatable)"
     )
     g = p.add_argument_group("strategies")
-    defaults = {"selector": "static", "length": "confidence", "drafter": "layer_skip", "verifier": "greedy"}
+    g.add_argument(
+        "--method",
+        default=None,
+        metavar="PRESET",
+        help="a preset from experiments/configs/ (" + ", ".join(list_presets()) + ") or a YAML file; "
+        "every flag below overrides it",
+    )
     for kind, reg in REGISTRIES.items():
         g.add_argument(
             f"--{kind}",
-            default=defaults[kind],
+            default=None,
             metavar="{" + ",".join(reg.names()) + "}",
-            help=f"{kind} (default {defaults[kind]})",
+            help=f"{kind} (default {DEFAULTS[kind]})",
         )
     g = p.add_argument_group("strategy hyper-parameters")
     for kind, reg in REGISTRIES.items():
@@ -126,15 +143,22 @@ def config_from_args(args: argparse.Namespace):
     """Build a validated `RunConfig` from parsed arguments."""
     from framework.runner import RunConfig, StrategySpec
 
+    preset = load_preset(args.method) if args.method else {}
     specs = {}
     for kind, reg in REGISTRIES.items():
-        name = getattr(args, kind)
+        from_preset = dict(preset.get(kind, {}))
+        preset_name = from_preset.pop("name", None)
+        name = getattr(args, kind) or preset_name or DEFAULTS[kind]
         entry = reg.entry(name)  # UnknownNameError lists the registered names
-        values = {
-            key.split(".", 1)[1]: val
-            for key, val in vars(args).items()
-            if key.startswith(f"{kind}.") and val is not None
-        }
+        # The preset's fields apply to its own strategy only; a flag naming another one drops them.
+        values = from_preset if name == preset_name else {}
+        values.update(
+            {
+                key.split(".", 1)[1]: val
+                for key, val in vars(args).items()
+                if key.startswith(f"{kind}.") and val is not None
+            }
+        )
         specs[kind] = StrategySpec(name, build_config(entry.config, values, flag_prefix=f"--{kind}."))
     return RunConfig(
         model=args.model,
@@ -151,7 +175,8 @@ def config_from_args(args: argparse.Namespace):
         warmup=args.warmup,
         threads=args.threads,
         stop_strings=tuple(args.stop),
-        name=args.name,
+        name=args.name or preset.get("name"),
+        baseline_only=preset.get("baseline_only", False),
         **specs,
     )
 

@@ -49,9 +49,10 @@ def check_range(
     *,
     lo_open: bool = False,
     hi_open: bool = False,
+    integer: bool = False,
 ) -> None:
-    """Raise `ConfigError` unless ``lo (<|<=) value (<|<=) hi``."""
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or value != value  # NaN
+    """Raise `ConfigError` unless ``lo (<|<=) value (<|<=) hi`` (and an ``int`` when ``integer``)."""
+    bad = isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or value != value
     if not bad and lo is not None:
         bad = value <= lo if lo_open else value < lo
     if not bad and hi is not None:
@@ -65,7 +66,9 @@ def check_range(
             allowed = f"{'<' if hi_open else '<='} {hi:g}"
         else:
             allowed = "a number"
-        raise ConfigError(field, value, allowed)
+        if integer:
+            allowed = "an integer " + (allowed if allowed != "a number" else "")
+        raise ConfigError(field, value, allowed.strip())
 
 
 def check_choice(field: str, value: Any, choices: typing.Iterable[Any]) -> None:

@@ -91,6 +91,15 @@ def aggregate(
 def results_table(records: list[dict[str, Any]], method: str, baseline: str = "vanilla") -> str:
     """Markdown table per category and overall for ``method`` against ``baseline``."""
     agg = aggregate(records, baseline)
+    if method == baseline:  # the baseline alone
+        rows = ["| category | prompts | vanilla tok/s | new tokens | wall s |", "|---|---:|---:|---:|---:|"]
+        for cat, by_method in agg.items():
+            b = by_method[baseline]
+            name = f"**{cat}**" if cat == "overall" else cat
+            rows.append(
+                f"| {name} | {b.prompts} | {b.mean_tokens_per_s:.2f} | {b.new_tokens} | {b.wall_time:.1f} |"
+            )
+        return "\n".join(rows)
     head = (
         "| category | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | lossless |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -128,4 +137,31 @@ def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str
         cells += [f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%" for p in ("select", "length", "commit")]
         cells.append(f"{100 * other / s.wall_time:.1f}%")
         rows.append(f"| {name} | {s.wall_time:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overall") -> str:
+    """One row per run: each method against the vanilla baseline measured in its own run.
+
+    Args:
+        runs: ``{label: records}``, e.g. one results JSONL per method.
+        category: the category row to report (``overall`` by default).
+    """
+    rows = [
+        "| method | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | lossless |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, records in runs.items():
+        agg = aggregate(records).get(category, {})
+        b = agg.get("vanilla")
+        for name, m in agg.items():
+            if name == "vanilla" or b is None:
+                continue
+            speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
+            lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
+            rows.append(
+                f"| {label if label == name else f'{label}: {name}'} | {m.prompts} | {b.mean_tokens_per_s:.2f} | "
+                f"{m.mean_tokens_per_s:.2f} | {speed:.3f}x | {m.mean_accepted_length:.2f} | "
+                f"{m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {lossless} |"
+            )
     return "\n".join(rows)

@@ -69,15 +69,16 @@ class RunConfig:
     threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
     stop_strings: tuple[str, ...] = param((), help="extra strings that end a turn")
     name: str | None = param(None, help="method name in the results (default selector+length)")
+    baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
 
     def __post_init__(self) -> None:
-        check_range("--max-new-tokens", self.max_new_tokens, 1)
-        check_range("--warmup", self.warmup, 0)
+        check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
+        check_range("--warmup", self.warmup, 0, integer=True)
         if self.limit is not None:
-            check_range("--limit", self.limit, 1)
+            check_range("--limit", self.limit, 1, integer=True)
         if self.threads is not None:
-            check_range("--threads", self.threads, 1)
-        if self.name == "vanilla":
+            check_range("--threads", self.threads, 1, integer=True)
+        if self.name == "vanilla" and not self.baseline_only:
             raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
         for kind in REGISTRIES:
             spec = getattr(self, kind)
@@ -86,6 +87,8 @@ class RunConfig:
 
     @property
     def method_name(self) -> str:
+        if self.baseline_only:
+            return "vanilla"
         return self.name or f"{self.selector.name}+{self.length.name}"
 
     def describe(self) -> dict[str, Any]:
@@ -120,6 +123,36 @@ def _turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
         "draft_forwards": res.draft_forwards,
         "strategy_summary": res.strategy_summary,
     }
+
+
+def _prompt_record(prompt: Prompt, name: str, results: list, lossless: bool | None) -> dict[str, Any]:
+    """One JSONL line: a prompt decoded by one method (all turns)."""
+    return {
+        "question_id": prompt.question_id,
+        "category": prompt.category,
+        "subcategory": prompt.subcategory,
+        "method": name,
+        "turns": [_turn_record(r, t) for r, t in results],
+        "new_tokens": sum(r.new_tokens for r, _ in results),
+        "wall_time": sum(r.wall_time for r, _ in results),
+        "accept_lengths": [a for r, _ in results for a in r.accept_lengths],
+        "drafted": sum(r.drafted for r, _ in results),
+        "accepted": sum(r.accepted for r, _ in results),
+        "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings},
+        "lossless": lossless,
+    }
+
+
+def _progress_line(i: int, n: int, prompt: Prompt, recs: list[dict[str, Any]]) -> str:
+    parts = []
+    for r in recs:
+        part = f"{r['method']} {r['new_tokens'] / r['wall_time']:.1f} tok/s"
+        if r["method"] != "vanilla":
+            m = sum(r["accept_lengths"]) / max(1, len(r["accept_lengths"]))
+            ok = "n/a (sampling)" if r["lossless"] is None else "yes" if r["lossless"] else "NO"
+            part += f", M {m:.2f}, lossless {ok}"
+        parts.append(part)
+    return f"[{i + 1}/{n}] {prompt.category:<14} q{prompt.question_id}: " + ", ".join(parts)
 
 
 class Experiment:
@@ -231,58 +264,38 @@ def run(
         f"{method}: selector={cfg.selector.name} length={cfg.length.name} drafter={cfg.drafter.name} "
         f"verifier={cfg.verifier.name} | max_new_tokens={cfg.max_new_tokens} | output {out_path}"
     )
+    methods = [("vanilla", exp.vanilla)] + ([] if cfg.baseline_only else [(method, exp.spec)])
     for _ in range(cfg.warmup):
-        for dec in (exp.vanilla, exp.spec):
+        for _name, dec in methods:
             exp.decode_prompt(dec, prompts[0], max_new_tokens=min(16, cfg.max_new_tokens))
     if cfg.warmup:
         exp.rebuild()
+        methods = [("vanilla", exp.vanilla)] + ([] if cfg.baseline_only else [(method, exp.spec)])
 
+    # Token equality is the lossless check for greedy verifiers only; speculative sampling is
+    # lossless in distribution (tested statistically), so its records carry None.
     greedy = exp.spec.verifier.lossless == "greedy"
     records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     with out_path.open("a", encoding="utf-8") as fh:
         for i, prompt in enumerate(prompts):
-            order = [("vanilla", exp.vanilla), (method, exp.spec)]
-            if i % 2:
-                order.reverse()
+            order = methods if i % 2 == 0 else methods[::-1]
             turns = {name: exp.decode_prompt(dec, prompt) for name, dec in order}
             van_tokens = [r.tokens for r, _ in turns["vanilla"]]
-            for name in ("vanilla", method):
-                results = turns[name]
-                rec = {
-                    "question_id": prompt.question_id,
-                    "category": prompt.category,
-                    "subcategory": prompt.subcategory,
-                    "method": name,
-                    "turns": [_turn_record(r, t) for r, t in results],
-                    "new_tokens": sum(r.new_tokens for r, _ in results),
-                    "wall_time": sum(r.wall_time for r, _ in results),
-                    "accept_lengths": [a for r, _ in results for a in r.accept_lengths],
-                    "drafted": sum(r.drafted for r, _ in results),
-                    "accepted": sum(r.accepted for r, _ in results),
-                    "timings": {
-                        k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings
-                    },
-                    # Token equality is the lossless check for greedy verifiers only; speculative
-                    # sampling is lossless in distribution (tested statistically), so None here.
-                    "lossless": ([r.tokens for r, _ in results] == van_tokens) if greedy else None,
-                }
+            for name, _dec in methods:
+                same = [r.tokens for r, _ in turns[name]] == van_tokens
+                rec = _prompt_record(prompt, name, turns[name], same if greedy else None)
                 if name != "vanilla":
                     rec["strategies"] = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
                 records.append(rec)
-            v, s = records[-2:] if records[-1]["method"] == method else records[-1:-3:-1]
-            log(
-                f"[{i + 1}/{len(prompts)}] {prompt.category:<14} q{prompt.question_id}: "
-                f"vanilla {v['new_tokens'] / v['wall_time']:.1f} tok/s, {method} {s['new_tokens'] / s['wall_time']:.1f} tok/s, "
-                f"M {sum(s['accept_lengths']) / max(1, len(s['accept_lengths'])):.2f}, "
-                f"lossless {'n/a (sampling)' if s['lossless'] is None else 'yes' if s['lossless'] else 'NO'}"
-            )
+            log(_progress_line(i, len(prompts), prompt, records[-len(methods) :]))
     table = results_table(records, method)
-    breakdown = time_breakdown(records, ["vanilla", method])
+    breakdown = time_breakdown(records, [name for name, _ in methods])
+    title = "vanilla (baseline only)" if cfg.baseline_only else f"{method} vs vanilla"
     report = (
-        f"## {method} vs vanilla\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
+        f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
         f"{len(prompts)} prompts in {time.perf_counter() - t_start:.0f} s; results: {out_path}\n"
     )
     out_path.with_suffix(".md").write_text(report)

@@ -49,7 +49,7 @@ class AdaptiveConfidenceLengthConfig:
         check_range("step", self.step, 0.0, 1.0)
         check_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
         check_range("beta2", self.beta2, 0.0, 1.0, hi_open=True)
-        check_range("max_length", self.max_length, 1, 64)
+        check_range("max_length", self.max_length, 1, 64, integer=True)
         check_choice("first_update", self.first_update, ("paper", "code"))
         check_choice("no_decrease_at_cap", self.no_decrease_at_cap, (True, False))
         check_choice("carry_across_prompts", self.carry_across_prompts, (True, False))

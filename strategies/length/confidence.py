@@ -18,7 +18,7 @@ class ConfidenceLengthConfig:
 
     def __post_init__(self) -> None:
         check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
-        check_range("max_length", self.max_length, 1, 64)
+        check_range("max_length", self.max_length, 1, 64, integer=True)
 
 
 @register_length("confidence", config=ConfidenceLengthConfig)

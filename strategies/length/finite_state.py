@@ -29,9 +29,9 @@ class FiniteStateLengthConfig:
     )
 
     def __post_init__(self) -> None:
-        check_range("k_min", self.k_min, 1, 64)
-        check_range("k_max", self.k_max, self.k_min, 64)
-        check_range("k_init", self.k_init, self.k_min, self.k_max)
+        check_range("k_min", self.k_min, 1, 64, integer=True)
+        check_range("k_max", self.k_max, self.k_min, 64, integer=True)
+        check_range("k_init", self.k_init, self.k_min, self.k_max, integer=True)
 
 
 @register_length("finite_state", config=FiniteStateLengthConfig)

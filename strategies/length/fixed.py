@@ -14,7 +14,7 @@ class FixedLengthConfig:
     k: int = param(4, help="draft tokens per round; in [1, 64]")
 
     def __post_init__(self) -> None:
-        check_range("k", self.k, 1, 64)
+        check_range("k", self.k, 1, 64, integer=True)
 
 
 @register_length("fixed", config=FixedLengthConfig)

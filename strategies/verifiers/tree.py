@@ -43,7 +43,7 @@ class TreeVerifierConfig:
         if len(widths) != len(edges) + 1:
             raise ConfigError("band_widths", widths, f"{len(edges) + 1} widths (one more than band_edges)")
         for w in widths:
-            check_range("band_widths", w, 1, 64)
+            check_range("band_widths", w, 1, 64, integer=True)
 
 
 def build_tree(

@@ -76,14 +76,14 @@ def test_print_config_resolves_strategy_flags(capsys):
         (["--selector.skip_ratio", "abc"], "--selector.skip_ratio must be a number (float), got 'abc'"),
         (["--length.threshold", "1"], "--length.threshold must be in (0, 1), got 1.0"),
         (["--length.threshold", "0"], "--length.threshold must be in (0, 1), got 0.0"),
-        (["--length", "fixed", "--length.k", "0"], "--length.k must be in [1, 64], got 0"),
+        (["--length", "fixed", "--length.k", "0"], "--length.k must be an integer in [1, 64], got 0"),
         (
             ["--length", "fixed", "--length.threshold", "0.5"],
             "--length.threshold must be a field of FixedLengthConfig",
         ),
-        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
         (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16, float64, got 'float8'"),
-        (["--limit", "0"], "--limit must be >= 1, got 0"),
+        (["--limit", "0"], "--limit must be an integer >= 1, got 0"),
         (["--import", "no_such_module_xyz"], "--import must be an importable module"),
     ],
 )

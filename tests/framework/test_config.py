@@ -212,7 +212,7 @@ def test_validation_error_of_real_strategies():
         build_config(sel, {"skip_ratio": "1.5"}, flag_prefix="--selector.")
     assert str(exc.value) == "--selector.skip_ratio must be in [0, 1), got 1.5"
     fixed = REGISTRIES["length"].entry("fixed").config
-    with pytest.raises(ConfigError, match=r"^--length\.k must be in \[1, 64\], got 0$"):
+    with pytest.raises(ConfigError, match=r"^--length\.k must be an integer in \[1, 64\], got 0$"):
         build_config(fixed, {"k": "0"}, flag_prefix="--length.")
     conf = REGISTRIES["length"].entry("confidence").config
     with pytest.raises(ConfigError, match=r"^--length\.threshold must be in \(0, 1\), got 1\.0$"):

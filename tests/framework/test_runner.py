@@ -163,7 +163,7 @@ def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
             model=model,
             tokenizer=tok,
         )
-    with pytest.raises(ConfigError, match="--max-new-tokens must be >= 1"):
+    with pytest.raises(ConfigError, match="--max-new-tokens must be an integer >= 1"):
         cfg_for(data, out, max_new_tokens=0)
     assert not out.exists()
 
@@ -181,3 +181,13 @@ def test_warmup_does_not_leak_carried_state(tiny, data, tmp_path, monkeypatch):
     monkeypatch.setattr(Experiment, "rebuild", spy)
     run(cfg_for(data, tmp_path / "w.jsonl", warmup=1), log=lambda s: None, model=model, tokenizer=tok)
     assert len(built) == 2 and built[0] is not built[1]
+
+
+def test_baseline_only_runs_vanilla_alone(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "v.jsonl"
+    result = run(cfg_for(data, out, baseline_only=True), log=lambda s: None, model=model, tokenizer=tok)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["method"] for r in lines] == ["vanilla"] * 3
+    assert "| category | prompts | vanilla tok/s | new tokens | wall s |" in result["table"]
+    assert "| **overall** | 3 |" in result["table"]

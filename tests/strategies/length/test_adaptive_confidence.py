@@ -253,7 +253,7 @@ def test_exit_threshold_range(v):
     ],
 )
 def test_numeric_ranges(name, value, allowed):
-    with pytest.raises(ConfigError, match=rf"^{name} must be in {allowed}, got "):
+    with pytest.raises(ConfigError, match=rf"^{name} must be (an integer )?in {allowed}, got "):
         Cfg(**{name: value})
 
 

@@ -36,7 +36,7 @@ def test_threshold_open_interval(t):
 
 @pytest.mark.parametrize("m", [0, -3, 65])
 def test_max_length_in_range(m):
-    with pytest.raises(ConfigError, match=r"max_length must be in \[1, 64\]"):
+    with pytest.raises(ConfigError, match=r"max_length must be an integer in \[1, 64\]"):
         ConfidenceLengthConfig(max_length=m)
 
 

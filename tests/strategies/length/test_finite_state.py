@@ -146,19 +146,21 @@ def test_carry_across_prompts_keeps_k():
 
 @pytest.mark.parametrize("v", [0, -1, 65])
 def test_k_min_range(v):
-    with pytest.raises(ConfigError, match=rf"^k_min must be in \[1, 64\], got {v}$"):
+    with pytest.raises(ConfigError, match=rf"^k_min must be an integer in \[1, 64\], got {v}$"):
         FiniteStateLengthConfig(k_min=v, k_init=max(1, min(v, 18)))
 
 
 @pytest.mark.parametrize(("k_min", "k_max"), [(1, 65), (1, 0), (5, 4)])
 def test_k_max_range(k_min, k_max):
-    with pytest.raises(ConfigError, match=rf"^k_max must be in \[{k_min}, 64\], got {k_max}$"):
+    with pytest.raises(ConfigError, match=rf"^k_max must be an integer in \[{k_min}, 64\], got {k_max}$"):
         FiniteStateLengthConfig(k_init=k_min, k_min=k_min, k_max=k_max)
 
 
 @pytest.mark.parametrize(("k_init", "k_min", "k_max"), [(0, 1, 18), (19, 1, 18), (2, 3, 8), (9, 3, 8)])
 def test_k_init_within_bounds(k_init, k_min, k_max):
-    with pytest.raises(ConfigError, match=rf"^k_init must be in \[{k_min}, {k_max}\], got {k_init}$"):
+    with pytest.raises(
+        ConfigError, match=rf"^k_init must be an integer in \[{k_min}, {k_max}\], got {k_init}$"
+    ):
         FiniteStateLengthConfig(k_init=k_init, k_min=k_min, k_max=k_max)
 
 
@@ -167,7 +169,7 @@ def test_cli_strings_and_flag_in_message():
         FiniteStateLengthConfig, {"k_init": "3", "k_max": "10", "carry_across_prompts": "true"}
     )
     assert (cfg.k_init, cfg.k_max, cfg.carry_across_prompts) == (3, 10, True)
-    with pytest.raises(ConfigError, match=r"^--length\.k_init must be in \[1, 10\], got 11$"):
+    with pytest.raises(ConfigError, match=r"^--length\.k_init must be an integer in \[1, 10\], got 11$"):
         build_config(FiniteStateLengthConfig, {"k_init": "11", "k_max": "10"}, flag_prefix="--length.")
 
 

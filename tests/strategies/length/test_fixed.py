@@ -26,7 +26,7 @@ class TestFixedLongContract(LengthControllerContract):
 
 @pytest.mark.parametrize("k", [0, -1, -10, 65])
 def test_k_outside_range_rejected(k):
-    with pytest.raises(ConfigError, match=rf"^k must be in \[1, 64\], got {k}$"):
+    with pytest.raises(ConfigError, match=rf"^k must be an integer in \[1, 64\], got {k}$"):
         FixedLengthConfig(k=k)
 
 

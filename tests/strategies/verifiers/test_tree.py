@@ -76,7 +76,7 @@ def test_bands_follow_the_paper(p, width):
             "band_edges must be strictly increasing values in (0, 1)",
         ),
         ({"band_edges": (0.5,), "band_widths": (3, 2, 1)}, "band_widths must be 2 widths"),
-        ({"band_widths": (10, 5, 3, 0)}, "band_widths must be in [1, 64]"),
+        ({"band_widths": (10, 5, 3, 0)}, "band_widths must be an integer in [1, 64]"),
     ],
 )
 def test_config_validation(kwargs, message):

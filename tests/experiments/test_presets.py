@@ -1,0 +1,103 @@
+"""Every shipped preset (experiments/configs/*.yaml) parses against the CLI; presets whose
+strategies are not registered yet fail with a message naming the missing strategy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from framework.cli import main
+from framework.config import ConfigError
+from framework.presets import PRESET_DIR, list_presets, load_preset
+from framework.registry import REGISTRIES
+
+PRESETS = list_presets()
+
+
+def test_the_published_methods_are_shipped():
+    want = {"vanilla", "selfsd", "swift", "clasp", "del", "layerskip_static", "layerskip_fs", "layerskip_dv"}
+    assert want <= set(PRESETS)
+
+
+def _missing(name: str) -> list[tuple[str, str]]:
+    data = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+    out = []
+    for kind, reg in REGISTRIES.items():
+        spec = data.get(kind)
+        if spec is not None and spec["name"] not in reg:
+            out.append((kind, spec["name"]))
+    return out
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_parses_or_names_what_is_missing(name, capsys):
+    missing = _missing(name)
+    code = main(["--method", name, "--print-config"])
+    out, err = capsys.readouterr()
+    if missing:
+        kind, strategy = missing[0]
+        assert code == 2
+        assert f"the preset needs {kind} '{strategy}', which is not implemented yet" in err
+        with pytest.raises(ConfigError):
+            load_preset(name)
+        return
+    assert code == 0, err
+    cfg = json.loads(out)
+    data = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+    assert data.get("description")
+    for kind in REGISTRIES:
+        if kind in data:
+            assert cfg[kind]["name"] == data[kind]["name"]
+            for field, value in data[kind].items():
+                if field != "name":
+                    got = cfg[kind]["config"][field]
+                    assert got == (list(value) if isinstance(value, (list, tuple)) else value), (
+                        name,
+                        kind,
+                        field,
+                    )
+    assert cfg["baseline_only"] == bool(data.get("baseline_only", False))
+
+
+def test_flags_override_a_preset_field_by_field(capsys):
+    assert main(["--method", "static_confidence", "--length.threshold", "0.75", "--print-config"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["length"]["config"]["threshold"] == 0.75
+    assert cfg["length"]["config"]["max_length"] == 12  # from the preset
+    assert cfg["selector"]["config"]["skip_ratio"] == 0.2
+    assert cfg["name"] == "static_confidence"
+
+
+def test_a_flag_replacing_the_strategy_drops_the_presets_fields(capsys):
+    assert (
+        main(["--method", "static_confidence", "--length", "fixed", "--length.k", "5", "--print-config"]) == 0
+    )
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["length"] == {"name": "fixed", "config": {"k": 5}}
+
+
+def test_bad_presets_exit_2(tmp_path, capsys):
+    assert main(["--method", "no_such_preset", "--print-config"]) == 2
+    assert "--method must be a preset (" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("selector: {name: static\n")
+    assert main(["--method", str(bad), "--print-config"]) == 2
+    assert "must be valid YAML" in capsys.readouterr().err
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("selector: {name: static}\nsampler: {name: x}\n")
+    assert main(["--method", str(odd), "--print-config"]) == 2
+    assert "keys among" in capsys.readouterr().err
+    field = tmp_path / "field.yaml"
+    field.write_text("length: {name: fixed, k: 0}\n")
+    assert main(["--method", str(field), "--print-config"]) == 2
+    assert "--length.k must be an integer in [1, 64], got 0" in capsys.readouterr().err
+
+
+def test_list_shows_presets(capsys):
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "presets (--method):" in out
+    for name in PRESETS:
+        assert f"  {name} " in out

@@ -1,0 +1,87 @@
+"""framework/metrics.py: the paper metrics computed from per-prompt records."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.metrics import aggregate, compare_table, results_table, time_breakdown
+
+
+def rec(qid, cat, method, new, wall, accept=(), drafted=0, accepted=0, lossless=True, skips=(), timings=None):
+    return {
+        "question_id": qid,
+        "category": cat,
+        "method": method,
+        "new_tokens": new,
+        "wall_time": wall,
+        "accept_lengths": list(accept),
+        "drafted": drafted,
+        "accepted": accepted,
+        "lossless": lossless,
+        "turns": [{"skip_ratios": list(skips)}],
+        "timings": timings or {},
+    }
+
+
+RECORDS = [
+    rec(1, "qa", "vanilla", 10, 1.0, accept=[1] * 9, timings={"prefill": 0.1, "verify": 0.9, "lm_head": 0.2}),
+    rec(
+        1,
+        "qa",
+        "m",
+        10,
+        0.5,
+        accept=[3, 3, 3],
+        drafted=9,
+        accepted=6,
+        skips=[0.2, 0.2, 0.4],
+        timings={"prefill": 0.1, "draft": 0.2, "verify": 0.15, "lm_head": 0.1},
+    ),
+    rec(2, "rag", "vanilla", 20, 1.0, accept=[1] * 19),
+    rec(2, "rag", "m", 20, 4.0, accept=[2, 1, 4], drafted=6, accepted=4, lossless=False, skips=[0.1]),
+]
+
+
+def test_aggregate_pools_rounds_and_averages_speed_per_prompt():
+    agg = aggregate(RECORDS)
+    assert list(agg) == ["qa", "rag", "overall"]  # Spec-Bench order, overall last
+    m = agg["overall"]["m"]
+    assert m.prompts == 2
+    assert m.mean_tokens_per_s == pytest.approx((10 / 0.5 + 20 / 4.0) / 2)  # mean of per-prompt tok/s
+    assert m.mean_accepted_length == pytest.approx((9 + 7) / 6)  # committed / rounds, pooled
+    assert m.acceptance_rate == pytest.approx(10 / 15)  # accepted / drafted, pooled
+    assert m.skip_ratio == pytest.approx((0.2 + 0.2 + 0.4 + 0.1) / 4)
+    assert (m.lossless, m.lossless_checked) == (1, 2)
+
+
+def test_results_table_is_the_ratio_of_means():
+    table = results_table(RECORDS, "m")
+    qa = next(line for line in table.splitlines() if line.startswith("| qa "))
+    assert "| 10.00 | 20.00 | 2.000x | 3.00 | 0.667 | 0.267 | 1/1 |" in qa
+    overall = next(line for line in table.splitlines() if "overall" in line)
+    # vanilla mean 15 tok/s, method mean 12.5 tok/s
+    assert "| 15.00 | 12.50 | 0.833x |" in overall and "| 1/2 |" in overall
+
+
+def test_sampling_records_show_na_and_baseline_only_table():
+    sampled = [dict(r, lossless=None) if r["method"] == "m" else r for r in RECORDS]
+    assert "| n/a |" in results_table(sampled, "m")
+    only = results_table([r for r in RECORDS if r["method"] == "vanilla"], "vanilla")
+    assert only.splitlines()[0] == "| category | prompts | vanilla tok/s | new tokens | wall s |"
+    assert "| **overall** | 2 | 15.00 | 30 | 2.0 |" in only
+
+
+def test_compare_table_uses_each_runs_own_baseline():
+    other = [
+        dict(r, method="n") if r["method"] == "m" else dict(r, wall_time=r["wall_time"] * 2) for r in RECORDS
+    ]
+    table = compare_table({"m": RECORDS, "n": other})
+    rows = table.splitlines()[2:]
+    assert rows[0].startswith("| m | 2 | 15.00 | 12.50 | 0.833x")
+    assert rows[1].startswith("| n | 2 | 7.50 | 12.50 | 1.667x")
+
+
+def test_time_breakdown_shares():
+    table = time_breakdown(RECORDS, ["vanilla", "m"])
+    van = next(line for line in table.splitlines() if line.startswith("| vanilla"))
+    assert "| 2.0 | 5.0% | 0.0% | 45.0% | 10.0% |" in van  # 0.1 / 2.0 prefill, 0.9 / 2.0 verify
