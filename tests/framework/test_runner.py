@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from framework.config import ConfigError
 from framework.registry import load_builtin_strategies
 from framework.runner import Experiment, RunConfig, StrategySpec, run
+from framework.testing import tiny_model
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
@@ -36,17 +36,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="module")
 def tiny():
     load_builtin_strategies()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=VOCAB,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(cfg).eval().double(), tiny_tokenizer()
+    return tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256), tiny_tokenizer()
 
 
 @pytest.fixture
