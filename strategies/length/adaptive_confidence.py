@@ -8,6 +8,7 @@ from typing import Any, Literal
 from framework.config import check_choice, check_range, param
 from framework.interfaces import Draft, LengthController, Verification
 from framework.registry import register_length
+from strategies.length.confidence import continue_above
 
 #: The threshold is kept within [GAMMA_MIN, GAMMA_MAX], inside (0, 1).
 GAMMA_MIN, GAMMA_MAX = 1e-3, 1.0 - 1e-3
@@ -105,11 +106,7 @@ class AdaptiveConfidenceLength(LengthController):
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
-        if confidence is None:
-            raise RuntimeError(
-                "adaptive_confidence controller needs draft confidences (drafter ignored needs_confidence)"
-            )
-        return confidence >= self._gamma and drafted < self.config.max_length
+        return continue_above(self._gamma, drafted, confidence, self.config.max_length, "adaptive_confidence")
 
     def observe(self, draft: Draft, result: Verification) -> None:
         cfg = self.config

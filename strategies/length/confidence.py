@@ -21,6 +21,19 @@ class ConfidenceLengthConfig:
         check_range("max_length", self.max_length, 1, 64, integer=True)
 
 
+def continue_above(
+    threshold: float, drafted: int, confidence: float | None, max_length: int, who: str
+) -> bool:
+    """The confidence stop rule shared by the threshold controllers.
+
+    Continue while the last draft token's top-1 probability is at least ``threshold`` and fewer than
+    ``max_length`` tokens are drafted; the token that falls below is kept and verified.
+    """
+    if confidence is None:
+        raise RuntimeError(f"{who} controller needs draft confidences (drafter ignored needs_confidence)")
+    return confidence >= threshold and drafted < max_length
+
+
 @register_length("confidence", config=ConfidenceLengthConfig)
 class ConfidenceLength(LengthController):
     """Stop drafting when the draft's top-1 probability falls below a fixed threshold.
@@ -37,8 +50,5 @@ class ConfidenceLength(LengthController):
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
-        if confidence is None:
-            raise RuntimeError(
-                "confidence controller needs draft confidences (drafter ignored needs_confidence)"
-            )
-        return confidence >= self.config.threshold and drafted < self.config.max_length
+        c = self.config
+        return continue_above(c.threshold, drafted, confidence, c.max_length, "confidence")
