@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from framework.interfaces import Draft, Drafter, LayerSelector, LengthController, Verifier
+from framework.interfaces import Draft, Drafter, LayerSelector, LengthController, PrepareContext, Verifier
 from framework.model_adapter import ModelAdapter
 from framework.state import DecodeState, RoundRecord
 
@@ -80,6 +80,7 @@ class GenerationResult:
         wall_time: seconds from the start of prefill to the end of the last round.
         stop_reason: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
         accept_lengths: tokens committed per verification round (m + 1, bonus included).
+        draft_lengths: tokens drafted per round (0 for a round that declined to draft).
         drafted: draft tokens proposed in total.
         accepted: draft tokens accepted in total.
         skip_ratios: per drafting round, the plan's skip ratio.
@@ -92,6 +93,7 @@ class GenerationResult:
     wall_time: float
     stop_reason: str
     accept_lengths: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
     drafted: int = 0
     accepted: int = 0
     skip_ratios: list[float] = field(default_factory=list)
@@ -245,6 +247,11 @@ class SpeculativeDecoder:
         for s in (selector, length, drafter, verifier):
             s.setup(info)
 
+    def prepare(self, ctx: PrepareContext) -> None:
+        """Run every strategy's one-time `Strategy.prepare` (offline searches)."""
+        for s in self.strategies().values():
+            s.prepare(ctx)
+
     def strategies(self) -> dict[str, Any]:
         return {
             "selector": self.selector,
@@ -273,6 +280,7 @@ class SpeculativeDecoder:
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
         drafted = accepted = 0
         accept_lengths: list[int] = []
+        draft_lengths: list[int] = []
         skip_ratios: list[float] = []
         while cut is None:
             t = clock()
@@ -306,6 +314,7 @@ class SpeculativeDecoder:
             drafted += draft.length
             accepted += m
             accept_lengths.append(committed.shape[1])
+            draft_lengths.append(draft.length)
             if draft.length:
                 skip_ratios.append(draft.plan.skip_ratio)
             state.stats.rounds.append(RoundRecord(draft.length, m, committed.shape[1], draft.plan.skip_ratio))
@@ -319,6 +328,7 @@ class SpeculativeDecoder:
             new,
             cut,
             accept_lengths=accept_lengths,
+            draft_lengths=draft_lengths,
             drafted=drafted,
             accepted=accepted,
             skip_ratios=skip_ratios,

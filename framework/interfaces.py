@@ -235,6 +235,32 @@ class Verification:
         return int(self.num_accepted.item())
 
 
+@dataclass
+class PrepareContext:
+    """What a one-time preparation step (`Strategy.prepare`) may use: the model and a way to make
+    prompts. Built by the runner (``Experiment``) once the model is loaded, before the warm-up.
+
+    Attributes:
+        adapter: the `ModelAdapter` of the target model.
+        encode: a user message -> chat-formatted prompt token ids (the run's tokenizer and template).
+        eos_token_ids: tokens that end a generation.
+        artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``, next to
+            the results), or ``None`` when nothing should be written.
+        log: progress and notices (the runner prints them).
+        store: shared across `Experiment.rebuild`: a strategy that did expensive work (an offline
+            search) keeps its result here, keyed by its config, so fresh instances reuse it.
+        dtype: the model's dtype name (``"float32"``), recorded in artefacts.
+    """
+
+    adapter: Any
+    encode: Callable[[str], list[int]]
+    eos_token_ids: frozenset[int] = frozenset()
+    artifact_stem: Any = None
+    log: Callable[[str], None] = print
+    store: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+
+
 # --------------------------------------------------------------------------------------------
 # Interfaces
 # --------------------------------------------------------------------------------------------
@@ -264,6 +290,11 @@ class Strategy(ABC):
 
     def setup(self, info: ModelInfo) -> None:  # noqa: B027 - optional hook
         """Called once with the model's facts before the first prompt (validate against it here)."""
+
+    def prepare(self, ctx: PrepareContext) -> None:  # noqa: B027 - optional hook
+        """Called once per experiment after ``setup``, before the warm-up, with the model and a
+        prompt encoder: offline work (e.g. Self-SD's Bayesian search of the skip set) goes here.
+        Must be cheap when repeated with the same ``ctx`` (keep results in ``ctx.store``)."""
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Called before each generation (each turn of each prompt).

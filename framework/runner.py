@@ -25,6 +25,7 @@ import torch
 from framework.config import ConfigError, check_range, param
 from framework.data import Prompt, encode_chat, load_prompts, stop_token_ids
 from framework.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.interfaces import PrepareContext
 from framework.metrics import results_table, time_breakdown
 from framework.model_adapter import ModelAdapter, adapter_for
 from framework.registry import REGISTRIES, load_builtin_strategies
@@ -115,6 +116,7 @@ def _turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
         "wall_time": res.wall_time,
         "stop_reason": res.stop_reason,
         "accept_lengths": res.accept_lengths,
+        "draft_lengths": res.draft_lengths,
         "drafted": res.drafted,
         "accepted": res.accepted,
         "skip_ratios": res.skip_ratios,
@@ -158,7 +160,16 @@ def _progress_line(i: int, n: int, prompt: Prompt, recs: list[dict[str, Any]]) -
 class Experiment:
     """A loaded model plus both decoders, ready to decode prompts (used by ``run`` and tests)."""
 
-    def __init__(self, cfg: RunConfig, model: Any = None, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: Any = None,
+        tokenizer: Any = None,
+        *,
+        artifact_stem: Path | None = None,
+        log: Callable[[str], None] = print,
+        prompts: list[Prompt] | None = None,
+    ) -> None:
         load_builtin_strategies()
         self.cfg = cfg
         if model is None:
@@ -167,13 +178,29 @@ class Experiment:
             model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
         self.model, self.tokenizer = model, tokenizer
         self.adapter = adapter_for(model)
-        self.rebuild()
         self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+        self.prepare_ctx = PrepareContext(
+            adapter=self.adapter,
+            encode=lambda text: encode_chat(self.tokenizer, [{"role": "user", "content": text}]),
+            eos_token_ids=frozenset(self.eos),
+            artifact_stem=artifact_stem,
+            log=log,
+            dtype=cfg.dtype,
+        )
+        if prompts is not None:  # before any (possibly long) preparation
+            self.check_prompts(prompts)
+        self.rebuild()
 
     def rebuild(self) -> None:
         """Fresh strategy instances (after warm-up, so that state a strategy carries across
-        prompts, such as an adaptive threshold or a sampler's RNG, starts from its defaults)."""
+        prompts, such as an adaptive threshold or a sampler's RNG, starts from its defaults).
+
+        Each instance's `Strategy.prepare` runs with the experiment's context; work kept in
+        ``prepare_ctx.store`` (an offline search) is not repeated.
+        """
         self.spec = build_decoder(self.adapter, self.cfg)
+        if not self.cfg.baseline_only:
+            self.spec.prepare(self.prepare_ctx)
         # The baseline gets its own verifier instance (its own RNG stream when sampling).
         self.vanilla = VanillaDecoder(self.adapter, self.cfg.verifier.build("verifier"))
 
@@ -250,12 +277,10 @@ def run(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     prompts = load_prompts(cfg.data, cfg.categories or None, cfg.limit)
-    exp = Experiment(cfg, model, tokenizer)
-    exp.check_prompts(prompts)
-    method = cfg.method_name
-
     out_path = Path(cfg.output) if cfg.output else default_output(cfg)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    exp = Experiment(cfg, model, tokenizer, artifact_stem=out_path.with_suffix(""), log=log, prompts=prompts)
+    method = cfg.method_name
     meta = {"config": cfg.describe(), "environment": environment(), "method": method, "started": time.time()}
     out_path.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2, default=str))
 

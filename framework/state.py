@@ -237,20 +237,32 @@ class DecodeState:
         return out
 
     def forward_scratch(
-        self, start: int, plan: LayerPlan | None, *, logits_at: str | torch.Tensor | None = "all"
+        self,
+        start: int,
+        plan: LayerPlan | None,
+        *,
+        end: int | None = None,
+        logits_at: str | torch.Tensor | None = "all",
     ) -> ForwardOutput:
-        """Teacher-forced pass of ``plan`` over committed tokens ``[start, N - 1)``.
+        """Teacher-forced pass of ``plan`` over committed tokens ``[start, end)``.
 
         Token ``start`` attends to the committed KV of ``[0, start)`` and to the block's own KV, which
         is written beyond every layer's end pointer and forgotten afterwards; the committed cache
         is untouched. ``logits[:, j]`` predicts token ``start + j + 1``.
 
+        Args:
+            start: first token fed.
+            plan: the draft model (``None``: the full model).
+            end: one past the last token fed; default ``N - 1`` (every committed token with KV).
+            logits_at: as in `ModelAdapter.forward`.
+
         Raises:
-            ValueError: ``start`` outside ``[0, N - 1)``.
+            ValueError: ``start``/``end`` outside ``0 <= start < end <= N - 1``.
         """
-        end = self.num_tokens - 1  # == cache.committed
-        if not 0 <= start < end:
-            raise ValueError(f"scratch start must be in [0, {end}), got {start}")
+        last = self.num_tokens - 1  # == cache.committed
+        end = last if end is None else end
+        if not 0 <= start < end <= last:
+            raise ValueError(f"scratch span must satisfy 0 <= start < end <= {last}, got [{start}, {end})")
         ids = self._tokens[:, start:end]
         base = max(self.cache.lengths)
         return self.adapter.forward(

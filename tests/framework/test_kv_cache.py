@@ -438,12 +438,25 @@ def test_attention_mask_layout():
     )
 
 
-def test_scratch_start_out_of_range(llama_adapter):
+def test_scratch_span_out_of_range(llama_adapter):
     state = new_state(llama_adapter, 3, 8)
     end = state.cache.committed
     for bad in (-1, end, end + 3):
-        with pytest.raises(ValueError, match="scratch start"):
+        with pytest.raises(ValueError, match="scratch span"):
             state.forward_scratch(bad, None)
+    for start, stop in ((2, 2), (3, 1), (0, end + 1)):
+        with pytest.raises(ValueError, match="scratch span"):
+            state.forward_scratch(start, None, end=stop)
+
+
+def test_scratch_end_limits_the_block(llama_adapter):
+    """``end`` feeds a sub-span: its logits equal the leading positions of the full span's."""
+    state = new_state(llama_adapter, 10, 16)  # committed KV: positions 0..8
+    plan = LayerPlan.from_indices(L, attn=[1])
+    full = state.forward_scratch(4, plan).logits
+    part = state.forward_scratch(4, plan, end=8).logits
+    assert part.shape[1] == 4
+    torch.testing.assert_close(part, full[:, :4])
 
 
 def test_scratch_during_draft_keeps_draft_kv(llama_adapter):
