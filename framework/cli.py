@@ -25,6 +25,13 @@ from framework.utils import MissingDependencyError
 #: Strategy names used when neither --method nor the flag names one.
 DEFAULTS = {"selector": "static", "length": "confidence", "drafter": "layer_skip", "verifier": "greedy"}
 
+#: Short flags for the most used strategy fields: ``--skip-set F`` is ``--selector.skip_set F``.
+ALIASES = {
+    "--skip-set": ("selector", "skip_set"),
+    "--calib-data": ("selector", "calib_data"),
+    "--calib-limit": ("selector", "calib_limit"),
+}
+
 USER_ERRORS = (ConfigError, UnknownNameError, DataError, ModelLoadError, MissingDependencyError)
 
 
@@ -115,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="{" + ",".join(reg.names()) + "}",
             help=f"{kind} (default {DEFAULTS[kind]})",
         )
+    g = p.add_argument_group("offline search (selfsd_bo)")
+    for flag, (kind, fname) in ALIASES.items():
+        g.add_argument(flag, dest=f"{kind}.{fname}", default=None, metavar="V", help=f"= --{kind}.{fname}")
     g = p.add_argument_group("strategy hyper-parameters")
     for kind, reg in REGISTRIES.items():
         owners: dict[str, list[str]] = {}

@@ -22,6 +22,9 @@ from typing import Any
 from framework.utils import require
 
 BUILTIN_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+#: Eight prompts (one per category, two for mt_bench) disjoint from the built-in suite: the default
+#: calibration set of offline searches (``selfsd_bo``), so that a search never sees a test prompt.
+BUILTIN_CALIBRATION = Path(__file__).parent / "data" / "calibration.jsonl"
 MT_BENCH_CATEGORIES = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 )

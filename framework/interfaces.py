@@ -260,6 +260,15 @@ class PrepareContext:
     store: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
 
+    def cost_model(self) -> Any:
+        """The measured `framework.cost_model.CostModel` of this model on this machine, measured
+        on first use (about 15 s on a 2-core CPU for the default model) and shared through ``store``."""
+        if "cost_model" not in self.store:
+            from framework.cost_model import CostModel
+
+            self.store["cost_model"] = CostModel.measure(self.adapter)
+        return self.store["cost_model"]
+
 
 # --------------------------------------------------------------------------------------------
 # Interfaces

@@ -30,11 +30,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from framework.cost_model import CostModel
 from framework.interfaces import (
     Draft,
     Drafter,
     LayerPlan,
     LengthController,
+    PrepareContext,
     Strategy,
     Verification,
     Verifier,
@@ -153,12 +155,47 @@ def random_prompt(length: int = 6, vocab_size: int = 128, seed: int = 0) -> torc
 # --------------------------------------------------------------------------------------------
 
 
-def default_strategy_instance(kind: str, name: str | None = None) -> Strategy:
+#: Config overrides that shrink a strategy's offline search for tests (``fast=True``). The lossless
+#: invariant holds for whatever skip set a search returns; these only make it cheaper to find one.
+FAST_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
+    ("selector", "selfsd_bo"): {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 8},
+}
+
+
+def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
+    """A deterministic `CostModel` in units of one step: the LM head and embedding 0.1, attention
+    0.5 / L and MLP 0.4 / L per sub-layer, a verification of T tokens 1 + 0.1 (T - 1)."""
+    return CostModel(
+        num_layers=num_layers,
+        base=0.1,
+        attn=0.5 / num_layers,
+        mlp=0.4 / num_layers,
+        verify_costs=tuple(1.0 + 0.1 * (t - 1) for t in range(1, max_tokens + 1)),
+    )
+
+
+def prepare_context(adapter: Any, *, store: dict[str, Any] | None = None, measure: bool = False) -> PrepareContext:
+    """A `PrepareContext` for tests: a deterministic byte-level ``encode`` (no tokenizer), no files,
+    no log output, and (unless ``measure``) a `synthetic_cost_model` instead of timing the model."""
+    info = adapter.info()
+    vocab = info.vocab_size
+
+    def encode(text: str) -> list[int]:
+        return [1 + b % (vocab - 1) for b in text.encode()[:16]] or [1]
+
+    ctx = PrepareContext(adapter=adapter, encode=encode, log=lambda msg: None, store={} if store is None else store)
+    if not measure:
+        ctx.store.setdefault("cost_model", synthetic_cost_model(info.num_layers))
+    return ctx
+
+
+def default_strategy_instance(kind: str, name: str | None = None, *, fast: bool = False) -> Strategy:
     """Construct the registered strategy ``name`` of ``kind`` with its default config.
 
     Args:
         kind: ``"selector"``, ``"length"``, ``"drafter"`` or ``"verifier"``.
         name: registered name; ``None`` takes :data:`DEFAULT_NAMES` (or the first registered).
+        fast: apply :data:`FAST_OVERRIDES` (a cheaper offline search) when there are any.
     """
     if kind not in REGISTRIES:
         raise ValueError(f"unknown strategy kind {kind!r}; choose from {', '.join(REGISTRIES)}")
@@ -169,6 +206,10 @@ def default_strategy_instance(kind: str, name: str | None = None) -> Strategy:
         if name not in reg:
             name = reg.names()[0]
     entry = reg.entry(name)
+    if fast and (kind, name) in FAST_OVERRIDES:
+        from framework.config import build_config
+
+        return entry.cls(build_config(entry.config, FAST_OVERRIDES[kind, name]))
     return entry.cls(entry.config())
 
 
@@ -304,6 +345,7 @@ class _Contract:
 
     def setup_instance(self, instance: Strategy, adapter) -> Strategy:
         instance.setup(adapter.info())
+        instance.prepare(prepare_context(adapter))
         instance.reset()
         return instance
 
@@ -361,6 +403,7 @@ class _Contract:
         adapter = self.adapter()
         s = self.strategies(self.make())
         dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
+        dec.prepare(prepare_context(adapter))
         for seed in self.prompt_seeds:
             prompt = random_prompt(6, adapter.config.vocab_size, seed)
             stop = StopCondition(self.max_new_tokens)

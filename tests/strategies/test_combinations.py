@@ -2,7 +2,8 @@
 exactly the tokens of plain greedy decoding, for every selector x length x drafter x verifier.
 
 The combinations are read from the registries at collection time, so a newly registered strategy
-is covered without writing a test. Each strategy runs with its default config.
+is covered without writing a test. Each strategy runs with its default config, except that offline
+searches are shrunk (``framework.testing.FAST_OVERRIDES``): losslessness must hold for any skip set.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.registry import REGISTRIES
-from framework.testing import default_strategy_instance, random_prompt
+from framework.testing import default_strategy_instance, prepare_context, random_prompt
 
 KINDS = ("selector", "length", "drafter", "verifier")
 # Verifiers that are lossless in distribution only (speculative sampling) are tested statistically
@@ -27,6 +28,7 @@ MAX_NEW = 24
 PROMPTS = ((0, 6), (1, 11))  # (seed, length)
 
 _vanilla_cache: dict[tuple, list[int]] = {}
+_prepare_stores: dict[str, dict] = {}
 
 
 def _vanilla(adapter, arch: str, seed: int, plen: int) -> list[int]:
@@ -46,8 +48,10 @@ def test_registries_not_empty():
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(c))
 def test_speculative_equals_vanilla(deep_adapters, arch, combo):
     adapter = deep_adapters[arch]
-    s = {k: default_strategy_instance(k, name) for k, name in zip(KINDS, combo, strict=True)}
+    s = {k: default_strategy_instance(k, name, fast=True) for k, name in zip(KINDS, combo, strict=True)}
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
+    # Offline searches (selfsd_bo) run once per model; every combination reuses the result.
+    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault(arch, {})))
     for seed, plen in PROMPTS:
         want = _vanilla(adapter, arch, seed, plen)
         res = dec.generate(random_prompt(plen, 128, seed), StopCondition(MAX_NEW))

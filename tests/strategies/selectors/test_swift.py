@@ -1,0 +1,203 @@
+"""strategies/selectors/swift.py: on-the-fly random search + interval GP, matchness, phases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.config import ConfigError, build_config
+from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.interfaces import LayerPlan, ModelInfo
+from framework.model_adapter import adapter_for
+from framework.state import DecodeState
+from framework.testing import LayerSelectorContract, cached_tiny_model, default_strategy_instance, random_prompt
+from strategies.selectors.swift import SwiftConfig, SwiftSelector
+
+L = 8
+SMALL = {"context_window": 4, "bo_interval": 3, "skip_ratio": 0.3}
+
+
+def make(**kw) -> SwiftSelector:
+    return SwiftSelector(build_config(SwiftConfig, {**SMALL, **kw}))
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return adapter_for(cached_tiny_model("llama", L, seed=1))
+
+
+def decoder(adapter, sel, length="confidence", verifier="greedy"):
+    return SpeculativeDecoder(
+        adapter,
+        sel,
+        default_strategy_instance("length", length),
+        default_strategy_instance("drafter", "layer_skip"),
+        default_strategy_instance("verifier", verifier),
+    )
+
+
+def greedy_state(adapter, prompt_len=6, new=20, seed=0) -> DecodeState:
+    """A state holding ``new`` greedily generated tokens (committed KV = full model)."""
+    prompt = random_prompt(prompt_len, 128, seed)
+    toks = VanillaDecoder(adapter).generate(prompt, StopCondition(new)).tokens
+    state = DecodeState(adapter, torch.cat([prompt, torch.tensor([toks[:-1]])], 1), prompt_len + new + 8)
+    state.prefill()
+    state.append(torch.tensor([[toks[-1]]]))
+    state.prompt_len = prompt_len  # the generated part is the window's source
+    return state
+
+
+class TestSwiftContract(LayerSelectorContract):
+    num_layers = 6
+
+    def make(self):
+        return make()
+
+
+@pytest.mark.parametrize("verifier", ["greedy", "tree"])
+@pytest.mark.parametrize("window", ["first", "sliding"])
+def test_lossless_while_optimising(adapter, window, verifier):
+    sel = make(window=window, matchness_stop=1.0)  # never stops: every round after the window optimises
+    dec = decoder(adapter, sel, verifier=verifier)
+    steps = 0
+    for seed in range(3):
+        prompt = random_prompt(6, 128, seed)
+        want = VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
+        res = dec.generate(prompt, StopCondition(40))
+        assert res.tokens == want
+        steps += res.strategy_summary["selector"]["opt_steps"]
+    assert steps > 10 and sel.bo.num_fits > 0
+
+
+def test_matchness_of_the_full_model_is_one_and_leaves_the_cache_intact(adapter):
+    state = greedy_state(adapter)
+    sel = make(context_window=8)
+    sel.setup(adapter.info())
+    sel.reset()
+    c = state.cache.committed
+
+    def committed_kv():
+        return [t[..., :c, :].clone() for t in (state.cache.keys, state.cache.values)], list(state.cache.lengths)
+
+    before = committed_kv()
+    assert sel.matchness(state, LayerPlan.full(L)) == 1.0  # the window is the full model's greedy output
+    skip = LayerPlan.from_indices(L, attn=range(1, 7), mlp=range(1, 7))
+    m = sel.matchness(state, skip)
+    assert 0.0 <= m < 1.0
+    after = committed_kv()
+    assert all(torch.equal(a, b) for a, b in zip(before[0], after[0], strict=True))
+    assert before[1] == after[1] and state.cache.committed == c == state.num_tokens - 1
+
+
+def test_matchness_counts_next_token_agreement(adapter):
+    """The score is the fraction of window positions whose draft argmax is the next committed token."""
+    state = greedy_state(adapter)
+    sel = make(context_window=8)
+    sel.setup(adapter.info())
+    plan = LayerPlan.from_indices(L, attn=[2, 5], mlp=[3])
+    start, end = sel.window_span(state)
+    assert (start, end) == (6, 14)
+    logits = state.forward_scratch(start, plan, end=end).logits
+    want = (logits.argmax(-1) == state.tokens[:, start + 1 : end + 1]).float().mean().item()
+    assert sel.matchness(state, plan) == pytest.approx(want)
+    sliding = make(context_window=8, window="sliding")
+    sliding.setup(adapter.info())
+    assert sliding.window_span(state) == (state.num_tokens - 9, state.num_tokens - 1)
+
+
+def test_random_search_respects_the_ratio_and_gp_runs_every_beta_steps(adapter, monkeypatch):
+    sel = make(skip_ratio=0.4, bo_interval=4)
+    sel.setup(adapter.info())
+    assert sel.n_skip == int(0.4 * 2 * (L - 2))
+    proposed = []
+    real = sel.matchness
+    monkeypatch.setattr(sel, "matchness", lambda state, plan: proposed.append(plan) or real(state, plan))
+    dec = decoder(adapter, sel)
+    dec.generate(random_prompt(6, 128, 0), StopCondition(64))
+    assert len(proposed) == sel.steps >= 8
+    for plan in proposed:
+        assert plan.num_skipped == sel.n_skip
+        assert not (plan.attn_skip[0] or plan.mlp_skip[0] or plan.attn_skip[-1] or plan.mlp_skip[-1])
+    assert sel.bo.num_fits == sel.steps // 4  # exactly the beta-th steps asked the GP
+    assert len(sel.bo.Y) == sel.steps  # every evaluated candidate feeds the GP
+
+
+def test_best_set_drafts_and_strict_improvement(adapter):
+    sel = make()
+    dec = decoder(adapter, sel)
+    res = dec.generate(random_prompt(6, 128, 1), StopCondition(48))
+    s = res.strategy_summary["selector"]
+    assert s["best_matchness"] == pytest.approx(max(s["matchness"]))
+    assert sel.best == max(sel.bo.Y)
+    assert LayerPlan.from_indices(L, **{"attn": s["plan"]["attn_skip"], "mlp": s["plan"]["mlp_skip"]}) == sel.current
+
+
+def test_initial_sets(adapter):
+    sel = make()
+    sel.setup(adapter.info())
+    assert sel.current == LayerPlan.from_indices(L, attn=[1, 3, 5], mlp=[1, 3, 5])  # odd blocks 1..L-3
+    uni = make(initial_set="uniform")
+    uni.setup(adapter.info())
+    assert uni.current.num_skipped == int(0.3 * 2 * (L - 2))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [({"matchness_stop": 0.01}, "matchness"), ({"patience": 2}, "patience"), ({"max_opt_steps": 3}, "max_opt_steps")],
+)
+def test_stop_conditions_end_optimisation_for_good(adapter, overrides, reason):
+    sel = make(**overrides)
+    dec = decoder(adapter, sel)
+    dec.generate(random_prompt(6, 128, 0), StopCondition(64))
+    assert not sel.optimising and sel.stop_reason == reason
+    steps, plan = sel.steps, sel.current
+    res = dec.generate(random_prompt(6, 128, 1), StopCondition(48))
+    assert sel.steps == steps and sel.current == plan  # acceleration phase: no more steps
+    assert res.strategy_summary["selector"]["phase"] == "accelerating"
+
+
+@pytest.mark.parametrize("persist", [True, False])
+def test_state_across_prompts(adapter, persist):
+    sel = make(persist_across_prompts=persist, matchness_stop=1.0)
+    dec = decoder(adapter, sel)
+    dec.generate(random_prompt(6, 128, 0), StopCondition(40))
+    first = sel.steps
+    res = dec.generate(random_prompt(6, 128, 1), StopCondition(40))
+    gen = res.strategy_summary["selector"]["opt_steps"]
+    assert first > 0 and gen > 0
+    assert sel.steps == (first + gen if persist else gen)
+
+
+def test_retrigger_restarts_optimisation(adapter):
+    sel = make(matchness_stop=0.01, retrigger_below=0.99, retrigger_window=2)
+    dec = decoder(adapter, sel, length="fixed")
+    for seed in range(3):
+        dec.generate(random_prompt(6, 128, seed), StopCondition(48))
+    assert sel.retriggers >= 1
+
+
+def test_summary_logs_the_optimisation(adapter):
+    sel = make()
+    res = decoder(adapter, sel).generate(random_prompt(6, 128, 0), StopCondition(40))
+    s = res.strategy_summary["selector"]
+    assert s["opt_steps"] == len(s["matchness"]) > 0
+    assert 0 < s["opt_seconds"] <= res.wall_time and 0 < s["opt_share"] < 1
+    assert s["bo_steps"] == sel.bo.num_fits
+    assert set(s["plan"]) >= {"attn_skip", "mlp_skip", "skip_ratio"}
+
+
+def test_bad_config_and_model():
+    for field, value, match in [
+        ("skip_ratio", 0.0, "skip_ratio"),
+        ("skip_ratio", 1.0, "skip_ratio"),
+        ("context_window", 1, "context_window"),
+        ("bo_interval", 0, "bo_interval"),
+        ("matchness_stop", 0.0, "matchness_stop"),
+        ("window", "all", "window"),
+        ("initial_set", "random", "initial_set"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_config(SwiftConfig, {field: value})
+    sel = make(skip_ratio=0.1)
+    with pytest.raises(ConfigError, match="skip_ratio"):
+        sel.setup(ModelInfo(num_layers=4, hidden_size=8, vocab_size=16, max_context=64))
