@@ -50,7 +50,7 @@ class BinaryBayesOpt:
         noise: float = 1e-2,
         seed: int = 0,
         raw_samples: int = 1024,
-        num_restarts: int = 8,
+        num_restarts: int = 4,
     ) -> None:
         self.dim = dim
         self.pinned = sorted(set(pinned))
@@ -168,7 +168,13 @@ class BinaryBayesOpt:
 
     @torch.no_grad()
     def _score(self, acq, X: torch.Tensor) -> torch.Tensor:
-        return torch.cat([acq(chunk.unsqueeze(1)) for chunk in X.split(2048)])
+        """UCB of many single points at once: one batched posterior (``acq`` on an ``(N, 1, d)``
+        batch computes the same values about ten times slower)."""
+        out = []
+        for chunk in X.split(4096):
+            post = acq.model.posterior(chunk)
+            out.append(post.mean.squeeze(-1) + self.kappa * post.variance.clamp_min(0).sqrt().squeeze(-1))
+        return torch.cat(out)
 
     def _maximise(self, acq) -> torch.Tensor:
         seen = torch.tensor(self.X, dtype=torch.float64)
@@ -214,7 +220,7 @@ class BinaryBayesOpt:
         free = torch.tensor(self.free)
         for i in scores.argsort(descending=True)[: self.num_restarts].tolist():
             x, v = starts[i].clone(), float(scores[i])
-            for _ in range(4 * self.dim):
+            for _ in range(self.dim):  # a swap path is never longer than the cardinality
                 ones = free[x[free] > 0.5]
                 zeros = free[x[free] < 0.5]
                 nb = x.repeat(len(ones) * len(zeros), 1)

@@ -148,8 +148,9 @@ def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overal
         category: the category row to report (``overall`` by default).
     """
     rows = [
-        "| method | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | lossless |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | select share "
+        "| lossless |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, records in runs.items():
         agg = aggregate(records).get(category, {})
@@ -159,9 +160,11 @@ def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overal
                 continue
             speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
             lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
+            # The selector's own time (optimisation, e.g. SWIFT's matchness passes) per wall time.
+            select = m.timings.get("select", 0.0) / m.wall_time if m.wall_time else 0.0
             rows.append(
                 f"| {label if label == name else f'{label}: {name}'} | {m.prompts} | {b.mean_tokens_per_s:.2f} | "
                 f"{m.mean_tokens_per_s:.2f} | {speed:.3f}x | {m.mean_accepted_length:.2f} | "
-                f"{m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {lossless} |"
+                f"{m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {100 * select:.1f}% | {lossless} |"
             )
     return "\n".join(rows)

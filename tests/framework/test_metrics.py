@@ -79,6 +79,10 @@ def test_compare_table_uses_each_runs_own_baseline():
     rows = table.splitlines()[2:]
     assert rows[0].startswith("| m | 2 | 15.00 | 12.50 | 0.833x")
     assert rows[1].startswith("| n | 2 | 7.50 | 12.50 | 1.667x")
+    assert rows[0].split(" | ")[-2] == "0.0%"  # no selector time recorded
+    slow = [dict(r, timings={**r["timings"], "select": 0.5}) if r["method"] == "m" else r for r in RECORDS]
+    # 2 x 0.5 s of selector time in the method's wall time of 0.5 + 4.0 s
+    assert compare_table({"m": slow}).splitlines()[2].split(" | ")[-2] == "22.2%"
 
 
 def test_time_breakdown_shares():

@@ -181,3 +181,35 @@ def test_baseline_only_runs_vanilla_alone(tiny, data, tmp_path):
     assert [r["method"] for r in lines] == ["vanilla"] * 3
     assert "| category | prompts | vanilla tok/s | new tokens | wall s |" in result["table"]
     assert "| **overall** | 3 |" in result["table"]
+
+
+def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_path, monkeypatch):
+    """selfsd_bo's search runs in prepare (before the warm-up), is reused by the fresh instances
+    built after it, and its result lands next to the results file; --skip-set then skips it."""
+    import strategies.selectors.selfsd_bo as selfsd
+    from framework.config import build_config
+
+    model, tok = tiny
+    calls = []
+    real = selfsd.search
+    monkeypatch.setattr(selfsd, "search", lambda ctx, c: calls.append(ctx.artifact_stem) or real(ctx, c))
+    fast = build_config(selfsd.SelfSDConfig, {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 6})
+    out = tmp_path / "sd.jsonl"
+    res = run(
+        cfg_for(data, out, selector=StrategySpec("selfsd_bo", fast)), log=lambda s: None, model=model, tokenizer=tok
+    )
+    assert len(calls) == 1 and str(calls[0]) == str(out.with_suffix(""))
+    saved = out.with_suffix(".skipset.json")
+    assert json.loads(saved.read_text())["bits"]
+    spec = [r for r in res["records"] if r["method"] != "vanilla"]
+    assert all(r["lossless"] for r in spec)
+    assert spec[0]["turns"][0]["strategy_summary"]["selector"]["skip_set"] == str(saved)
+
+    reuse = build_config(selfsd.SelfSDConfig, {"skip_set": str(saved)})
+    run(
+        cfg_for(data, tmp_path / "again.jsonl", selector=StrategySpec("selfsd_bo", reuse)),
+        log=lambda s: None,
+        model=model,
+        tokenizer=tok,
+    )
+    assert len(calls) == 1, "a saved skip set must not be searched again"
