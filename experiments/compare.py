@@ -1,6 +1,15 @@
 """Combine result files of several runs into one table (each method against its own run's vanilla).
 
-python experiments/compare.py runs/a.jsonl runs/b.jsonl [--category qa]
+python experiments/compare.py runs/a.jsonl runs/b.jsonl [--category qa] [--details] [--cost-model F]
+
+``--details`` adds, per run, the scalar fields of the selector's summary after the run's last
+generation (e.g. SWIFT's optimisation steps and best matchness, CLaSp's DP share, DEL's eTPL).
+
+``--cost-model F`` (a JSON `CostModel`, or a ``selfsd_bo`` skip-set file, which contains the one
+its search measured) adds the speedup the cost model predicts for each row's measured alpha and
+skip ratio: the best over draft lengths k of chain drafting with independent acceptance
+(`CostModel.ceiling`). A row far below its ceiling loses time outside the model (optimisation,
+selector statistics, tree verification, Python overhead).
 """
 
 import argparse
@@ -8,13 +17,55 @@ import json
 import sys
 from pathlib import Path
 
-from framework.metrics import compare_table
+from framework.cost_model import CostModel
+from framework.interfaces import LayerPlan
+from framework.metrics import aggregate, compare_table
+
+
+def final_selector_summary(records: list[dict]) -> dict:
+    """Scalar fields of the selector summary of the last speculative generation in ``records``."""
+    for rec in reversed(records):
+        if rec["method"] == "vanilla":
+            continue
+        for turn in reversed(rec["turns"]):
+            summary = turn.get("strategy_summary", {}).get("selector")
+            if summary:
+                return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}
+    return {}
+
+
+def ceilings(runs: dict[str, list[dict]], cost: CostModel, category: str) -> list[str]:
+    """One line per method: measured speedup next to the cost model's prediction at its alpha."""
+    out = []
+    n = cost.num_layers
+    for label, records in runs.items():
+        agg = aggregate(records).get(category, {})
+        base = agg.get("vanilla")
+        for name, m in agg.items():
+            if name == "vanilla" or base is None or not base.mean_tokens_per_s:
+                continue
+            skipped = round(m.skip_ratio * 2 * n)  # only the count matters to the cost model
+            plan = LayerPlan.from_indices(n, attn=range((skipped + 1) // 2), mlp=range(skipped // 2))
+            alpha = min(1.0, m.acceptance_rate)
+            ceiling, k = cost.ceiling(alpha, plan)
+            drafting = max((cost.expected_speedup(alpha, j, plan), j) for j in range(1, 17))
+            measured = m.mean_tokens_per_s / base.mean_tokens_per_s
+            out.append(
+                f"- {label}: measured {measured:.3f}x; cost model at alpha {alpha:.3f}, skip ratio "
+                f"{m.skip_ratio:.3f}: ceiling {ceiling:.3f}x (k = {k}), best drafting {drafting[0]:.3f}x "
+                f"(k = {drafting[1]})"
+            )
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", type=Path, help="results JSONL files written by run.py")
     p.add_argument("--category", default="overall", help="category row to report (default overall)")
+    p.add_argument("--details", action="store_true", help="also print each run's final selector summary")
+    p.add_argument(
+        "--cost-model", type=Path, default=None, help="a CostModel JSON or a selfsd_bo skip-set file"
+    )
     args = p.parse_args()
     runs = {}
     for path in args.results:
@@ -25,6 +76,21 @@ def main() -> int:
         methods = [r["method"] for r in records if r["method"] != "vanilla"]
         runs[methods[0] if methods else path.stem] = records
     print(compare_table(runs, args.category))
+    if args.cost_model is not None:
+        try:
+            data = json.loads(args.cost_model.read_text())
+            cost = CostModel.from_dict(data.get("cost_model", data))
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            print(f"error: --cost-model {args.cost_model}: not a cost model ({err})", file=sys.stderr)
+            return 2
+        print()
+        print("\n".join(ceilings(runs, cost, args.category)))
+    if args.details:
+        print()
+        for label, records in runs.items():
+            fields = final_selector_summary(records)
+            if fields:
+                print(f"- {label}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
     return 0
 
 

@@ -13,6 +13,9 @@ invariants, and ``tests/framework/test_kv_cache.py`` checks them against fresh f
 4. **Commit / rollback** moves the pointers: ``commit(n)`` keeps ``n`` verified positions (optionally
    gathering a tree path into place first) and drops everything after them; nothing is copied in the
    chain case.
+4b. **Early-exit reuse** (``keep_draft``): a draft that ran blocks ``0..E-1`` unchanged wrote the
+   target's own KV there, so a verification may keep those draft slots and write only the
+   remaining layers (and the positions the draft never reached).
 5. **Scratch evaluation** (SWIFT's teacher-forced candidate scoring) writes beyond every layer's end
    pointer, attends to a chosen visible prefix plus the scratch block, and leaves every pointer as it
    was, so the committed cache is never touched and nothing needs copying.
@@ -205,6 +208,23 @@ class KVCache:
     def rollback(self) -> None:
         """Drop every uncommitted (draft) slot in every layer."""
         self.lengths = [self.committed] * self.num_layers
+
+    def keep_draft(self, num: int, layers: range) -> None:
+        """Keep the first ``num`` draft slots of ``layers`` and drop every other uncommitted slot.
+
+        Early-exit reuse: an early-exit draft ran blocks ``0..E-1`` unchanged, so its KV there
+        *is* the target's for the drafted positions; verification keeps it
+        (``layers = range(E)``) and computes only the rest. Nothing is copied.
+
+        Raises:
+            ValueError: a layer in ``layers`` holds fewer than ``num`` draft slots.
+        """
+        c = self.committed
+        short = [i for i in layers if self.lengths[i] < c + num]
+        if short:
+            raise ValueError(f"cannot keep {num} draft slots: layers {short} hold fewer")
+        keep = set(layers)
+        self.lengths = [c + num if i in keep else c for i in range(self.num_layers)]
 
     def commit(self, num: int, keep: torch.Tensor | None = None) -> None:
         """Commit ``num`` verified positions written at ``[committed, committed + T)``.

@@ -99,6 +99,9 @@ class ModelAdapter(ABC):
         self.lm_head_seconds = 0.0
         self.forward_calls = 0
         self.block_evals = 0  # blocks entered x tokens, for the layer-cost accounting
+        #: blocks entered per call, whatever the number of tokens (DEL's "layers loaded" cost
+        #: model, in which a memory-bound forward of n blocks costs n)
+        self.layer_loads = 0
         self._profile = False
 
     # ---- architecture-specific pieces ---------------------------------------------------
@@ -213,25 +216,85 @@ class ModelAdapter(ABC):
         Returns:
             ForwardOutput.
         """
+        return self.forward_from(
+            self.embed(input_ids),
+            position_ids,
+            cache,
+            plan,
+            start=0,
+            logits_at=logits_at,
+            capture_hidden=capture_hidden,
+            base=base,
+            visible=visible,
+            tree_mask=tree_mask,
+            persist=persist,
+        )
+
+    @torch.inference_mode()
+    def forward_from(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache,
+        plan: LayerPlan | None = None,
+        *,
+        start: int,
+        stop: int | None = None,
+        logits_at: str | torch.Tensor | None = None,
+        capture_hidden: bool = False,
+        base: int | None = None,
+        visible: int | None = None,
+        tree_mask: torch.Tensor | None = None,
+        persist: bool = True,
+    ) -> ForwardOutput:
+        """Run blocks ``start .. stop-1`` on residuals that already went through blocks ``< start``.
+
+        `forward` is ``forward_from(embed(input_ids), start=0)``. Starting later resumes a pass
+        (verification completing the blocks an early-exit draft did not run); a single block
+        (``stop = start + 1``) with ``persist=False`` and a ``tree_mask`` evaluates candidate
+        states without touching the committed cache (CLaSp's dynamic programme).
+
+        Args:
+            hidden: FloatTensor (B, T, d), the residual stream after ``start`` blocks.
+            position_ids: LongTensor (B, T), absolute positions (RoPE).
+            cache: as in `forward`; only blocks ``start .. stop-1`` read or write it.
+            plan: sub-layers to skip; ``None`` runs every sub-layer of the range.
+            start: first block to run (``0 <= start <= stop``).
+            stop: one past the last block; default ``plan.blocks_run`` (L without a plan).
+            logits_at: as in `forward` (default ``None``: no LM head).
+            capture_hidden: also return the residual after each block run; index 0 is ``hidden``.
+
+        Returns:
+            ForwardOutput whose ``hidden_states`` are (stop - start + 1, B, T, d).
+
+        Raises:
+            ValueError: a plan of the wrong length, or a block range outside ``[0, L]``.
+        """
         if plan is not None and plan.num_layers != self.num_layers:
             raise ValueError(f"the plan has {plan.num_layers} blocks but the model has {self.num_layers}")
+        if stop is None:
+            stop = self.num_layers if plan is None else plan.blocks_run
+        if not 0 <= start <= stop <= self.num_layers:
+            raise ValueError(
+                f"block range must satisfy 0 <= start <= stop <= {self.num_layers}, got [{start}, {stop})"
+            )
         self.forward_calls += 1
-        h = self.embed(input_ids)
+        h = hidden
         pos_emb = self.rotary(h, position_ids)
-        n_blocks = self.num_layers if plan is None else plan.blocks_run
-        hidden = [h] if capture_hidden else None
-        cache.begin(input_ids.shape[1], base=base, visible=visible, tree_mask=tree_mask, persist=persist)
+        captured = [h] if capture_hidden else None
+        cache.begin(h.shape[1], base=base, visible=visible, tree_mask=tree_mask, persist=persist)
         try:
-            for i in range(n_blocks):
+            for i in range(start, stop):
                 if plan is None or plan.runs_attn(i):
                     h = h + self.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
                 if plan is None or plan.runs_mlp(i):
                     h = h + self.mlp_branch(i, h)
-                if hidden is not None:
-                    hidden.append(h)
+                if captured is not None:
+                    captured.append(h)
         finally:
             cache.end()
-        self.block_evals += n_blocks * input_ids.shape[1]
+        self.block_evals += (stop - start) * h.shape[1]
+        self.layer_loads += stop - start
         logits = None
         if logits_at is not None:
             t0 = time.perf_counter()
@@ -245,12 +308,43 @@ class ModelAdapter(ABC):
                 sel = h.index_select(1, logits_at.to(h.device))
             logits = self.lm_head(self.final_norm(sel))
             self.lm_head_seconds += time.perf_counter() - t0
-        return ForwardOutput(logits, torch.stack(hidden) if hidden is not None else None, h)
+        return ForwardOutput(logits, torch.stack(captured) if captured is not None else None, h)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on pre-norm residuals of any shape (..., d) (shadow predictions)."""
         with torch.inference_mode():
             return self.lm_head(self.final_norm(hidden))
+
+    @torch.inference_mode()
+    def top1_from_hidden(self, hidden: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM head's greedy token and its probability for each pre-norm residual.
+
+        DEL's "shadow tokens": what an exit after each layer would predict. Rows go through the
+        final norm and LM head ``chunk`` at a time, so that N x V logits never exist at once. The
+        time is not added to ``lm_head_seconds`` (which counts the heads of forwards); callers
+        time it as their own work (a selector's update).
+
+        Args:
+            hidden: FloatTensor (..., d).
+
+        Returns:
+            (tokens LongTensor (...), probs FloatTensor (...) in float32): argmax and top-1
+            softmax probability.
+        """
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        toks, probs = [], []
+        for lo in range(0, flat.shape[0], chunk):
+            logits = self.lm_head(self.final_norm(flat[lo : lo + chunk])).float()  # (n, V)
+            top, idx = logits.max(dim=-1)
+            toks.append(idx)
+            probs.append(torch.exp(top - torch.logsumexp(logits, dim=-1)))
+        shape = hidden.shape[:-1]
+        if not toks:
+            return (
+                torch.zeros(shape, dtype=torch.long, device=hidden.device),
+                torch.zeros(shape, dtype=torch.float32, device=hidden.device),
+            )
+        return torch.cat(toks).reshape(shape), torch.cat(probs).reshape(shape)
 
 
 @register_adapter("llama", "mistral", "qwen2", "qwen3", "smollm3")

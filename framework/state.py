@@ -12,6 +12,12 @@ the cache semantics of `framework.kv_cache`:
 Invariant between rounds: ``cache.committed == num_tokens - 1``. The last committed token
 (``pending``: the previous round's correction or bonus token) has no KV yet; it is the first input
 of the next draft and of the next verification.
+
+Early-exit reuse: a drafter that runs a pure prefix of the model (blocks ``0..E-1``, nothing
+skipped) may call ``forward_draft(..., reusable=True)``. Those blocks then computed exactly what the
+target computes for the drafted positions, so the next chain verification keeps their KV and
+hidden states and runs only blocks ``E..L-1`` for them (plus every block for positions the draft
+never fed). ``DecodeStats.verify_blocks_saved`` counts the block evaluations this avoided.
 """
 
 from __future__ import annotations
@@ -37,6 +43,40 @@ class RoundRecord:
 
 
 @dataclass
+class LengthHint:
+    """A selector's suggestion to the length controller for the coming round.
+
+    Set by a selector in ``plan`` (``state.length_hint``, read by the controller's
+    ``max_length`` right after); controllers that do not know it ignore it, so any selector still
+    works with any controller. DEL's ``del_tpl`` publishes its Token-per-Layer length and the
+    dynamic threshold of the chosen exit layer; ``del_dynamic`` uses them.
+
+    Attributes:
+        max_length: draft at most this many tokens this round (0: do not draft).
+        threshold: stop drafting below this top-1 confidence, or ``None`` for no suggestion.
+        source: who set it (for logs).
+    """
+
+    max_length: int
+    threshold: float | None = None
+    source: str = ""
+
+
+@dataclass
+class _DraftPrefix:
+    """What a reusable (pure-prefix) draft computed this round, for the verification to keep."""
+
+    exit_layer: int
+    ids: list[torch.Tensor] = field(default_factory=list)  # (B, t) inputs fed, in order
+    last_hidden: list[torch.Tensor] = field(default_factory=list)  # (B, t, d) after block E-1
+    hidden: list[torch.Tensor] | None = None  # (E+1, B, t, d) per step, when capture_hidden
+
+    @property
+    def length(self) -> int:
+        return sum(int(x.shape[1]) for x in self.ids)
+
+
+@dataclass
 class DecodeStats:
     """Counters of one generation.
 
@@ -45,6 +85,9 @@ class DecodeStats:
         timings: seconds per phase: prefill, select, draft, verify, length, commit.
         target_forwards: full-model forwards (prefill and verifications).
         draft_forwards: draft forwards.
+        verify_blocks_saved: block evaluations (blocks x positions) verifications skipped by
+            reusing an early-exit draft's blocks.
+        reused_positions: verified positions whose first blocks came from the draft.
     """
 
     rounds: list[RoundRecord] = field(default_factory=list)
@@ -55,6 +98,8 @@ class DecodeStats:
     )
     target_forwards: int = 0
     draft_forwards: int = 0
+    verify_blocks_saved: int = 0
+    reused_positions: int = 0
 
 
 class DecodeState:
@@ -110,6 +155,10 @@ class DecodeState:
         self.last_hidden_states: torch.Tensor | None = None
         #: free-form per-generation scratch space for strategies (keyed by strategy name).
         self.extras: dict[str, Any] = {}
+        #: the selector's suggestion for this round's draft length and threshold (see LengthHint).
+        self.length_hint: LengthHint | None = None
+        self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
+        self._prefix_plans: dict[int, LayerPlan] = {}
 
     @classmethod
     def for_strategies(
@@ -182,23 +231,69 @@ class DecodeState:
             self.last_hidden_states = out.hidden_states
         return out.logits[:, -1]
 
+    def prefix_plan(self, exit_layer: int) -> LayerPlan:
+        """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
+        plan = self._prefix_plans.get(exit_layer)
+        if plan is None:
+            plan = LayerPlan.from_indices(self.info.num_layers, exit_layer=exit_layer)
+            self._prefix_plans[exit_layer] = plan
+        return plan
+
     def forward_draft(
         self,
         input_ids: torch.Tensor,
         plan: LayerPlan | None,
         *,
         logits_at: str | torch.Tensor | None = "last",
+        reusable: bool = False,
     ) -> ForwardOutput:
         """Feed the next draft token(s) (B, T) through the draft model ``plan``.
 
         Positions continue after the committed prefix and the tokens already drafted this round;
         KV is appended only in the layers whose attention the plan runs.
+
+        Args:
+            input_ids: LongTensor (B, T).
+            plan: the draft model (``None``: the full model).
+            logits_at: as in `ModelAdapter.forward`.
+            reusable: the plan is a pure prefix (``exit_layer`` E, nothing skipped before it), and
+                the next chain verification may keep what these blocks computed instead of
+                recomputing it (early-exit reuse). Every step of the round must say so.
+
+        Raises:
+            ValueError: ``reusable`` with a plan that is not a pure prefix.
         """
         t = input_ids.shape[1]
         start = self.cache.committed + self.draft_len
+        capture = False
+        if reusable:
+            if plan is None or plan.exit_layer is None or plan.exit_layer >= plan.num_layers:
+                raise ValueError("reusable draft steps need an early-exit plan with exit_layer < L")
+            e = plan.exit_layer
+            if any(not (plan.runs_attn(i) and plan.runs_mlp(i)) for i in range(e)):
+                raise ValueError("reusable draft steps must run every sub-layer before the exit layer")
+            if self.draft_len == 0:
+                self._prefix = _DraftPrefix(e, hidden=[] if self.capture_hidden else None)
+            elif self._prefix is not None and (
+                self._prefix.exit_layer != e or self._prefix.length != self.draft_len
+            ):
+                self._prefix = None  # not one contiguous pure-prefix draft: verify recomputes
+            capture = self._prefix is not None and self._prefix.hidden is not None
+        else:
+            self._prefix = None
         out = self.adapter.forward(
-            input_ids, self._positions(start, t), self.cache, plan, logits_at=logits_at
+            input_ids,
+            self._positions(start, t),
+            self.cache,
+            plan,
+            logits_at=logits_at,
+            capture_hidden=capture,
         )
+        if reusable and self._prefix is not None:
+            self._prefix.ids.append(input_ids)
+            self._prefix.last_hidden.append(out.last_hidden)
+            if self._prefix.hidden is not None:
+                self._prefix.hidden.append(out.hidden_states)
         self.draft_len += t
         self.stats.draft_forwards += 1
         return out
@@ -216,7 +311,18 @@ class DecodeState:
         The draft's KV is discarded first; the block is written at ``[committed, committed + T)``
         in every layer. ``position_ids``/``tree_mask`` support tree verification (default: a chain).
         Stores the hidden states in ``last_hidden_states`` when ``capture_hidden``.
+
+        After a reusable early-exit draft (see `forward_draft`) a chain verification whose block
+        starts with the drafted inputs keeps the draft's blocks ``0..E-1`` for those positions and
+        runs blocks ``E..L-1`` only; the result equals a full forward up to rounding.
         """
+        prefix, self._prefix = self._prefix, None
+        if prefix is not None and position_ids is None and tree_mask is None:
+            n = min(prefix.length, input_ids.shape[1])
+            fed = torch.cat(prefix.ids, dim=1)[:, :n]
+            complete = prefix.hidden is not None or not self.capture_hidden
+            if n > 0 and complete and torch.equal(input_ids[:, :n], fed):
+                return self._verify_reusing(input_ids, prefix, n, logits_at)
         self.cache.rollback()
         c = self.cache.committed
         t = input_ids.shape[1]
@@ -235,6 +341,39 @@ class DecodeState:
         if self.capture_hidden:
             self.last_hidden_states = out.hidden_states
         return out
+
+    def _verify_reusing(
+        self, input_ids: torch.Tensor, prefix: _DraftPrefix, n: int, logits_at: str | torch.Tensor | None
+    ) -> ForwardOutput:
+        """Chain verification reusing a pure-prefix draft's first ``n`` positions (blocks < E)."""
+        e, c, t = prefix.exit_layer, self.cache.committed, input_ids.shape[1]
+        capture = self.capture_hidden and prefix.hidden is not None
+        self.cache.keep_draft(n, range(e))  # the draft's KV in blocks < E is the target's own
+        h_e = torch.cat(prefix.last_hidden, dim=1)[:, :n]  # (B, n, d)
+        lower = torch.cat(prefix.hidden, dim=2)[:, :, :n] if capture else None  # (E+1, B, n, d)
+        if t > n:  # positions the draft never fed: blocks < E first, appended after the kept slots
+            tail = self.adapter.forward(
+                input_ids[:, n:],
+                self._positions(c + n, t - n),
+                self.cache,
+                self.prefix_plan(e),
+                logits_at=None,
+                capture_hidden=capture,
+            )
+            h_e = torch.cat([h_e, tail.last_hidden], dim=1)
+            if lower is not None:
+                lower = torch.cat([lower, tail.hidden_states], dim=2)
+        upper = self.adapter.forward_from(
+            h_e, self._positions(c, t), self.cache, start=e, logits_at=logits_at, capture_hidden=capture
+        )
+        self.stats.target_forwards += 1
+        self.stats.verify_blocks_saved += e * n
+        self.stats.reused_positions += n
+        hidden = None
+        if capture:
+            hidden = torch.cat([lower, upper.hidden_states[1:]], dim=0)  # (L+1, B, T, d)
+            self.last_hidden_states = hidden
+        return ForwardOutput(upper.logits, hidden, upper.last_hidden)
 
     def forward_scratch(
         self,
@@ -296,6 +435,7 @@ class DecodeState:
         self.cache.commit(n, keep=result.kv_keep)
         self.append(new)
         self.draft_len = 0
+        self._prefix = None
         self.round += 1
         return new
 
@@ -303,6 +443,7 @@ class DecodeState:
         """Forget the current round's draft KV (e.g. a drafter that gives up)."""
         self.cache.rollback()
         self.draft_len = 0
+        self._prefix = None
 
     def _ensure_token_capacity(self, n: int) -> None:
         if self.num_tokens + n > self._tokens.shape[1]:

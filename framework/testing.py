@@ -174,7 +174,9 @@ def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
     )
 
 
-def prepare_context(adapter: Any, *, store: dict[str, Any] | None = None, measure: bool = False) -> PrepareContext:
+def prepare_context(
+    adapter: Any, *, store: dict[str, Any] | None = None, measure: bool = False
+) -> PrepareContext:
     """A `PrepareContext` for tests: a deterministic byte-level ``encode`` (no tokenizer), no files,
     no log output, and (unless ``measure``) a `synthetic_cost_model` instead of timing the model."""
     info = adapter.info()
@@ -183,7 +185,9 @@ def prepare_context(adapter: Any, *, store: dict[str, Any] | None = None, measur
     def encode(text: str) -> list[int]:
         return [1 + b % (vocab - 1) for b in text.encode()[:16]] or [1]
 
-    ctx = PrepareContext(adapter=adapter, encode=encode, log=lambda msg: None, store={} if store is None else store)
+    ctx = PrepareContext(
+        adapter=adapter, encode=encode, log=lambda msg: None, store={} if store is None else store
+    )
     if not measure:
         ctx.store.setdefault("cost_model", synthetic_cost_model(info.num_layers))
     return ctx

@@ -119,7 +119,11 @@ def model_fingerprint(adapter: Any) -> str:
     cfg = adapter.config
     emb = adapter.model.get_input_embeddings().weight[:4, :64].detach().float().cpu()
     h = hashlib.sha256()
-    h.update(json.dumps([getattr(cfg, "model_type", ""), info.num_layers, info.hidden_size, info.vocab_size]).encode())
+    h.update(
+        json.dumps(
+            [getattr(cfg, "model_type", ""), info.num_layers, info.hidden_size, info.vocab_size]
+        ).encode()
+    )
     h.update(emb.numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -217,7 +221,9 @@ def _calibration_prompts(ctx: PrepareContext, c: SelfSDConfig) -> list[torch.Ten
     try:
         prompts = load_prompts(c.calib_data or BUILTIN_CALIBRATION, c.calib_categories or None)
     except DataError as err:
-        raise ConfigError("--selector.calib_data", c.calib_data or "(built-in)", f"usable prompts: {err}") from None
+        raise ConfigError(
+            "--selector.calib_data", c.calib_data or "(built-in)", f"usable prompts: {err}"
+        ) from None
     prompts = prompts[: c.calib_limit]
     return [torch.tensor([ctx.encode(p.turns[0])], device=ctx.adapter.device) for p in prompts]
 
@@ -238,7 +244,9 @@ def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
     )
     drafter = REGISTRIES["drafter"].get("layer_skip")()
     verifier = REGISTRIES["verifier"].get("greedy")()
-    return SpeculativeDecoder(ctx.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=c.search_max_length)
+    return SpeculativeDecoder(
+        ctx.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=c.search_max_length
+    )
 
 
 def evaluate_plan(
@@ -331,7 +339,11 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
         "trace": trace,
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    path = Path(c.save_to) if c.save_to else (Path(f"{ctx.artifact_stem}.skipset.json") if ctx.artifact_stem else None)
+    path = (
+        Path(c.save_to)
+        if c.save_to
+        else (Path(f"{ctx.artifact_stem}.skipset.json") if ctx.artifact_stem else None)
+    )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data["path"] = str(path)
@@ -367,5 +379,5 @@ def load_skip_set(path: str | Path, num_layers: int) -> _SearchResult:
             str(path),
             f"a skip set for a {num_layers}-block model (this one is for {data.get('num_layers')} blocks)",
         )
-    data.setdefault("path", str(p))
+    data["path"] = str(p)  # where it was read from (it may have been copied)
     return _SearchResult(LayerPlan.from_bits(data["bits"]), float(data["objective"]["value"]), data)

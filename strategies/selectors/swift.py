@@ -33,18 +33,22 @@ from strategies.selectors.static import uniform_plan
 @dataclass(frozen=True)
 class SwiftConfig:
     skip_ratio: float = param(
-        0.45, help="r: every candidate skips exactly floor(r * L_eff) eligible sub-layers (the paper: 0.45 "
-        "for 13B, 0.5 for 34B/70B); in (0, 1)"
+        0.45,
+        help="r: every candidate skips exactly floor(r * L_eff) eligible sub-layers (the paper: 0.45 "
+        "for 13B, 0.5 for 34B/70B); in (0, 1)",
     )
     context_window: int = param(
-        32, help="gamma: generated tokens whose next-token agreement is the matchness (the paper: 32); in [2, 1024]"
+        32,
+        help="gamma: generated tokens whose next-token agreement is the matchness (the paper: 32); in [2, 1024]",
     )
     window: Literal["first", "sliding"] = param(
         "first",
         help="'first': the generation's first gamma+1 tokens, fixed (the released code); 'sliding': the "
         "last gamma+1 committed tokens",
     )
-    max_opt_steps: int = param(1000, help="S: optimisation ends after this many steps (the paper: 1000); >= 1")
+    max_opt_steps: int = param(
+        1000, help="S: optimisation ends after this many steps (the paper: 1000); >= 1"
+    )
     bo_interval: int = param(
         25, help="beta: every beta-th step is a GP-UCB proposal, the others random (the paper: 25); >= 1"
     )
@@ -75,7 +79,9 @@ class SwiftConfig:
     )
     retrigger_window: int = param(50, help="rounds in the rolling acceptance rate of retrigger_below; >= 1")
     kappa: float = param(2.5, help="UCB exploration weight (the code: 2.5); > 0")
-    gp_noise: float = param(0.01, help="observation noise of the GP on standardised matchness (the code: 1e-2); > 0")
+    gp_noise: float = param(
+        0.01, help="observation noise of the GP on standardised matchness (the code: 1e-2); > 0"
+    )
     seed: int = param(2024, help="seeds random proposals and the GP's random starts (the code: 2024)")
 
     def __post_init__(self) -> None:

@@ -97,6 +97,15 @@ _ops = st.one_of(
     st.tuples(st.just("verify_rollback"), st.lists(_tok, min_size=0, max_size=3)),
     st.tuples(st.just("scratch"), st.floats(0, 1), st.none() | _plan),
     st.tuples(st.just("rollback")),
+    st.tuples(
+        st.just("reuse_round"),
+        st.integers(1, L - 1),
+        st.lists(_tok, min_size=0, max_size=3),
+        st.integers(1, 4),
+        st.lists(_tok, min_size=0, max_size=2),
+        st.integers(0, 5),
+        _tok,
+    ),
 )
 
 
@@ -153,6 +162,31 @@ def _apply(state: DecodeState, op) -> None:
     elif kind == "rollback":
         state.discard_draft()
         assert state.cache.lengths == [state.cache.committed] * L and state.draft_len == 0
+    elif kind == "reuse_round":
+        # an early-exit draft declared reusable, then a chain verification of (a cut of) it plus
+        # possibly other tokens: reused where the block starts with the fed tokens, else recomputed
+        _, e, extra, cut, more, m, bonus = op
+        state.discard_draft()
+        fed = [int(state.pending), *extra]
+        for tok in fed:
+            state.forward_draft(torch.tensor([[tok]]), state.prefix_plan(e), reusable=True)
+        block_list = fed[:cut] + more
+        block = torch.tensor([block_list])
+        t = block.shape[1]
+        n = min(len(fed), t)
+        reused = block_list[:n] == fed[:n]
+        c, saved = state.cache.committed, state.stats.verify_blocks_saved
+        out = state.forward_verify(block, logits_at="all")
+        assert state.stats.verify_blocks_saved - saved == (e * n if reused else 0)
+        want = reference_plan_logits(state.adapter, torch.cat([state.tokens, block[:, 1:]], 1), c, None)
+        torch.testing.assert_close(out.logits, want, atol=1e-8, rtol=0)
+        m = min(m, t - 1)
+        state.commit(
+            Verification(
+                num_accepted=torch.tensor([m]), new_tokens=torch.tensor([block_list[1 : m + 1] + [bonus]])
+            )
+        )
+        assert state.cache.lengths == [c + m + 1] * L
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -473,3 +507,100 @@ def test_scratch_during_draft_keeps_draft_kv(llama_adapter):
     seq = torch.cat([state.tokens, torch.tensor([[5, 6]])], dim=1)
     want = reference_plan_logits(llama_adapter, seq, state.cache.committed, plan)[:, -1:]
     torch.testing.assert_close(out.logits, want, atol=1e-8, rtol=0)
+
+
+# ------------------------------------------------------------------------------ early-exit reuse
+
+
+def test_keep_draft_moves_pointers_only():
+    cache = KVCache(4, 1, 1, 2, capacity=12)
+    cache.committed = 3
+    cache.lengths = [7, 7, 6, 3]
+    keys = cache.keys.clone()
+    cache.keep_draft(2, range(2))
+    assert cache.lengths == [5, 5, 3, 3] and cache.committed == 3
+    assert torch.equal(cache.keys, keys)
+    with pytest.raises(ValueError, match=r"cannot keep 3 draft slots: layers \[0, 1\]"):
+        cache.keep_draft(3, range(2))
+
+
+def _reuse_state(adapter, capture: bool, e: int, n_fed: int, seed: int = 0) -> tuple[DecodeState, list[int]]:
+    state = DecodeState(adapter, random_prompt(5, V, seed), 32, capture_hidden=capture)
+    state.append(state.prefill().argmax(-1)[:, None])
+    fed = [int(state.pending)]
+    x = state.pending
+    for _ in range(n_fed):
+        tok = state.forward_draft(x, state.prefix_plan(e), reusable=True).logits[:, -1].argmax(-1)
+        x = tok[:, None]
+        fed.append(int(tok))
+    return state, fed
+
+
+@pytest.mark.parametrize("e", [1, 2, 3])
+@pytest.mark.parametrize("extra_step", [False, True])
+def test_reuse_verification_equals_full_verification(llama_adapter, e, extra_step):
+    """Logits, hidden states and committed KV of a reusing verification equal a recomputing one;
+    the saving is E blocks for each position the draft fed."""
+    results = {}
+    for reuse in (True, False):
+        state = DecodeState(llama_adapter, random_prompt(5, V, 1), 32, capture_hidden=True)
+        state.append(state.prefill().argmax(-1)[:, None])
+        x, toks = state.pending, []
+        for _ in range(3):
+            tok = state.forward_draft(x, state.prefix_plan(e), reusable=reuse).logits[:, -1].argmax(-1)
+            toks.append(int(tok))
+            x = tok[:, None]
+        if extra_step:  # DEL's confidence break: the last token's blocks < E ran too
+            state.forward_draft(x, state.prefix_plan(e), reusable=reuse)
+        block = torch.tensor([[int(state.pending), *toks]])
+        evals = llama_adapter.block_evals
+        out = state.forward_verify(block)
+        results[reuse] = (out, llama_adapter.block_evals - evals, state)
+    (got, evals_reuse, s1), (want, evals_full, s0) = results[True], results[False]
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-10, rtol=0)
+    torch.testing.assert_close(got.hidden_states, want.hidden_states, atol=1e-10, rtol=0)
+    assert got.hidden_states.shape == (L + 1, 1, 4, 64)
+    torch.testing.assert_close(s1.last_hidden_states, want.hidden_states, atol=1e-10, rtol=0)
+    fed = 4 if extra_step else 3
+    assert s1.stats.verify_blocks_saved == e * fed and s1.stats.reused_positions == fed
+    assert evals_full == 4 * L and evals_reuse == 4 * L - e * fed
+    for state in (s0, s1):
+        state.commit(Verification(num_accepted=torch.tensor([2]), new_tokens=block[:, 1:4]))
+        assert_committed_matches_fresh(state)
+
+
+def test_reuse_falls_back_to_recompute(llama_adapter):
+    """Different tokens, a tree mask, or a non-reusable step in the round: recompute, still exact."""
+    state, fed = _reuse_state(llama_adapter, False, 2, 2)
+    other = torch.tensor([[fed[0], (fed[1] + 1) % V, fed[2]]])
+    c = state.cache.committed
+    out = state.forward_verify(other)
+    assert state.stats.verify_blocks_saved == 0
+    want = reference_plan_logits(llama_adapter, torch.cat([state.tokens, other[:, 1:]], 1), c, None)
+    torch.testing.assert_close(out.logits, want, atol=1e-8, rtol=0)
+    state.discard_draft()
+    # a tree verification of the same tokens
+    state, fed = _reuse_state(llama_adapter, False, 2, 2)
+    c = state.cache.committed
+    block = torch.tensor([fed])
+    state.forward_verify(block, position_ids=_pos(c, 3), tree_mask=torch.ones(3, 3, dtype=torch.bool).tril())
+    assert state.stats.verify_blocks_saved == 0
+    # a non-reusable step breaks the round's record
+    state, fed = _reuse_state(llama_adapter, False, 2, 1)
+    state.forward_draft(torch.tensor([[fed[-1]]]), state.prefix_plan(2))
+    state.forward_verify(torch.tensor([fed]))
+    assert state.stats.verify_blocks_saved == 0
+
+
+def test_reusable_needs_a_pure_prefix_plan(llama_adapter):
+    state, _ = _reuse_state(llama_adapter, False, 2, 0)
+    for plan in (
+        None,
+        LayerPlan.full(L),
+        LayerPlan.from_indices(L, attn=[1], exit_layer=3),
+        LayerPlan.from_indices(L, exit_layer=L),
+    ):
+        with pytest.raises(ValueError, match="reusable"):
+            state.forward_draft(state.pending, plan, reusable=True)
+    # a skip after the exit layer is irrelevant: blocks >= E do not run
+    state.forward_draft(state.pending, LayerPlan.from_indices(L, mlp=[3], exit_layer=2), reusable=True)

@@ -225,3 +225,108 @@ def test_tiny_model_factory():
     assert cached_tiny_model("llama", 4) is cached_tiny_model("llama", 4)
     with pytest.raises(ValueError, match="unknown tiny-model arch"):
         tiny_model("gpt2")
+
+
+# ------------------------------------------------------------------ block ranges (forward_from)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_forward_from_resumes_a_pass(arch, split, adapters):
+    """Blocks [0, E) then [E, L) in two calls equal one full forward (logits, hidden, KV)."""
+    adapter = adapters[arch]
+    ids = random_prompt(7, seed=12)
+    full_cache = adapter.new_cache(8)
+    full = adapter.forward(ids, _pos(0, 7), full_cache, capture_hidden=True)
+    cache = adapter.new_cache(8)
+    low = adapter.forward(
+        ids,
+        _pos(0, 7),
+        cache,
+        LayerPlan.from_indices(4, exit_layer=split),
+        logits_at=None,
+        capture_hidden=True,
+    )
+    assert cache.lengths == [7] * split + [0] * (4 - split)
+    high = adapter.forward_from(
+        low.last_hidden, _pos(0, 7), cache, start=split, logits_at="all", capture_hidden=True
+    )
+    assert high.hidden_states.shape == (4 - split + 1, 1, 7, 64)
+    torch.testing.assert_close(high.logits, full.logits, atol=ATOL, rtol=0)
+    both = torch.cat([low.hidden_states, high.hidden_states[1:]])
+    torch.testing.assert_close(both, full.hidden_states, atol=ATOL, rtol=0)
+    assert cache.lengths == [7] * 4
+    torch.testing.assert_close(cache.keys[:, :, :, :7], full_cache.keys[:, :, :, :7], atol=ATOL, rtol=0)
+
+
+def test_forward_from_single_block_candidates_leave_cache_alone(llama_adapter):
+    """One block on n candidate states at one position, each seeing the prefix and itself, equals n
+    separate one-state calls, and writes nothing the cache keeps (CLaSp's sequence parallelism)."""
+    adapter = llama_adapter
+    ids = random_prompt(6, seed=13)
+    cache = adapter.new_cache(16)
+    adapter.forward(ids, _pos(0, 6), cache, logits_at=None)
+    cache.commit(6)
+    keys, lengths = cache.keys.clone(), list(cache.lengths)
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(3, 64, generator=g, dtype=torch.float64)
+    pos = 4  # the candidates stand for the token at position 4: they see positions 0..3 only
+
+    def run(s):
+        n = s.shape[0]
+        return adapter.forward_from(
+            s[None],
+            torch.full((1, n), pos),
+            cache,
+            start=2,
+            stop=3,
+            base=max(cache.lengths),
+            visible=pos,
+            tree_mask=torch.eye(n, dtype=torch.bool),
+            persist=False,
+        ).last_hidden[0]
+
+    together = run(states)
+    alone = torch.cat([run(states[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(together, alone, atol=ATOL, rtol=0)
+    assert cache.lengths == lengths and torch.equal(cache.keys[:, :, :, :6], keys[:, :, :, :6])
+    # the same state through block 2 in a fresh prefix of 4 tokens (no cache tricks)
+    ref_cache = adapter.new_cache(8)
+    adapter.forward(ids[:, :4], _pos(0, 4), ref_cache, logits_at=None)
+    ref_cache.commit(4)
+    want = adapter.forward_from(
+        states[:1][None], torch.tensor([[pos]]), ref_cache, start=2, stop=3
+    ).last_hidden[0]
+    torch.testing.assert_close(alone[:1], want, atol=ATOL, rtol=0)
+
+
+def test_layer_loads_and_block_evals(llama_adapter):
+    adapter = llama_adapter
+    ids = random_prompt(5, seed=14)
+    loads, evals = adapter.layer_loads, adapter.block_evals
+    adapter.forward(ids, _pos(0, 5), adapter.new_cache(8), LayerPlan.from_indices(4, exit_layer=3))
+    assert adapter.layer_loads - loads == 3 and adapter.block_evals - evals == 15
+    loads, evals = adapter.layer_loads, adapter.block_evals
+    adapter.forward_from(
+        torch.zeros(1, 2, 64, dtype=torch.float64), _pos(0, 2), adapter.new_cache(4), start=1
+    )
+    assert adapter.layer_loads - loads == 3 and adapter.block_evals - evals == 6
+
+
+def test_forward_from_bad_range(llama_adapter):
+    h = torch.zeros(1, 1, 64, dtype=torch.float64)
+    for start, stop in ((3, 2), (-1, 2), (0, 5)):
+        with pytest.raises(ValueError, match="block range"):
+            llama_adapter.forward_from(h, _pos(0, 1), llama_adapter.new_cache(2), start=start, stop=stop)
+
+
+def test_top1_from_hidden(llama_adapter):
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(3, 5, 64, generator=g, dtype=torch.float64)
+    tok, prob = llama_adapter.top1_from_hidden(h, chunk=4)  # chunks that split the rows unevenly
+    p = torch.softmax(llama_adapter.logits_from_hidden(h).float(), dim=-1)
+    assert tok.shape == prob.shape == (3, 5) and prob.dtype == torch.float32
+    assert torch.equal(tok, p.argmax(-1))
+    torch.testing.assert_close(prob, p.max(-1).values, atol=1e-6, rtol=0)
+    empty_tok, empty_prob = llama_adapter.top1_from_hidden(h[:0])
+    assert empty_tok.shape == (0, 5) and empty_prob.shape == (0, 5)

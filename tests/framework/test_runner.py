@@ -196,7 +196,10 @@ def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_pat
     fast = build_config(selfsd.SelfSDConfig, {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 6})
     out = tmp_path / "sd.jsonl"
     res = run(
-        cfg_for(data, out, selector=StrategySpec("selfsd_bo", fast)), log=lambda s: None, model=model, tokenizer=tok
+        cfg_for(data, out, selector=StrategySpec("selfsd_bo", fast)),
+        log=lambda s: None,
+        model=model,
+        tokenizer=tok,
     )
     assert len(calls) == 1 and str(calls[0]) == str(out.with_suffix(""))
     saved = out.with_suffix(".skipset.json")

@@ -72,7 +72,9 @@ def test_cost_model_objective_is_deterministic(adapter, tmp_path):
 
 def test_saved_set_round_trips_without_searching(adapter, tmp_path, monkeypatch):
     first = searched(adapter, tmp_path)
-    monkeypatch.setattr(selfsd, "search", lambda *a, **k: pytest.fail("a saved skip set must not be searched again"))
+    monkeypatch.setattr(
+        selfsd, "search", lambda *a, **k: pytest.fail("a saved skip set must not be searched again")
+    )
     again = make(skip_set=str(tmp_path / "set.json"))
     again.setup(adapter.info())
     assert again.plan(None) == first.plan(None)  # usable right after setup

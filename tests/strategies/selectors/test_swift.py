@@ -10,7 +10,12 @@ from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.interfaces import LayerPlan, ModelInfo
 from framework.model_adapter import adapter_for
 from framework.state import DecodeState
-from framework.testing import LayerSelectorContract, cached_tiny_model, default_strategy_instance, random_prompt
+from framework.testing import (
+    LayerSelectorContract,
+    cached_tiny_model,
+    default_strategy_instance,
+    random_prompt,
+)
 from strategies.selectors.swift import SwiftConfig, SwiftSelector
 
 L = 8
@@ -77,7 +82,9 @@ def test_matchness_of_the_full_model_is_one_and_leaves_the_cache_intact(adapter)
     c = state.cache.committed
 
     def committed_kv():
-        return [t[..., :c, :].clone() for t in (state.cache.keys, state.cache.values)], list(state.cache.lengths)
+        return [t[..., :c, :].clone() for t in (state.cache.keys, state.cache.values)], list(
+            state.cache.lengths
+        )
 
     before = committed_kv()
     assert sel.matchness(state, LayerPlan.full(L)) == 1.0  # the window is the full model's greedy output
@@ -129,7 +136,10 @@ def test_best_set_drafts_and_strict_improvement(adapter):
     s = res.strategy_summary["selector"]
     assert s["best_matchness"] == pytest.approx(max(s["matchness"]))
     assert sel.best == max(sel.bo.Y)
-    assert LayerPlan.from_indices(L, **{"attn": s["plan"]["attn_skip"], "mlp": s["plan"]["mlp_skip"]}) == sel.current
+    assert (
+        LayerPlan.from_indices(L, **{"attn": s["plan"]["attn_skip"], "mlp": s["plan"]["mlp_skip"]})
+        == sel.current
+    )
 
 
 def test_initial_sets(adapter):
@@ -143,7 +153,11 @@ def test_initial_sets(adapter):
 
 @pytest.mark.parametrize(
     ("overrides", "reason"),
-    [({"matchness_stop": 0.01}, "matchness"), ({"patience": 2}, "patience"), ({"max_opt_steps": 3}, "max_opt_steps")],
+    [
+        ({"matchness_stop": 0.01}, "matchness"),
+        ({"patience": 2}, "patience"),
+        ({"max_opt_steps": 3}, "max_opt_steps"),
+    ],
 )
 def test_stop_conditions_end_optimisation_for_good(adapter, overrides, reason):
     sel = make(**overrides)

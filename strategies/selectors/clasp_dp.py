@@ -1,0 +1,369 @@
+"""``clasp_dp``: CLaSp's dynamic programme over layers, re-run on the verified context every few rounds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from framework.config import ConfigError, check_choice, check_range, param
+from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
+from framework.registry import register_selector
+
+
+@dataclass(frozen=True)
+class ClaspDPConfig:
+    num_skip: int | None = param(
+        None, help="M, the number of decoder blocks the draft skips; in [1, L-1]. None: from skip_ratio"
+    )
+    skip_ratio: float = param(
+        0.5,
+        help="M = round(skip_ratio * L) when num_skip is None; in (0, 1). CLaSp skips 50-60% of the "
+        "layers in its main experiments",
+    )
+    interval: int = param(
+        8,
+        help="layer-optimisation interval (LOI): re-run the DP every `interval` verification rounds "
+        "(or tokens, see interval_unit); in [1, 100000]",
+    )
+    interval_unit: Literal["rounds", "tokens"] = param(
+        "rounds", help="what the interval counts: verification rounds or committed tokens"
+    )
+    protect_first: int = param(0, help="never skip the first this many blocks; in [0, L-1]")
+    protect_last: int = param(0, help="never skip the last this many blocks; in [0, L-1]")
+    init: Literal["prompt", "uniform"] = param(
+        "prompt",
+        help="skip set of the first round: the DP on the last prompt token's prefill states, or M "
+        "blocks spread uniformly",
+    )
+    dp_token: Literal["last_accepted", "previous"] = param(
+        "last_accepted",
+        help="whose hidden states the DP fits: the last accepted token's verify position (the one "
+        "that produced the new token) or the position before it",
+    )
+    objective: Literal["max_cosine", "min_cosine"] = param(
+        "max_cosine",
+        help="keep the candidate most similar to the full model ('max_cosine', the DP of the paper) "
+        "or least similar ('min_cosine': Eq. 1 as printed, a typo; for ablation only)",
+    )
+    sequence_parallel: bool = param(
+        True,
+        help="evaluate all candidate states of a layer in one block call sharing the KV cache "
+        "(CLaSp's parallel strategy); false makes one call per candidate",
+    )
+
+    def __post_init__(self) -> None:
+        if self.num_skip is not None:
+            check_range("num_skip", self.num_skip, 1, None, integer=True)
+        check_range("skip_ratio", self.skip_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_range("interval", self.interval, 1, 100000, integer=True)
+        check_choice("interval_unit", self.interval_unit, ("rounds", "tokens"))
+        check_range("protect_first", self.protect_first, 0, None, integer=True)
+        check_range("protect_last", self.protect_last, 0, None, integer=True)
+        check_choice("init", self.init, ("prompt", "uniform"))
+        check_choice("dp_token", self.dp_token, ("last_accepted", "previous"))
+        check_choice("objective", self.objective, ("max_cosine", "min_cosine"))
+        check_choice("sequence_parallel", self.sequence_parallel, (True, False))
+
+
+@dataclass(frozen=True)
+class DPResult:
+    """The outcome of one CLaSp DP.
+
+    Attributes:
+        skip: the M skipped blocks (0-based, sorted).
+        cosine: cos(x_L, g(L, M)): how close the draft's last-layer state is to the full model's.
+        block_calls: block forwards run (about L with sequence parallelism).
+        evaluations: single-state block evaluations (states summed over the calls).
+    """
+
+    skip: tuple[int, ...]
+    cosine: float
+    block_calls: int
+    evaluations: int
+
+
+RunBlock = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    ct = torch.promote_types(a.dtype, torch.float32)
+    return F.cosine_similarity(a.to(ct), b.to(ct).expand_as(a), dim=-1)
+
+
+def clasp_dp(
+    x: torch.Tensor,
+    run_block: RunBlock,
+    num_skip: int,
+    *,
+    protected: Collection[int] = (),
+    objective: str = "max_cosine",
+    sequence_parallel: bool = True,
+) -> DPResult:
+    """CLaSp's DP (Chen et al., 2025, Eq. 2 and Algorithm 1) over blocks i and skip counts j.
+
+    ``g(i, j)`` is the best state after the first i blocks with exactly j of them skipped; block
+    i-1 is either skipped (``g(i-1, j-1)`` passes through) or run on ``g(i-1, j)``, whichever is
+    closer in cosine to the full model's ``x_i`` (run only if strictly closer). ``g(i, 0) = x_i``.
+    Backtracking from ``(L, M)`` gives the skip set. States that can no longer reach ``(L, M)``
+    (``j < M - (L - i)``) are never evaluated; this prunes work without changing the result.
+
+    Args:
+        x: (L+1, d) the full model's pre-norm residuals of one token (index 0: its embedding).
+        run_block: ``(block b, states (n, d)) -> (n, d)``, block b applied to n candidate states of
+            that token (each attending to the committed context and itself only).
+        num_skip: M.
+        protected: blocks that may not be skipped.
+        objective: ``"max_cosine"`` (the DP) or ``"min_cosine"`` (Eq. 1's typo, for ablation).
+        sequence_parallel: one ``run_block`` call per layer for all candidates, else one each.
+
+    Raises:
+        ValueError: M blocks cannot be skipped outside ``protected``.
+    """
+    n_layers = x.shape[0] - 1
+    m = num_skip
+    if not 0 <= m <= n_layers - len(set(protected)):
+        raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(set(protected))} protected")
+    sign = 1.0 if objective == "max_cosine" else -1.0
+    prev = x.new_zeros(m + 1, x.shape[1])
+    prev[0] = x[0]
+    prev_ok = [True] + [False] * m
+    skipped = [[False] * (m + 1) for _ in range(n_layers + 1)]
+    calls = evals = 0
+    for i in range(1, n_layers + 1):
+        b = i - 1
+        lo = max(0, m - (n_layers - i))  # smaller j cannot reach (L, M)
+        js = list(range(max(1, lo), min(i, m) + 1))
+        run_js = [j for j in js if j <= i - 1 and prev_ok[j]]
+        run_rows: dict[int, int] = {}
+        if run_js:
+            states = prev[run_js]
+            if sequence_parallel:
+                out = run_block(b, states)
+                calls += 1
+            else:
+                out = torch.cat([run_block(b, states[k : k + 1]) for k in range(len(run_js))])
+                calls += len(run_js)
+            evals += len(run_js)
+            run_rows = {j: r for r, j in enumerate(run_js)}
+            cos_run = _cos(out, x[i]).tolist()
+        cos_skip = _cos(prev, x[i]).tolist()  # entry j-1 scores skipping into j
+        can_skip = b not in protected
+        cur = x.new_zeros(m + 1, x.shape[1])
+        cur_ok = [False] * (m + 1)
+        if lo == 0:
+            cur[0] = x[i]
+            cur_ok[0] = True
+        take_run, take_skip = [], []
+        for j in js:
+            has_run = j in run_rows
+            has_skip = can_skip and prev_ok[j - 1]
+            if has_run and (not has_skip or sign * cos_run[run_rows[j]] > sign * cos_skip[j - 1]):
+                take_run.append(j)
+            elif has_skip:
+                take_skip.append(j)
+                skipped[i][j] = True
+            else:
+                continue
+            cur_ok[j] = True
+        if take_run:
+            cur[take_run] = out[[run_rows[j] for j in take_run]]
+        if take_skip:
+            cur[take_skip] = prev[[j - 1 for j in take_skip]]
+        prev, prev_ok = cur, cur_ok
+    if not prev_ok[m]:  # unreachable given the check above; kept as a guard
+        raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
+    skip, j = [], m
+    for i in range(n_layers, 0, -1):
+        if j > 0 and skipped[i][j]:
+            skip.append(i - 1)
+            j -= 1
+    cosine = float(_cos(prev[m : m + 1], x[n_layers])[0])
+    return DPResult(tuple(sorted(skip)), cosine, calls, evals)
+
+
+def block_runner(adapter, cache, position: int) -> RunBlock:
+    """``run_block`` for `clasp_dp` on the committed cache of ``adapter``.
+
+    The n candidates go through one block as a sequence of n tokens, all at ``position``: each
+    attends to the committed KV of positions ``< position`` and to itself (identity mask), and
+    their own KV is written in scratch slots that are forgotten (the committed cache is untouched).
+    """
+    device = cache.keys.device
+
+    def run(block: int, states: torch.Tensor) -> torch.Tensor:
+        n = states.shape[0]
+        out = adapter.forward_from(
+            states[None],
+            torch.full((1, n), position, dtype=torch.long, device=device),
+            cache,
+            start=block,
+            stop=block + 1,
+            base=max(cache.lengths),
+            visible=position,
+            tree_mask=torch.eye(n, dtype=torch.bool, device=device),
+            persist=False,
+        )
+        return out.last_hidden[0]
+
+    return run
+
+
+def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[int]:
+    """``num_skip`` of ``eligible`` spread evenly (the first round's set with ``init="uniform"``)."""
+    k = len(eligible)
+    return sorted({eligible[min(k - 1, int((i + 0.5) * k / num_skip))] for i in range(num_skip)})
+
+
+@register_selector("clasp_dp", config=ClaspDPConfig)
+class ClaspDPSelector(LayerSelector):
+    """Skip the M blocks chosen by CLaSp's dynamic programme on the last verified token.
+
+    CLaSp (Chen et al., 2025). After a verification the full model's per-layer states of the last
+    accepted token are known for free (``needs_hidden_states``); the DP (`clasp_dp`) picks, layer
+    by layer, the skip pattern whose state stays closest in cosine to them, and the draft skips
+    the M chosen blocks (attention and MLP) until the next refresh, every ``interval`` rounds.
+    The DP runs against the committed KV cache without writing it, one block call per layer for all
+    candidate states (sequence parallelism). The first round uses the DP on the prompt's last
+    token (``init="prompt"``).
+    """
+
+    needs_hidden_states = True
+
+    def __init__(self, config: ClaspDPConfig | None = None) -> None:
+        super().__init__(config)
+        self._L = 0
+        self._m = 0
+        self._protected: frozenset[int] = frozenset()
+        self.reset()
+
+    def setup(self, info: ModelInfo) -> None:
+        c, n = self.config, info.num_layers
+        m = c.num_skip if c.num_skip is not None else round(c.skip_ratio * n)
+        flag = "--selector.num_skip" if c.num_skip is not None else "--selector.skip_ratio"
+        shown = c.num_skip if c.num_skip is not None else c.skip_ratio
+        if not 1 <= m <= n - 1:
+            raise ConfigError(
+                flag,
+                shown,
+                f"a number of skipped blocks M in [1, {n - 1}] (the model has {n} blocks; M = {m})",
+            )
+        for name in ("protect_first", "protect_last"):
+            if getattr(c, name) > n - 1:
+                raise ConfigError(f"--selector.{name}", getattr(c, name), f"in [0, {n - 1}]")
+        protected = set(range(c.protect_first)) | set(range(n - c.protect_last, n))
+        if m > n - len(protected):
+            raise ConfigError(
+                flag,
+                shown,
+                f"at most {n - len(protected)} skipped blocks with protect_first={c.protect_first} and "
+                f"protect_last={c.protect_last} (M = {m})",
+            )
+        self._L, self._m, self._protected = n, m, frozenset(protected)
+        self.reset()
+
+    def reset(self) -> None:
+        self._plan: LayerPlan | None = None
+        self._since_rounds = 0
+        self._since_tokens = 0
+        self._t_reset = time.perf_counter()
+        self._dp_seconds: list[float] = []
+        self._sets: list[dict[str, Any]] = []
+        self._calls = 0
+        self._evals = 0
+        self._rounds = 0
+
+    @property
+    def num_skip(self) -> int:
+        """M for the model set up."""
+        return self._m
+
+    @property
+    def last_result(self) -> dict[str, Any] | None:
+        return self._sets[-1] if self._sets else None
+
+    def _set_plan(self, skip: list[int] | tuple[int, ...]) -> None:
+        self._plan = LayerPlan.from_indices(self._L, attn=skip, mlp=skip)
+
+    def refresh(self, state, hidden: torch.Tensor, position: int) -> DPResult:
+        """Run the DP on ``hidden`` (L+1, d), the full model's states of the token at ``position``."""
+        t0 = time.perf_counter()
+        res = clasp_dp(
+            hidden,
+            block_runner(state.adapter, state.cache, position),
+            self._m,
+            protected=self._protected,
+            objective=self.config.objective,
+            sequence_parallel=self.config.sequence_parallel,
+        )
+        dt = time.perf_counter() - t0
+        self._set_plan(res.skip)
+        self._dp_seconds.append(dt)
+        self._calls += res.block_calls
+        self._evals += res.evaluations
+        self._sets.append(
+            {
+                "round": self._rounds,
+                "position": position,
+                "skip": list(res.skip),
+                "cosine": round(res.cosine, 6),
+            }
+        )
+        return res
+
+    def _initial(self, state) -> None:
+        hs = state.last_hidden_states
+        p = state.prompt_len
+        if self.config.init == "prompt" and hs is not None and state.round == 0 and hs.shape[2] >= p:
+            self.refresh(state, hs[:, 0, p - 1], p - 1)
+        else:
+            eligible = [i for i in range(self._L) if i not in self._protected]
+            self._set_plan(uniform_blocks(self._L, self._m, eligible))
+
+    def plan(self, state) -> LayerPlan:
+        if not self._L:
+            raise RuntimeError("clasp_dp: setup() was not called")
+        if self._plan is None:
+            self._initial(state)
+        return self._plan
+
+    def observe(self, state, draft: Draft, result: Verification) -> None:
+        self._rounds += 1
+        self._since_rounds += 1
+        self._since_tokens += int(result.new_tokens.shape[1])
+        since = self._since_rounds if self.config.interval_unit == "rounds" else self._since_tokens
+        if since < self.config.interval:
+            return
+        hs = result.hidden_states if result.hidden_states is not None else state.last_hidden_states
+        if hs is None:
+            return
+        self._since_rounds = self._since_tokens = 0
+        m = result.accepted
+        back = 1 if (self.config.dp_token == "previous" and m > 0) else 0
+        col = m - back if result.kv_keep is None else int(result.kv_keep[m - back])
+        # After the commit the last accepted token sits at committed - 1 (its KV is committed).
+        position = state.cache.committed - 1 - back
+        self.refresh(state, hs[:, 0, col], position)
+
+    def summary(self) -> dict[str, Any]:
+        if not self._L:
+            return {}
+        wall = time.perf_counter() - self._t_reset
+        total = sum(self._dp_seconds)
+        cos = [s["cosine"] for s in self._sets]
+        return {
+            "num_skip": self._m,
+            "refreshes": len(self._dp_seconds),
+            "dp_seconds": round(total, 6),
+            "dp_seconds_per_refresh": [round(t, 6) for t in self._dp_seconds],
+            "dp_share": round(total / wall, 4) if wall > 0 else None,
+            "dp_block_calls": self._calls,
+            "dp_evaluations": self._evals,
+            "mean_cosine": round(sum(cos) / len(cos), 6) if cos else None,
+            "sets": self._sets,
+            "plan": self._plan.describe() if self._plan is not None else None,
+        }

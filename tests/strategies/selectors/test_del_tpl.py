@@ -1,0 +1,386 @@
+"""strategies/selectors/del_tpl.py: the contract, Token-per-Layer with hand-checked maximisers, the
+decayed shadow-token statistics (window vs paper-literal denominator, threshold guards), the
+prompt initialisation, the free estimation, the no-draft fallback, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.config import ConfigError, build_config
+from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.interfaces import LayerPlan, ModelInfo, Verification
+from framework.model_adapter import adapter_for
+from framework.state import DecodeState, LengthHint
+from framework.testing import LayerSelectorContract, random_prompt, tiny_model
+from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
+from strategies.length.del_dynamic import DelDynamicLength
+from strategies.length.fixed import FixedLength, FixedLengthConfig
+from strategies.selectors.del_tpl import (
+    DelTplConfig,
+    DelTplSelector,
+    ShadowStatistics,
+    choose_exit,
+    tpl_table,
+)
+from strategies.verifiers.greedy import GreedyVerifier
+
+
+class TestDelDefaultContract(LayerSelectorContract):
+    def make(self):
+        return DelTplSelector()
+
+
+class TestDelVariantsContract(LayerSelectorContract):
+    num_layers = 6
+    arch = "mistral"
+
+    def make(self):
+        return DelTplSelector(
+            DelTplConfig(
+                cap_by_length=True,
+                alpha_denominator="paper_literal",
+                window="accepted",
+                min_exit=2,
+                layer_stride=2,
+                init_reference="prompt",
+                empty_mismatch="keep",
+                no_draft_when_unprofitable=False,
+            )
+        )
+
+
+def _info(n: int) -> ModelInfo:
+    return ModelInfo(num_layers=n, hidden_size=64, vocab_size=128, max_context=512)
+
+
+def _early_exit_friendly(num_layers: int = 6, keep: int = 2, scale: float = 0.05, seed: int = 1):
+    """A tiny model whose blocks after ``keep`` barely move the residual stream, so that exits at
+    ``keep`` predict the full model's tokens well (what LayerSkip training achieves)."""
+    m = tiny_model("llama", num_layers=num_layers, seed=seed)
+    with torch.no_grad():
+        for blk in m.model.layers[keep:]:
+            blk.self_attn.o_proj.weight.mul_(scale)
+            blk.mlp.down_proj.weight.mul_(scale)
+    return adapter_for(m)
+
+
+# ------------------------------------------------------------------------------ Token-per-Layer
+
+
+def test_tpl_algebra():
+    alpha = torch.tensor([0.0, 0.3, 0.8, 1.0], dtype=torch.float64)
+    layers = torch.tensor([1, 4, 8, 8])
+    tab = tpl_table(alpha, layers, 32, 18)
+    assert tab.shape == (4, 19)
+    torch.testing.assert_close(tab[:, 0], torch.full((4,), 1 / 32, dtype=torch.float64))  # vanilla
+    d = torch.arange(19, dtype=torch.float64)
+    torch.testing.assert_close(tab[3], (d + 1) / (d * 8 + 32))  # alpha = 1: (d+1)/(d l + L)
+    torch.testing.assert_close(
+        tab[2, 5], torch.tensor((1 - 0.8**6) / (0.2 * (5 * 8 + 32)), dtype=torch.float64)
+    )
+    # drafting one token beats none iff alpha_l > l / L
+    for a, ell in ((0.26, 8), (0.24, 8), (0.5, 16), (0.51, 16)):
+        one = tpl_table(torch.tensor([a]), torch.tensor([ell]), 32, 1)[0]
+        assert bool(one[1] > one[0]) == (a > ell / 32)
+
+
+@pytest.mark.parametrize(
+    ("L", "ell", "alpha", "best_d", "tpl"),
+    [(32, 8, 0.8, 3, 0.0527), (32, 8, 0.9, 6, 0.0652), (32, 4, 0.6, 3, 0.0495), (16, 3, 0.5, 2, 0.0795)],
+)
+def test_tpl_worked_values(L, ell, alpha, best_d, tpl):
+    """The reference's worked values (seeds-clasp-del.md, B.3)."""
+    e, d, value = choose_exit(torch.tensor([alpha]), torch.tensor([ell]), L, 18)
+    assert (e, d) == (ell, best_d)
+    assert value == pytest.approx(tpl, abs=5e-5)
+
+
+def test_choose_exit_hand_computed():
+    # L = 4, exits 1..3 with alpha 0.5, 0.9, 1.0 and d_max = 2:
+    #   TPL(1,1) = 1.5/5  = .3000   TPL(1,2) = 1.75/6 = .2917
+    #   TPL(2,1) = 1.9/6  = .3167   TPL(2,2) = 2.71/8 = .3388   <- the maximum
+    #   TPL(3,1) = 2/7    = .2857   TPL(3,2) = 3/10   = .3000   (plain decoding: 1/4 = .25)
+    e, d, tpl = choose_exit(torch.tensor([0.5, 0.9, 1.0]), torch.tensor([1, 2, 3]), 4, 2)
+    assert (e, d) == (2, 2) and tpl == pytest.approx(2.71 / 8)
+    # only layer 4 of 8 is any good, and perfect: TPL(4, d) = (d+1)/(4d+8) grows with d
+    alpha = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    assert choose_exit(alpha, torch.arange(1, 8), 8, 18) == (4, 18, pytest.approx(19 / 80))
+    # alpha_l <= l / L everywhere: drafting never pays; E = the layer with the best d >= 1
+    # (L = 10: TPL(1,1) = 1.05/11 = .0955, TPL(2,1) = 1.15/12 = .0958, TPL(3,1) = 1.25/13 = .0962)
+    alpha = torch.tensor([0.05, 0.15, 0.25], dtype=torch.float64)
+    e, d, tpl = choose_exit(alpha, torch.tensor([1, 2, 3]), 10, 18)
+    assert (e, d) == (3, 0) and tpl == pytest.approx(0.1)
+    # exactly alpha = l / L: TPL(2, 1) = 1.25/10 = 1/8 ties plain decoding, which wins
+    assert choose_exit(torch.tensor([0.25], dtype=torch.float64), torch.tensor([2]), 8, 18)[1] == 0
+    assert choose_exit(torch.tensor([0.26], dtype=torch.float64), torch.tensor([2]), 8, 18)[1] >= 1
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def test_window_vs_paper_literal_denominator():
+    """After a round with a mismatch at u, layer E matched exactly u of the u+1 window positions:
+    the paper's S(c)/S(u) gives alpha_E = 1, the corrected S(c)/S(u+1) gives u/(u+1); a fully
+    matched round pushes the literal estimate above 1."""
+    st = ShadowStatistics(4, decay=0.95)
+    layers = torch.tensor([1, 2, 3])
+    # window of 4 positions (u = 3); layer 2 = E matches the first 3, layer 1 none, layer 3 all
+    match = torch.tensor([[0, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    st.update(layers, match, torch.full((3, 4), 0.5), 4)
+    torch.testing.assert_close(
+        st.alpha(layers, "window"), torch.tensor([0.0, 0.75, 1.0], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        st.alpha(layers, "paper_literal"), torch.tensor([0.0, 1.0, 4 / 3], dtype=torch.float64)
+    )
+    # a round with u = 0 adds nothing to the literal denominator: 0/0 before, guarded to 0
+    fresh = ShadowStatistics(4, decay=0.95)
+    fresh.update(layers, torch.ones(3, 1, dtype=torch.bool), torch.full((3, 1), 0.9), 1)
+    assert torch.equal(fresh.alpha(layers, "paper_literal"), torch.zeros(3, dtype=torch.float64))
+    torch.testing.assert_close(fresh.alpha(layers, "window"), torch.ones(3, dtype=torch.float64))
+
+
+def test_decay_weights_rounds():
+    st = ShadowStatistics(2, decay=0.5)
+    one = torch.tensor([1])
+    st.update(one, torch.tensor([[True, True]]), torch.ones(1, 2), 2)  # round 1: 2 of 2
+    st.update(one, torch.tensor([[False]]), torch.ones(1, 1), 1)  # round 2: 0 of 1
+    # S(c) = 0.5 * 2 + 0 = 1, S(n) = 0.5 * 2 + 1 = 2
+    assert float(st.alpha(one)[0]) == pytest.approx(0.5)
+    assert st.n == pytest.approx(2.0) and st.u == pytest.approx(0.5)
+
+
+def test_threshold_midpoint_and_guards():
+    st = ShadowStatistics(3, decay=1.0)
+    layers = torch.tensor([1, 2, 3])
+    match = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.bool)
+    conf = torch.tensor([[0.9, 0.7, 0.3], [0.8, 0.6, 0.4], [0.2, 0.1, 0.3]])
+    st.update(layers, match, conf, 3)
+    tau = st.thresholds(layers)
+    # layer 1: (mean(.9, .7) + .3) / 2; layer 2 never mismatched: (mean(.8,.6,.4) + 0) / 2;
+    # layer 3 never matched: (1 + mean(.2,.1,.3)) / 2
+    torch.testing.assert_close(tau, torch.tensor([0.55, 0.3, 0.6], dtype=torch.float64), atol=1e-6, rtol=0)
+    assert st.guards == {"no_match": 1, "no_mismatch": 1}
+    # "keep": a layer without mismatches keeps its previous threshold
+    st.update(layers, torch.ones(3, 1, dtype=torch.bool), torch.full((3, 1), 0.5), 1)
+    kept = st.thresholds(layers, keep_empty=True)
+    assert float(kept[1]) == pytest.approx(0.3)
+
+
+# ------------------------------------------------------------------------------ on a model
+
+
+def _round(state, sel, drafter, length, k_max=18):
+    plan = sel.plan(state)
+    k = max(0, min(length.max_length(state), k_max))
+    from framework.interfaces import Draft
+
+    draft = drafter.draft(state, plan, length, k) if k else Draft.empty(1, plan)
+    res = GreedyVerifier().verify(state, draft)
+    state.commit(res)
+    sel.observe(state, draft, res)
+    length.observe(draft, res)
+    return plan, draft, res
+
+
+def _new_state(adapter, prompt_len=20, seed=0):
+    state = DecodeState(
+        adapter, random_prompt(prompt_len, 128, seed), 128, capture_hidden=True, need_confidence=True
+    )
+    state.append(state.prefill().argmax(-1)[:, None])
+    return state
+
+
+def _shadow(adapter, h):
+    return adapter.top1_from_hidden(h)
+
+
+@pytest.mark.parametrize(("init_tokens", "reference"), [(32, "target"), (8, "target"), (8, "prompt")])
+def test_prompt_initialisation(init_tokens, reference):
+    adapter = _early_exit_friendly()
+    state = _new_state(adapter, prompt_len=20)
+    sel = DelTplSelector(DelTplConfig(init_tokens=init_tokens, init_reference=reference))
+    sel.setup(adapter.info())
+    plan = sel.plan(state)
+    w = min(init_tokens, 19)  # never position 0
+    h = state.last_hidden_states[:, 0, 20 - w : 20]
+    if reference == "target":
+        ref = _shadow(adapter, h[6])[0]
+    else:
+        ref = state.tokens[0, 21 - w : 21]
+    toks, _ = _shadow(adapter, h[1:6])
+    want = (toks == ref).double().sum(dim=1) / w
+    torch.testing.assert_close(sel.statistics.alpha(torch.arange(1, 6)), want)
+    assert sel.summary()["init_positions"] == w
+    e, d, _ = choose_exit(want, torch.arange(1, 6), 6, 18)
+    assert plan == LayerPlan.from_indices(6, exit_layer=e) and state.length_hint.max_length == (
+        18 if d else 0
+    )
+
+
+def test_no_prompt_statistics_means_no_draft_first():
+    adapter = _early_exit_friendly()
+    for init_tokens, prompt_len in ((0, 20), (32, 1)):
+        state = _new_state(adapter, prompt_len=prompt_len)
+        sel = DelTplSelector(DelTplConfig(init_tokens=init_tokens))
+        sel.setup(adapter.info())
+        sel.plan(state)
+        # no statistics: alpha = 0 everywhere; the threshold guards give (1 + 0) / 2
+        assert state.length_hint == LengthHint(max_length=0, threshold=0.5, source="del_tpl")
+        assert sel.summary()["init_positions"] == 0
+
+
+def test_statistics_update_is_free_and_matches_a_hand_count():
+    """observe() runs no transformer block (only the LM head on stored states), and its counts
+    equal the shadow tokens recomputed by hand from the verify pass's hidden states."""
+    adapter = _early_exit_friendly()
+    state = _new_state(adapter, seed=2)
+    # no prompt statistics: every alpha is 0 and E is the smallest candidate, 2
+    sel = DelTplSelector(DelTplConfig(decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False))
+    sel.setup(adapter.info())
+    drafter = EarlyExitDrafter()
+    drafter.setup(adapter.info())
+    length = FixedLength(FixedLengthConfig(k=4))
+    plan = sel.plan(state)
+    e = plan.exit_layer
+    assert e == 2
+    draft = drafter.draft(state, plan, length, 4)
+    res = GreedyVerifier().verify(state, draft)
+    state.commit(res)
+    assert 0 < res.accepted < 4  # a window that ends at a rejection
+    evals, loads = adapter.block_evals, adapter.layer_loads
+    sel.observe(state, draft, res)
+    assert adapter.block_evals == evals and adapter.layer_loads == loads
+    h = res.hidden_states[:, 0]  # (L+1, T, d)
+    x_l = _shadow(adapter, h[6])[0]
+    x_e = _shadow(adapter, h[e])[0]
+    diff = (x_e != x_l).nonzero()
+    u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
+    assert u == res.accepted  # greedy drafting: the window ends where the draft was rejected
+    toks = _shadow(adapter, h[2:6, : u + 1])[0]
+    want = (toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)
+    torch.testing.assert_close(sel.statistics.alpha(torch.arange(2, 6)), want)
+    assert float(want[0]) == res.accepted / (res.accepted + 1)  # layer E matched up to the rejection
+    # layers loaded: 4 draft steps of E blocks, then L - E blocks over the reused positions and E
+    # for the one position the draft never fed: d * E + L, DEL's cost model
+    assert sel.summary()["round_etpl"][0] == pytest.approx((res.accepted + 1) / (4 * e + 6), abs=1e-5)
+
+
+def test_del_drafts_where_shallow_exits_agree_and_is_lossless():
+    adapter = _early_exit_friendly()
+    prompt = random_prompt(20, 128, 0)
+    want = VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
+    dec = SpeculativeDecoder(
+        adapter,
+        DelTplSelector(),
+        DelDynamicLength(),
+        EarlyExitDrafter(EarlyExitDrafterConfig(on_stop="drop")),
+        GreedyVerifier(),
+    )
+    loads = adapter.layer_loads
+    res = dec.generate(prompt, StopCondition(40))
+    loads = adapter.layer_loads - loads - 6  # minus the prefill
+    assert res.tokens == want
+    s = res.strategy_summary["selector"]
+    rounds = len(res.accept_lengths)
+    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "expected_tpl", "round_etpl", "alpha"):
+        assert len(s[key]) == rounds, key
+    assert s["alpha_layers"] == [1, 2, 3, 4, 5] and all(len(a) == 5 for a in s["alpha"])
+    assert set(s["exit_layers"]) == {2}  # the shallowest exit that agrees with the target
+    assert res.accepted > 0 and s["no_draft_rounds"] == 0
+    assert s["etpl"] == pytest.approx(sum(res.accept_lengths) / loads, abs=1e-5)
+    assert s["etpl"] > 1 / 6  # more tokens per layer loaded than plain decoding
+    assert res.strategy_summary["length"]["rounds_from_selector"] == rounds
+
+
+def test_del_falls_back_to_plain_decoding_when_drafting_does_not_pay():
+    """On a random tiny model no early exit agrees with the target often enough (alpha_l <= l/L):
+    every round declines to draft, each costs exactly L layers per token (eTPL = 1/L)."""
+    adapter = adapter_for(tiny_model("llama", num_layers=6, seed=1))
+    prompt = random_prompt(40, 128, 0)
+    dec = SpeculativeDecoder(
+        adapter, DelTplSelector(), DelDynamicLength(), EarlyExitDrafter(), GreedyVerifier()
+    )
+    res = dec.generate(prompt, StopCondition(20))
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(20)).tokens
+    s = res.strategy_summary["selector"]
+    assert res.drafted == 0 and s["no_draft_rounds"] == len(res.accept_lengths)
+    assert all(a[i] <= (i + 1) / 6 for a in s["alpha"] for i in range(5))
+    assert s["etpl"] == pytest.approx(1 / 6, abs=1e-5)  # the summary rounds to 5 decimals
+    assert all(r == pytest.approx(1 / 6, abs=1e-5) for r in s["round_etpl"])
+
+
+def test_cap_by_length_and_no_draft_options():
+    adapter = _early_exit_friendly()
+    for cfg, check in (
+        (DelTplConfig(cap_by_length=True), lambda s: s["max_lengths"] == s["lengths"]),
+        (DelTplConfig(max_length=5), lambda s: set(s["max_lengths"]) == {5}),
+    ):
+        dec = SpeculativeDecoder(
+            adapter, DelTplSelector(cfg), DelDynamicLength(), EarlyExitDrafter(), GreedyVerifier()
+        )
+        res = dec.generate(random_prompt(20, 128, 1), StopCondition(30))
+        assert check(res.strategy_summary["selector"])
+        assert max(res.draft_lengths) <= max(res.strategy_summary["selector"]["max_lengths"])
+    # without the fallback the hint still allows drafting when TPL says d = 0
+    plain = adapter_for(tiny_model("llama", num_layers=6, seed=1))
+    sel = DelTplSelector(DelTplConfig(no_draft_when_unprofitable=False))
+    dec = SpeculativeDecoder(plain, sel, DelDynamicLength(), EarlyExitDrafter(), GreedyVerifier())
+    res = dec.generate(random_prompt(40, 128, 0), StopCondition(12))
+    s = res.strategy_summary["selector"]
+    assert set(s["lengths"]) == {0} and set(s["max_lengths"]) == {18} and res.drafted > 0
+
+
+def test_accepted_window_option():
+    """window='accepted' also ends the window at the verifier's rejection point."""
+    adapter = _early_exit_friendly()
+    for window, want_n in (("shadow", None), ("accepted", 1)):
+        state = _new_state(adapter, seed=2)  # a prompt whose first exit-2 draft is partly accepted
+        sel = DelTplSelector(
+            DelTplConfig(
+                init_tokens=0, window=window, min_exit=2, max_exit=2, no_draft_when_unprofitable=False
+            )
+        )
+        sel.setup(adapter.info())
+        drafter = EarlyExitDrafter()
+        drafter.setup(adapter.info())
+        plan = sel.plan(state)
+        assert plan.exit_layer == 2
+        draft = drafter.draft(state, plan, FixedLength(FixedLengthConfig(k=4)), 4)
+        res = GreedyVerifier().verify(state, draft)
+        state.commit(res)
+        assert res.accepted > 0  # so that the two windows differ
+        # pretend the verifier rejected everything (as a sampling verifier may)
+        fake = Verification(
+            num_accepted=torch.tensor([0]), new_tokens=res.new_tokens[:, :1], hidden_states=res.hidden_states
+        )
+        sel.observe(state, draft, fake)
+        n = sel.statistics.n
+        assert n == (want_n if want_n is not None else res.accepted + 1)
+
+
+def test_bad_input():
+    with pytest.raises(
+        ConfigError, match=r"^--selector\.min_exit must be in \[1, 3\] \(the model has 4 blocks\), got 4$"
+    ):
+        DelTplSelector(DelTplConfig(min_exit=4)).setup(_info(4))
+    with pytest.raises(
+        ConfigError, match=r"^--selector\.max_exit must be in \[1, 3\] \(the model has 4 blocks\), got 4$"
+    ):
+        DelTplSelector(DelTplConfig(max_exit=4)).setup(_info(4))
+    with pytest.raises(ConfigError, match=r"max_exit must be an integer >= 3, got 2"):
+        DelTplConfig(min_exit=3, max_exit=2)
+    with pytest.raises(ConfigError, match=r"min_exit must be an integer >= 1, got 0"):
+        DelTplConfig(min_exit=0)
+    with pytest.raises(ConfigError, match=r"^--selector\.decay must be in \(0, 1\], got 0\.0$"):
+        build_config(DelTplConfig, {"decay": "0"}, flag_prefix="--selector.")
+    with pytest.raises(ConfigError, match=r"max_length must be an integer in \[1, 64\], got 0"):
+        DelTplConfig(max_length=0)
+    with pytest.raises(ConfigError, match="alpha_denominator must be one of window, paper_literal"):
+        build_config(DelTplConfig, {"alpha_denominator": "literal"})
+    with pytest.raises(ConfigError, match="at least 2 blocks"):
+        DelTplSelector().setup(_info(1))
+    sel = DelTplSelector(DelTplConfig(min_exit=2, max_exit=7, layer_stride=2))
+    sel.setup(_info(8))
+    assert sel.candidate_layers == [2, 4, 6]
