@@ -135,13 +135,19 @@ class _SearchResult:
     data: dict[str, Any]  # the saved JSON
 
 
-class _FixedPlan(LayerSelector):
-    """A selector that always returns one plan (candidate evaluation)."""
+@dataclass(frozen=True)
+class _NoConfig:
+    pass
 
-    Config = SelfSDConfig  # unused; satisfies Strategy's config check
+
+class _FixedPlan(LayerSelector):
+    """Returns one given plan every round (candidate evaluation). Not `static`: an explicit
+    static set cannot express every candidate (no skipped sub-layer at all, for instance)."""
+
+    Config = _NoConfig
 
     def __init__(self, plan: LayerPlan) -> None:
-        super().__init__(SelfSDConfig())
+        super().__init__(_NoConfig())
         self._plan = plan
 
     def plan(self, state) -> LayerPlan:

@@ -122,6 +122,7 @@ class SwiftSelector(LayerSelector):
             )
         self.num_layers = n
         self._init_state()
+        self._new_generation()
 
     def _init_state(self) -> None:
         c, n = self.config, self.num_layers
@@ -148,6 +149,9 @@ class SwiftSelector(LayerSelector):
     def reset(self) -> None:
         if not self.config.persist_across_prompts:
             self._init_state()
+        self._new_generation()
+
+    def _new_generation(self) -> None:
         self.rounds = 0
         self.gen_steps = 0
         self.gen_bo_steps = 0
@@ -249,20 +253,20 @@ class SwiftSelector(LayerSelector):
             self.retriggers += 1
 
     def summary(self) -> dict[str, Any]:
-        wall = time.perf_counter() - getattr(self, "gen_start", time.perf_counter())
+        wall = time.perf_counter() - self.gen_start
         return {
             "phase": "optimising" if self.optimising else "accelerating",
             "stop_reason": self.stop_reason,
-            "opt_steps": getattr(self, "gen_steps", 0),
-            "bo_steps": getattr(self, "gen_bo_steps", 0),
-            "improvements": getattr(self, "gen_improvements", 0),
+            "opt_steps": self.gen_steps,
+            "bo_steps": self.gen_bo_steps,
+            "improvements": self.gen_improvements,
             "opt_steps_total": self.steps,
             "gp_fits_total": self.bo.num_fits,
-            "opt_seconds": round(getattr(self, "gen_seconds", 0.0), 4),
-            "opt_share": round(getattr(self, "gen_seconds", 0.0) / wall, 4) if wall > 0 else 0.0,
+            "opt_seconds": round(self.gen_seconds, 4),
+            "opt_share": round(self.gen_seconds / wall, 4) if wall > 0 else 0.0,
             "opt_seconds_total": round(self.total_seconds, 3),
             "best_matchness": round(self.best, 4),
-            "matchness": list(getattr(self, "gen_matchness", [])),
+            "matchness": list(self.gen_matchness),
             "retriggers": self.retriggers,
             "plan": self.current.describe(),
         }
