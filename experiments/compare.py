@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 
 from framework.cost_model import CostModel
-from framework.interfaces import LayerPlan
-from framework.metrics import aggregate, compare_table
+from framework.metrics import aggregate, compare_table, cost_model_prediction
 
 
 def final_selector_summary(records: list[dict]) -> dict:
@@ -37,23 +36,18 @@ def final_selector_summary(records: list[dict]) -> dict:
 def ceilings(runs: dict[str, list[dict]], cost: CostModel, category: str) -> list[str]:
     """One line per method: measured speedup next to the cost model's prediction at its alpha."""
     out = []
-    n = cost.num_layers
     for label, records in runs.items():
         agg = aggregate(records).get(category, {})
         base = agg.get("vanilla")
         for name, m in agg.items():
             if name == "vanilla" or base is None or not base.mean_tokens_per_s:
                 continue
-            skipped = round(m.skip_ratio * 2 * n)  # only the count matters to the cost model
-            plan = LayerPlan.from_indices(n, attn=range((skipped + 1) // 2), mlp=range(skipped // 2))
-            alpha = min(1.0, m.acceptance_rate)
-            ceiling, k = cost.ceiling(alpha, plan)
-            drafting = max((cost.expected_speedup(alpha, j, plan), j) for j in range(1, 17))
+            pred = cost_model_prediction(cost, m.acceptance_rate, m.skip_ratio)
             measured = m.mean_tokens_per_s / base.mean_tokens_per_s
             out.append(
-                f"- {label}: measured {measured:.3f}x; cost model at alpha {alpha:.3f}, skip ratio "
-                f"{m.skip_ratio:.3f}: ceiling {ceiling:.3f}x (k = {k}), best drafting {drafting[0]:.3f}x "
-                f"(k = {drafting[1]})"
+                f"- {label}: measured {measured:.3f}x; cost model at alpha {pred['alpha']:.3f}, skip ratio "
+                f"{m.skip_ratio:.3f}: ceiling {pred['ceiling']:.3f}x (k = {pred['ceiling_k']}), best drafting "
+                f"{pred['drafting']:.3f}x (k = {pred['drafting_k']})"
             )
     return out
 

@@ -13,7 +13,7 @@ import dataclasses
 import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from framework.config import ConfigError, build_config, field_defaults, field_help
 from framework.data import DataError
@@ -146,6 +146,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--name", default=None, help="method name in the results (default <selector>+<length>)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--warmup", type=int, default=1, help="warm-up generations per method (default 1)")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue --output FILE: skip the prompts already in it (refused if written by another configuration)",
+    )
+    g.add_argument(
+        "--logger",
+        default="wandb",
+        help="wandb (default; offline without an API key, upload later with `wandb sync`), csv or none",
+    )
+    g.add_argument("--wandb-project", default="selfspec", help="W&B project (default selfspec)")
+    g.add_argument("--no-plots", dest="plots", action="store_false", help="do not save PNG plots")
+    g = p.add_argument_group("devices")
+    g.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="processes per node, each decoding its share of the prompts (DDP)",
+    )
+    g.add_argument("--num-nodes", type=int, default=1, help="nodes (Lightning's multi-node DDP environment)")
     return p
 
 
@@ -185,6 +205,12 @@ def config_from_args(args: argparse.Namespace):
         warmup=args.warmup,
         threads=args.threads,
         stop_strings=tuple(args.stop),
+        resume=args.resume,
+        logger=args.logger,
+        wandb_project=args.wandb_project,
+        plots=args.plots,
+        devices=args.devices,
+        num_nodes=args.num_nodes,
         name=args.name or preset.get("name"),
         baseline_only=preset.get("baseline_only", False),
         **specs,
@@ -197,7 +223,8 @@ def _bad(flag: str, value, allowed: str):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def body() -> int:
         load_builtin_strategies()
         _import_user_modules(argv)
         args = build_parser().parse_args(argv)
@@ -212,14 +239,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run(cfg)
         return 0
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # e.g. --device cuda without CUDA, prompt over the context
+
+    return guarded(
+        body,
+        "every finished prompt is in the output file; continue with the same flags plus --resume --output FILE",
+    )
+
+
+def guarded(body: Callable[[], int], interrupted: str, errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Run a command's ``body`` and turn its failures into exit statuses: bad input (``USER_ERRORS``,
+    ``errors``, and ValueError such as ``--device cuda`` without CUDA) prints one ``error:`` line and
+    returns 2; Ctrl-C prints ``interrupted: <interrupted>`` and returns 130."""
+    try:
+        return body()
+    except (*USER_ERRORS, *errors, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted: every finished prompt is in the output file", file=sys.stderr)
+        print(f"\ninterrupted: {interrupted}", file=sys.stderr)
         return 130
 
 

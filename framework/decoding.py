@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-from framework.interfaces import Draft, Drafter, LayerSelector, LengthController, PrepareContext, Verifier
+from framework.interfaces import (
+    Draft,
+    Drafter,
+    LayerPlan,
+    LayerSelector,
+    LengthController,
+    PrepareContext,
+    Verifier,
+)
 from framework.model_adapter import ModelAdapter
 from framework.state import DecodeState, RoundRecord
 
@@ -84,6 +92,9 @@ class GenerationResult:
         drafted: draft tokens proposed in total.
         accepted: draft tokens accepted in total.
         skip_ratios: per drafting round, the plan's skip ratio.
+        plans: per drafting round, the plan as a 2L-character string (`plan_code`: attention
+            sub-layers of blocks 0..L-1, then their MLPs; ``1`` = not run by the draft).
+        exit_layers: per drafting round, the plan's exit layer (``None``: full depth).
         timings: seconds per phase (prefill, select, draft, verify, length, commit, lm_head).
         target_forwards / draft_forwards: forward counts.
         strategy_summary: per-strategy summaries (``Strategy.summary()``).
@@ -97,6 +108,8 @@ class GenerationResult:
     drafted: int = 0
     accepted: int = 0
     skip_ratios: list[float] = field(default_factory=list)
+    plans: list[str] = field(default_factory=list)
+    exit_layers: list[int | None] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     target_forwards: int = 0
     draft_forwards: int = 0
@@ -119,6 +132,15 @@ class GenerationResult:
     def acceptance_rate(self) -> float:
         """alpha: accepted draft tokens / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def plan_code(plan: LayerPlan) -> str:
+    """A plan as ``"0"``/``"1"`` characters, attention of every block then every MLP; ``1`` marks
+    a sub-layer the draft does not run (skipped, or beyond the exit layer)."""
+    n = plan.num_layers
+    return "".join("0" if plan.runs_attn(i) else "1" for i in range(n)) + "".join(
+        "0" if plan.runs_mlp(i) else "1" for i in range(n)
+    )
 
 
 def _capacity(prompt_len: int, max_new_tokens: int, max_draft: int) -> int:
@@ -282,6 +304,9 @@ class SpeculativeDecoder:
         accept_lengths: list[int] = []
         draft_lengths: list[int] = []
         skip_ratios: list[float] = []
+        plans: list[str] = []
+        exit_layers: list[int | None] = []
+        codes: dict[LayerPlan, str] = {}  # plans repeat across rounds: encode each once
         while cut is None:
             t = clock()
             plan = self.selector.plan(state)
@@ -317,6 +342,11 @@ class SpeculativeDecoder:
             draft_lengths.append(draft.length)
             if draft.length:
                 skip_ratios.append(draft.plan.skip_ratio)
+                code = codes.get(draft.plan)
+                if code is None:
+                    code = codes[draft.plan] = plan_code(draft.plan)
+                plans.append(code)
+                exit_layers.append(draft.plan.exit_layer)
             state.stats.rounds.append(RoundRecord(draft.length, m, committed.shape[1], draft.plan.skip_ratio))
             start = len(new)
             new.extend(int(x) for x in committed[0].tolist())
@@ -332,5 +362,7 @@ class SpeculativeDecoder:
             drafted=drafted,
             accepted=accepted,
             skip_ratios=skip_ratios,
+            plans=plans,
+            exit_layers=exit_layers,
             strategy_summary={k: v for k, v in ((k, s.summary()) for k, s in self.strategies().items()) if v},
         )

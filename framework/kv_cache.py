@@ -73,6 +73,7 @@ class KVCache:
         with torch.inference_mode(False):
             self.keys = torch.zeros(shape, dtype=dtype, device=device)
             self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self._layer_views()
         #: slots [0, committed) are the target's KV of committed tokens in every layer.
         self.committed = 0
         #: per-layer end pointer (>= committed); slots beyond committed are draft KV.
@@ -100,6 +101,14 @@ class KVCache:
                 buf = torch.zeros(*old.shape[:3], new_cap, old.shape[4], dtype=old.dtype, device=old.device)
             buf[:, :, :, : old.shape[3]] = old
             setattr(self, name, buf)
+        self._layer_views()
+
+    def _layer_views(self) -> None:
+        # Per-layer views (B, H_kv, capacity, D) of the buffers: `update` runs once per layer and
+        # token, and narrowing a view is cheaper than indexing the 5-d buffer.
+        with torch.inference_mode(False):  # normal views: writable inside and outside inference mode
+            self._k_layers = list(self.keys.unbind(0))
+            self._v_layers = list(self.values.unbind(0))
 
     # ------------------------------------------------------------------ one forward
     def begin(
@@ -167,10 +176,11 @@ class KVCache:
             raise RuntimeError("KVCache.update called outside begin()/end()")
         base = self._base(layer_idx)
         t = key.shape[2]
-        self.keys[layer_idx, :, :, base : base + t] = key
-        self.values[layer_idx, :, :, base : base + t] = value
+        k, v = self._k_layers[layer_idx], self._v_layers[layer_idx]
+        k.narrow(2, base, t).copy_(key)
+        v.narrow(2, base, t).copy_(value)
         self._written[layer_idx] = True
-        return self.keys[layer_idx, :, :, : base + t], self.values[layer_idx, :, :, : base + t]
+        return k.narrow(2, 0, base + t), v.narrow(2, 0, base + t)
 
     def attention_mask(self, layer: int) -> torch.Tensor | None:
         """Additive float mask (1, 1, T, base + T) for ``layer`` in the current forward.

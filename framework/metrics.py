@@ -140,6 +140,35 @@ def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str
     return "\n".join(rows)
 
 
+def cost_model_prediction(cost: Any, acceptance_rate: float, skip_ratio: float) -> dict[str, Any]:
+    """What a `CostModel` predicts for a measured acceptance rate and skip ratio.
+
+    The measured skip ratio becomes a plan skipping that many sub-layers (only the count matters
+    to the cost model); alpha is capped at 1 (a tree verifier can accept more than it "drafted").
+
+    Returns:
+        ``{"alpha", "skip_ratio", "ceiling", "ceiling_k", "drafting", "drafting_k"}``: the best
+        speedup over draft lengths ``k = 0..16`` (`CostModel.ceiling`; ``k = 0`` is plain decoding,
+        1.0) and the best over ``k = 1..16`` (what drafting at all can reach).
+    """
+    from framework.interfaces import LayerPlan
+
+    n = cost.num_layers
+    skipped = round(skip_ratio * 2 * n)
+    plan = LayerPlan.from_indices(n, attn=range((skipped + 1) // 2), mlp=range(skipped // 2))
+    alpha = min(1.0, acceptance_rate)
+    ceiling, k = cost.ceiling(alpha, plan)
+    drafting, k_draft = max((cost.expected_speedup(alpha, j, plan), j) for j in range(1, 17))
+    return {
+        "alpha": alpha,
+        "skip_ratio": skip_ratio,
+        "ceiling": ceiling,
+        "ceiling_k": k,
+        "drafting": drafting,
+        "drafting_k": k_draft,
+    }
+
+
 def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overall") -> str:
     """One row per run: each method against the vanilla baseline measured in its own run.
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from framework import kernels
 from framework.interfaces import LayerPlan, ModelInfo
 from framework.kv_cache import KVCache
 
@@ -50,8 +51,14 @@ def supported_model_types() -> list[str]:
     return sorted(_ADAPTERS)
 
 
-def adapter_for(model: nn.Module) -> ModelAdapter:
+def adapter_for(model: nn.Module, *, fast_kernels: bool | None = None) -> ModelAdapter:
     """Wrap ``model`` with the adapter registered for its ``config.model_type``.
+
+    Args:
+        model: an HF causal LM.
+        fast_kernels: route the model's linear layers and attention through the batch-invariant
+            CPU kernels of `framework.kernels` (see `ModelAdapter.set_fast_kernels`). ``None``
+            (default): yes for a float32 model on a CPU unless ``SELFSPEC_KERNEL=0``.
 
     Raises:
         ValueError: no adapter is registered for that architecture.
@@ -63,7 +70,9 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
             "An architecture is added with a small @register_adapter subclass of ModelAdapter "
             "(see docs/howto/new_architecture.md)."
         )
-    return _ADAPTERS[model_type](model)
+    adapter = _ADAPTERS[model_type](model)
+    adapter.set_fast_kernels(fast_kernels)
+    return adapter
 
 
 @dataclass
@@ -89,6 +98,7 @@ class ModelAdapter(ABC):
 
     Attributes:
         lm_head_seconds: wall time spent in final norm + LM head (for time breakdowns).
+        fast_kernels: whether the model runs through `framework.kernels` (`set_fast_kernels`).
     """
 
     model_types: ClassVar[tuple[str, ...]] = ()
@@ -103,6 +113,7 @@ class ModelAdapter(ABC):
         #: model, in which a memory-bound forward of n blocks costs n)
         self.layer_loads = 0
         self._profile = False
+        self.fast_kernels = kernels.is_installed(model)
 
     # ---- architecture-specific pieces ---------------------------------------------------
     @property
@@ -179,6 +190,34 @@ class ModelAdapter(ABC):
             dtype=self.dtype,
             device=self.device,
         )
+
+    def set_fast_kernels(self, enabled: bool | None = None) -> bool:
+        """Route the model's linear layers and attention through `framework.kernels`, or back.
+
+        The kernels make a forward over a few tokens cost about as much as over one on a CPU, and
+        make each position's logits bit-identical whatever the number of tokens in the forward
+        (so greedy verification reproduces plain greedy decoding exactly in float32). They apply to
+        float32 tensors on a CPU; anything else takes the stock path, so the model keeps working
+        everywhere. The model itself is changed (its ``nn.Linear`` modules and attention
+        implementation, parameters untouched): every adapter and ``model.generate`` see it.
+
+        Args:
+            enabled: ``True`` installs, ``False`` restores the stock modules, ``None`` installs for
+                a float32 model on a CPU unless ``SELFSPEC_KERNEL=0`` (and otherwise changes nothing).
+
+        Returns:
+            Whether the kernels are installed now (``False`` if they could not be built: a
+            one-line notice on stderr says why).
+        """
+        if enabled is None:
+            if kernels.enabled_by_env() and self.device.type == "cpu" and self.dtype == torch.float32:
+                kernels.install(self.model)
+        elif enabled:
+            kernels.install(self.model)
+        else:
+            kernels.uninstall(self.model)
+        self.fast_kernels = kernels.is_installed(self.model)
+        return self.fast_kernels
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         return KVCache(

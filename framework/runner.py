@@ -4,7 +4,13 @@
 against the model, the data, prompt lengths), warms both decoders up, then for each prompt decodes
 all turns with both methods (alternating which goes first, so slow drift on a shared machine hits
 both equally), checks the speculative tokens against vanilla, and appends one JSON line per prompt
-and method to the output file, flushed at once: an interrupted run keeps every finished prompt.
+and method to the output file, flushed at once: an interrupted run keeps every finished prompt,
+and ``--resume`` continues it.
+
+The loop is a PyTorch Lightning predict loop (``framework.lightning``): Lightning places the model,
+splits the prompts over processes (``--devices``, ``--num-nodes``), seeds, shows the progress bar
+and drives the logger (``--logger wandb|csv|none``, ``framework.tracking``). `Experiment` is the
+loaded model with both decoders, usable without Lightning (benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import dataclasses
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -47,6 +54,10 @@ class StrategySpec:
         return {"name": self.name, "config": cfg}
 
 
+#: Values of ``--logger``.
+LOGGERS = ("wandb", "csv", "none")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one experiment needs (built by the CLI, or directly in Python)."""
@@ -71,6 +82,12 @@ class RunConfig:
     stop_strings: tuple[str, ...] = param((), help="extra strings that end a turn")
     name: str | None = param(None, help="method name in the results (default selector+length)")
     baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
+    logger: str = param("none", help="wandb (offline without an API key), csv or none")
+    wandb_project: str = param("selfspec", help="W&B project of --logger wandb")
+    plots: bool = param(True, help="save PNG plots in the run directory (and log them)")
+    resume: bool = param(False, help="skip prompts already in --output (same configuration only)")
+    devices: int = param(1, help="processes per node (GPUs, or CPU processes); > 1 splits the prompts (DDP)")
+    num_nodes: int = param(1, help="nodes of a multi-node run (Lightning's DDP environment)")
 
     def __post_init__(self) -> None:
         check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
@@ -79,6 +96,16 @@ class RunConfig:
             check_range("--limit", self.limit, 1, integer=True)
         if self.threads is not None:
             check_range("--threads", self.threads, 1, integer=True)
+        check_range("--devices", self.devices, 1, integer=True)
+        check_range("--num-nodes", self.num_nodes, 1, integer=True)
+        if self.device.startswith("cuda:") and self.devices * self.num_nodes > 1:
+            raise ConfigError(
+                "--device",
+                self.device,
+                "auto or cuda with --devices > 1 (cuda:N names one GPU; --devices N uses GPUs 0..N-1)",
+            )
+        if self.logger not in LOGGERS:
+            raise ConfigError("--logger", self.logger, f"one of {', '.join(LOGGERS)}")
         if self.name == "vanilla" and not self.baseline_only:
             raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
         for kind in REGISTRIES:
@@ -120,6 +147,8 @@ def _turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
         "drafted": res.drafted,
         "accepted": res.accepted,
         "skip_ratios": res.skip_ratios,
+        "plans": res.plans,
+        "exit_layers": res.exit_layers,
         "timings": res.timings,
         "target_forwards": res.target_forwards,
         "draft_forwards": res.draft_forwards,
@@ -143,18 +172,6 @@ def _prompt_record(prompt: Prompt, name: str, results: list, lossless: bool | No
         "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings},
         "lossless": lossless,
     }
-
-
-def _progress_line(i: int, n: int, prompt: Prompt, recs: list[dict[str, Any]]) -> str:
-    parts = []
-    for r in recs:
-        part = f"{r['method']} {r['new_tokens'] / r['wall_time']:.1f} tok/s"
-        if r["method"] != "vanilla":
-            m = sum(r["accept_lengths"]) / max(1, len(r["accept_lengths"]))
-            ok = "n/a (sampling)" if r["lossless"] is None else "yes" if r["lossless"] else "NO"
-            part += f", M {m:.2f}, lossless {ok}"
-        parts.append(part)
-    return f"[{i + 1}/{n}] {prompt.category:<14} q{prompt.question_id}: " + ", ".join(parts)
 
 
 class Experiment:
@@ -264,68 +281,304 @@ def environment() -> dict[str, Any]:
     }
 
 
+#: RunConfig fields that may differ between a run and its ``--resume``: they change how or where
+#: prompts are decoded and logged, or which prompts are in the set, never a prompt's result.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "output",
+        "resume",
+        "warmup",
+        "threads",
+        "devices",
+        "num_nodes",
+        "logger",
+        "plots",
+        "wandb_project",
+        "limit",
+        "categories",
+    }
+)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a results JSONL (a torn last line from a killed run is ignored)."""
+    if not path.exists():
+        return []
+    out = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ConfigError("--output", str(path), f"a results JSONL (line {i + 1} is not JSON)") from None
+    return out
+
+
+def _repair_tail(path: Path, log: Callable[[str], None]) -> None:
+    """Cut a torn last line (a run killed mid-write) so that appended records start on a fresh line."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    path.write_bytes(data[:cut])
+    log(
+        f"[selfspec] {path}: dropped an incomplete last line ({len(data) - cut} bytes) left by an interrupted run"
+    )
+
+
+def resume_state(
+    cfg: RunConfig, out_path: Path, methods: list[str], log: Callable[[str], None]
+) -> set[tuple[str, str]]:
+    """Prompts already complete in ``out_path`` (every method recorded), after checking that the
+    file was written by the same configuration.
+
+    Raises:
+        ConfigError: no ``--output``, no metadata next to the file, or a different configuration.
+    """
+    from framework.lightning import prompt_key
+
+    if cfg.output is None:
+        raise ConfigError("--output", None, "the results file to continue when --resume is given")
+    if not out_path.exists():
+        return set()
+    meta_path = out_path.with_suffix(".meta.json")
+    if not meta_path.exists():
+        raise ConfigError(
+            "--resume",
+            str(out_path),
+            f"a results file written by run.py (its metadata {meta_path.name} is missing)",
+        )
+    old = json.loads(meta_path.read_text()).get("config", {})
+    new = json.loads(json.dumps(cfg.describe(), default=str))
+    diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+    if diff:
+        detail = "; ".join(f"{k}: file {old.get(k)!r}, now {new.get(k)!r}" for k in diff)
+        raise ConfigError(
+            "--resume",
+            str(out_path),
+            f"a results file from the same configuration (it differs in {detail}); "
+            "resume with the original flags or write to a new --output",
+        )
+    _repair_tail(out_path, log)
+    seen: dict[tuple[str, str], set[str]] = {}
+    for rec in read_records(out_path):
+        seen.setdefault(prompt_key(rec), set()).add(rec["method"])
+    return {k for k, got in seen.items() if set(methods) <= got}
+
+
 def run(
     cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, tokenizer: Any = None
 ) -> dict[str, Any]:
-    """Run one experiment; returns ``{"output", "table", "breakdown", "records"}``.
+    """Run one experiment as a Lightning predict loop; returns ``{"output", "table", "breakdown",
+    "records", "summary", "plots", "run_dir"}`` (on rank 0; other ranks get ``{}``).
+
+    Every prompt's records are appended to ``cfg.output`` as soon as the prompt is done. With
+    ``cfg.resume`` the prompts already in the file are skipped (the file must come from the same
+    configuration). Ctrl-C stops after the current prompt's records are written and raises
+    KeyboardInterrupt.
 
     Raises:
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    torch.manual_seed(cfg.seed)
+    import pytorch_lightning as pl
+
+    from framework.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar, prompt_key
+    from framework.tracking import TrackingCallback, make_logger, summary_metrics
+
+    pl.seed_everything(cfg.seed, verbose=False)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     prompts = load_prompts(cfg.data, cfg.categories or None, cfg.limit)
-    out_path = Path(cfg.output) if cfg.output else default_output(cfg)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    exp = Experiment(cfg, model, tokenizer, artifact_stem=out_path.with_suffix(""), log=log, prompts=prompts)
+    out_path = resolve_output(cfg)
     method = cfg.method_name
+    names = ["vanilla"] + ([] if cfg.baseline_only else [method])
+    rank0 = launch_rank(cfg) == 0
+    done = resume_state(cfg, out_path, names, log if rank0 else (lambda _m: None)) if cfg.resume else set()
+    todo = [p for p in prompts if prompt_key(p) not in done]
+    if done and rank0:
+        log(
+            f"[selfspec] --resume: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {out_path}"
+        )
+    run_dir = out_path.with_suffix("")
     meta = {"config": cfg.describe(), "environment": environment(), "method": method, "started": time.time()}
-    out_path.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2, default=str))
-
-    log(
-        f"[selfspec] {len(prompts)} prompts | model {exp.adapter.info().name} ({cfg.dtype}, {exp.adapter.device}) | "
-        f"{method}: selector={cfg.selector.name} length={cfg.length.name} drafter={cfg.drafter.name} "
-        f"verifier={cfg.verifier.name} | max_new_tokens={cfg.max_new_tokens} | output {out_path}"
+    exp = None
+    if cfg.devices * cfg.num_nodes == 1:  # validate and prepare before any logger or file exists
+        exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
+    module = DecodeModule(cfg, todo, out_path, meta, model, tokenizer, log, experiment=exp)
+    tty = sys.stderr.isatty() and rank0
+    callbacks: list[Any] = [
+        ResultsWriter(out_path),
+        TrackingCallback(out_path, method, run_dir / "plots" if cfg.plots else None, read_records),
+        SpeedupProgressBar() if tty else PlainProgress(),
+    ]
+    logger = (
+        make_logger(cfg.logger, run_dir, run_dir.name, cfg.wandb_project, cfg.describe()) if rank0 else None
     )
-    methods = [("vanilla", exp.vanilla)] + ([] if cfg.baseline_only else [(method, exp.spec)])
-    for _ in range(cfg.warmup):
-        for _name, dec in methods:
-            exp.decode_prompt(dec, prompts[0], max_new_tokens=min(16, cfg.max_new_tokens))
-    if cfg.warmup:
-        exp.rebuild()
-        methods = [("vanilla", exp.vanilla)] + ([] if cfg.baseline_only else [(method, exp.spec)])
-
-    # Token equality is the lossless check for greedy verifiers only; speculative sampling is
-    # lossless in distribution (tested statistically), so its records carry None.
-    greedy = exp.spec.verifier.lossless == "greedy"
-    records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as fh:
-        for i, prompt in enumerate(prompts):
-            order = methods if i % 2 == 0 else methods[::-1]
-            turns = {name: exp.decode_prompt(dec, prompt) for name, dec in order}
-            van_tokens = [r.tokens for r, _ in turns["vanilla"]]
-            for name, _dec in methods:
-                same = [r.tokens for r, _ in turns[name]] == van_tokens
-                rec = _prompt_record(prompt, name, turns[name], same if greedy else None)
-                if name != "vanilla":
-                    rec["strategies"] = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-                records.append(rec)
-            log(_progress_line(i, len(prompts), prompt, records[-len(methods) :]))
+    sigint = signal.getsignal(signal.SIGINT)
+    with _quiet_lightning():
+        trainer = pl.Trainer(
+            accelerator=_accelerator(cfg.device),
+            devices=_devices(cfg),
+            num_nodes=cfg.num_nodes,
+            strategy="ddp" if cfg.devices * cfg.num_nodes > 1 else "auto",
+            logger=logger if logger is not None else False,
+            callbacks=callbacks,
+            enable_progress_bar=tty,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            use_distributed_sampler=False,
+            inference_mode=True,
+            default_root_dir=str(run_dir),
+        )
+        try:
+            trainer.predict(module, return_predictions=False)
+        except SystemExit:
+            # Lightning turns Ctrl-C into SystemExit(1) after a graceful shutdown (and ignores
+            # further SIGINTs); give the caller the interruption back, with the usual handler.
+            signal.signal(signal.SIGINT, sigint)
+            if trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
+    if trainer.global_rank != 0:
+        return {}
+    records = read_records(out_path)
     table = results_table(records, method)
-    breakdown = time_breakdown(records, [name for name, _ in methods])
+    breakdown = time_breakdown(records, names)
     title = "vanilla (baseline only)" if cfg.baseline_only else f"{method} vs vanilla"
+    plot_paths = callbacks[1].plot_paths
     report = (
         f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
-        f"{len(prompts)} prompts in {time.perf_counter() - t_start:.0f} s; results: {out_path}\n"
+        f"{len(todo)} prompts decoded in {time.perf_counter() - t_start:.0f} s"
+        + (f" ({len(prompts) - len(todo)} resumed from the file)" if done else "")
+        + f"; results: {out_path}\n"
+        + (f"plots: {run_dir / 'plots'}\n" if plot_paths else "")
     )
     out_path.with_suffix(".md").write_text(report)
     log("\n" + report)
-    return {"output": str(out_path), "table": table, "breakdown": breakdown, "records": records}
+    if logger is not None:
+        _close_logger(logger, log)
+    return {
+        "output": str(out_path),
+        "table": table,
+        "breakdown": breakdown,
+        "records": records,
+        "summary": summary_metrics(records, method),
+        "plots": [str(p) for p in plot_paths],
+        "run_dir": str(run_dir),
+    }
+
+
+def launch_rank(cfg: RunConfig) -> int:
+    """This process's global rank as the launcher set it before Lightning starts: ``RANK``
+    (torchrun), ``SLURM_PROCID`` (srun), else Lightning's own ``NODE_RANK`` and ``LOCAL_RANK``."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"])
+    return int(env.get("NODE_RANK", "0")) * cfg.devices + int(env.get("LOCAL_RANK", "0"))
+
+
+def _external_launcher() -> bool:
+    """Processes started by torchrun or srun (not by Lightning's launcher from rank 0)."""
+    env = os.environ
+    return (
+        "TORCHELASTIC_RUN_ID" in env
+        or ("RANK" in env and "WORLD_SIZE" in env)
+        or int(env.get("SLURM_NTASKS", "1")) > 1
+    )
+
+
+def resolve_output(cfg: RunConfig) -> Path:
+    """``cfg.output``, or a fresh ``runs/<method>-<time>.jsonl``; DDP ranks started by Lightning's
+    launcher inherit rank 0's choice through the environment.
+
+    Raises:
+        ConfigError: several processes started by an external launcher (torchrun, srun) and no
+            ``--output``: each would pick its own timestamped file.
+    """
+    if cfg.output:
+        return Path(cfg.output)
+    if cfg.devices * cfg.num_nodes > 1 and _external_launcher():
+        raise ConfigError(
+            "--output", None, "a results file named explicitly when torchrun or srun starts the processes"
+        )
+    inherited = os.environ.get("SELFSPEC_RUN_OUTPUT")
+    if inherited and launch_rank(cfg) > 0:
+        return Path(inherited)
+    path = default_output(cfg)
+    if cfg.devices * cfg.num_nodes > 1:
+        os.environ["SELFSPEC_RUN_OUTPUT"] = str(path)
+    return path
+
+
+def _accelerator(device: str) -> str:
+    if device == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device", device, "cpu or auto (this machine has no CUDA device)")
+        return "gpu"
+    return "cpu"
+
+
+def _devices(cfg: RunConfig) -> Any:
+    if cfg.device.startswith("cuda:"):  # one named GPU
+        return [int(cfg.device.split(":", 1)[1])]
+    return cfg.devices
+
+
+class _quiet_lightning:
+    """Silence Lightning's start-up banners and its advice about data-loader workers (one prompt
+    per step is the point here)."""
+
+    def __enter__(self) -> None:
+        import logging
+        import warnings
+
+        self._levels = {}
+        for name in ("pytorch_lightning", "lightning.pytorch", "lightning.fabric"):
+            lg = logging.getLogger(name)
+            self._levels[name] = lg.level
+            lg.setLevel(logging.WARNING)
+        self._warn = warnings.catch_warnings()
+        self._warn.__enter__()
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*predict_dataloader.*num_workers.*")
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
+        warnings.filterwarnings("ignore", message=".*infer the batch indices.*")
+        warnings.filterwarnings("ignore", message=".*`DataLoader` across ranks is zero.*")
+
+    def __exit__(self, *exc: Any) -> None:
+        import logging
+
+        self._warn.__exit__(*exc)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _close_logger(logger: Any, log: Callable[[str], None]) -> None:
+    """Finish a W&B run this experiment started (not one a sweep agent owns) and say where it is."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    if not isinstance(logger, WandbLogger):
+        log(f"[selfspec] metrics: {logger.log_dir}")
+        return
+    import wandb
+
+    run = logger.experiment
+    offline = run.settings.mode in ("offline", "dryrun")
+    run_dir = Path(run.dir).parent
+    if getattr(logger, "selfspec_owned", False) and wandb.run is run:
+        run.finish()
+    if offline:
+        log(f"[selfspec] W&B offline run: {run_dir} (upload with `wandb sync {run_dir}`)")
 
 
 def print_error(msg: str) -> None:

@@ -144,6 +144,26 @@ def cached_tiny_model(arch: str = "llama", num_layers: int = 4, seed: int = 0) -
     return tiny_model(arch, num_layers=num_layers, seed=seed)
 
 
+def tiny_tokenizer(vocab_size: int = 128) -> Any:
+    """A word-level tokenizer (5 specials, then words ``w0``, ``w1``, ...) with a ChatML-like template.
+
+    Pairs with `tiny_model` (same ``vocab_size``) for runner-level tests: prompts are words ``wN``.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(vocab_size - len(specials))])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    return tok
+
+
 def random_prompt(length: int = 6, vocab_size: int = 128, seed: int = 0) -> torch.Tensor:
     """LongTensor (1, length) of random token ids (reproducible, independent of the global RNG)."""
     g = torch.Generator().manual_seed(seed)
@@ -477,9 +497,15 @@ class LengthControllerContract(_Contract):
 
 
 class DrafterContract(_Contract):
-    """Contract tests for a `Drafter`; override ``make``."""
+    """Contract tests for a `Drafter`; override ``make``.
+
+    ``may_decline = True`` lets a round's draft be empty (a drafter that proposes nothing when it
+    has nothing good to propose, like ``prompt_lookup`` without an n-gram match); otherwise every
+    draft must have at least one token.
+    """
 
     kind = "drafter"
+    may_decline: ClassVar[bool] = False
 
     class _StopAfterOne(LengthController):
         Config = _NoConfig
@@ -501,7 +527,7 @@ class DrafterContract(_Contract):
     def _check_draft(self, draft, state, plan, max_tokens: int) -> None:
         assert isinstance(draft, Draft)
         k = draft.length
-        assert 1 <= k <= max_tokens
+        assert (0 if self.may_decline else 1) <= k <= max_tokens
         assert draft.tokens.shape == (1, k) and draft.tokens.dtype == torch.long
         assert int(draft.tokens.min()) >= 0 and int(draft.tokens.max()) < state.info.vocab_size
         assert isinstance(draft.plan, LayerPlan) and draft.plan.num_layers == state.info.num_layers

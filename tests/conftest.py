@@ -6,6 +6,7 @@ parametrize over the registries (a newly registered strategy is then covered aut
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,11 @@ load_builtin_strategies()
 # The tiny models' matmuls are far too small to gain from intra-op threads; on a small or busy CPU
 # the thread hand-offs cost several times the arithmetic (measured: 5x slower with 2 threads).
 torch.set_num_threads(1)
+
+# Tests never talk to a W&B server, even on a machine logged in to one (tests that check the
+# automatic online/offline choice clear this themselves).
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
 
 
 @pytest.fixture(scope="session")

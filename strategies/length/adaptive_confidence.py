@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from framework.config import check_choice, check_range, param
-from framework.interfaces import Draft, LengthController, Verification
+from framework.fallback import DraftGate, check_fallback, fallback_param
+from framework.interfaces import Draft, LengthController, PrepareContext, Verification
 from framework.registry import register_length
 from strategies.length.confidence import continue_above
 
@@ -43,6 +44,11 @@ class AdaptiveConfidenceLengthConfig:
         help="keep gamma from one generation to the next, as the paper's code does (AR always restarts); "
         "false restarts gamma at exit_threshold",
     )
+    fallback: bool = fallback_param("fallback")
+    fallback_margin: float = fallback_param("fallback_margin")
+    fallback_probe: int = fallback_param("fallback_probe")
+    fallback_probe_max: int = fallback_param("fallback_probe_max")
+    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("exit_threshold", self.exit_threshold, GAMMA_MIN, GAMMA_MAX)
@@ -54,6 +60,7 @@ class AdaptiveConfidenceLengthConfig:
         check_choice("first_update", self.first_update, ("paper", "code"))
         check_choice("no_decrease_at_cap", self.no_decrease_at_cap, (True, False))
         check_choice("carry_across_prompts", self.carry_across_prompts, (True, False))
+        check_fallback(self)
 
 
 @register_length("adaptive_confidence", config=AdaptiveConfidenceLengthConfig)
@@ -76,6 +83,10 @@ class AdaptiveConfidenceLength(LengthController):
     ``AR > target_accept_rate`` and the round drafted ``max_length`` tokens. The running AR
     restarts at every generation; gamma carries over (``carry_across_prompts``, as in the code,
     which passes each instance's final gamma to the next).
+
+    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    no draft length up to ``max_length`` is expected to beat plain decoding with the current plan;
+    declined rounds do not update AR or gamma (they drafted nothing).
     """
 
     needs_confidence = True
@@ -85,6 +96,7 @@ class AdaptiveConfidenceLength(LengthController):
         self._gamma = float(self.config.exit_threshold)
         self._ar = 0.0
         self._updates = 0
+        self.gate = DraftGate.from_config(self.config)
 
     @property
     def gamma(self) -> float:
@@ -101,14 +113,23 @@ class AdaptiveConfidenceLength(LengthController):
             self._gamma = float(self.config.exit_threshold)
         self._ar = 0.0
         self._updates = 0
+        if self.gate is not None:
+            self.gate.reset()
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        if self.gate is not None:
+            self.gate.prepare(ctx)
 
     def max_length(self, state) -> int:
-        return self.config.max_length
+        k = self.config.max_length
+        return k if self.gate is None else self.gate.limit(state, k)
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         return continue_above(self._gamma, drafted, confidence, self.config.max_length, "adaptive_confidence")
 
     def observe(self, draft: Draft, result: Verification) -> None:
+        if self.gate is not None:
+            self.gate.observe(draft, result)
         cfg = self.config
         drafted = draft.length
         if drafted == 0:
@@ -127,4 +148,7 @@ class AdaptiveConfidenceLength(LengthController):
         self._gamma = min(GAMMA_MAX, max(GAMMA_MIN, gamma))
 
     def summary(self) -> dict[str, Any]:
-        return {"gamma": self._gamma, "accept_rate": self._ar, "updates": self._updates}
+        out: dict[str, Any] = {"gamma": self._gamma, "accept_rate": self._ar, "updates": self._updates}
+        if self.gate is not None:
+            out["fallback"] = self.gate.summary()
+        return out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from framework.config import check_range, param
-from framework.interfaces import LengthController
+from framework.fallback import DraftGate, check_fallback, fallback_param
+from framework.interfaces import Draft, LengthController, PrepareContext, Verification
 from framework.registry import register_length
 
 
@@ -15,10 +17,16 @@ class ConfidenceLengthConfig:
         0.6, help="stop drafting after a token whose top-1 draft probability is below this; in (0, 1)"
     )
     max_length: int = param(12, help="cap on the draft length of one round; in [1, 64]")
+    fallback: bool = fallback_param("fallback")
+    fallback_margin: float = fallback_param("fallback_margin")
+    fallback_probe: int = fallback_param("fallback_probe")
+    fallback_probe_max: int = fallback_param("fallback_probe_max")
+    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("max_length", self.max_length, 1, 64, integer=True)
+        check_fallback(self)
 
 
 def continue_above(
@@ -42,12 +50,35 @@ class ConfidenceLength(LengthController):
     without its adaptive update (gamma = 0.6 there).
 
     As in both papers' code, the token that falls below the threshold is kept and verified.
+
+    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    no draft length up to ``max_length`` is expected to beat plain decoding with the current plan.
     """
 
     needs_confidence = True
 
+    def __init__(self, config: ConfidenceLengthConfig | None = None) -> None:
+        super().__init__(config)
+        self.gate = DraftGate.from_config(self.config)
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        if self.gate is not None:
+            self.gate.prepare(ctx)
+
+    def reset(self) -> None:
+        if self.gate is not None:
+            self.gate.reset()
+
     def max_length(self, state) -> int:
-        return self.config.max_length
+        k = self.config.max_length
+        return k if self.gate is None else self.gate.limit(state, k)
+
+    def observe(self, draft: Draft, result: Verification) -> None:
+        if self.gate is not None:
+            self.gate.observe(draft, result)
+
+    def summary(self) -> dict[str, Any]:
+        return {} if self.gate is None else {"fallback": self.gate.summary()}
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         c = self.config

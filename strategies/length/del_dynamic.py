@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework.config import check_choice, check_range, param
-from framework.interfaces import Draft, LengthController, Verification
+from framework.fallback import DraftGate, check_fallback, fallback_param
+from framework.interfaces import Draft, LengthController, PrepareContext, Verification
 from framework.registry import register_length
 from strategies.length.confidence import continue_above
 
@@ -33,6 +34,11 @@ class DelDynamicLengthConfig:
         help="stop drafting below the threshold; false drafts the full cap (with del_tpl's "
         "cap_by_length: DEL's DEL-E ablation)",
     )
+    fallback: bool = fallback_param("fallback")
+    fallback_margin: float = fallback_param("fallback_margin")
+    fallback_probe: int = fallback_param("fallback_probe")
+    fallback_probe_max: int = fallback_param("fallback_probe_max")
+    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("max_length", self.max_length, 1, 64, integer=True)
@@ -40,6 +46,7 @@ class DelDynamicLengthConfig:
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
         check_choice("use_selector_hint", self.use_selector_hint, (True, False))
         check_choice("stop_on_confidence", self.stop_on_confidence, (True, False))
+        check_fallback(self)
 
 
 @register_length("del_dynamic", config=DelDynamicLengthConfig)
@@ -61,12 +68,17 @@ class DelDynamicLength(LengthController):
 
     Whether the stopping token is kept or dropped is the drafter's choice (``early_exit``'s
     ``on_stop``); ``layer_skip`` keeps it.
+
+    With ``fallback`` on, a `framework.fallback.DraftGate` also gates the round's cap (the
+    selector's or its own) on the measured acceptance and cost model: with ``del_tpl`` a round
+    drafts only when both DEL's Token-per-Layer and the gate say it pays.
     """
 
     needs_confidence = True
 
     def __init__(self, config: DelDynamicLengthConfig | None = None) -> None:
         super().__init__(config)
+        self.gate = DraftGate.from_config(self.config)
         self.reset()
 
     def reset(self) -> None:
@@ -76,6 +88,12 @@ class DelDynamicLength(LengthController):
         self._source = "own"
         self._rounds = {"selector": 0, "own": 0}
         self._no_draft = 0
+        if self.gate is not None:
+            self.gate.reset()
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        if self.gate is not None:
+            self.gate.prepare(ctx)
 
     @property
     def threshold(self) -> float:
@@ -103,7 +121,7 @@ class DelDynamicLength(LengthController):
         self._rounds[self._source] += 1
         if self._cap == 0:
             self._no_draft += 1
-        return self._cap
+        return self._cap if self.gate is None else self.gate.limit(state, self._cap)
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         if not self.config.stop_on_confidence:
@@ -111,6 +129,8 @@ class DelDynamicLength(LengthController):
         return continue_above(self._tau, drafted, confidence, max(self._cap, 1), "del_dynamic")
 
     def observe(self, draft: Draft, result: Verification) -> None:
+        if self.gate is not None:
+            self.gate.observe(draft, result)
         k = draft.length
         if k == 0 or draft.confidences is None:
             return
@@ -126,10 +146,13 @@ class DelDynamicLength(LengthController):
         self._f = w * self._f + (1.0 if m < k else 0.0)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "threshold": round(self._tau, 4),
             "own_threshold": round(self.own_threshold(), 4),
             "rounds_from_selector": self._rounds["selector"],
             "rounds_own": self._rounds["own"],
             "no_draft_rounds": self._no_draft,
         }
+        if self.gate is not None:
+            out["fallback"] = self.gate.summary()
+        return out

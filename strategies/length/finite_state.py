@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework.config import check_range, param
-from framework.interfaces import Draft, LengthController, Verification
+from framework.fallback import DraftGate, check_fallback, fallback_param
+from framework.interfaces import Draft, LengthController, PrepareContext, Verification
 from framework.registry import register_length
 
 
@@ -27,11 +28,17 @@ class FiniteStateLengthConfig:
         help="keep the current length from one generation to the next instead of restarting at k_init "
         "(the papers do not say; off by default)",
     )
+    fallback: bool = fallback_param("fallback")
+    fallback_margin: float = fallback_param("fallback_margin")
+    fallback_probe: int = fallback_param("fallback_probe")
+    fallback_probe_max: int = fallback_param("fallback_probe_max")
+    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("k_min", self.k_min, 1, 64, integer=True)
         check_range("k_max", self.k_max, self.k_min, 64, integer=True)
         check_range("k_init", self.k_init, self.k_min, self.k_max, integer=True)
+        check_fallback(self)
 
 
 @register_length("finite_state", config=FiniteStateLengthConfig)
@@ -45,12 +52,18 @@ class FiniteStateLength(LengthController):
     out) leaves K unchanged. No early stop within a round: ``should_continue`` is always ``True``.
 
     K restarts at ``k_init`` at every generation unless ``carry_across_prompts`` is set.
+
+    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    drafting the current K with the current plan is expected to be slower than plain decoding; K
+    is unchanged by declined rounds and moves by the usual rule after the gate's short probes.
     """
 
     def __init__(self, config: FiniteStateLengthConfig | None = None) -> None:
         super().__init__(config)
         self._k = self.config.k_init
         self._rounds = 0
+        # FS drafts exactly K (no early stop): the gate values drafting K, not the best k <= K.
+        self.gate = DraftGate.from_config(self.config, lengths="exact")
 
     @property
     def k(self) -> int:
@@ -61,11 +74,19 @@ class FiniteStateLength(LengthController):
         if not self.config.carry_across_prompts:
             self._k = self.config.k_init
         self._rounds = 0
+        if self.gate is not None:
+            self.gate.reset()
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        if self.gate is not None:
+            self.gate.prepare(ctx)
 
     def max_length(self, state) -> int:
-        return self._k
+        return self._k if self.gate is None else self.gate.limit(state, self._k)
 
     def observe(self, draft: Draft, result: Verification) -> None:
+        if self.gate is not None:
+            self.gate.observe(draft, result)
         drafted = draft.length
         if drafted == 0:
             return
@@ -74,4 +95,7 @@ class FiniteStateLength(LengthController):
         self._rounds += 1
 
     def summary(self) -> dict[str, Any]:
-        return {"k": self._k, "rounds_observed": self._rounds}
+        out: dict[str, Any] = {"k": self._k, "rounds_observed": self._rounds}
+        if self.gate is not None:
+            out["fallback"] = self.gate.summary()
+        return out

@@ -3,6 +3,7 @@ strategies are not registered yet fail with a message naming the missing strateg
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from framework.cli import main
 from framework.config import ConfigError
 from framework.presets import PRESET_DIR, list_presets, load_preset
 from framework.registry import REGISTRIES
+from strategies.length.fixed import FixedLengthConfig
 
 PRESETS = list_presets()
 
@@ -75,7 +77,8 @@ def test_a_flag_replacing_the_strategy_drops_the_presets_fields(capsys):
         main(["--method", "static_confidence", "--length", "fixed", "--length.k", "5", "--print-config"]) == 0
     )
     cfg = json.loads(capsys.readouterr().out)
-    assert cfg["length"] == {"name": "fixed", "config": {"k": 5}}
+    # Only the flag's field differs from FixedLengthConfig's defaults (the preset's fallback: true is gone).
+    assert cfg["length"] == {"name": "fixed", "config": {**dataclasses.asdict(FixedLengthConfig()), "k": 5}}
 
 
 def test_bad_presets_exit_2(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from framework.cli import main
 from framework.registry import REGISTRIES, load_builtin_strategies
 from framework.utils import MissingDependencyError, require
+from strategies.length.fixed import FixedLengthConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +61,8 @@ def test_print_config_resolves_strategy_flags(capsys):
     )
     assert code == 0
     cfg = json.loads(out)
-    assert cfg["length"] == {"name": "fixed", "config": {"k": 6}}
+    assert cfg["length"]["name"] == "fixed"
+    assert cfg["length"]["config"] == {**dataclasses.asdict(FixedLengthConfig()), "k": 6}
     assert cfg["selector"]["config"]["skip_attn"] == [3, 5]
     assert cfg["categories"] == ["qa", "rag"]
 

@@ -89,3 +89,15 @@ def test_time_breakdown_shares():
     table = time_breakdown(RECORDS, ["vanilla", "m"])
     van = next(line for line in table.splitlines() if line.startswith("| vanilla"))
     assert "| 2.0 | 5.0% | 0.0% | 45.0% | 10.0% |" in van  # 0.1 / 2.0 prefill, 0.9 / 2.0 verify
+
+
+def test_cost_model_prediction_at_a_measured_alpha():
+    from framework.metrics import cost_model_prediction
+    from framework.testing import synthetic_cost_model
+
+    cost = synthetic_cost_model(10)
+    pred = cost_model_prediction(cost, 2 / 3, 0.2)
+    # 4 of 20 sub-layers skipped: a draft step costs 0.1 + 0.5 * 8/10 + 0.4 * 8/10 = 0.82 steps
+    assert pred["ceiling"] == pytest.approx(1.0) and pred["ceiling_k"] == 0
+    assert pred["drafting_k"] == 1 and pred["drafting"] == pytest.approx((1 + 2 / 3) / (0.82 + 1.1))
+    assert cost_model_prediction(cost, 1.3, 0.2)["alpha"] == 1.0  # a tree can "accept" more than drafted

@@ -5,32 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import PreTrainedTokenizerFast
 
 from framework.config import ConfigError
 from framework.registry import load_builtin_strategies
 from framework.runner import Experiment, RunConfig, StrategySpec, run
-from framework.testing import tiny_model
+from framework.testing import tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
 VOCAB = 128
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over ``w0..w119`` with a ChatML-like template (offline)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
-    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(VOCAB - len(specials))])}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-    )
-    return tok
 
 
 @pytest.fixture(scope="module")

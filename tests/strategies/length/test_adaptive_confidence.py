@@ -350,3 +350,39 @@ def test_in_decoder_matches_replay_and_stays_lossless(deep_adapters, first_updat
         lengths.update(d for d, _ in spy.rounds)
     assert len(seen) > 2, "the threshold never moved: the test is vacuous"
     assert len(lengths) > 2, "the draft length never varied: the test is vacuous"
+
+
+# ---- never-lose fallback -------------------------------------------------------------------------
+
+
+class TestAdaptiveConfidenceFallbackContract(LengthControllerContract):
+    def make(self):
+        return AdaptiveConfidenceLength(Cfg(max_length=6, fallback=True, fallback_probe=2))
+
+
+def test_declined_rounds_leave_the_threshold_and_rate_alone():
+    from framework.testing import synthetic_cost_model
+
+    ctl = AdaptiveConfidenceLength(Cfg(max_length=6, fallback=True, fallback_probe=3, fallback_probe_max=3))
+    ctl.gate.set_costs(synthetic_cost_model(4))
+    ctl.reset()
+    cheap = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])
+    ks = []
+    for _ in range(5):
+        k = ctl.max_length(None)
+        ks.append(k)
+        draft, result = _round(k, 0)
+        draft.plan = cheap
+        ctl.observe(draft, result)
+    assert ks == [6, 0, 0, 0, 1]
+    # AR and gamma moved only on the two drafted rounds
+    assert ctl.summary()["updates"] == 2
+    s = ctl.summary()["fallback"]
+    assert (s["declined"], s["probes"], s["rounds"]) == (3, 1, 5)
+
+
+def test_fallback_option_errors_name_the_field():
+    with pytest.raises(
+        ConfigError, match=r"^--length\.fallback_probe_max must be an integer in \[8, 4096\], got 3$"
+    ):
+        build_config(Cfg, {"fallback": "true", "fallback_probe_max": "3"}, flag_prefix="--length.")

@@ -8,7 +8,7 @@ import torch
 from framework.config import ConfigError
 from framework.interfaces import LayerPlan
 from framework.state import DecodeState
-from framework.testing import LengthControllerContract, random_prompt
+from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 
@@ -100,3 +100,35 @@ def test_max_length_caps_the_draft(llama_adapter, cap):
     # and the engine's max_tokens caps it too
     d2 = _draft(llama_adapter, 1e-9, 8, max_tokens=cap)
     assert d2.length == cap
+
+
+# ---- never-lose fallback -------------------------------------------------------------------------
+
+
+class TestConfidenceFallbackContract(LengthControllerContract):
+    def make(self):
+        return ConfidenceLength(
+            ConfidenceLengthConfig(threshold=0.3, max_length=6, fallback=True, fallback_probe=2)
+        )
+
+
+def test_fallback_gates_the_cap_not_the_stop_rule():
+    ctl = ConfidenceLength(
+        ConfidenceLengthConfig(threshold=0.5, max_length=6, fallback=True, fallback_probe=3)
+    )
+    ctl.gate.set_costs(synthetic_cost_model(4))
+    ctl.gate.plan = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])  # break-even alpha 0.65
+    ctl.gate.acc, ctl.gate.rej = 2.0, 8.0
+    assert ctl.max_length(None) == 0
+    assert ctl.should_continue(1, 0.9) and not ctl.should_continue(1, 0.4)  # unchanged
+    ctl.gate.acc, ctl.gate.rej = 9.0, 1.0
+    assert ctl.max_length(None) == 6
+    s = ctl.summary()["fallback"]
+    assert s["alpha"] == 0.9 and s["break_even_alpha"] == 0.65 and s["costs"] == "cost_model"
+
+
+def test_fallback_off_by_default():
+    ctl = ConfidenceLength()
+    assert ctl.gate is None and ctl.summary() == {}
+    with pytest.raises(ConfigError, match=r"^fallback_decay must be in \(0, 1\], got 0.0$"):
+        ConfidenceLengthConfig(fallback=True, fallback_decay=0.0)

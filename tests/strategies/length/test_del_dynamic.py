@@ -133,3 +133,37 @@ def test_bad_input():
         DelDynamicLengthConfig(decay=1.5)
     with pytest.raises(RuntimeError, match="del_dynamic controller needs draft confidences"):
         DelDynamicLength().should_continue(1, None)
+
+
+# ---- never-lose fallback -------------------------------------------------------------------------
+
+
+class TestDelDynamicFallbackContract(LengthControllerContract):
+    def make(self):
+        return DelDynamicLength(DelDynamicLengthConfig(fallback=True, fallback_probe=2))
+
+
+class TestDelDynamicOwnFallbackContract(LengthControllerContract):
+    def make(self):
+        cfg = DelDynamicLengthConfig(use_selector_hint=False, max_length=5, fallback=True, fallback_probe=2)
+        return DelDynamicLength(cfg)
+
+
+def test_fallback_gates_the_hint_and_leaves_its_zero_alone():
+    from framework.testing import synthetic_cost_model
+
+    length = DelDynamicLength(DelDynamicLengthConfig(fallback=True, fallback_probe=4))
+    length.gate.set_costs(synthetic_cost_model(4))
+    exit2 = LayerPlan.from_indices(4, exit_layer=2)  # 0.1 + 2 * 0.225 = 0.55 steps
+    length.gate.plan = exit2
+    length.gate.acc, length.gate.rej = 1.0, 9.0  # alpha 0.1: drafting does not pay
+    hint = _State(LengthHint(max_length=7, threshold=0.5))
+    assert length.max_length(hint) == 0  # the gate declines the selector's 7
+    _round(length, [], 0)
+    assert length.max_length(_State(LengthHint(max_length=0, threshold=0.5))) == 0  # the selector's own 0
+    _round(length, [], 0)
+    s = length.summary()
+    assert s["no_draft_rounds"] == 1 and s["fallback"]["declined"] == 1 and s["fallback"]["rounds"] == 2
+    assert length.gate.plan == exit2  # empty drafts do not change the costed plan
+    length.gate.acc, length.gate.rej = 9.0, 1.0
+    assert length.max_length(hint) == 7

@@ -223,3 +223,36 @@ def test_in_decoder_follows_rule_and_stays_lossless(deep_adapters):
     assert generated == max_new
     assert len({d for d, _ in spy.rounds}) > 1, "the length never changed: the test is vacuous"
     assert res.strategy_summary["length"]["k"] == replay.max_length(None)
+
+
+# ---- never-lose fallback -------------------------------------------------------------------------
+
+
+class TestFiniteStateFallbackContract(LengthControllerContract):
+    def make(self):
+        return FiniteStateLength(FiniteStateLengthConfig(k_init=3, k_max=6, fallback=True, fallback_probe=2))
+
+
+def test_declines_keep_k_and_probes_move_it():
+    from framework.testing import synthetic_cost_model
+
+    cfg = FiniteStateLengthConfig(k_init=4, fallback=True, fallback_probe=2, fallback_probe_max=2)
+    ctl = FiniteStateLength(cfg)
+    assert ctl.gate.lengths == "exact"  # FS drafts exactly K
+    ctl.gate.set_costs(synthetic_cost_model(4))
+    cheap = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])
+    got, ks = [], []
+    for accepted_all in (False, False, False, False, False, False, True):
+        n = ctl.max_length(None)
+        got.append(n)
+        m = n if accepted_all else 0
+        ctl.observe(
+            Draft(torch.zeros(1, n, dtype=torch.long), cheap),
+            Verification(torch.tensor([m]), torch.zeros(1, m + 1, dtype=torch.long)),
+        )
+        ks.append(ctl.k)
+    # K=4 rejected -> 3; two declines keep 3; a 1-token probe rejected -> 2; declines; probe accepted -> 3
+    assert got == [4, 0, 0, 1, 0, 0, 1]
+    assert ks == [3, 3, 3, 2, 2, 2, 3]
+    assert ctl.summary()["fallback"]["probes"] == 2
+    assert ctl.summary()["rounds_observed"] == 3

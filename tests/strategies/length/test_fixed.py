@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from framework.config import ConfigError
-from framework.testing import LengthControllerContract
+from framework.interfaces import Draft, LayerPlan, Verification
+from framework.testing import LengthControllerContract, synthetic_cost_model
+from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 
 
@@ -37,3 +40,61 @@ def test_constant_k_and_never_stops_early(k):
     assert ctl.max_length(None) == k
     assert all(ctl.should_continue(i, None) for i in range(1, k + 3))
     assert FixedLength().config.k == 4
+
+
+# ---- never-lose fallback -------------------------------------------------------------------------
+
+
+class TestFixedFallbackContract(LengthControllerContract):
+    def make(self):
+        return FixedLength(FixedLengthConfig(k=3, fallback=True, fallback_probe=2))
+
+
+_CHEAP = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])  # 0.55 steps on the synthetic costs
+
+
+def _observe(ctl, k: int, m: int) -> None:
+    ctl.observe(
+        Draft(torch.zeros(1, k, dtype=torch.long), _CHEAP),
+        Verification(torch.tensor([m]), torch.zeros(1, m + 1, dtype=torch.long)),
+    )
+
+
+def test_fallback_off_by_default_and_summary_empty():
+    ctl = FixedLength()
+    assert ctl.config.fallback is False and ctl.gate is None and ctl.summary() == {}
+
+
+def test_fallback_declines_probes_and_reports():
+    ctl = FixedLength(FixedLengthConfig(k=3, fallback=True, fallback_probe=2, fallback_probe_max=2))
+    ctl.gate.set_costs(synthetic_cost_model(4))
+    ctl.reset()
+    got = []
+    for _ in range(7):
+        k = ctl.max_length(None)
+        got.append(k)
+        _observe(ctl, k, 0)
+    assert got == [3, 0, 0, 1, 0, 0, 1]
+    s = ctl.summary()["fallback"]
+    assert (s["rounds"], s["declined"], s["probes"], s["alpha"]) == (7, 4, 2, 0.0)
+
+
+def test_fallback_values_k_itself_unlike_a_controller_that_stops_early():
+    """alpha 0.7: drafting 1 token pays (1.7 / 1.65), drafting 3 does not (2.533 / 2.95)."""
+    costs = synthetic_cost_model(4)
+    assert costs.expected_speedup(0.7, 1, _CHEAP) > 1 > costs.expected_speedup(0.7, 3, _CHEAP)
+    fixed = FixedLength(FixedLengthConfig(k=3, fallback=True))
+    conf = ConfidenceLength(ConfidenceLengthConfig(max_length=3, fallback=True))
+    for ctl in (fixed, conf):
+        ctl.gate.set_costs(costs)
+        ctl.gate.plan = _CHEAP
+        ctl.gate.acc, ctl.gate.rej = 7.0, 3.0
+    assert fixed.max_length(None) == 0
+    assert conf.max_length(None) == 3
+
+
+def test_bad_fallback_option_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"^fallback_probe must be an integer in \[1, 1024\], got 0$"):
+        FixedLengthConfig(fallback=True, fallback_probe=0)
+    with pytest.raises(ConfigError, match=r"^fallback_margin must be in \[-0.5, 0.5\], got 0.9$"):
+        FixedLengthConfig(fallback=True, fallback_margin=0.9)

@@ -1,0 +1,13 @@
+"""Hyper-parameter sweeps with or without a W&B server (see ``framework.sweep`` and
+``docs/howto/sweeps.md``).
+
+    python experiments/sweep.py experiments/sweeps/static.yaml [--count N] [--out DIR] [--dry-run]
+    wandb sweep experiments/sweeps/static.yaml && wandb agent ENTITY/PROJECT/SWEEP_ID
+"""
+
+import sys
+
+from framework.sweep import main
+
+if __name__ == "__main__":
+    sys.exit(main())
