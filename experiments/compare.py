@@ -42,7 +42,7 @@ def ceilings(runs: dict[str, list[dict]], cost: CostModel, category: str) -> lis
         for name, m in agg.items():
             if name == "vanilla" or base is None or not base.mean_tokens_per_s:
                 continue
-            pred = cost_model_prediction(cost, m.acceptance_rate, m.skip_ratio)
+            pred = cost_model_prediction(cost, m.acceptance_rate, m.skip_ratio, m.forwards_per_draft_token)
             measured = m.mean_tokens_per_s / base.mean_tokens_per_s
             out.append(
                 f"- {label}: measured {measured:.3f}x; cost model at alpha {pred['alpha']:.3f}, skip ratio "

@@ -40,6 +40,7 @@ soon as the prompt is done), ``bench.md`` (machine, versions, command and the ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -56,10 +57,12 @@ from typing import Any
 
 import torch
 
+from framework import kernels as fast_kernels
 from framework.config import ConfigError, check_range, param
 from framework.data import Prompt, load_prompts
 from framework.decoding import GenerationResult, StopCondition
 from framework.metrics import aggregate, cost_model_prediction
+from framework.runner import turn_record
 
 BASELINE = "vanilla"
 #: The Hugging Face ``generate`` methods and what they run.
@@ -154,6 +157,10 @@ class BenchConfig:
     prompt_lookup_num_tokens: int = param(10, help="hf_prompt_lookup: candidate tokens per lookup")
     max_matching_ngram_size: int | None = param(None, help="hf_prompt_lookup: n-gram size (HF default 2)")
     early_exit_layer: int | None = param(None, help="hf_early_exit: E (default round(0.8 L))")
+    hf_kernels: bool = param(
+        False,
+        help="let the HF methods use this framework's CPU kernels too (default: stock PyTorch, as users run them)",
+    )
     cost_model: str = param("measure", help="'measure', 'none', or a CostModel / skip-set JSON file")
     skip_set: str | None = param(None, help="--skip-set for presets whose selector takes one (selfsd)")
     preset_args: tuple[tuple[str, str], ...] = param((), help="(method, extra run.py flags) pairs")
@@ -235,6 +242,8 @@ class HFGenerateDecoder:
         method: ``hf_generate``, ``hf_prompt_lookup`` or ``hf_early_exit``.
         prompt_lookup_num_tokens / max_matching_ngram_size: prompt lookup's settings.
         early_exit_layer: E of ``hf_early_exit``.
+        kernels: run ``generate`` with this framework's CPU kernels in place (`framework.kernels`);
+            by default they are taken out for the call, so that HF runs as users run it.
 
     The round statistics of the assisted methods (candidates proposed, matches per round) are read
     from HF's candidate generator, wrapped for the call. HF's first round is also the prefill; as
@@ -250,6 +259,7 @@ class HFGenerateDecoder:
         prompt_lookup_num_tokens: int = 10,
         max_matching_ngram_size: int | None = None,
         early_exit_layer: int | None = None,
+        kernels: bool = False,
     ) -> None:
         if method not in HF_METHODS:
             raise ValueError(f"unknown HF method {method!r}; choose from {', '.join(HF_METHODS)}")
@@ -270,6 +280,7 @@ class HFGenerateDecoder:
                 )
             extra["assistant_early_exit"] = e
         self.extra = extra
+        self.kernels = kernels
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.extra.items()) or "greedy"
@@ -296,13 +307,14 @@ class HFGenerateDecoder:
         model.generation_config = neutral_generation_config()
         sync = torch.cuda.synchronize if prompt_ids.device.type == "cuda" else (lambda: None)
         try:
-            sync()
-            t0 = time.perf_counter()
-            out = model.generate(
-                prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=gen_cfg
-            )
-            sync()
-            wall = time.perf_counter() - t0
+            with contextlib.nullcontext() if self.kernels else fast_kernels.stock(model):
+                sync()
+                t0 = time.perf_counter()
+                out = model.generate(
+                    prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=gen_cfg
+                )
+                sync()
+                wall = time.perf_counter() - t0
         finally:
             model.generation_config = saved_gen_cfg
             base_model.config.num_hidden_layers = saved_layers  # HF's early exit sets it per round
@@ -448,25 +460,7 @@ def _record(
         "subcategory": prompt.subcategory,
         "method": spec.label,
         "kind": spec.kind,
-        "turns": [
-            {
-                "tokens": r.tokens,
-                "text": text,
-                "new_tokens": r.new_tokens,
-                "wall_time": r.wall_time,
-                "stop_reason": r.stop_reason,
-                "accept_lengths": r.accept_lengths,
-                "draft_lengths": r.draft_lengths,
-                "drafted": r.drafted,
-                "accepted": r.accepted,
-                "skip_ratios": r.skip_ratios,
-                "plans": getattr(r, "plans", []),
-                "exit_layers": getattr(r, "exit_layers", []),
-                "timings": r.timings,
-                "strategy_summary": r.strategy_summary,
-            }
-            for r, text in turns
-        ],
+        "turns": [turn_record(r, text) for r, text in turns],
         "new_tokens": new_tokens,
         "wall_time": wall,
         "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
@@ -552,6 +546,7 @@ def run_benchmark(
                 prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
                 max_matching_ngram_size=cfg.max_matching_ngram_size,
                 early_exit_layer=cfg.early_exit_layer,
+                kernels=cfg.hf_kernels,
             )
         elif s.kind == "custom":
             exps[s.label], decoders[s.label] = base, (custom or {})[s.label]
@@ -728,7 +723,9 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         }
         kind = mine[0].get("kind") if mine else None
         if cost is not None and stats and stats.drafted and kind == "preset":
-            entry["cost_model"] = cost_model_prediction(cost, stats.acceptance_rate, stats.skip_ratio)
+            entry["cost_model"] = cost_model_prediction(
+                cost, stats.acceptance_rate, stats.skip_ratio, stats.forwards_per_draft_token
+            )
         out[method] = entry
     return {"categories": cats, "methods": out, "repeats": len(repeats)}
 
@@ -933,6 +930,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--early-exit-layer", type=int, default=None, help="hf_early_exit's layer E (default round(0.8 L))"
     )
     p.add_argument(
+        "--hf-kernels",
+        action="store_true",
+        help="run the HF methods with this framework's CPU kernels too (default: stock PyTorch, as users run them)",
+    )
+    p.add_argument(
         "--cost-model",
         default="measure",
         help="'measure' (default, ~15 s; saved as <out>/cost_model.json), 'none', or a CostModel / selfsd "
@@ -978,6 +980,7 @@ def config_from_args(args: argparse.Namespace, command: str = "") -> BenchConfig
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
         max_matching_ngram_size=args.max_matching_ngram_size,
         early_exit_layer=args.early_exit_layer,
+        hf_kernels=args.hf_kernels,
         cost_model=args.cost_model,
         skip_set=args.skip_set,
         preset_args=tuple(pairs),

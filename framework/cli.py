@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument(
+        "--no-kernels",
+        dest="kernels",
+        action="store_false",
+        help="stock PyTorch instead of the batch-invariant CPU kernels (float32 on CPU; also SELFSPEC_KERNEL=0)",
+    )
     g = p.add_argument_group("data")
     g.add_argument("--data", default=None, help="Spec-Bench-format JSONL (default: the built-in suite)")
     g.add_argument("--categories", default="", help="comma-separated categories to keep (e.g. mt_bench,qa)")
@@ -206,6 +212,7 @@ def config_from_args(args: argparse.Namespace):
         threads=args.threads,
         stop_strings=tuple(args.stop),
         resume=args.resume,
+        kernels=args.kernels,
         logger=args.logger,
         wandb_project=args.wandb_project,
         plots=args.plots,

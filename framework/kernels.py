@@ -19,7 +19,8 @@ What: two small C++ kernels, compiled on first use with ``torch.utils.cpp_extens
 With both in place (`install`), and with the elementwise and row-wise PyTorch ops of the model
 (RMSNorm, RoPE, SiLU, residual adds) being row-invariant already, a verification forward over T
 tokens gives bit-identical logits to T successive one-token steps, so greedy speculative decoding
-reproduces greedy decoding exactly, in float32, by construction.
+reproduces greedy decoding exactly, in float32, by construction (for T <= `MAX_ROWS`; a longer
+forward, in practice only a long prompt's prefill, takes the BLAS path).
 
 How it plugs in: `install(model)` changes the class of the model's ``nn.Linear`` modules to
 `FastLinear` (same parameters, no copies; tied embeddings stay tied) and switches the model's
@@ -39,6 +40,7 @@ is used.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -46,6 +48,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -513,12 +516,6 @@ def isa() -> str | None:
     return None if ext is None else ext.isa
 
 
-def _reset_for_tests() -> None:
-    """Forget the loaded kernels so that the next `load_extension` tries again (tests only)."""
-    global _ext, _tried, unavailable_reason
-    _ext, _tried, unavailable_reason = None, False, None
-
-
 # ------------------------------------------------------------------------------------------
 # The ops
 # ------------------------------------------------------------------------------------------
@@ -843,3 +840,16 @@ def uninstall(model: nn.Module) -> None:
     if before is not None and getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
         model.set_attn_implementation(before)
     delattr(model, _INSTALLED)
+
+
+@contextlib.contextmanager
+def stock(model: nn.Module) -> Iterator[None]:
+    """The stock PyTorch modules inside the block, the kernels again after it (if they were
+    installed): e.g. to time Hugging Face's own ``generate`` as users run it."""
+    was = is_installed(model)
+    uninstall(model)
+    try:
+        yield
+    finally:
+        if was:
+            install(model)

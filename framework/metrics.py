@@ -35,6 +35,8 @@ class MethodStats:
     committed: int = 0
     drafted: int = 0
     accepted: int = 0
+    draft_forwards: int = 0
+    draft_forwards_known: bool = True
     skip_ratio_sum: float = 0.0
     skip_rounds: int = 0
     lossless: int = 0
@@ -51,6 +53,10 @@ class MethodStats:
         self.drafted += rec["drafted"]
         self.accepted += rec["accepted"]
         for t in rec["turns"]:
+            if "draft_forwards" in t:
+                self.draft_forwards += t["draft_forwards"]
+            else:  # records of HF methods or older files
+                self.draft_forwards_known = False
             self.skip_ratio_sum += sum(t.get("skip_ratios", []))
             self.skip_rounds += len(t.get("skip_ratios", []))
         if rec.get("lossless") is not None:
@@ -70,6 +76,14 @@ class MethodStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def forwards_per_draft_token(self) -> float:
+        """Draft forwards per drafted token: 1 for a model draft, 0 for a copy (prompt lookup),
+        in between for a drafter that mixes both (hybrid); 1 when the records do not say."""
+        if not self.drafted or not self.draft_forwards_known:
+            return 1.0
+        return self.draft_forwards / self.drafted
 
     @property
     def skip_ratio(self) -> float:
@@ -140,22 +154,31 @@ def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str
     return "\n".join(rows)
 
 
-def cost_model_prediction(cost: Any, acceptance_rate: float, skip_ratio: float) -> dict[str, Any]:
+def cost_model_prediction(
+    cost: Any, acceptance_rate: float, skip_ratio: float, forwards_per_token: float = 1.0
+) -> dict[str, Any]:
     """What a `CostModel` predicts for a measured acceptance rate and skip ratio.
 
     The measured skip ratio becomes a plan skipping that many sub-layers (only the count matters
     to the cost model); alpha is capped at 1 (a tree verifier can accept more than it "drafted").
+    ``forwards_per_token`` scales the draft step (`MethodStats.forwards_per_draft_token`): 0 prices
+    a drafter that runs no forward (prompt lookup) as free.
 
     Returns:
         ``{"alpha", "skip_ratio", "ceiling", "ceiling_k", "drafting", "drafting_k"}``: the best
         speedup over draft lengths ``k = 0..16`` (`CostModel.ceiling`; ``k = 0`` is plain decoding,
         1.0) and the best over ``k = 1..16`` (what drafting at all can reach).
     """
+    import dataclasses
+
     from framework.interfaces import LayerPlan
 
     n = cost.num_layers
     skipped = round(skip_ratio * 2 * n)
     plan = LayerPlan.from_indices(n, attn=range((skipped + 1) // 2), mlp=range(skipped // 2))
+    if forwards_per_token != 1.0:
+        f = max(0.0, forwards_per_token)
+        cost = dataclasses.replace(cost, base=cost.base * f, attn=cost.attn * f, mlp=cost.mlp * f)
     alpha = min(1.0, acceptance_rate)
     ceiling, k = cost.ceiling(alpha, plan)
     drafting, k_draft = max((cost.expected_speedup(alpha, j, plan), j) for j in range(1, 17))

@@ -198,8 +198,9 @@ class ModelAdapter(ABC):
         make each position's logits bit-identical whatever the number of tokens in the forward
         (so greedy verification reproduces plain greedy decoding exactly in float32). They apply to
         float32 tensors on a CPU; anything else takes the stock path, so the model keeps working
-        everywhere. The model itself is changed (its ``nn.Linear`` modules and attention
-        implementation, parameters untouched): every adapter and ``model.generate`` see it.
+        everywhere. The model itself is changed (the classes of its ``nn.Linear`` and RMSNorm
+        modules and its attention implementation; parameters untouched): every adapter and
+        ``model.generate`` see it.
 
         Args:
             enabled: ``True`` installs, ``False`` restores the stock modules, ``None`` installs for

@@ -82,6 +82,7 @@ class RunConfig:
     stop_strings: tuple[str, ...] = param((), help="extra strings that end a turn")
     name: str | None = param(None, help="method name in the results (default selector+length)")
     baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
+    kernels: bool = param(True, help="the batch-invariant CPU kernels (framework.kernels) for float32 on CPU")
     logger: str = param("none", help="wandb (offline without an API key), csv or none")
     wandb_project: str = param("selfspec", help="W&B project of --logger wandb")
     plots: bool = param(True, help="save PNG plots in the run directory (and log them)")
@@ -135,7 +136,8 @@ def build_decoder(adapter: ModelAdapter, cfg: RunConfig) -> SpeculativeDecoder:
     )
 
 
-def _turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
+def turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
+    """One turn of a results record (the fields every JSONL record of a run and a benchmark has)."""
     return {
         "tokens": res.tokens,
         "text": text,
@@ -163,7 +165,7 @@ def _prompt_record(prompt: Prompt, name: str, results: list, lossless: bool | No
         "category": prompt.category,
         "subcategory": prompt.subcategory,
         "method": name,
-        "turns": [_turn_record(r, t) for r, t in results],
+        "turns": [turn_record(r, t) for r, t in results],
         "new_tokens": sum(r.new_tokens for r, _ in results),
         "wall_time": sum(r.wall_time for r, _ in results),
         "accept_lengths": [a for r, _ in results for a in r.accept_lengths],
@@ -194,7 +196,7 @@ class Experiment:
 
             model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
         self.model, self.tokenizer = model, tokenizer
-        self.adapter = adapter_for(model)
+        self.adapter = adapter_for(model, fast_kernels=None if cfg.kernels else False)
         self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.prepare_ctx = PrepareContext(
             adapter=self.adapter,

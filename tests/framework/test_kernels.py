@@ -197,9 +197,14 @@ def test_attention_rows_bit_identical_to_single_queries():
     h, hkv, d, base, t = 9, 3, 64, 37, 8
     module = _Attn(h // hkv)
     q, k, v = _qkv(1, h, hkv, t, base + t, d, seed=7)
-    chain, _ = kernels.attention(
-        module, q, k, v, _additive(_prefix_allowed(t, base))[None, None], scaling=0.125
-    )
+    mask = _additive(_prefix_allowed(t, base))[None, None]
+    chain, _ = kernels.attention(module, q, k, v, mask, scaling=0.125)
+    threads = torch.get_num_threads()
+    try:  # the rows split over two threads: the same bits
+        torch.set_num_threads(2)
+        assert torch.equal(kernels.attention(module, q, k, v, mask, scaling=0.125)[0], chain)
+    finally:
+        torch.set_num_threads(threads)
     parents = [-1, 0, 0, 1, 2, 2, 3, 6]
     tree = torch.eye(t, dtype=torch.bool)
     for j, p in enumerate(parents):
@@ -267,6 +272,20 @@ def test_install_shares_weights_and_uninstall_restores():
     with torch.inference_mode():
         stock = model(ids).logits
     torch.testing.assert_close(fast, stock, rtol=1e-4, atol=1e-4)
+
+
+def test_stock_context_takes_the_kernels_out_for_the_block():
+    model = tiny_model("llama", 2, dtype=torch.float32)
+    kernels.install(model)
+    with kernels.stock(model):
+        assert not kernels.is_installed(model)
+        assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
+        assert model.config._attn_implementation == "sdpa"
+    assert kernels.is_installed(model) and model.config._attn_implementation == kernels.ATTN_IMPLEMENTATION
+    kernels.uninstall(model)
+    with kernels.stock(model):  # nothing installed: nothing to restore afterwards
+        pass
+    assert not kernels.is_installed(model)
 
 
 def test_fused_rms_norm_only_where_bit_identical():

@@ -101,3 +101,11 @@ def test_cost_model_prediction_at_a_measured_alpha():
     assert pred["ceiling"] == pytest.approx(1.0) and pred["ceiling_k"] == 0
     assert pred["drafting_k"] == 1 and pred["drafting"] == pytest.approx((1 + 2 / 3) / (0.82 + 1.1))
     assert cost_model_prediction(cost, 1.3, 0.2)["alpha"] == 1.0  # a tree can "accept" more than drafted
+    # A drafter without forwards (prompt lookup) drafts for free: only verification is paid.
+    free = cost_model_prediction(cost, 2 / 3, 0.2, forwards_per_token=0.0)
+    assert free["drafting_k"] == 1 or free["ceiling"] > 1.0
+    assert free["drafting"] == pytest.approx(
+        max((1 - (2 / 3) ** (k + 1)) / (1 - 2 / 3) / cost.verify(k + 1) * cost.step for k in range(1, 17))
+    )
+    half = cost_model_prediction(cost, 2 / 3, 0.2, forwards_per_token=0.5)
+    assert half["drafting"] == pytest.approx((1 + 2 / 3) / (0.41 + 1.1))
