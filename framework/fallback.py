@@ -36,11 +36,12 @@ usually accept alike); the per-generation counters of `DraftGate.summary` restar
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from abc import abstractmethod
+from typing import Any, ClassVar, Literal
 
 from framework.config import check_choice, check_range, param
 from framework.cost_model import CostModel
-from framework.interfaces import Draft, LayerPlan, PrepareContext, Verification
+from framework.interfaces import Draft, LayerPlan, LengthController, PrepareContext, Verification
 
 #: The shared config fields of every gated controller: ``{name: (default, help)}``. A controller
 #: declares them with `fallback_param` and validates them with `check_fallback`.
@@ -450,3 +451,44 @@ __all__ = [
     "gate_value",
     "speedups",
 ]
+
+
+class GatedLengthController(LengthController):
+    """A `LengthController` with the never-lose gate built in (its config carries the
+    `fallback_param` fields and calls `check_fallback`).
+
+    A subclass implements `proposed_length` (the length it would draft) instead of ``max_length``;
+    the gate turns that into 0 for rounds that do not pay. Subclasses that override ``reset``,
+    ``observe`` or ``summary`` call ``super()`` (the gate's share), and ``gate_lengths`` says what
+    the gate values: ``"upto"`` (the controller may stop early: the best ``k <= K``) or ``"exact"``
+    (it always drafts ``K``).
+    """
+
+    gate_lengths: ClassVar[Literal["upto", "exact"]] = "upto"
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.gate = DraftGate.from_config(self.config, lengths=self.gate_lengths)
+
+    @abstractmethod
+    def proposed_length(self, state: Any) -> int:
+        """The draft length of the next round before the gate (0 = do not draft)."""
+
+    def max_length(self, state: Any) -> int:
+        k = self.proposed_length(state)
+        return k if self.gate is None else self.gate.limit(state, k)
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        if self.gate is not None:
+            self.gate.prepare(ctx)
+
+    def reset(self) -> None:
+        if self.gate is not None:
+            self.gate.reset()
+
+    def observe(self, draft: Draft, result: Verification) -> None:
+        if self.gate is not None:
+            self.gate.observe(draft, result)
+
+    def summary(self) -> dict[str, Any]:
+        return {} if self.gate is None else {"fallback": self.gate.summary()}

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from framework.config import check_choice, check_range, param
-from framework.fallback import DraftGate, check_fallback, fallback_param
-from framework.interfaces import Draft, LengthController, PrepareContext, Verification
+from framework.fallback import GatedLengthController, check_fallback, fallback_param
+from framework.interfaces import Draft, Verification
 from framework.registry import register_length
 from strategies.length.confidence import continue_above
 
@@ -64,7 +64,7 @@ class AdaptiveConfidenceLengthConfig:
 
 
 @register_length("adaptive_confidence", config=AdaptiveConfidenceLengthConfig)
-class AdaptiveConfidenceLength(LengthController):
+class AdaptiveConfidenceLength(GatedLengthController):
     """Stop drafting below a confidence threshold that adapts so the acceptance rate tracks a target.
 
     Draft & Verify's adaptive draft-exit rule (Zhang et al., ACL 2024, §3.4 and App. B). Drafting
@@ -96,7 +96,6 @@ class AdaptiveConfidenceLength(LengthController):
         self._gamma = float(self.config.exit_threshold)
         self._ar = 0.0
         self._updates = 0
-        self.gate = DraftGate.from_config(self.config)
 
     @property
     def gamma(self) -> float:
@@ -113,23 +112,16 @@ class AdaptiveConfidenceLength(LengthController):
             self._gamma = float(self.config.exit_threshold)
         self._ar = 0.0
         self._updates = 0
-        if self.gate is not None:
-            self.gate.reset()
+        super().reset()
 
-    def prepare(self, ctx: PrepareContext) -> None:
-        if self.gate is not None:
-            self.gate.prepare(ctx)
-
-    def max_length(self, state) -> int:
-        k = self.config.max_length
-        return k if self.gate is None else self.gate.limit(state, k)
+    def proposed_length(self, state) -> int:
+        return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         return continue_above(self._gamma, drafted, confidence, self.config.max_length, "adaptive_confidence")
 
     def observe(self, draft: Draft, result: Verification) -> None:
-        if self.gate is not None:
-            self.gate.observe(draft, result)
+        super().observe(draft, result)
         cfg = self.config
         drafted = draft.length
         if drafted == 0:
@@ -148,7 +140,4 @@ class AdaptiveConfidenceLength(LengthController):
         self._gamma = min(GAMMA_MAX, max(GAMMA_MIN, gamma))
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"gamma": self._gamma, "accept_rate": self._ar, "updates": self._updates}
-        if self.gate is not None:
-            out["fallback"] = self.gate.summary()
-        return out
+        return {"gamma": self._gamma, "accept_rate": self._ar, "updates": self._updates, **super().summary()}

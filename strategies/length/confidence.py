@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from framework.config import check_range, param
-from framework.fallback import DraftGate, check_fallback, fallback_param
-from framework.interfaces import Draft, LengthController, PrepareContext, Verification
+from framework.fallback import GatedLengthController, check_fallback, fallback_param
 from framework.registry import register_length
 
 
@@ -43,7 +41,7 @@ def continue_above(
 
 
 @register_length("confidence", config=ConfidenceLengthConfig)
-class ConfidenceLength(LengthController):
+class ConfidenceLength(GatedLengthController):
     """Stop drafting when the draft's top-1 probability falls below a fixed threshold.
 
     SWIFT's confidence early stopping (eps = 0.8 there) and Draft & Verify's draft-exit rule
@@ -57,28 +55,8 @@ class ConfidenceLength(LengthController):
 
     needs_confidence = True
 
-    def __init__(self, config: ConfidenceLengthConfig | None = None) -> None:
-        super().__init__(config)
-        self.gate = DraftGate.from_config(self.config)
-
-    def prepare(self, ctx: PrepareContext) -> None:
-        if self.gate is not None:
-            self.gate.prepare(ctx)
-
-    def reset(self) -> None:
-        if self.gate is not None:
-            self.gate.reset()
-
-    def max_length(self, state) -> int:
-        k = self.config.max_length
-        return k if self.gate is None else self.gate.limit(state, k)
-
-    def observe(self, draft: Draft, result: Verification) -> None:
-        if self.gate is not None:
-            self.gate.observe(draft, result)
-
-    def summary(self) -> dict[str, Any]:
-        return {} if self.gate is None else {"fallback": self.gate.summary()}
+    def proposed_length(self, state) -> int:
+        return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         c = self.config

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework.config import check_choice, check_range, param
-from framework.fallback import DraftGate, check_fallback, fallback_param
-from framework.interfaces import Draft, LengthController, PrepareContext, Verification
+from framework.fallback import GatedLengthController, check_fallback, fallback_param
+from framework.interfaces import Draft, Verification
 from framework.registry import register_length
 from strategies.length.confidence import continue_above
 
@@ -50,7 +50,7 @@ class DelDynamicLengthConfig:
 
 
 @register_length("del_dynamic", config=DelDynamicLengthConfig)
-class DelDynamicLength(LengthController):
+class DelDynamicLength(GatedLengthController):
     """Stop drafting below DEL's dynamic threshold; draft length from the selector when it has one.
 
     DEL (Entezari Zarch et al., 2025, §4.3): the threshold of exit layer l is the midpoint between
@@ -78,7 +78,6 @@ class DelDynamicLength(LengthController):
 
     def __init__(self, config: DelDynamicLengthConfig | None = None) -> None:
         super().__init__(config)
-        self.gate = DraftGate.from_config(self.config)
         self.reset()
 
     def reset(self) -> None:
@@ -88,12 +87,7 @@ class DelDynamicLength(LengthController):
         self._source = "own"
         self._rounds = {"selector": 0, "own": 0}
         self._no_draft = 0
-        if self.gate is not None:
-            self.gate.reset()
-
-    def prepare(self, ctx: PrepareContext) -> None:
-        if self.gate is not None:
-            self.gate.prepare(ctx)
+        super().reset()
 
     @property
     def threshold(self) -> float:
@@ -108,7 +102,7 @@ class DelDynamicLength(LengthController):
         mismatched = self._fcs / self._f if self._f > 1e-12 else 0.0
         return min(1.0, max(0.0, 0.5 * (matched + mismatched)))
 
-    def max_length(self, state) -> int:
+    def proposed_length(self, state) -> int:
         hint = getattr(state, "length_hint", None)
         if self.config.use_selector_hint and hint is not None:
             self._cap = max(0, min(int(hint.max_length), 64))
@@ -121,7 +115,7 @@ class DelDynamicLength(LengthController):
         self._rounds[self._source] += 1
         if self._cap == 0:
             self._no_draft += 1
-        return self._cap if self.gate is None else self.gate.limit(state, self._cap)
+        return self._cap
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         if not self.config.stop_on_confidence:
@@ -129,8 +123,7 @@ class DelDynamicLength(LengthController):
         return continue_above(self._tau, drafted, confidence, max(self._cap, 1), "del_dynamic")
 
     def observe(self, draft: Draft, result: Verification) -> None:
-        if self.gate is not None:
-            self.gate.observe(draft, result)
+        super().observe(draft, result)
         k = draft.length
         if k == 0 or draft.confidences is None:
             return
@@ -153,6 +146,4 @@ class DelDynamicLength(LengthController):
             "rounds_own": self._rounds["own"],
             "no_draft_rounds": self._no_draft,
         }
-        if self.gate is not None:
-            out["fallback"] = self.gate.summary()
-        return out
+        return {**out, **super().summary()}

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework.config import check_range, param
-from framework.fallback import DraftGate, check_fallback, fallback_param
-from framework.interfaces import Draft, LengthController, PrepareContext, Verification
+from framework.fallback import GatedLengthController, check_fallback, fallback_param
+from framework.interfaces import Draft, Verification
 from framework.registry import register_length
 
 
@@ -42,7 +42,7 @@ class FiniteStateLengthConfig:
 
 
 @register_length("finite_state", config=FiniteStateLengthConfig)
-class FiniteStateLength(LengthController):
+class FiniteStateLength(GatedLengthController):
     """Draft K tokens, then K+1 after a fully accepted round and K-1 after a rejection, within bounds.
 
     The finite-state draft-length controller of Liu et al. (2025), the FS(E-gamma) baseline of DEL
@@ -58,12 +58,13 @@ class FiniteStateLength(LengthController):
     is unchanged by declined rounds and moves by the usual rule after the gate's short probes.
     """
 
+    # FS drafts exactly K (no early stop): the gate values drafting K, not the best k <= K.
+    gate_lengths = "exact"
+
     def __init__(self, config: FiniteStateLengthConfig | None = None) -> None:
         super().__init__(config)
         self._k = self.config.k_init
         self._rounds = 0
-        # FS drafts exactly K (no early stop): the gate values drafting K, not the best k <= K.
-        self.gate = DraftGate.from_config(self.config, lengths="exact")
 
     @property
     def k(self) -> int:
@@ -74,19 +75,13 @@ class FiniteStateLength(LengthController):
         if not self.config.carry_across_prompts:
             self._k = self.config.k_init
         self._rounds = 0
-        if self.gate is not None:
-            self.gate.reset()
+        super().reset()
 
-    def prepare(self, ctx: PrepareContext) -> None:
-        if self.gate is not None:
-            self.gate.prepare(ctx)
-
-    def max_length(self, state) -> int:
-        return self._k if self.gate is None else self.gate.limit(state, self._k)
+    def proposed_length(self, state) -> int:
+        return self._k
 
     def observe(self, draft: Draft, result: Verification) -> None:
-        if self.gate is not None:
-            self.gate.observe(draft, result)
+        super().observe(draft, result)
         drafted = draft.length
         if drafted == 0:
             return
@@ -95,7 +90,4 @@ class FiniteStateLength(LengthController):
         self._rounds += 1
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"k": self._k, "rounds_observed": self._rounds}
-        if self.gate is not None:
-            out["fallback"] = self.gate.summary()
-        return out
+        return {"k": self._k, "rounds_observed": self._rounds, **super().summary()}
