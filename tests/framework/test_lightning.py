@@ -12,7 +12,6 @@ import pytest
 
 from framework.config import ConfigError
 from framework.lightning import append_records, prompt_key
-from framework.registry import load_builtin_strategies
 from framework.runner import Experiment, RunConfig, StrategySpec, read_records, run
 from framework.testing import tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
@@ -20,12 +19,6 @@ from strategies.selectors.static import StaticSelectorConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 128
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    load_builtin_strategies()
-    return tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256), tiny_tokenizer()
 
 
 @pytest.fixture

@@ -7,19 +7,11 @@ import json
 import pytest
 
 from framework.config import ConfigError
-from framework.registry import load_builtin_strategies
 from framework.runner import Experiment, RunConfig, StrategySpec, run
-from framework.testing import tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
 VOCAB = 128
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    load_builtin_strategies()
-    return tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256), tiny_tokenizer()
 
 
 @pytest.fixture

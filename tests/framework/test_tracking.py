@@ -10,18 +10,10 @@ import sys
 
 import pytest
 
-from framework.registry import load_builtin_strategies
 from framework.runner import RunConfig, StrategySpec, run
-from framework.testing import tiny_model, tiny_tokenizer
 from framework.tracking import prompt_metrics, round_rows, summary_metrics, wandb_mode
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    load_builtin_strategies()
-    return tiny_model("llama", num_layers=4, vocab_size=128, max_position_embeddings=256), tiny_tokenizer()
 
 
 @pytest.fixture
