@@ -333,7 +333,10 @@ class SpeculativeDecoder:
             t6 = clock()
             timings["select"] += t6 - t5
             self.length.observe(draft, result)
-            timings["length"] += clock() - t6
+            t7 = clock()
+            timings["length"] += t7 - t6
+            self.drafter.observe(draft, result)
+            timings["draft"] += clock() - t7
 
             m = result.accepted
             drafted += draft.length

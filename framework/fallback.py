@@ -19,8 +19,9 @@ or a short *probe* length. The decision rule (see ``docs/concepts.md``, "The nev
 3. **Decision.** Draft (return K) when the value is ``>= 1 - margin``; otherwise decline (return 0).
 4. **Probes.** While declining, every ``probe`` declined rounds one round drafts
    ``min(K, argmax_k S(k))`` tokens (the cheapest informative draft) so the estimate can recover.
-   A probe with a rejection that leaves the gate declining doubles the interval, up to
-   ``probe_max``; a fully accepted probe, or drafting again, resets it to ``probe``. When the plan
+   A probe that leaves the gate declining doubles the interval, up to ``probe_max`` (probing a
+   plan near break-even every few rounds costs more than it tells); a probe after which the gate
+   drafts, or drafting again, resets it to ``probe``. The interval carries across generations. When the plan
    cannot pay even at alpha = 1, the gate declines without probing. When the selector's plan
    changes while the gate declines (the empty draft of a declined round carries it), the next
    round is a probe, so a selector that finds a better plan (SWIFT, CLaSp) gets it tried.
@@ -287,13 +288,12 @@ class DraftGate:
         self.costs = costs
 
     def reset(self) -> None:
-        """Start a generation: counters restart; the acceptance statistics and the plan carry over."""
+        """Start a generation: counters restart; the acceptance statistics, the plan and the probe
+        interval carry over (the next generation is decoded by the same model and plan)."""
         self.rounds = 0
         self.declined = 0
         self.probes = 0
         self.calibration = 0
-        self.interval = self.probe
-        self.wait = self.probe
         self.mode = "draft"
 
     # ---- statistics ----------------------------------------------------------------------------
@@ -397,7 +397,7 @@ class DraftGate:
                 and alpha is not None
                 and self._value(costs, alpha, max(self._k, 1))[0] < 1.0 - self.margin
             )
-            if still and result.accepted < k:
+            if still:  # the probe did not change the decision: probe half as often
                 self.interval = min(2 * self.interval, self.probe_max)
             else:
                 self.interval = self.probe

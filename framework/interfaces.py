@@ -365,6 +365,10 @@ class Drafter(Strategy):
         bookkeeping) and call ``length.should_continue`` after each token.
         """
 
+    def observe(self, draft: Draft, result: Verification) -> None:  # noqa: B027
+        """Update after a verification (every round, also when the drafter was not asked to
+        draft: then ``draft`` is the decoder's empty draft)."""
+
 
 class Verifier(Strategy):
     """Accepts a prefix of the draft using one full forward pass of the target model."""

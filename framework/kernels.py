@@ -107,6 +107,13 @@ inline float vsum(vf a) {
   __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vclamp(vf a, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(a, vset(lo)), vset(hi)); }
+inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vexp2i(vf y, vf n) { return _mm512_scalef_ps(y, n); }  // y * 2^n, n integral
 constexpr int RMAX = 8, TILE = 12;  // up to 8 rows share a pass; 4 or 3 features per block
 constexpr int nb_for(int r) { return r <= 6 ? 4 : 3; }  // r * nb + nb + 1 <= 32 zmm registers
 const char* kIsa = "avx512";
@@ -128,6 +135,16 @@ inline float vsum(vf a) {
   __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vclamp(vf a, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(a, vset(lo)), vset(hi)); }
+inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vexp2i(vf y, vf n) {  // y * 2^n, n integral in [-127, 128]
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
 constexpr int RMAX = 4, TILE = 4;
 constexpr int nb_for(int r) { return r <= 2 ? 4 : 2; }  // r * nb + nb + 1 <= 16 ymm registers
 const char* kIsa = "avx2";
@@ -142,10 +159,52 @@ inline void vstore(float* p, vf a) { *p = a; }
 inline void vstore_n(float* p, vf a, int) { *p = a; }
 inline vf vfma(vf a, vf b, vf c) { return std::fma(a, b, c); }
 inline float vsum(vf a) { return a; }
+inline vf vadd(vf a, vf b) { return a + b; }
+inline vf vsub(vf a, vf b) { return a - b; }
+inline vf vmul(vf a, vf b) { return a * b; }
+inline vf vdiv(vf a, vf b) { return a / b; }
+inline vf vclamp(vf a, float lo, float hi) { return std::min(std::max(a, lo), hi); }
+inline vf vround(vf a) { return std::nearbyint(a); }
+inline vf vexp2i(vf y, vf n) { return std::ldexp(y, (int)n); }
 constexpr int RMAX = 4, TILE = 4;
 constexpr int nb_for(int) { return 4; }
 const char* kIsa = "scalar";
 #endif
+
+// exp(x) for float32 lanes, Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two
+// parts), exp(r) by a degree-7 polynomial, times 2^n. About 1 ulp; a fixed sequence of lane-wise
+// operations, so every lane's result depends on that lane's input only.
+inline vf vexp(vf x) {
+  x = vclamp(x, -87.3365f, 88.7228f);
+  const vf n = vround(vmul(x, vset(1.44269504088896341f)));
+  vf r = vfma(n, vset(-0.693359375f), x);
+  r = vfma(n, vset(2.12194440e-4f), r);
+  vf p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset(1.0f)));
+  return vexp2i(p, n);
+}
+
+// silu(g) * u over n elements, in place in g.
+inline void silu_mul(float* g, const float* u, int64_t n) {
+  int64_t j = 0;
+  const vf one = vset(1.0f), zero = vzero();
+  for (; j + VL <= n; j += VL) {
+    const vf gv = vload(g + j);
+    const vf s = vdiv(gv, vadd(one, vexp(vsub(zero, gv))));
+    vstore(g + j, vmul(s, vload(u + j)));
+  }
+  if (j < n) {
+    const int rem = (int)(n - j);
+    const vf gv = vload_n(g + j, rem);
+    const vf s = vdiv(gv, vadd(one, vexp(vsub(zero, gv))));
+    vstore_n(g + j, vmul(s, vload_n(u + j, rem)), rem);
+  }
+}
 
 inline int threads_for(int requested, int64_t work, int64_t min_work) {
   if (requested <= 1 || work < 2 * min_work) return 1;
@@ -326,12 +385,12 @@ void attend_row(const AttnArgs& a, int64_t b, int64_t h, int64_t t, float* score
     for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
     return;
   }
+  const vf vmx = vset(mx);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) vstore(scores + i, vexp(vsub(vload(scores + i), vmx)));
+  if (i < n) vstore_n(scores + i, vexp(vsub(vload_n(scores + i, (int)(n - i)), vmx)), (int)(n - i));
   float total = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float p = std::exp(scores[i] - mx);
-    scores[i] = p;
-    total += p;
-  }
+  for (i = 0; i < n; ++i) total += scores[i];
   for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const vf p = vset(scores[i]);
@@ -370,9 +429,167 @@ void attention(uintptr_t q, int64_t qs_b, int64_t qs_h, int64_t qs_t, uintptr_t 
   }
 }
 
+// ---- fused decoder sub-layers (Llama family, batch 1, few rows) ----------------------------------
+// One call runs a whole residual branch: RMSNorm -> projections -> (RoPE, KV write, attention) ->
+// output projection -> residual add, with one OpenMP team and barriers between the phases, instead
+// of ~25 small PyTorch ops and Python module calls per branch. Every phase is row-wise with a fixed
+// operation order (the linear and attention kernels above), so the result of a row is the same
+// whatever the number of rows in the call.
+
+namespace {
+
+// y = (x * rsqrt(mean(x^2) + eps)) * w for one row, in the order of HF's LlamaRMSNorm.
+void rms_row(const float* x, const float* w, float eps, float* y, int64_t d) {
+  vf s = vzero();
+  int64_t k = 0;
+  for (; k + VL <= d; k += VL) {
+    const vf xv = vload(x + k);
+    s = vfma(xv, xv, s);
+  }
+  if (k < d) {
+    const vf xv = vload_n(x + k, (int)(d - k));
+    s = vfma(xv, xv, s);
+  }
+  const float inv = 1.0f / std::sqrt(vsum(s) / (float)d + eps);
+  for (int64_t j = 0; j < d; ++j) y[j] = (x[j] * inv) * w[j];
+}
+
+// The tile-aligned share [n0, n1) of N output features of thread t out of T.
+inline void feature_share(int64_t N, int t, int T, int64_t& n0, int64_t& n1) {
+  const int64_t blocks = (N + TILE - 1) / TILE, per = (blocks + T - 1) / T;
+  n0 = std::min(N, t * per * TILE);
+  n1 = std::min(N, (t + 1) * per * TILE);
+}
+
+inline void team(int& t, int& T) {
+#ifdef _OPENMP
+  t = omp_get_thread_num();
+  T = omp_get_num_threads();
+#else
+  t = 0;
+  T = 1;
+#endif
+}
+
+// x @ w.T + b for this thread's share of the features.
+inline void linear_share(const float* x, int64_t rows, int64_t K, const float* w, const float* b, float* y,
+                         int64_t N, int t, int T) {
+  int64_t n0, n1;
+  feature_share(N, t, T, n0, n1);
+  if (n0 < n1) linear_features(x, K, w, K, b, y, N, rows, K, n0, n1);
+}
+
+}  // namespace
+
+// h_out = h + o_proj(attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = rms_norm(h), for
+// T rows of one sequence. The new keys and values are written to the layer's cache at slots
+// [base, base + T) of every KV head; the queries see keys [0, S) of the cache through ``mask``
+// (additive float (T, S) with strides, or none: causal). cos/sin: (T, D), HF's rotary embedding.
+void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
+                 uintptr_t wq, uintptr_t bq, uintptr_t wk, uintptr_t bk, uintptr_t wv, uintptr_t bv,
+                 uintptr_t wo, uintptr_t bo, int64_t Hq, int64_t Hkv, int64_t D, uintptr_t cos,
+                 uintptr_t sin, uintptr_t kc, uintptr_t vc, int64_t kv_hs, int64_t kv_ss, int64_t base,
+                 int64_t S, uintptr_t mask, int64_t ms_t, int64_t ms_s, double scale, int nthreads) {
+  const float* hp = reinterpret_cast<const float*>(h);
+  float* out = reinterpret_cast<float*>(h_out);
+  const float* cp = reinterpret_cast<const float*>(cos);
+  const float* sp = reinterpret_cast<const float*>(sin);
+  float* kcp = reinterpret_cast<float*>(kc);
+  float* vcp = reinterpret_cast<float*>(vc);
+  const int64_t nq = Hq * D, nk = Hkv * D, half = D / 2;
+  std::vector<float> x(T * d), q(T * nq), k(T * nk), v(T * nk), att(T * nq), y(T * d);
+  AttnArgs a{q.data(), kcp, vcp, T * nq, D, nq, 0, kv_hs, kv_ss, 0, kv_hs, kv_ss,
+             reinterpret_cast<const void*>(mask), mask ? 1 : 0, 0, 0, ms_t, ms_s, att.data(),
+             1, Hq, Hkv, T, S, D, (float)scale, mask == 0 && T > 1};
+  const int nt = threads_for(nthreads, (2 * nq + 2 * nk) * d, 16384);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    int t, NT;
+    team(t, NT);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < T; ++r)
+      rms_row(hp + r * d, reinterpret_cast<const float*>(norm_w), (float)eps, x.data() + r * d, d);
+    linear_share(x.data(), T, d, reinterpret_cast<const float*>(wq), reinterpret_cast<const float*>(bq), q.data(), nq, t, NT);
+    linear_share(x.data(), T, d, reinterpret_cast<const float*>(wk), reinterpret_cast<const float*>(bk), k.data(), nk, t, NT);
+    linear_share(x.data(), T, d, reinterpret_cast<const float*>(wv), reinterpret_cast<const float*>(bv), v.data(), nk, t, NT);
+#pragma omp barrier
+    // RoPE as HF computes it: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1).
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < T * (Hq + Hkv); ++r) {
+      const int64_t row = r / (Hq + Hkv), head = r % (Hq + Hkv);
+      const float* c = cp + row * D;
+      const float* s = sp + row * D;
+      float* p = head < Hq ? q.data() + row * nq + head * D : k.data() + row * nk + (head - Hq) * D;
+      float tmp[1024];
+      for (int64_t j = 0; j < half; ++j) {
+        tmp[j] = p[j] * c[j] + (-p[j + half]) * s[j];
+        tmp[j + half] = p[j + half] * c[j + half] + p[j] * s[j + half];
+      }
+      for (int64_t j = 0; j < D; ++j) p[j] = tmp[j];
+      if (head >= Hq) {
+        const int64_t hk = head - Hq, slot = base + row;
+        std::copy(p, p + D, kcp + hk * kv_hs + slot * kv_ss);
+        const float* vr = v.data() + row * nk + hk * D;
+        std::copy(vr, vr + D, vcp + hk * kv_hs + slot * kv_ss);
+      }
+    }
+    {
+      std::vector<float> scores(S), acc(D + VL);
+      std::vector<int32_t> idx(S);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < T * Hq; ++r) attend_row(a, 0, r % Hq, r / Hq, scores.data(), idx.data(), acc.data());
+    }
+    int64_t n0, n1;
+    feature_share(d, t, NT, n0, n1);
+    if (n0 < n1) {
+      linear_features(att.data(), nq, reinterpret_cast<const float*>(wo), nq, reinterpret_cast<const float*>(bo),
+                      y.data(), d, T, nq, n0, n1);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t j = n0; j < n1; ++j) out[r * d + j] = hp[r * d + j] + y[r * d + j];
+    }
+  }
+}
+
+// h_out = h + down(silu(gate(n)) * up(n)), n = rms_norm(h), for T rows.
+void mlp_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
+                uintptr_t wg, uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd, int64_t F,
+                int nthreads) {
+  const float* hp = reinterpret_cast<const float*>(h);
+  float* out = reinterpret_cast<float*>(h_out);
+  std::vector<float> x(T * d), g(T * F), u(T * F), y(T * d);
+  const int nt = threads_for(nthreads, 3 * F * d, 16384);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    int t, NT;
+    team(t, NT);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < T; ++r)
+      rms_row(hp + r * d, reinterpret_cast<const float*>(norm_w), (float)eps, x.data() + r * d, d);
+    int64_t n0, n1;
+    feature_share(F, t, NT, n0, n1);
+    if (n0 < n1) {
+      linear_features(x.data(), d, reinterpret_cast<const float*>(wg), d, reinterpret_cast<const float*>(bg),
+                      g.data(), F, T, d, n0, n1);
+      linear_features(x.data(), d, reinterpret_cast<const float*>(wu), d, reinterpret_cast<const float*>(bu),
+                      u.data(), F, T, d, n0, n1);
+      for (int64_t r = 0; r < T; ++r) silu_mul(g.data() + r * F + n0, u.data() + r * F + n0, n1 - n0);
+    }
+#pragma omp barrier
+    feature_share(d, t, NT, n0, n1);
+    if (n0 < n1) {
+      linear_features(g.data(), F, reinterpret_cast<const float*>(wd), F, reinterpret_cast<const float*>(bd),
+                      y.data(), d, T, F, n0, n1);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t j = n0; j < n1; ++j) out[r * d + j] = hp[r * d + j] + y[r * d + j];
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ w.T + b for few rows (float32, batch-invariant)");
   m.def("attention", &attention, "batch-invariant attention (float32)");
+  m.def("attn_branch", &attn_branch, "a Llama attention branch with residual, batch 1 (float32)");
+  m.def("mlp_branch", &mlp_branch, "a Llama MLP branch with residual (float32)");
   m.attr("isa") = kIsa;
   m.attr("vector_width") = VL;
 }

@@ -182,6 +182,19 @@ class KVCache:
         self._written[layer_idx] = True
         return k.narrow(2, 0, base + t), v.narrow(2, 0, base + t)
 
+    def claim(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """`update` for a fused kernel that writes the new tokens' K/V itself.
+
+        Returns:
+            ``(keys, values, base)``: the layer's whole buffers (B, H_kv, capacity, D) and the
+            slot where the forward's first new token goes. The layer counts as written, exactly
+            as after `update`; the caller must write slots ``[base, base + T)``.
+        """
+        if self._write is None:
+            raise RuntimeError("KVCache.claim called outside begin()/end()")
+        self._written[layer] = True
+        return self._k_layers[layer], self._v_layers[layer], self._base(layer)
+
     def attention_mask(self, layer: int) -> torch.Tensor | None:
         """Additive float mask (1, 1, T, base + T) for ``layer`` in the current forward.
 

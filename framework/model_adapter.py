@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from framework import kernels
+from framework.fused import FusedBlocks
 from framework.interfaces import LayerPlan, ModelInfo
 from framework.kv_cache import KVCache
 
@@ -112,8 +113,9 @@ class ModelAdapter(ABC):
         #: blocks entered per call, whatever the number of tokens (DEL's "layers loaded" cost
         #: model, in which a memory-bound forward of n blocks costs n)
         self.layer_loads = 0
-        self._profile = False
         self.fast_kernels = kernels.is_installed(model)
+        #: the fused branches of `framework.fused` (set by `set_fast_kernels`; ``None``: modules)
+        self.fused: FusedBlocks | None = None
 
     # ---- architecture-specific pieces ---------------------------------------------------
     @property
@@ -141,6 +143,12 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def build_fused(self) -> FusedBlocks | None:
+        """The fused branches for this architecture (`framework.fused`), or ``None`` (default:
+        every branch runs through the modules). Called by `set_fast_kernels` once the kernels are
+        installed."""
+        return None
 
     @abstractmethod
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
@@ -206,6 +214,9 @@ class ModelAdapter(ABC):
             enabled: ``True`` installs, ``False`` restores the stock modules, ``None`` installs for
                 a float32 model on a CPU unless ``SELFSPEC_KERNEL=0`` (and otherwise changes nothing).
 
+        With the kernels installed, the blocks `build_fused` can fuse run one compiled call per
+        attention or MLP branch (`fused`; ``adapter.fused = None`` turns that off alone).
+
         Returns:
             Whether the kernels are installed now (``False`` if they could not be built: a
             one-line notice on stderr says why).
@@ -218,6 +229,7 @@ class ModelAdapter(ABC):
         else:
             kernels.uninstall(self.model)
         self.fast_kernels = kernels.is_installed(self.model)
+        self.fused = self.build_fused() if self.fast_kernels else None
         return self.fast_kernels
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
@@ -322,13 +334,23 @@ class ModelAdapter(ABC):
         h = hidden
         pos_emb = self.rotary(h, position_ids)
         captured = [h] if capture_hidden else None
+        fused = self.fused if self.fused is not None and self.fused.applies(h) else None
+        if fused is not None:
+            h = h.contiguous()
+            cos, sin = (p.contiguous() for p in pos_emb)
         cache.begin(h.shape[1], base=base, visible=visible, tree_mask=tree_mask, persist=persist)
         try:
             for i in range(start, stop):
                 if plan is None or plan.runs_attn(i):
-                    h = h + self.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
+                    if fused is not None and fused.attn[i] is not None:
+                        h = fused.attention(i, h, cos, sin, cache)
+                    else:
+                        h = h + self.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
                 if plan is None or plan.runs_mlp(i):
-                    h = h + self.mlp_branch(i, h)
+                    if fused is not None and fused.mlp[i] is not None:
+                        h = fused.mlp_branch(i, h)
+                    else:
+                        h = h + self.mlp_branch(i, h)
                 if captured is not None:
                     captured.append(h)
         finally:
@@ -421,6 +443,9 @@ class LlamaFamilyAdapter(ModelAdapter):
 
     def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
         return self._rotary(hidden, position_ids)
+
+    def build_fused(self) -> FusedBlocks | None:
+        return FusedBlocks.build(self)
 
     def attention_branch(self, i, hidden, pos_emb, mask, cache):
         blk = self._blocks[i]

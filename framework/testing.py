@@ -84,6 +84,22 @@ def _arch_classes(arch: str) -> tuple[type, type]:
     return table[arch]
 
 
+class FakeClock:
+    """A clock for tests of time budgets (`framework.budget.WorkBudget`): seconds move only when
+    the test says so (`advance`, or by setting ``t``); ``reads`` counts how often it was read."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
 def tiny_model(
     arch: str = "llama",
     num_layers: int = 4,

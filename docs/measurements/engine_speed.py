@@ -4,13 +4,14 @@ Two tables, for each thread count asked for:
 
 1. **Greedy decoding**, tokens per second over ``--new-tokens`` new tokens from the same prompt
    (no EOS stop, so every run produces the same number of tokens): Hugging Face
-   ``model.generate`` with the stock model, our `VanillaDecoder` with stock PyTorch, and both
-   with the kernels of `framework.kernels` installed. The cases are interleaved (the order rotates
+   ``model.generate`` with the stock model, our `VanillaDecoder` with stock PyTorch, both with
+   the kernels of `framework.kernels` installed, and `VanillaDecoder` with the kernels and the
+   fused branches of `framework.fused` (the default engine). The cases are interleaved (the order rotates
    every repetition) after one warm-up run each; medians are reported, and whether each case
    produced the same tokens as HF ``generate``.
 2. **Forward cost**: a full-model forward over T = 1 .. ``--max-t`` new tokens after a
-   ``--prefix``-token context, logits at every position (as in a verification), with and without
-   the kernels, interleaved, ``--reps`` repetitions, medians; relative to the one-token step of the
+   ``--prefix``-token context, logits at every position (as in a verification), on stock PyTorch,
+   with the kernels, and with the kernels and fused branches, interleaved, ``--reps`` repetitions, medians; relative to the one-token step of the
    same engine and of stock PyTorch.
 
     python docs/measurements/engine_speed.py --threads 1 2
@@ -55,9 +56,20 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def set_kernels(adapter, on: bool) -> None:
-    if adapter.set_fast_kernels(on) != on:
+#: engine name -> (kernels installed, fused branches)
+ENGINES = {"stock": (False, False), "kernels": (True, False), "fused": (True, True)}
+
+
+def set_engine(adapter, engine: str) -> None:
+    """Switch the model to ``engine`` (the fused branches are built once and reused)."""
+    on, fuse = ENGINES[engine]
+    if adapter.fast_kernels != on and adapter.set_fast_kernels(on) != on:
         raise SystemExit(f"could not install the kernels: {kernels.unavailable_reason}")
+    if on and not hasattr(adapter, "_bench_fused"):
+        adapter._bench_fused = adapter.fused or adapter.build_fused()
+    adapter.fused = adapter._bench_fused if fuse else None
+    if fuse and adapter.fused is None:
+        raise SystemExit("this model has no fused branches")
 
 
 def decode_table(model, tok, adapter, args) -> str:
@@ -87,21 +99,22 @@ def decode_table(model, tok, adapter, args) -> str:
         return VanillaDecoder(adapter).generate(ids, StopCondition(n)).tokens
 
     cases = {
-        "HF `generate`, stock": (False, hf),
-        "HF `generate`, kernels": (True, hf),
-        "`VanillaDecoder`, stock": (False, ours),
-        "`VanillaDecoder`, kernels": (True, ours),
+        "HF `generate`, stock": ("stock", hf),
+        "HF `generate`, kernels": ("kernels", hf),
+        "`VanillaDecoder`, stock": ("stock", ours),
+        "`VanillaDecoder`, kernels": ("kernels", ours),
+        "`VanillaDecoder`, kernels + fused": ("fused", ours),
     }
     names = list(cases)
     tokens: dict[str, list[int]] = {}
     rates: dict[str, list[tuple[float, float]]] = {c: [] for c in names}  # (wall, CPU) tok/s
     for c in names:  # warm-up
-        set_kernels(adapter, cases[c][0])
+        set_engine(adapter, cases[c][0])
         tokens[c] = cases[c][1]()
     for rep in range(args.decode_reps):
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for c in order:
-            set_kernels(adapter, cases[c][0])
+            set_engine(adapter, cases[c][0])
             wall, cpu = time.perf_counter(), time.process_time()
             toks = cases[c][1]()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -127,22 +140,24 @@ def forward_table(model, adapter, args) -> str:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (1, P + max_t), generator=g)
     caches = {}
-    for on in (False, True):
-        set_kernels(adapter, on)
+    for engine in ENGINES:
+        set_engine(adapter, engine)
         cache = adapter.new_cache(P + max_t + 8)
         adapter.forward(ids[:, :P], torch.arange(P)[None], cache, logits_at="last")
         cache.commit(P)
-        caches[on] = cache
+        caches[engine] = cache
 
-    def run(on: bool, t: int) -> tuple[float, float]:
-        set_kernels(adapter, on)
+    def run(engine: str, t: int) -> tuple[float, float]:
+        set_engine(adapter, engine)
         wall, cpu = time.perf_counter(), time.process_time()
         # base=P: every call writes the same slots after the prefix, so every case sees the same context
-        adapter.forward(ids[:, P : P + t], torch.arange(P, P + t)[None], caches[on], logits_at="all", base=P)
+        adapter.forward(
+            ids[:, P : P + t], torch.arange(P, P + t)[None], caches[engine], logits_at="all", base=P
+        )
         return time.perf_counter() - wall, time.process_time() - cpu
 
-    cases = [(on, t) for t in range(1, max_t + 1) for on in (False, True)]
-    times: dict[tuple[bool, int], list[tuple[float, float]]] = {c: [] for c in cases}
+    cases = [(e, t) for t in range(1, max_t + 1) for e in ENGINES]
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in cases}
     for c in cases:
         run(*c)
     for _ in range(args.reps):
@@ -150,19 +165,19 @@ def forward_table(model, adapter, args) -> str:
             times[c].append(run(*c))
     lines = [
         f"Full forward over T new tokens after {P} tokens of context, logits at every position, "
-        f"{torch.get_num_threads()} thread(s), median of {args.reps}; cost relative to the one-token step:",
+        f"{torch.get_num_threads()} thread(s), median of {args.reps}; ms, and the cost relative to the "
+        "one-token step of the same engine (wall time; CPU time in brackets):",
         "",
-        "| T | stock ms | stock | kernels ms | kernels | kernels vs stock T=1 | stock (CPU time) | kernels (CPU time) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| T | " + " | ".join(f"{e} ms | {e}" for e in ENGINES) + " |",
+        "|---:|" + "---:|---:|" * len(ENGINES),
     ]
     med = {c: [statistics.median(r[i] for r in v) for i in (0, 1)] for c, v in times.items()}
-    (s1, s1c), (k1, k1c) = med[(False, 1)], med[(True, 1)]
     for t in range(1, max_t + 1):
-        (s, sc), (k, kc) = med[(False, t)], med[(True, t)]
-        lines.append(
-            f"| {t} | {1e3 * s:.1f} | {s / s1:.2f} | {1e3 * k:.1f} | {k / k1:.2f} | {k / s1:.2f} "
-            f"| {sc / s1c:.2f} | {kc / k1c:.2f} |"
-        )
+        cells = []
+        for e in ENGINES:
+            (w, c), (w1, c1) = med[(e, t)], med[(e, 1)]
+            cells.append(f"{1e3 * w:.1f} | {w / w1:.2f} ({c / c1:.2f})")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -170,7 +185,7 @@ def main() -> None:
     args = parse_args()
     model, tok = load_model(args.model, "float32", "cpu")
     adapter = adapter_for(model, fast_kernels=False)
-    set_kernels(adapter, True)
+    set_engine(adapter, "fused")
     print(
         f"torch {torch.__version__}, kernels: {kernels.isa()}, model: {model.config._name_or_path}, "
         f"CPU threads available: {torch.get_num_threads()}\n"
@@ -181,7 +196,7 @@ def main() -> None:
         if not args.skip_decode:
             print(decode_table(model, tok, adapter, args), end="\n\n", flush=True)
         print(forward_table(model, adapter, args), end="\n\n", flush=True)
-    set_kernels(adapter, False)
+    set_engine(adapter, "stock")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework.config import check_range, param
-from framework.interfaces import Draft, Drafter, LayerPlan, LengthController, ModelInfo
+from framework.config import check_choice, check_range, param
+from framework.fallback import DraftGate
+from framework.interfaces import (
+    Draft,
+    Drafter,
+    LayerPlan,
+    LengthController,
+    ModelInfo,
+    PrepareContext,
+    Verification,
+)
 from framework.registry import register_drafter
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 
 SOURCES = ("lookup", "layer_skip")
+#: One letter per round the drafter was asked to draft, in ``summary()["sources"]``.
+LETTERS = {"lookup": "L", "layer_skip": "S", "declined": "-"}
 
 
 @dataclass(frozen=True)
@@ -28,11 +39,20 @@ class HybridDrafterConfig:
     confidence: float = param(
         1.0, help="confidence reported for every copied token (as prompt_lookup's); in [0, 1]"
     )
+    skip_gate: bool = param(
+        False,
+        help="gate the layer-skip source on its own: a round without a match drafts nothing (a plain "
+        "step) while that source's measured acceptance and the cost model say its drafts do not pay "
+        "(the never-lose gate of the length controllers, fed only the layer-skip rounds; probes now "
+        "and then). Copies are never gated here. Off by default, as the controllers' fallback; on in "
+        "the hybrid preset",
+    )
 
     def __post_init__(self) -> None:
         check_range("max_ngram", self.max_ngram, 1, MAX_NGRAM, integer=True)
         check_range("min_match", self.min_match, 1, self.max_ngram, integer=True)
         check_range("confidence", self.confidence, 0.0, 1.0)
+        check_choice("skip_gate", self.skip_gate, (True, False))
 
 
 @register_drafter("hybrid", config=HybridDrafterConfig)
@@ -47,8 +67,18 @@ class HybridDrafter(Drafter):
     copying from the context is prompt lookup (and LLMA, Yang et al., 2023), drafting with the
     target's own layers is self-speculation; both drafts are verified the same way.
 
+    With ``skip_gate`` (an extension of this framework) a `DraftGate` of its own decides whether a
+    round without a match drafts by layer skipping or declines (an empty draft: the round is a
+    plain step). The length controller's gate cannot make that choice: it sees the mixture of
+    free copies and costly layer-skip drafts. This gate sees only the layer-skip source: its
+    acceptance estimate, the plan it ran and the measured cost model (``PrepareContext.cost_model``;
+    without one, the decode state's timings), with the gate's probes so that the source comes back
+    when it starts to pay (a better plan of an online selector, an easier stretch of text).
+
     ``summary()`` reports per source (``lookup``, ``layer_skip``) the rounds, tokens drafted and
-    tokens accepted, and ``sources``, one letter per drafting round (``L`` lookup, ``S`` layer skip).
+    tokens accepted, the layer-skip rounds the gate ``declined``, ``sources`` (one letter per
+    round the drafter was called: ``L`` lookup, ``S`` layer skip, ``-`` declined) and, with the
+    gate, its summary under ``skip_gate`` (``alpha``: the layer-skip acceptance estimate).
     """
 
     def __init__(self, config: HybridDrafterConfig | None = None) -> None:
@@ -58,15 +88,24 @@ class HybridDrafter(Drafter):
             PromptLookupDrafterConfig(max_ngram=c.max_ngram, min_ngram=c.min_match, confidence=c.confidence)
         )
         self.layer_skip = LayerSkipDrafter()
+        # Statistics carry across generations (the same model and plan accept alike), as a
+        # controller's gate; the default margin, probe interval and decay are the controllers'.
+        self.gate = DraftGate() if c.skip_gate else None
         self.reset()
 
     def setup(self, info: ModelInfo) -> None:
         self.lookup.setup(info)
         self.layer_skip.setup(info)
 
+    def prepare(self, ctx: PrepareContext) -> None:
+        if self.gate is not None:
+            self.gate.prepare(ctx)
+
     def reset(self) -> None:
         self.lookup.reset()
         self.layer_skip.reset()
+        if self.gate is not None:
+            self.gate.reset()
         self._log: list[tuple[int, str, int]] = []  # (round, source, drafted)
         self._stats: Any = None  # the generation's DecodeStats (accepted tokens per round)
 
@@ -75,11 +114,26 @@ class HybridDrafter(Drafter):
         draft = self.lookup.draft(state, plan, length, max_tokens)
         source = "lookup"
         if not draft.length:
-            draft = self.layer_skip.draft(state, plan, length, max_tokens)
-            source = "layer_skip"
+            k = max_tokens
+            if self.gate is not None:
+                # Value lengths as the controller drafts them: K exactly, or any k <= K.
+                self.gate.lengths = getattr(length, "gate_lengths", "upto")
+                k = self.gate.limit(state, max_tokens)
+            if k:
+                draft = self.layer_skip.draft(state, plan, length, k)
+                source = "layer_skip"
+            else:  # the lookup's empty draft, carrying the selector's plan (the gate's replan check)
+                source = "declined"
         draft.extras["source"] = source
         self._log.append((state.round, source, draft.length))
         return draft
+
+    def observe(self, draft: Draft, result: Verification) -> None:
+        # The gate learns from the rounds it decided: layer-skip drafts and declined rounds (whose
+        # empty draft carries the selector's plan); copies and rounds the controller declined are
+        # not the layer-skip source's.
+        if self.gate is not None and draft.extras.get("source") in ("layer_skip", "declined"):
+            self.gate.observe(draft, result)
 
     def summary(self) -> dict[str, Any]:
         rounds = self._stats.rounds if self._stats is not None else []
@@ -89,6 +143,9 @@ class HybridDrafter(Drafter):
             # The decoder appends round r's record after its commit; state.round was r while drafting.
             accepted = sum(rounds[r].accepted for r, _ in mine if r < len(rounds))
             out[source] = {"rounds": len(mine), "drafted": sum(k for _, k in mine), "accepted": accepted}
-        out["sources"] = "".join("L" if s == "lookup" else "S" for _, s, _ in self._log)
+        out["layer_skip"]["declined"] = sum(s == "declined" for _, s, _ in self._log)
+        out["sources"] = "".join(LETTERS[s] for _, s, _ in self._log)
         out["search_ms"] = self.lookup.summary()["search_ms"]
+        if self.gate is not None:
+            out["skip_gate"] = self.gate.summary()
         return out

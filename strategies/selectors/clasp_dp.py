@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from framework.budget import WorkBudget
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
 from framework.registry import register_selector
@@ -55,6 +56,12 @@ class ClaspDPConfig:
         help="evaluate all candidate states of a layer in one block call sharing the KV cache "
         "(CLaSp's parallel strategy); false makes one call per candidate",
     )
+    work_budget: float = param(
+        0.0,
+        help="extension (not in the paper): a due DP re-run waits (the next round tries again) while "
+        "the DPs' seconds exceed this share of the generation's wall time (framework.budget); "
+        "0 = unlimited, as published; in [0, 1)",
+    )
 
     def __post_init__(self) -> None:
         if self.num_skip is not None:
@@ -68,6 +75,7 @@ class ClaspDPConfig:
         check_choice("dp_token", self.dp_token, ("last_accepted", "previous"))
         check_choice("objective", self.objective, ("max_cosine", "min_cosine"))
         check_choice("sequence_parallel", self.sequence_parallel, (True, False))
+        check_range("work_budget", self.work_budget, 0.0, 1.0, hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,8 @@ class ClaspDPSelector(LayerSelector):
     the M chosen blocks (attention and MLP) until the next refresh, every ``interval`` rounds.
     The DP runs against the committed KV cache without writing it, one block call per layer for all
     candidate states (sequence parallelism). The first round uses the DP on the prompt's last
-    token (``init="prompt"``).
+    token (``init="prompt"``). With ``work_budget`` (an extension) a due re-run waits while the DPs
+    took more than that share of the generation's wall time, and is tried again the next round.
     """
 
     needs_hidden_states = True
@@ -239,6 +248,8 @@ class ClaspDPSelector(LayerSelector):
         self._L = 0
         self._m = 0
         self._protected: frozenset[int] = frozenset()
+        #: caps the DPs' share of wall time; restarted every generation, like the skip set
+        self.budget = WorkBudget(self.config.work_budget)
         self.reset()
 
     def setup(self, info: ModelInfo) -> None:
@@ -270,6 +281,7 @@ class ClaspDPSelector(LayerSelector):
         self._plan: LayerPlan | None = None
         self._since_rounds = 0
         self._since_tokens = 0
+        self.budget.restart()
         self._t_reset = time.perf_counter()
         self._dp_seconds: list[float] = []
         self._sets: list[dict[str, Any]] = []
@@ -290,19 +302,22 @@ class ClaspDPSelector(LayerSelector):
         self._plan = LayerPlan.from_indices(self._L, attn=skip, mlp=skip)
 
     def refresh(self, state, hidden: torch.Tensor, position: int) -> DPResult:
-        """Run the DP on ``hidden`` (L+1, d), the full model's states of the token at ``position``."""
-        t0 = time.perf_counter()
-        res = clasp_dp(
-            hidden,
-            block_runner(state.adapter, state.cache, position),
-            self._m,
-            protected=self._protected,
-            objective=self.config.objective,
-            sequence_parallel=self.config.sequence_parallel,
-        )
-        dt = time.perf_counter() - t0
+        """Run the DP on ``hidden`` (L+1, d), the full model's states of the token at ``position``.
+
+        One unit of the work budget: timed by it, whether or not `WorkBudget.allows` was asked
+        (the caller decides; the prompt's DP, the generation's first unit, is always allowed).
+        """
+        with self.budget.unit() as unit:
+            res = clasp_dp(
+                hidden,
+                block_runner(state.adapter, state.cache, position),
+                self._m,
+                protected=self._protected,
+                objective=self.config.objective,
+                sequence_parallel=self.config.sequence_parallel,
+            )
         self._set_plan(res.skip)
-        self._dp_seconds.append(dt)
+        self._dp_seconds.append(unit.seconds)
         self._calls += res.block_calls
         self._evals += res.evaluations
         self._sets.append(
@@ -341,6 +356,8 @@ class ClaspDPSelector(LayerSelector):
         hs = result.hidden_states if result.hidden_states is not None else state.last_hidden_states
         if hs is None:
             return
+        if not self.budget.allows():  # over budget: keep the set, the counters stay due
+            return
         self._since_rounds = self._since_tokens = 0
         m = result.accepted
         back = 1 if (self.config.dp_token == "previous" and m > 0) else 0
@@ -364,6 +381,7 @@ class ClaspDPSelector(LayerSelector):
             "dp_block_calls": self._calls,
             "dp_evaluations": self._evals,
             "mean_cosine": round(sum(cos) / len(cos), 6) if cos else None,
+            **self.budget.summary(),
             "sets": self._sets,
             "plan": self._plan.describe() if self._plan is not None else None,
         }

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from framework.budget import WorkBudget
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
 from framework.registry import register_selector
@@ -57,6 +57,12 @@ class DelTplConfig:
         help="threshold when a layer has no decayed mismatch yet: mismatched mean := 0 ('zero') or "
         "keep that layer's previous threshold ('keep')",
     )
+    work_budget: float = param(
+        0.0,
+        help="extension (not in the paper): skip a round's statistics update (shadow tokens) while the "
+        "updates' seconds exceed this share of the generation's wall time (framework.budget); "
+        "0 = unlimited, as published; in [0, 1)",
+    )
 
     def __post_init__(self) -> None:
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
@@ -72,6 +78,7 @@ class DelTplConfig:
         check_range("init_tokens", self.init_tokens, 0, 4096, integer=True)
         check_choice("init_reference", self.init_reference, ("target", "prompt"))
         check_choice("empty_mismatch", self.empty_mismatch, ("zero", "keep"))
+        check_range("work_budget", self.work_budget, 0.0, 1.0, hi_open=True)
 
 
 def tpl_table(alpha: torch.Tensor, layers: torch.Tensor, num_layers: int, max_length: int) -> torch.Tensor:
@@ -203,6 +210,8 @@ class DelTplSelector(LayerSelector):
     The plan is an early exit at E (run by ``early_exit``, or by ``layer_skip``). Length and
     threshold reach the length controller as ``state.length_hint`` (``del_dynamic`` reads it;
     other controllers ignore it). When no exit beats plain decoding the hint asks for no draft.
+    With ``work_budget`` (an extension) a round's statistics update is skipped while the updates
+    took more than that share of the generation's wall time; the choice stays the last one made.
     """
 
     needs_hidden_states = True
@@ -211,6 +220,8 @@ class DelTplSelector(LayerSelector):
         super().__init__(config)
         self._L = 0
         self._layers = torch.zeros(0, dtype=torch.long)
+        #: caps the statistics' share of wall time; restarted every generation, like the statistics
+        self.budget = WorkBudget(self.config.work_budget)
         self.reset()
 
     # ------------------------------------------------------------------ set-up
@@ -245,6 +256,7 @@ class DelTplSelector(LayerSelector):
         self._seconds = 0.0
         self._rows = 0
         self._init_positions = 0
+        self.budget.restart()
 
     @property
     def candidate_layers(self) -> list[int]:
@@ -282,19 +294,20 @@ class DelTplSelector(LayerSelector):
         hs = state.last_hidden_states
         p = state.prompt_len
         w = min(self.config.init_tokens, p - 1)
-        t0 = time.perf_counter()
-        if hs is not None and w > 0 and state.round == 0 and hs.shape[2] >= p:
-            h = hs[:, 0, p - w : p]  # (L+1, w, d)
-            if self.config.init_reference == "target":
-                ref, _ = self._shadow(state.adapter, h, torch.tensor([self._L]))
-                ref = ref[0]
-            else:
-                ref = state.tokens[0, p - w + 1 : p + 1]  # the next token of each position
-            toks, conf = self._shadow(state.adapter, h, self._layers)
-            self._stats.update(self._layers, (toks == ref.to(toks.device)[None]).cpu(), conf.cpu(), w)
-            self._init_positions = w
-        self._choose()
-        self._seconds += time.perf_counter() - t0
+        # The generation's first unit of the work budget, so always allowed: no need to ask.
+        with self.budget.unit() as unit:
+            if hs is not None and w > 0 and state.round == 0 and hs.shape[2] >= p:
+                h = hs[:, 0, p - w : p]  # (L+1, w, d)
+                if self.config.init_reference == "target":
+                    ref, _ = self._shadow(state.adapter, h, torch.tensor([self._L]))
+                    ref = ref[0]
+                else:
+                    ref = state.tokens[0, p - w + 1 : p + 1]  # the next token of each position
+                toks, conf = self._shadow(state.adapter, h, self._layers)
+                self._stats.update(self._layers, (toks == ref.to(toks.device)[None]).cpu(), conf.cpu(), w)
+                self._init_positions = w
+            self._choose()
+        self._seconds += unit.seconds
 
     # ------------------------------------------------------------------ interface
     def plan(self, state) -> LayerPlan:
@@ -317,7 +330,6 @@ class DelTplSelector(LayerSelector):
         return state.prefix_plan(self._exit)
 
     def observe(self, state, draft: Draft, result: Verification) -> None:
-        t0 = time.perf_counter()
         loads = state.adapter.layer_loads - self._loads0
         tokens = int(result.new_tokens.shape[1])
         self._tokens += tokens
@@ -327,6 +339,17 @@ class DelTplSelector(LayerSelector):
         hs = result.hidden_states if result.hidden_states is not None else state.last_hidden_states
         if hs is None:
             return
+        # Over budget: this round never enters the decayed sums (they see fewer rounds), and E, d
+        # and tau stay what the statistics so far chose.
+        if not self.budget.allows():
+            return
+        with self.budget.unit() as unit:
+            self._update(state, result, hs)
+        self._seconds += unit.seconds
+
+    def _update(self, state, result: Verification, hs: torch.Tensor) -> None:
+        """One round's statistics: shadow tokens of ``hs`` (L+1, B, T, d) in the valid window, then
+        next round's choice."""
         cols = result.kv_keep if result.kv_keep is not None else None
         h = hs[:, 0] if cols is None else hs[:, 0].index_select(1, cols.to(hs.device))  # (L+1, T, d)
         e, L = self._exit, self._L
@@ -350,7 +373,6 @@ class DelTplSelector(LayerSelector):
             toks[mask_e], conf[mask_e] = x_e[:n], end_conf[0, :n]
         self._stats.update(self._layers, (toks == x_l[None, :n]).cpu(), conf.cpu(), n)
         self._choose()
-        self._seconds += time.perf_counter() - t0
 
     def summary(self) -> dict[str, Any]:
         if self._stats is None:
@@ -371,4 +393,5 @@ class DelTplSelector(LayerSelector):
             "guards": dict(self._stats.guards),
             "shadow_rows": self._rows,
             "update_seconds": round(self._seconds, 6),
+            **self.budget.summary(),
         }

@@ -11,7 +11,9 @@ without improvement, or after ``max_opt_steps`` steps; decoding then continues w
 (the acceleration phase). The optimisation state carries across prompts as in the paper.
 
 Timeline of one generation: after each verification, once the generation has more than
-``context_window + 1`` new tokens, run one optimisation step (every ``opt_interval`` rounds).
+``context_window + 1`` new tokens, run one optimisation step (every ``opt_interval`` rounds),
+unless ``work_budget`` (an extension, `framework.budget.WorkBudget`) says the steps already took
+their share of wall time: then that step is skipped and its counters do not advance.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Literal
 import torch
 
 from framework.bayesopt import BinaryBayesOpt
+from framework.budget import WorkBudget
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
 from framework.registry import register_selector
@@ -78,6 +81,12 @@ class SwiftConfig:
         "rate over the last retrigger_window drafting rounds falls below this; 0 disables; in [0, 1)",
     )
     retrigger_window: int = param(50, help="rounds in the rolling acceptance rate of retrigger_below; >= 1")
+    work_budget: float = param(
+        0.0,
+        help="extension (not in the paper): skip a due optimisation step while the steps' seconds exceed "
+        "this share of the wall time since the optimisation state started (framework.budget); "
+        "0 = unlimited, as published; in [0, 1)",
+    )
     kappa: float = param(2.5, help="UCB exploration weight (the code: 2.5); > 0")
     gp_noise: float = param(
         0.01, help="observation noise of the GP on standardised matchness (the code: 1e-2); > 0"
@@ -98,6 +107,7 @@ class SwiftConfig:
         check_choice("persist_across_prompts", self.persist_across_prompts, (True, False))
         check_range("retrigger_below", self.retrigger_below, 0.0, 1.0, hi_open=True)
         check_range("retrigger_window", self.retrigger_window, 1, integer=True)
+        check_range("work_budget", self.work_budget, 0.0, 1.0, hi_open=True)
         check_range("kappa", self.kappa, 0.0, lo_open=True)
         check_range("gp_noise", self.gp_noise, 0.0, lo_open=True)
 
@@ -121,6 +131,9 @@ class SwiftSelector(LayerSelector):
                 f"sub-layers of this {n}-block model (floor(r * {len(self.eligible)}) = {self.n_skip})",
             )
         self.num_layers = n
+        #: caps the optimisation steps' share of wall time; it lives as long as the optimisation
+        #: state (restarted with it, resumed at each generation when the state carries over)
+        self.budget = WorkBudget(c.work_budget)
         self._init_state()
         self._new_generation()
 
@@ -144,10 +157,13 @@ class SwiftSelector(LayerSelector):
         self.total_seconds = 0.0
         self.retriggers = 0
         self.stop_reason = ""
+        self.budget.restart()
 
     # ---- per generation ------------------------------------------------------------------------
     def reset(self) -> None:
-        if not self.config.persist_across_prompts:
+        if self.config.persist_across_prompts:
+            self.budget.resume()  # the time between generations earns no budget
+        else:
             self._init_state()
         self._new_generation()
 
@@ -171,11 +187,12 @@ class SwiftSelector(LayerSelector):
         c = self.config
         if state.num_new <= c.context_window + 1 or self.rounds % c.opt_interval:
             return
-        t = time.perf_counter()
-        self._step(state)
-        dt = time.perf_counter() - t
-        self.gen_seconds += dt
-        self.total_seconds += dt
+        if not self.budget.allows():  # over budget: no step; the best set keeps drafting
+            return
+        with self.budget.unit() as unit:
+            self._step(state)
+        self.gen_seconds += unit.seconds
+        self.total_seconds += unit.seconds
 
     # ---- one optimisation step -----------------------------------------------------------------
     def window_span(self, state) -> tuple[int, int]:
@@ -268,5 +285,6 @@ class SwiftSelector(LayerSelector):
             "best_matchness": round(self.best, 4),
             "matchness": list(self.gen_matchness),
             "retriggers": self.retriggers,
+            **self.budget.summary(),
             "plan": self.current.describe(),
         }

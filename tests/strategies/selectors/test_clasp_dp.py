@@ -9,12 +9,14 @@ import random
 import pytest
 import torch
 
+import strategies.selectors.clasp_dp as clasp_module
+from framework.budget import WorkBudget
 from framework.config import ConfigError, build_config
 from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.interfaces import LayerPlan, ModelInfo
 from framework.model_adapter import adapter_for
 from framework.state import DecodeState
-from framework.testing import LayerSelectorContract, random_prompt, tiny_model
+from framework.testing import FakeClock, LayerSelectorContract, random_prompt, tiny_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.clasp_dp import (
@@ -345,3 +347,69 @@ def test_previous_token_option_and_reset():
         assert s["position"] == 8 + committed[r - 1] - 1 - back
     sel.reset()
     assert sel.summary()["refreshes"] == 0 and sel.summary()["sets"] == []
+
+
+# ---- the work budget (an extension) ------------------------------------------------------------
+
+
+def _on_fake_clock(sel, monkeypatch, dp_seconds: float) -> None:
+    """Give ``sel`` a budget of its configured share on a fake clock where every decoding round
+    takes 1 s and every DP ``dp_seconds`` (the DPs themselves run for real)."""
+    clock = FakeClock()
+    sel.budget = WorkBudget(sel.config.work_budget, clock=clock)
+    plan, dp = sel.plan, clasp_module.clasp_dp
+
+    def timed_plan(state):
+        clock.t += 1.0
+        return plan(state)
+
+    def timed_dp(*args, **kwargs):
+        out = dp(*args, **kwargs)
+        clock.t += dp_seconds
+        return out
+
+    monkeypatch.setattr(sel, "plan", timed_plan)
+    monkeypatch.setattr(clasp_module, "clasp_dp", timed_dp)
+
+
+def test_work_budget_defers_refreshes_to_the_next_round_and_reports_it(monkeypatch):
+    adapter = _adapter(6, 1)
+    interval = 3
+    sel = ClaspDPSelector(ClaspDPConfig(num_skip=2, interval=interval, work_budget=0.1))
+    dec = _decoder(adapter, sel)
+    _on_fake_clock(sel, monkeypatch, dp_seconds=1.0)
+    prompt = random_prompt(8, 128, 2)
+    res = dec.generate(prompt, StopCondition(40))
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
+    s = res.strategy_summary["selector"]
+    rounds = [r["round"] for r in s["sets"]]
+    assert rounds[0] == 0 and s["refreshes"] == s["budget_units"] == len(rounds) >= 2
+    # A refused refresh stays due: every round from `interval` after a refresh up to the next one
+    # (or the end) asked the budget and was refused.
+    gaps = [b - a - interval for a, b in itertools.pairwise(rounds)]
+    assert all(g >= 0 for g in gaps)
+    tail = max(0, len(res.accept_lengths) - rounds[-1] - interval + 1)
+    assert s["budget_skipped"] == sum(gaps) + tail > 0
+    assert s["dp_seconds"] == s["refreshes"] * 1.0 and set(s["dp_seconds_per_refresh"]) == {1.0}
+    assert s["plan"]["attn_skip"] == s["sets"][-1]["skip"]  # the last set drafts meanwhile
+    assert s["work_share"] <= 0.1 + 1.0 / sel.budget.wall_seconds  # at most one DP over
+
+
+def test_zero_work_budget_changes_nothing(monkeypatch):
+    """Unlimited: every due DP runs however long it takes, exactly as without the budget."""
+    adapter = _adapter(6, 1)
+    prompt = random_prompt(8, 128, 3)
+    want = _decoder(adapter, ClaspDPSelector(ClaspDPConfig(num_skip=2, interval=2)))
+    want = want.generate(prompt, StopCondition(30)).strategy_summary["selector"]
+    sel = ClaspDPSelector(ClaspDPConfig(num_skip=2, interval=2, work_budget=0.0))
+    dec = _decoder(adapter, sel)
+    _on_fake_clock(sel, monkeypatch, dp_seconds=1000.0)
+    s = dec.generate(prompt, StopCondition(30)).strategy_summary["selector"]
+    assert s["sets"] == want["sets"] and s["refreshes"] > 1
+    assert s["budget_skipped"] == 0 and s["budget_units"] == s["refreshes"]
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.0", "nan"])
+def test_bad_work_budget(value):
+    with pytest.raises(ConfigError, match=r"^--selector\.work_budget must be in \[0, 1\), got "):
+        build_config(ClaspDPConfig, {"work_budget": value}, flag_prefix="--selector.")

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework.budget import WorkBudget
 from framework.config import ConfigError, build_config
 from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.interfaces import LayerPlan, ModelInfo, Verification
 from framework.model_adapter import adapter_for
 from framework.state import DecodeState, LengthHint
-from framework.testing import LayerSelectorContract, random_prompt, tiny_model
+from framework.testing import FakeClock, LayerSelectorContract, random_prompt, tiny_model
 from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
 from strategies.length.del_dynamic import DelDynamicLength
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -384,3 +385,84 @@ def test_bad_input():
     sel = DelTplSelector(DelTplConfig(min_exit=2, max_exit=7, layer_stride=2))
     sel.setup(_info(8))
     assert sel.candidate_layers == [2, 4, 6]
+
+
+# ------------------------------------------------------------------------------ the work budget
+
+
+def _on_fake_clock(sel, monkeypatch, update_seconds: float) -> list[bool]:
+    """Give ``sel`` a budget of its configured share on a fake clock where every decoding round
+    takes 1 s and every statistics update ``update_seconds`` (the updates run for real); returns
+    the budget's answer of every round, filled while decoding."""
+    clock = FakeClock()
+    sel.budget = WorkBudget(sel.config.work_budget, clock=clock)
+    plan, update, allows = sel.plan, sel._update, sel.budget.allows
+    answers: list[bool] = []
+
+    def timed_plan(state):
+        clock.t += 1.0
+        return plan(state)
+
+    def timed_update(*args):
+        update(*args)
+        clock.t += update_seconds
+
+    monkeypatch.setattr(sel, "plan", timed_plan)
+    monkeypatch.setattr(sel, "_update", timed_update)
+    monkeypatch.setattr(sel.budget, "allows", lambda: answers.append(allows()) or answers[-1])
+    return answers
+
+
+def _del_decoder(adapter, sel):
+    return SpeculativeDecoder(
+        adapter,
+        sel,
+        DelDynamicLength(),
+        EarlyExitDrafter(EarlyExitDrafterConfig(on_stop="drop")),
+        GreedyVerifier(),
+    )
+
+
+def test_work_budget_skips_statistics_updates_and_keeps_choosing_from_the_rest(monkeypatch):
+    adapter = _early_exit_friendly()
+    prompt = random_prompt(20, 128, 0)
+    sel = DelTplSelector(DelTplConfig(work_budget=0.25))
+    dec = _del_decoder(adapter, sel)
+    answers = _on_fake_clock(sel, monkeypatch, update_seconds=1.0)
+    res = dec.generate(prompt, StopCondition(40))
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
+    s = res.strategy_summary["selector"]
+    rounds = len(res.accept_lengths)
+    assert len(answers) == rounds  # every round's update was due
+    assert 0 < sum(answers) < rounds and s["budget_skipped"] == answers.count(False)
+    assert s["budget_units"] == 1 + sum(answers)  # the prompt initialisation, then the updates run
+    assert s["update_seconds"] == sum(answers) * 1.0  # (the initialisation took no fake time)
+    # A skipped update leaves the statistics, so the next round's choice, exactly as they were.
+    for i in range(rounds - 1):
+        if not answers[i]:
+            for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha"):
+                assert s[key][i + 1] == s[key][i], (key, i)
+    # and DEL still works on what it saw: the shallow exit that agrees, drafting and accepting
+    assert set(s["exit_layers"]) == {2} and res.accepted > 0 and s["no_draft_rounds"] == 0
+
+
+def test_zero_work_budget_changes_nothing(monkeypatch):
+    """Unlimited: every round's update runs however long it takes, exactly as without the budget."""
+    adapter = _early_exit_friendly()
+    prompt = random_prompt(20, 128, 1)
+    want = _del_decoder(adapter, DelTplSelector()).generate(prompt, StopCondition(30))
+    sel = DelTplSelector(DelTplConfig(work_budget=0.0))
+    dec = _del_decoder(adapter, sel)
+    answers = _on_fake_clock(sel, monkeypatch, update_seconds=1000.0)
+    res = dec.generate(prompt, StopCondition(30))
+    s, w = res.strategy_summary["selector"], want.strategy_summary["selector"]
+    assert res.tokens == want.tokens and res.accept_lengths == want.accept_lengths
+    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "shadow_rows"):
+        assert s[key] == w[key], key
+    assert all(answers) and s["budget_skipped"] == 0 and s["budget_units"] == 1 + len(answers)
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.0", "nan"])
+def test_bad_work_budget(value):
+    with pytest.raises(ConfigError, match=r"^--selector\.work_budget must be in \[0, 1\), got "):
+        build_config(DelTplConfig, {"work_budget": value}, flag_prefix="--selector.")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
+from framework.budget import WorkBudget
 from framework.config import ConfigError, build_config
 from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.interfaces import LayerPlan, ModelInfo
 from framework.model_adapter import adapter_for
 from framework.state import DecodeState
 from framework.testing import (
+    FakeClock,
     LayerSelectorContract,
     cached_tiny_model,
     default_strategy_instance,
@@ -215,3 +219,88 @@ def test_bad_config_and_model():
     sel = make(skip_ratio=0.1)
     with pytest.raises(ConfigError, match="skip_ratio"):
         sel.setup(ModelInfo(num_layers=4, hidden_size=8, vocab_size=16, max_context=64))
+
+
+# ---- the work budget (an extension) ------------------------------------------------------------
+
+
+def on_fake_clock(sel, monkeypatch, step_seconds: float) -> FakeClock:
+    """Give ``sel`` a budget of its configured share on a fake clock where every decoding round
+    takes 1 s and every optimisation step ``step_seconds`` (the steps themselves run for real)."""
+    clock = FakeClock()
+    sel.budget = WorkBudget(sel.config.work_budget, clock=clock)
+    plan, step = sel.plan, sel._step
+
+    def timed_plan(state):
+        clock.t += 1.0
+        return plan(state)
+
+    def timed_step(state):
+        step(state)
+        clock.t += step_seconds
+
+    monkeypatch.setattr(sel, "plan", timed_plan)
+    monkeypatch.setattr(sel, "_step", timed_step)
+    return clock
+
+
+def due_steps(res, context_window: int = SMALL["context_window"]) -> int:
+    """Rounds of a generation after which a step was due (opt_interval 1): once more than
+    ``context_window + 1`` tokens are new (the prefill's token included)."""
+    return sum(1 + n > context_window + 1 for n in itertools.accumulate(res.accept_lengths))
+
+
+def test_work_budget_skips_steps_and_reports_it(adapter, monkeypatch):
+    sel = make(work_budget=0.25, matchness_stop=1.0)  # never stops on its own
+    dec = decoder(adapter, sel)
+    on_fake_clock(sel, monkeypatch, step_seconds=1.0)
+    prompt = random_prompt(6, 128, 0)
+    res = dec.generate(prompt, StopCondition(64))
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(64)).tokens
+    s = res.strategy_summary["selector"]
+    # a skipped step advances no counter: the steps taken are exactly the budget's units
+    assert 0 < s["opt_steps"] == s["budget_units"] == sel.steps == len(s["matchness"])
+    assert s["budget_units"] + s["budget_skipped"] == due_steps(res)
+    assert s["budget_skipped"] >= s["opt_steps"]  # a 1 s step fits in one of every 3-4 rounds
+    assert s["opt_seconds"] == s["opt_steps"] * 1.0  # the steps' timing is the budget's
+    assert s["work_share"] <= 0.25 + 1.0 / sel.budget.wall_seconds  # at most one step over
+    assert s["phase"] == "optimising" and s["stop_reason"] == ""
+
+
+def test_zero_work_budget_changes_nothing(adapter, monkeypatch):
+    """Unlimited: every due step runs however long it takes, exactly as without the budget."""
+    prompt = random_prompt(6, 128, 1)
+    want = decoder(adapter, make(matchness_stop=1.0)).generate(prompt, StopCondition(48))
+    sel = make(work_budget=0.0, matchness_stop=1.0)
+    dec = decoder(adapter, sel)
+    on_fake_clock(sel, monkeypatch, step_seconds=1000.0)
+    res = dec.generate(prompt, StopCondition(48))
+    s, w = res.strategy_summary["selector"], want.strategy_summary["selector"]
+    assert res.tokens == want.tokens and res.accept_lengths == want.accept_lengths
+    assert s["matchness"] == w["matchness"] and s["plan"] == w["plan"]
+    assert s["budget_skipped"] == 0 and s["budget_units"] == s["opt_steps"] > 0
+
+
+@pytest.mark.parametrize("persist", [True, False])
+def test_work_budget_lives_as_long_as_the_optimisation_state(adapter, monkeypatch, persist):
+    """Carried across generations with the state (idle time in between earns no budget), or
+    restarted with it."""
+    sel = make(work_budget=0.25, matchness_stop=1.0, persist_across_prompts=persist)
+    dec = decoder(adapter, sel)
+    clock = on_fake_clock(sel, monkeypatch, step_seconds=1.0)
+    dec.generate(random_prompt(6, 128, 0), StopCondition(48))
+    units, skipped = sel.budget.units, sel.budget.skipped
+    clock.t += 1e6  # e.g. other methods of a benchmark decode meanwhile
+    res = dec.generate(random_prompt(6, 128, 1), StopCondition(48))
+    s = res.strategy_summary["selector"]
+    if not persist:
+        units = skipped = 0
+    assert s["budget_units"] == units + s["opt_steps"]
+    assert s["budget_units"] + s["budget_skipped"] == units + skipped + due_steps(res)
+    assert s["budget_skipped"] > skipped  # (persisting) the idle 1e6 s gave no credit
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.0", "nan"])
+def test_bad_work_budget(value):
+    with pytest.raises(ConfigError, match=r"^--selector\.work_budget must be in \[0, 1\), got "):
+        build_config(SwiftConfig, {"work_budget": value}, flag_prefix="--selector.")
