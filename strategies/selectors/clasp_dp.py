@@ -59,7 +59,8 @@ class ClaspDPConfig:
     work_budget: float = param(
         0.0,
         help="extension (not in the paper): a due DP re-run waits (the next round tries again) while "
-        "the DPs' seconds exceed this share of the generation's wall time (framework.budget); "
+        "the DPs' seconds exceed this share of the wall time since setup, generations included "
+        "(framework.budget); "
         "0 = unlimited, as published; in [0, 1)",
     )
 
@@ -238,7 +239,8 @@ class ClaspDPSelector(LayerSelector):
     The DP runs against the committed KV cache without writing it, one block call per layer for all
     candidate states (sequence parallelism). The first round uses the DP on the prompt's last
     token (``init="prompt"``). With ``work_budget`` (an extension) a due re-run waits while the DPs
-    took more than that share of the generation's wall time, and is tried again the next round.
+    took more than that share of the wall time (generations included), and is tried again the next
+    round; the prompt DP of a generation over budget is replaced by the previous generation's set.
     """
 
     needs_hidden_states = True
@@ -248,7 +250,7 @@ class ClaspDPSelector(LayerSelector):
         self._L = 0
         self._m = 0
         self._protected: frozenset[int] = frozenset()
-        #: caps the DPs' share of wall time; restarted every generation, like the skip set
+        #: caps the DPs' share of wall time; it spans generations (`reset` resumes it)
         self.budget = WorkBudget(self.config.work_budget)
         self.reset()
 
@@ -278,10 +280,14 @@ class ClaspDPSelector(LayerSelector):
         self.reset()
 
     def reset(self) -> None:
+        #: the last generation's set: the first plan of the next one when its prompt DP is over budget
+        self._previous: LayerPlan | None = getattr(self, "_plan", None)
         self._plan: LayerPlan | None = None
         self._since_rounds = 0
         self._since_tokens = 0
-        self.budget.restart()
+        # The budget spans generations, so that the prompt DP (once per generation) is budgeted
+        # like the refreshes; the time between generations earns nothing.
+        self.budget.resume()
         self._t_reset = time.perf_counter()
         self._dp_seconds: list[float] = []
         self._sets: list[dict[str, Any]] = []
@@ -334,7 +340,10 @@ class ClaspDPSelector(LayerSelector):
         hs = state.last_hidden_states
         p = state.prompt_len
         if self.config.init == "prompt" and hs is not None and state.round == 0 and hs.shape[2] >= p:
-            self.refresh(state, hs[:, 0, p - 1], p - 1)
+            if self._previous is not None and not self.budget.allows():
+                self._plan = self._previous  # over budget: keep the last generation's set
+            else:
+                self.refresh(state, hs[:, 0, p - 1], p - 1)
         else:
             eligible = [i for i in range(self._L) if i not in self._protected]
             self._set_plan(uniform_blocks(self._L, self._m, eligible))

@@ -60,7 +60,8 @@ class DelTplConfig:
     work_budget: float = param(
         0.0,
         help="extension (not in the paper): skip a round's statistics update (shadow tokens) while the "
-        "updates' seconds exceed this share of the generation's wall time (framework.budget); "
+        "updates' (and prompt initialisations') seconds exceed this share of the wall time since setup, "
+        "generations included (framework.budget); "
         "0 = unlimited, as published; in [0, 1)",
     )
 
@@ -211,7 +212,8 @@ class DelTplSelector(LayerSelector):
     threshold reach the length controller as ``state.length_hint`` (``del_dynamic`` reads it;
     other controllers ignore it). When no exit beats plain decoding the hint asks for no draft.
     With ``work_budget`` (an extension) a round's statistics update is skipped while the updates
-    took more than that share of the generation's wall time; the choice stays the last one made.
+    took more than that share of the wall time (generations included); the choice stays the last one
+    made. Over budget, a generation starts without the prompt initialisation.
     """
 
     needs_hidden_states = True
@@ -220,7 +222,7 @@ class DelTplSelector(LayerSelector):
         super().__init__(config)
         self._L = 0
         self._layers = torch.zeros(0, dtype=torch.long)
-        #: caps the statistics' share of wall time; restarted every generation, like the statistics
+        #: caps the statistics' share of wall time; it spans generations (`reset` resumes it)
         self.budget = WorkBudget(self.config.work_budget)
         self.reset()
 
@@ -256,7 +258,9 @@ class DelTplSelector(LayerSelector):
         self._seconds = 0.0
         self._rows = 0
         self._init_positions = 0
-        self.budget.restart()
+        # The budget spans generations, so that the prompt initialisation (once per generation)
+        # is budgeted like the updates; the time between generations earns nothing.
+        self.budget.resume()
 
     @property
     def candidate_layers(self) -> list[int]:
@@ -294,9 +298,9 @@ class DelTplSelector(LayerSelector):
         hs = state.last_hidden_states
         p = state.prompt_len
         w = min(self.config.init_tokens, p - 1)
-        # The generation's first unit of the work budget, so always allowed: no need to ask.
-        with self.budget.unit() as unit:
-            if hs is not None and w > 0 and state.round == 0 and hs.shape[2] >= p:
+        # Over budget, the generation starts without statistics (its first rounds do not draft).
+        if hs is not None and w > 0 and state.round == 0 and hs.shape[2] >= p and self.budget.allows():
+            with self.budget.unit() as unit:
                 h = hs[:, 0, p - w : p]  # (L+1, w, d)
                 if self.config.init_reference == "target":
                     ref, _ = self._shadow(state.adapter, h, torch.tensor([self._L]))
@@ -306,8 +310,8 @@ class DelTplSelector(LayerSelector):
                 toks, conf = self._shadow(state.adapter, h, self._layers)
                 self._stats.update(self._layers, (toks == ref.to(toks.device)[None]).cpu(), conf.cpu(), w)
                 self._init_positions = w
-            self._choose()
-        self._seconds += unit.seconds
+            self._seconds += unit.seconds
+        self._choose()
 
     # ------------------------------------------------------------------ interface
     def plan(self, state) -> LayerPlan:

@@ -409,6 +409,25 @@ def test_zero_work_budget_changes_nothing(monkeypatch):
     assert s["budget_skipped"] == 0 and s["budget_units"] == s["refreshes"]
 
 
+def test_the_budget_spans_generations_and_covers_the_prompt_dp(monkeypatch):
+    """Over budget after one generation, the next starts with the last generation's set instead
+    of the prompt DP, and time that passes between generations earns no budget."""
+    adapter = _adapter(6, 1)
+    prompt = random_prompt(8, 128, 4)
+    sel = ClaspDPSelector(ClaspDPConfig(num_skip=2, interval=1000, work_budget=0.05))
+    dec = _decoder(adapter, sel)
+    _on_fake_clock(sel, monkeypatch, dp_seconds=10.0)
+    first = dec.generate(prompt, StopCondition(12)).strategy_summary["selector"]
+    assert [r["round"] for r in first["sets"]] == [0]  # the prompt DP (a first unit) only
+    second = dec.generate(prompt, StopCondition(12))
+    s = second.strategy_summary["selector"]
+    assert s["sets"] == [] and s["plan"] == first["plan"]  # over budget: the previous set drafts
+    assert second.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(12)).tokens
+    sel.budget.clock.t += 10_000.0  # other methods decoding between generations: not credited
+    third = dec.generate(prompt, StopCondition(200)).strategy_summary["selector"]
+    assert third["sets"] == []
+
+
 @pytest.mark.parametrize("value", ["-0.1", "1.0", "nan"])
 def test_bad_work_budget(value):
     with pytest.raises(ConfigError, match=r"^--selector\.work_budget must be in \[0, 1\), got "):

@@ -433,13 +433,14 @@ def test_work_budget_skips_statistics_updates_and_keeps_choosing_from_the_rest(m
     assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
     s = res.strategy_summary["selector"]
     rounds = len(res.accept_lengths)
-    assert len(answers) == rounds  # every round's update was due
-    assert 0 < sum(answers) < rounds and s["budget_skipped"] == answers.count(False)
-    assert s["budget_units"] == 1 + sum(answers)  # the prompt initialisation, then the updates run
-    assert s["update_seconds"] == sum(answers) * 1.0  # (the initialisation took no fake time)
+    init, updates = answers[0], answers[1:]
+    assert init and len(updates) == rounds  # the initialisation (a first unit) and every round's update
+    assert 0 < sum(updates) < rounds and s["budget_skipped"] == answers.count(False)
+    assert s["budget_units"] == sum(answers)  # the prompt initialisation, then the updates run
+    assert s["update_seconds"] == sum(updates) * 1.0  # (the initialisation took no fake time)
     # A skipped update leaves the statistics, so the next round's choice, exactly as they were.
     for i in range(rounds - 1):
-        if not answers[i]:
+        if not updates[i]:
             for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha"):
                 assert s[key][i + 1] == s[key][i], (key, i)
     # and DEL still works on what it saw: the shallow exit that agrees, drafting and accepting
@@ -459,7 +460,25 @@ def test_zero_work_budget_changes_nothing(monkeypatch):
     assert res.tokens == want.tokens and res.accept_lengths == want.accept_lengths
     for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "shadow_rows"):
         assert s[key] == w[key], key
-    assert all(answers) and s["budget_skipped"] == 0 and s["budget_units"] == 1 + len(answers)
+    assert all(answers) and s["budget_skipped"] == 0 and s["budget_units"] == len(answers)
+
+
+def test_the_budget_spans_generations_and_covers_the_prompt_initialisation(monkeypatch):
+    """Over budget after a generation of expensive updates, the next generation starts without
+    the prompt initialisation (no statistics: its first round does not draft), still lossless."""
+    adapter = _early_exit_friendly()
+    prompt = random_prompt(20, 128, 2)
+    sel = DelTplSelector(DelTplConfig(work_budget=0.01))
+    dec = _del_decoder(adapter, sel)
+    answers = _on_fake_clock(sel, monkeypatch, update_seconds=100.0)
+    first = dec.generate(prompt, StopCondition(20))
+    assert first.strategy_summary["selector"]["init_positions"] > 0 and answers[0]
+    asked = len(answers)
+    second = dec.generate(prompt, StopCondition(20))
+    s = second.strategy_summary["selector"]
+    assert answers[asked] is False and s["init_positions"] == 0
+    assert second.draft_lengths[0] == 0
+    assert second.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(20)).tokens
 
 
 @pytest.mark.parametrize("value", ["-0.1", "1.0", "nan"])
