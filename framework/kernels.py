@@ -406,6 +406,101 @@ void attend_row(const AttnArgs& a, int64_t b, int64_t h, int64_t t, float* score
   for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
 }
 
+
+// The query rows t in [t0, t1) of the G query heads that share KV head hk, together: each key and
+// value vector is read from memory once for all of them (attend_row reads the whole visible cache
+// once per row, which dominates a verification over a long cache). Every row goes through exactly
+// attend_row's operations in the same order (its visible keys in key order, the same FMA chains,
+// max, exp and sums), so its result is bit-identical to attend_row's.
+struct GroupScratch {
+  std::vector<float> scores, acc, mx;
+  std::vector<int32_t> idx;
+  std::vector<int64_t> cnt, lim, ptr;
+};
+
+void attend_group(const AttnArgs& a, int64_t b, int64_t hk, int64_t t0, int64_t t1, GroupScratch& w) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D, S = a.S, R = (t1 - t0) * G, ld = D + VL;
+  w.scores.resize(R * S);
+  w.idx.resize(R * S);
+  w.acc.assign(R * ld, 0.0f);
+  w.mx.assign(R, -INFINITY);
+  w.cnt.assign(R, 0);
+  w.lim.resize(R);
+  w.ptr.assign(R, 0);
+  const float* kb = a.k + b * a.ks_b + hk * a.ks_h;
+  const float* vb = a.v + b * a.vs_b + hk * a.vs_h;
+  int64_t top = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r / G;
+    w.lim[r] = (a.mask_kind == 0 && a.causal) ? std::min<int64_t>(S, S - a.T + t + 1) : S;
+    top = std::max(top, w.lim[r]);
+  }
+  for (int64_t j = 0; j < top; ++j) {
+    const float* kr = kb + j * a.ks_s;
+    for (int64_t r = 0; r < R; ++r) {
+      if (j >= w.lim[r]) continue;
+      const int64_t t = t0 + r / G, h = hk * G + r % G;
+      float add = 0.0f;
+      if (a.mask_kind == 1) {
+        add = static_cast<const float*>(a.mask)[b * a.ms_b + h * a.ms_h + t * a.ms_t + j * a.ms_s];
+        if (!(add > -0.5f * FLT_MAX)) continue;
+      } else if (a.mask_kind == 2 &&
+                 !static_cast<const uint8_t*>(a.mask)[b * a.ms_b + h * a.ms_h + t * a.ms_t + j * a.ms_s]) {
+        continue;
+      }
+      const float* q = a.q + b * a.qs_b + h * a.qs_h + t * a.qs_t;
+      vf sv = vzero();
+      int64_t d = 0;
+      for (; d + VL <= D; d += VL) sv = vfma(vload(q + d), vload(kr + d), sv);
+      if (d < D) sv = vfma(vload_n(q + d, (int)(D - d)), vload_n(kr + d, (int)(D - d)), sv);
+      const float sc = vsum(sv) * a.scale + add;
+      w.scores[r * S + w.cnt[r]] = sc;
+      w.idx[r * S + w.cnt[r]] = (int32_t)j;
+      ++w.cnt[r];
+      w.mx[r] = std::max(w.mx[r], sc);
+    }
+  }
+  std::vector<float> inv(R, 0.0f);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = w.cnt[r];
+    if (n == 0) continue;
+    float* sc = w.scores.data() + r * S;
+    const vf vmx = vset(w.mx[r]);
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) vstore(sc + i, vexp(vsub(vload(sc + i), vmx)));
+    if (i < n) vstore_n(sc + i, vexp(vsub(vload_n(sc + i, (int)(n - i)), vmx)), (int)(n - i));
+    float total = 0.0f;
+    for (i = 0; i < n; ++i) total += sc[i];
+    inv[r] = 1.0f / total;
+  }
+  for (int64_t j = 0; j < top; ++j) {
+    const float* vr = vb + j * a.vs_s;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t k = w.ptr[r];
+      if (k >= w.cnt[r] || w.idx[r * S + k] != j) continue;
+      w.ptr[r] = k + 1;
+      const vf p = vset(w.scores[r * S + k]);
+      float* acc = w.acc.data() + r * ld;
+      int64_t d = 0;
+      for (; d + VL <= D; d += VL) vstore(acc + d, vfma(p, vload(vr + d), vload(acc + d)));
+      if (d < D) {
+        const int rem = (int)(D - d);
+        vstore_n(acc + d, vfma(p, vload_n(vr + d, rem), vload_n(acc + d, rem)), rem);
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r / G, h = hk * G + r % G;
+    float* o = a.out + ((b * a.T + t) * a.Hq + h) * D;
+    const float* acc = w.acc.data() + r * ld;
+    if (w.cnt[r] == 0) {
+      for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+    } else {
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv[r];
+    }
+  }
+}
+
 }  // namespace
 
 void attention(uintptr_t q, int64_t qs_b, int64_t qs_h, int64_t qs_t, uintptr_t k, int64_t ks_b, int64_t ks_h,
@@ -534,10 +629,16 @@ void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t n
       }
     }
     {
-      std::vector<float> scores(S), acc(D + VL);
-      std::vector<int32_t> idx(S);
+      // Work items: a KV head and a contiguous range of query positions (split so that every
+      // thread gets work: each item reads its head's keys and values once).
+      const int64_t split = std::min<int64_t>(T, std::max<int64_t>(1, (2 * NT + Hkv - 1) / Hkv));
+      const int64_t per = (T + split - 1) / split;
+      GroupScratch w;
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < T * Hq; ++r) attend_row(a, 0, r % Hq, r / Hq, scores.data(), idx.data(), acc.data());
+      for (int64_t item = 0; item < Hkv * split; ++item) {
+        const int64_t hk = item / split, t0 = (item % split) * per, t1 = std::min(T, t0 + per);
+        if (t0 < t1) attend_group(a, 0, hk, t0, t1, w);
+      }
     }
     int64_t n0, n1;
     feature_share(d, t, NT, n0, n1);
