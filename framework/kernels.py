@@ -341,77 +341,19 @@ struct AttnArgs {
   bool causal;                       // without a mask: query t sees keys [0, S - T + t]
 };
 
-// One query row: softmax(q k^T * scale + mask) v over the visible keys, visited in key order.
-// Masked keys are skipped (their weight would be exactly 0), so the row's result depends only on
-// the keys it sees, not on how many other queries share the call.
-void attend_row(const AttnArgs& a, int64_t b, int64_t h, int64_t t, float* scores, int32_t* idx,
-                float* acc) {
-  const int64_t hk = h / (a.Hq / a.Hkv);
-  const float* q = a.q + b * a.qs_b + h * a.qs_h + t * a.qs_t;
-  const float* kb = a.k + b * a.ks_b + hk * a.ks_h;
-  const float* vb = a.v + b * a.vs_b + hk * a.vs_h;
-  const int64_t D = a.D;
-  int64_t limit = a.S;
-  if (a.mask_kind == 0 && a.causal) limit = std::min<int64_t>(a.S, a.S - a.T + t + 1);
-  const float* mf = nullptr;
-  const uint8_t* mb = nullptr;
-  if (a.mask_kind == 1)
-    mf = static_cast<const float*>(a.mask) + b * a.ms_b + h * a.ms_h + t * a.ms_t;
-  else if (a.mask_kind == 2)
-    mb = static_cast<const uint8_t*>(a.mask) + b * a.ms_b + h * a.ms_h + t * a.ms_t;
-  int64_t n = 0;
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < limit; ++j) {
-    float add = 0.0f;
-    if (mf) {
-      add = mf[j * a.ms_s];
-      if (!(add > -0.5f * FLT_MAX)) continue;  // masked (finfo.min or -inf)
-    } else if (mb && !mb[j * a.ms_s]) {
-      continue;
-    }
-    const float* kr = kb + j * a.ks_s;
-    vf s = vzero();
-    int64_t d = 0;
-    for (; d + VL <= D; d += VL) s = vfma(vload(q + d), vload(kr + d), s);
-    if (d < D) s = vfma(vload_n(q + d, (int)(D - d)), vload_n(kr + d, (int)(D - d)), s);
-    const float sc = vsum(s) * a.scale + add;
-    scores[n] = sc;
-    idx[n] = (int32_t)j;
-    ++n;
-    mx = std::max(mx, sc);
-  }
-  float* o = a.out + ((b * a.T + t) * a.Hq + h) * D;
-  if (n == 0) {
-    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-    return;
-  }
-  const vf vmx = vset(mx);
-  int64_t i = 0;
-  for (; i + VL <= n; i += VL) vstore(scores + i, vexp(vsub(vload(scores + i), vmx)));
-  if (i < n) vstore_n(scores + i, vexp(vsub(vload_n(scores + i, (int)(n - i)), vmx)), (int)(n - i));
-  float total = 0.0f;
-  for (i = 0; i < n; ++i) total += scores[i];
-  for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const vf p = vset(scores[i]);
-    const float* vr = vb + idx[i] * a.vs_s;
-    int64_t d = 0;
-    for (; d + VL <= D; d += VL) vstore(acc + d, vfma(p, vload(vr + d), vload(acc + d)));
-    if (d < D) {
-      const int rem = (int)(D - d);
-      vstore_n(acc + d, vfma(p, vload_n(vr + d, rem), vload_n(acc + d, rem)), rem);
-    }
-  }
-  const float inv = 1.0f / total;
-  for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv;
+// softmax(q k^T * scale + mask) v for the query rows t in [t0, t1) of the G query heads that share
+// KV head hk, together: each key and value vector is read from memory once for all of them (not once
+// per row, which would dominate a verification over a long cache). Each row visits only its visible
+// keys, in key order, with its own fixed chain of operations (masked keys are skipped: their weight
+// would be exactly 0), so a row's result depends only on its query and the keys it sees, not on
+// which or how many other rows share the call.
+// How many position ranges the T query positions of each KV head are split into: enough work items
+// for every thread, and at most 16 positions (x G heads) per item so the scratch stays small.
+inline int64_t group_split(int64_t T, int nthreads, int64_t Hkv) {
+  const int64_t want = std::max<int64_t>((2 * nthreads + Hkv - 1) / Hkv, (T + 15) / 16);
+  return std::min<int64_t>(T, std::max<int64_t>(1, want));
 }
 
-
-// The query rows t in [t0, t1) of the G query heads that share KV head hk, together: each key and
-// value vector is read from memory once for all of them (attend_row reads the whole visible cache
-// once per row, which dominates a verification over a long cache). Every row goes through exactly
-// attend_row's operations in the same order (its visible keys in key order, the same FMA chains,
-// max, exp and sums), so its result is bit-identical to attend_row's.
 struct GroupScratch {
   std::vector<float> scores, acc, mx;
   std::vector<int32_t> idx;
@@ -512,14 +454,15 @@ void attention(uintptr_t q, int64_t qs_b, int64_t qs_h, int64_t qs_t, uintptr_t 
              ms_b, ms_h, ms_t, ms_s, reinterpret_cast<float*>(out), B, Hq, Hkv, T, S, D, (float)scale, causal};
   const int64_t rows = B * Hq * T;
   const int nt = threads_for(nthreads, rows * S * D, 32768);
+  const int64_t split = group_split(T, nt, B * Hkv), per = (T + split - 1) / split;
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    std::vector<float> scores(S), acc(D + VL);
-    std::vector<int32_t> idx(S);
+    GroupScratch w;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = r % T, h = (r / T) % Hq, b = r / (T * Hq);
-      attend_row(a, b, h, t, scores.data(), idx.data(), acc.data());
+    for (int64_t item = 0; item < B * Hkv * split; ++item) {
+      const int64_t b = item / (Hkv * split), hk = (item / split) % Hkv;
+      const int64_t t0 = (item % split) * per, t1 = std::min(T, t0 + per);
+      if (t0 < t1) attend_group(a, b, hk, t0, t1, w);
     }
   }
 }
@@ -631,8 +574,7 @@ void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t n
     {
       // Work items: a KV head and a contiguous range of query positions (split so that every
       // thread gets work: each item reads its head's keys and values once).
-      const int64_t split = std::min<int64_t>(T, std::max<int64_t>(1, (2 * NT + Hkv - 1) / Hkv));
-      const int64_t per = (T + split - 1) / split;
+      const int64_t split = group_split(T, NT, Hkv), per = (T + split - 1) / split;
       GroupScratch w;
 #pragma omp for schedule(static)
       for (int64_t item = 0; item < Hkv * split; ++item) {
