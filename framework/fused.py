@@ -117,7 +117,9 @@ class FusedBlocks:
         assert a is not None
         t, d = hidden.shape[1], hidden.shape[2]
         keys, values, base = cache.claim(i)
-        mask = cache.attention_mask(i)  # (1, 1, T, base + T) additive, or None (T = 1)
+        # plain causal attention needs no mask (the kernel limits each row to the keys before it);
+        # otherwise (1, 1, T, base + T) additive
+        mask = None if cache.causal_only(i) else cache.attention_mask(i)
         if mask is None:
             mask_ptr, ms_t, ms_s = 0, 0, 0
         else:

@@ -114,6 +114,27 @@ inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
 inline vf vclamp(vf a, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(a, vset(lo)), vset(hi)); }
 inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vf vexp2i(vf y, vf n) { return _mm512_scalef_ps(y, n); }  // y * 2^n, n integral
+// Attention scores, VL keys at a time: acc[p] holds the dot-product accumulator of key kslot(p) of
+// a block of VL keys; vsum_keys returns the VL scores in key order. Every key's lanes are summed by
+// the same tree (upper half onto lower half: 16 -> 8 -> 4 -> 2 -> 1 lanes) whatever its place in
+// the block, so a key's score does not depend on which block it is in.
+inline int kslot(int p) { return 4 * (p % 4) + p / 4; }
+__attribute__((always_inline)) inline vf vsum_keys(const vf* a) {
+  vf b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i) {
+    const __m512d x = _mm512_castps_pd(c[2 * i]), y = _mm512_castps_pd(c[2 * i + 1]);
+    d[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float vmax_all(vf a) { return _mm512_reduce_max_ps(a); }
 constexpr int RMAX = 8, TILE = 12;  // up to 8 rows share a pass; 4 or 3 features per block
 constexpr int nb_for(int r) { return r <= 6 ? 4 : 3; }  // r * nb + nb + 1 <= 32 zmm registers
 const char* kIsa = "avx512";
@@ -145,6 +166,25 @@ inline vf vexp2i(vf y, vf n) {  // y * 2^n, n integral in [-127, 128]
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+// Attention scores, VL keys at a time (see the AVX-512 variant): 8 -> 4 -> 2 -> 1 lanes per key.
+inline int kslot(int p) { return 4 * (p % 2) + p / 2; }
+__attribute__((always_inline)) inline vf vsum_keys(const vf* a) {
+  vf b[4], c[2];
+  for (int i = 0; i < 4; ++i)
+    b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+  for (int i = 0; i < 2; ++i) {
+    const __m256d x = _mm256_castps_pd(b[2 * i]), y = _mm256_castps_pd(b[2 * i + 1]);
+    c[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+}
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float vmax_all(vf a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
 constexpr int RMAX = 4, TILE = 4;
 constexpr int nb_for(int r) { return r <= 2 ? 4 : 2; }  // r * nb + nb + 1 <= 16 ymm registers
 const char* kIsa = "avx2";
@@ -166,6 +206,10 @@ inline vf vdiv(vf a, vf b) { return a / b; }
 inline vf vclamp(vf a, float lo, float hi) { return std::min(std::max(a, lo), hi); }
 inline vf vround(vf a) { return std::nearbyint(a); }
 inline vf vexp2i(vf y, vf n) { return std::ldexp(y, (int)n); }
+inline int kslot(int) { return 0; }
+inline vf vsum_keys(const vf* a) { return a[0]; }
+inline vf vmax(vf a, vf b) { return std::max(a, b); }
+inline float vmax_all(vf a) { return a; }
 constexpr int RMAX = 4, TILE = 4;
 constexpr int nb_for(int) { return 4; }
 const char* kIsa = "scalar";
@@ -341,12 +385,6 @@ struct AttnArgs {
   bool causal;                       // without a mask: query t sees keys [0, S - T + t]
 };
 
-// softmax(q k^T * scale + mask) v for the query rows t in [t0, t1) of the G query heads that share
-// KV head hk, together: each key and value vector is read from memory once for all of them (not once
-// per row, which would dominate a verification over a long cache). Each row visits only its visible
-// keys, in key order, with its own fixed chain of operations (masked keys are skipped: their weight
-// would be exactly 0), so a row's result depends only on its query and the keys it sees, not on
-// which or how many other rows share the call.
 // How many position ranges the T query positions of each KV head are split into: enough work items
 // for every thread, and at most 16 positions (x G heads) per item so the scratch stays small.
 inline int64_t group_split(int64_t T, int nthreads, int64_t Hkv) {
@@ -355,20 +393,136 @@ inline int64_t group_split(int64_t T, int nthreads, int64_t Hkv) {
 }
 
 struct GroupScratch {
-  std::vector<float> scores, acc, mx;
-  std::vector<int32_t> idx;
+  std::vector<float> sc;     // R x S: per row, the scores (then the weights) of the keys it sees
+  std::vector<int32_t> idx;  // R x S: their key indices (masked calls; otherwise entry i is key i)
+  std::vector<float> acc;    // R x 2 x ld: weighted value sums over even and odd entries
   std::vector<int64_t> cnt, lim, ptr;
+  std::vector<float> inv;
 };
 
+// The VL scores q.k of keys kb[0 .. nk) (row stride ks), in key order; lanes >= nk are 0. D is nd
+// vectors, the last one of `rem` lanes when rem > 0. ND > 0: nd == ND, known at compile time (the
+// dot products of all VL keys stay in registers); ND == 0: any nd.
+template <int ND>
+__attribute__((always_inline)) inline vf score_block(const float* q, const float* kb, int64_t ks, int nk, int64_t nd, int rem) {
+  constexpr int NR = ND > 0 ? ND : 1;
+  const int64_t n = ND > 0 ? ND : nd;
+  vf qv[NR];
+  if (ND > 0)
+    for (int c = 0; c < NR; ++c) qv[c] = (rem > 0 && c == NR - 1) ? vload_n(q + c * VL, rem) : vload(q + c * VL);
+  vf acc[VL];
+  if (nk == VL && (ND > 0 && rem == 0)) {  // the common case: a full block, no tail lanes
+#pragma GCC unroll 16
+    for (int p = 0; p < VL; ++p) {
+      const float* kr = kb + kslot(p) * ks;
+      vf s = vzero();
+#pragma GCC unroll 8
+      for (int c = 0; c < NR; ++c) s = vfma(qv[c], vload(kr + c * VL), s);
+      acc[p] = s;
+    }
+    return vsum_keys(acc);
+  }
+  for (int p = 0; p < VL; ++p) {
+    const int kj = kslot(p);
+    vf s = vzero();
+    if (kj < nk) {
+      const float* kr = kb + kj * ks;
+      for (int64_t c = 0; c < n; ++c) {
+        const bool tail = rem > 0 && c == n - 1;
+        const vf x = tail ? vload_n(kr + c * VL, rem) : vload(kr + c * VL);
+        const vf y = ND > 0 ? qv[ND > 0 ? c : 0] : (tail ? vload_n(q + c * VL, rem) : vload(q + c * VL));
+        s = vfma(y, x, s);
+      }
+    }
+    acc[p] = s;
+  }
+  return vsum_keys(acc);
+}
+
+inline vf score_any(const float* q, const float* kb, int64_t ks, int nk, int64_t nd, int rem) {
+  switch (nd) {
+    case 1: return score_block<1>(q, kb, ks, nk, nd, rem);
+    case 2: return score_block<2>(q, kb, ks, nk, nd, rem);
+    case 4: return score_block<4>(q, kb, ks, nk, nd, rem);
+    case 8: return score_block<8>(q, kb, ks, nk, nd, rem);
+    default: return score_block<0>(q, kb, ks, nk, nd, rem);
+  }
+}
+
+// acc[0 .. nd) (even entries) and acc[ld .. ld + nd) (odd entries) += w[i] * value(key of entry i)
+// for the entries i in [i0, i1). Entry parity, not the call's range, picks the sum, so the result
+// after all calls depends only on the sequence of entries.
+template <int ND>
+inline void value_range(const float* w, const int32_t* idx, int64_t i0, int64_t i1, const float* vb, int64_t vs,
+                        float* acc, int64_t ld, int64_t nd, int rem) {
+  constexpr int NR = ND > 0 ? ND : 1;
+  const int64_t n = ND > 0 ? ND : nd;
+  vf e[NR], o[NR];  // ND > 0: the sums stay in registers over the range
+  if (ND > 0)
+    for (int c = 0; c < NR; ++c) {
+      e[c] = vload(acc + c * VL);
+      o[c] = vload(acc + ld + c * VL);
+    }
+  auto add = [&](int64_t i, vf* reg, float* mem) {
+    const float* vr = vb + (idx ? (int64_t)idx[i] : i) * vs;
+    const vf p = vset(w[i]);
+    for (int64_t c = 0; c < n; ++c) {
+      const vf x = (rem > 0 && c == n - 1) ? vload_n(vr + c * VL, rem) : vload(vr + c * VL);
+      if (ND > 0)
+        reg[c] = vfma(p, x, reg[c]);
+      else
+        vstore(mem + c * VL, vfma(p, x, vload(mem + c * VL)));
+    }
+  };
+  int64_t i = i0;
+  if (i < i1 && (i & 1)) add(i++, o, acc + ld);
+  for (; i + 1 < i1; i += 2) {
+    add(i, e, acc);
+    add(i + 1, o, acc + ld);
+  }
+  if (i < i1) add(i, e, acc);
+  if (ND > 0)
+    for (int c = 0; c < NR; ++c) {
+      vstore(acc + c * VL, e[c]);
+      vstore(acc + ld + c * VL, o[c]);
+    }
+}
+
+inline void value_any(const float* w, const int32_t* idx, int64_t i0, int64_t i1, const float* vb, int64_t vs,
+                      float* acc, int64_t ld, int64_t nd, int rem) {
+  switch (nd) {
+    case 1: return value_range<1>(w, idx, i0, i1, vb, vs, acc, ld, nd, rem);
+    case 2: return value_range<2>(w, idx, i0, i1, vb, vs, acc, ld, nd, rem);
+    case 4: return value_range<4>(w, idx, i0, i1, vb, vs, acc, ld, nd, rem);
+    case 8: return value_range<8>(w, idx, i0, i1, vb, vs, acc, ld, nd, rem);
+    default: return value_range<0>(w, idx, i0, i1, vb, vs, acc, ld, nd, rem);
+  }
+}
+
+// softmax(q k^T * scale + mask) v for the query rows t in [t0, t1) of the G query heads that share
+// KV head hk, together. Keys are read in blocks of VL (scores) and chunks of kChunk (values) that
+// stay in L1 for all rows of the item. Batch invariance: a row's result is a fixed function of its
+// query and the sequence of keys it sees, whatever its position, the other rows of the call and the
+// thread split. A key's score has the same chain of operations in every lane (score_block); masked
+// keys are dropped (their weight would be exactly 0), so the visible keys form a sequence of
+// "entries"; the maximum is exact in any order; the exponentials are lane-wise; the softmax
+// denominator sums entries lane-wise by entry index, then by vsum's tree; the value sums split by
+// entry parity. A tree row and a single query over the same keys laid out contiguously agree bit
+// for bit.
+constexpr int64_t kChunk = 64;
+
 void attend_group(const AttnArgs& a, int64_t b, int64_t hk, int64_t t0, int64_t t1, GroupScratch& w) {
-  const int64_t G = a.Hq / a.Hkv, D = a.D, S = a.S, R = (t1 - t0) * G, ld = D + VL;
-  w.scores.resize(R * S);
-  w.idx.resize(R * S);
-  w.acc.assign(R * ld, 0.0f);
-  w.mx.assign(R, -INFINITY);
+  const int64_t G = a.Hq / a.Hkv, D = a.D, S = a.S, R = (t1 - t0) * G;
+  const int64_t nd = (D + VL - 1) / VL, ld = nd * VL;
+  const int rem = (int)(D % VL);
+  const bool masked = a.mask_kind != 0;
+  w.sc.resize(R * S);
+  if (masked) w.idx.resize(R * S);
+  w.acc.assign(R * 2 * ld, 0.0f);
   w.cnt.assign(R, 0);
   w.lim.resize(R);
   w.ptr.assign(R, 0);
+  w.inv.assign(R, 0.0f);
   const float* kb = a.k + b * a.ks_b + hk * a.ks_h;
   const float* vb = a.v + b * a.vs_b + hk * a.vs_h;
   int64_t top = 0;
@@ -377,69 +531,105 @@ void attend_group(const AttnArgs& a, int64_t b, int64_t hk, int64_t t0, int64_t 
     w.lim[r] = (a.mask_kind == 0 && a.causal) ? std::min<int64_t>(S, S - a.T + t + 1) : S;
     top = std::max(top, w.lim[r]);
   }
-  for (int64_t j = 0; j < top; ++j) {
-    const float* kr = kb + j * a.ks_s;
+  const vf vscale = vset(a.scale);
+  // 1. scores of the visible keys, in key order
+  for (int64_t j0 = 0; j0 < top; j0 += VL) {
+    const int nk = (int)std::min<int64_t>(VL, top - j0);
     for (int64_t r = 0; r < R; ++r) {
-      if (j >= w.lim[r]) continue;
+      if (j0 >= w.lim[r]) continue;
       const int64_t t = t0 + r / G, h = hk * G + r % G;
-      float add = 0.0f;
-      if (a.mask_kind == 1) {
-        add = static_cast<const float*>(a.mask)[b * a.ms_b + h * a.ms_h + t * a.ms_t + j * a.ms_s];
-        if (!(add > -0.5f * FLT_MAX)) continue;
-      } else if (a.mask_kind == 2 &&
-                 !static_cast<const uint8_t*>(a.mask)[b * a.ms_b + h * a.ms_h + t * a.ms_t + j * a.ms_s]) {
+      const float* q = a.q + b * a.qs_b + h * a.qs_h + t * a.qs_t;
+      alignas(64) float sv[VL];
+      vstore(sv, vmul(score_any(q, kb + j0 * a.ks_s, a.ks_s, nk, nd, rem), vscale));
+      const int nvis = (int)std::min<int64_t>(nk, w.lim[r] - j0);
+      float* out = w.sc.data() + r * S;
+      if (!masked) {
+        std::copy(sv, sv + nvis, out + j0);
+        w.cnt[r] = j0 + nvis;
         continue;
       }
-      const float* q = a.q + b * a.qs_b + h * a.qs_h + t * a.qs_t;
-      vf sv = vzero();
-      int64_t d = 0;
-      for (; d + VL <= D; d += VL) sv = vfma(vload(q + d), vload(kr + d), sv);
-      if (d < D) sv = vfma(vload_n(q + d, (int)(D - d)), vload_n(kr + d, (int)(D - d)), sv);
-      const float sc = vsum(sv) * a.scale + add;
-      w.scores[r * S + w.cnt[r]] = sc;
-      w.idx[r * S + w.cnt[r]] = (int32_t)j;
-      ++w.cnt[r];
-      w.mx[r] = std::max(w.mx[r], sc);
+      int32_t* ix = w.idx.data() + r * S;
+      int64_t c = w.cnt[r];
+      const int64_t m0 = b * a.ms_b + h * a.ms_h + t * a.ms_t;
+      if (a.mask_kind == 1 && a.ms_s == 1) {  // a float mask row: all of the block visible?
+        const float* mp = static_cast<const float*>(a.mask) + m0 + j0;
+        bool all = true;
+        for (int i = 0; i < nvis; ++i) all &= mp[i] > -0.5f * FLT_MAX;
+        if (all) {
+          for (int i = 0; i < nvis; ++i) {
+            out[c + i] = sv[i] + mp[i];
+            ix[c + i] = (int32_t)(j0 + i);
+          }
+          w.cnt[r] = c + nvis;
+          continue;
+        }
+      }
+      for (int i = 0; i < nvis; ++i) {
+        const int64_t j = j0 + i, mo = m0 + j * a.ms_s;
+        float add = 0.0f;
+        if (a.mask_kind == 1) {
+          add = static_cast<const float*>(a.mask)[mo];
+          if (!(add > -0.5f * FLT_MAX)) continue;
+        } else if (!static_cast<const uint8_t*>(a.mask)[mo]) {
+          continue;
+        }
+        out[c] = sv[i] + add;
+        ix[c++] = (int32_t)j;
+      }
+      w.cnt[r] = c;
     }
   }
-  std::vector<float> inv(R, 0.0f);
+  // 2. softmax weights (unnormalised) and 1 / their sum
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n = w.cnt[r];
     if (n == 0) continue;
-    float* sc = w.scores.data() + r * S;
-    const vf vmx = vset(w.mx[r]);
+    float* sc = w.sc.data() + r * S;
     int64_t i = 0;
-    for (; i + VL <= n; i += VL) vstore(sc + i, vexp(vsub(vload(sc + i), vmx)));
-    if (i < n) vstore_n(sc + i, vexp(vsub(vload_n(sc + i, (int)(n - i)), vmx)), (int)(n - i));
-    float total = 0.0f;
-    for (i = 0; i < n; ++i) total += sc[i];
-    inv[r] = 1.0f / total;
+    float mx = -INFINITY;
+    if (n >= VL) {
+      vf m = vload(sc);
+      for (i = VL; i + VL <= n; i += VL) m = vmax(m, vload(sc + i));
+      mx = vmax_all(m);
+    }
+    for (; i < n; ++i) mx = std::max(mx, sc[i]);
+    const vf vmx = vset(mx);
+    vf tot = vzero();
+    for (i = 0; i + VL <= n; i += VL) {
+      const vf e = vexp(vsub(vload(sc + i), vmx));
+      vstore(sc + i, e);
+      tot = vadd(tot, e);
+    }
+    if (i < n) {
+      const int k = (int)(n - i);
+      const vf e = vexp(vsub(vload_n(sc + i, k), vmx));
+      vstore_n(sc + i, e, k);
+      tot = vadd(tot, vload_n(sc + i, k));
+    }
+    w.inv[r] = 1.0f / vsum(tot);
   }
-  for (int64_t j = 0; j < top; ++j) {
-    const float* vr = vb + j * a.vs_s;
+  // 3. weighted sums of the values, a chunk of keys at a time for all rows
+  for (int64_t c0 = 0; c0 < top; c0 += kChunk) {
+    const int64_t c1 = c0 + kChunk;
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t k = w.ptr[r];
-      if (k >= w.cnt[r] || w.idx[r * S + k] != j) continue;
-      w.ptr[r] = k + 1;
-      const vf p = vset(w.scores[r * S + k]);
-      float* acc = w.acc.data() + r * ld;
-      int64_t d = 0;
-      for (; d + VL <= D; d += VL) vstore(acc + d, vfma(p, vload(vr + d), vload(acc + d)));
-      if (d < D) {
-        const int rem = (int)(D - d);
-        vstore_n(acc + d, vfma(p, vload_n(vr + d, rem), vload_n(acc + d, rem)), rem);
+      const int64_t n = w.cnt[r], i0 = w.ptr[r];
+      if (i0 >= n) continue;
+      const int32_t* ix = masked ? w.idx.data() + r * S : nullptr;
+      int64_t i1 = i0;
+      if (ix == nullptr) {
+        i1 = std::min(n, c1);
+      } else {
+        while (i1 < n && ix[i1] < c1) ++i1;
       }
+      value_any(w.sc.data() + r * S, ix, i0, i1, vb, a.vs_s, w.acc.data() + r * 2 * ld, ld, nd, rem);
+      w.ptr[r] = i1;
     }
   }
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t = t0 + r / G, h = hk * G + r % G;
     float* o = a.out + ((b * a.T + t) * a.Hq + h) * D;
-    const float* acc = w.acc.data() + r * ld;
-    if (w.cnt[r] == 0) {
-      for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-    } else {
-      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] * inv[r];
-    }
+    const float* even = w.acc.data() + r * 2 * ld;
+    const float* odd = even + ld;
+    for (int64_t d = 0; d < D; ++d) o[d] = (even[d] + odd[d]) * w.inv[r];
   }
 }
 

@@ -195,6 +195,13 @@ class KVCache:
         self._written[layer] = True
         return self._k_layers[layer], self._v_layers[layer], self._base(layer)
 
+    def causal_only(self, layer: int) -> bool:
+        """Whether the new tokens of the current forward see exactly the committed/earlier slots
+        and the new tokens before them (plain causal attention: no tree, no hidden slots)."""
+        w = self._write
+        assert w is not None
+        return (w.visible is None or w.visible == self._base(layer)) and w.tree_mask is None
+
     def attention_mask(self, layer: int) -> torch.Tensor | None:
         """Additive float mask (1, 1, T, base + T) for ``layer`` in the current forward.
 

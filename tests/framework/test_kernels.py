@@ -226,6 +226,24 @@ def test_attention_rows_bit_identical_to_single_queries():
         assert torch.equal(one[:, 0], treeout[:, j])
 
 
+def test_attention_row_does_not_depend_on_key_positions():
+    """Keys are scored a vector of them at a time: a row's result must not depend on where its
+    visible keys sit in those blocks (masked keys in front shift every key to another lane)."""
+    h, hkv, d, s = 4, 2, 64, 45
+    module = _Attn(h // hkv)
+    q, k, v = _qkv(1, h, hkv, 1, s, d, seed=11)
+    want, _ = kernels.attention(module, q, k, v, None, scaling=0.125)
+    g = _gen(12)
+    for shift in range(1, 18):
+        pad_k = torch.cat([torch.randn(1, hkv, shift, d, generator=g), k], 2)
+        pad_v = torch.cat([torch.randn(1, hkv, shift, d, generator=g), v], 2)
+        allowed = torch.ones(1, 1, 1, shift + s, dtype=torch.bool)
+        allowed[..., :shift] = False
+        for mask in (allowed, _additive(allowed)):
+            got, _ = kernels.attention(module, q, pad_k, pad_v, mask, scaling=0.125)
+            assert torch.equal(got, want), shift
+
+
 def test_attention_falls_back_to_sdpa():
     module = _Attn(2)
     q, k, v = _qkv(1, 4, 2, 3, 7, 16, seed=8)

@@ -472,6 +472,31 @@ def test_attention_mask_layout():
     )
 
 
+def test_causal_only_iff_the_mask_is_plain_causal():
+    """`causal_only` (the fused kernel then limits rows itself) holds exactly when the mask is
+    the causal one: every earlier slot visible, no tree."""
+    cache = KVCache(1, 1, 1, 2, capacity=16)
+    cache.lengths = [4]
+    cache.committed = 4
+    cases = [
+        (dict(num=3), True),
+        (dict(num=1), True),
+        (dict(num=2, base=2, persist=False), True),  # scratch over the whole visible prefix
+        (dict(num=2, base=4, visible=2, persist=False), False),  # hidden slots
+        (dict(num=2, tree_mask=torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)), False),
+    ]
+    for kw, want in cases:
+        num = kw.pop("num")
+        cache.begin(num, **kw)
+        assert cache.causal_only(0) is want
+        mask = cache.attention_mask(0)
+        if want and mask is not None:
+            causal = torch.ones(num, num, dtype=torch.bool).tril()
+            allowed = mask[0, 0] == 0
+            assert allowed[:, : allowed.shape[1] - num].all() and torch.equal(allowed[:, -num:], causal)
+        cache.end()
+
+
 def test_scratch_span_out_of_range(llama_adapter):
     state = new_state(llama_adapter, 3, 8)
     end = state.cache.committed
