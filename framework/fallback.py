@@ -13,7 +13,10 @@ or a short *probe* length. The decision rule (see ``docs/concepts.md``, "The nev
    drafter's prefix plan), ``S(k) = E[tokens | alpha, k] * step / (k * draft_step(plan) +
    verify(k + 1))``, exactly `CostModel.expected_speedup`, with the draft step scaled by the draft
    forwards the drafter ran per drafted token (measured from the decode state's counters: 1 for
-   ``layer_skip``, 0 for prompt lookup, which drafts for free). The gate's value is ``max S(k)`` over
+   ``layer_skip``, 0 for prompt lookup, which drafts for free) and the verification priced at
+   the block the verifier actually runs: ``verify(1 + k * width)``, ``width`` the measured
+   tokens verified per drafted token (1 for a chain; a token tree verifies several candidates
+   per position). The gate's value is ``max S(k)`` over
    ``k = 1..K`` (``lengths="upto"``: a controller whose length varies) or ``S(K)``
    (``lengths="exact"``: a controller that always drafts K).
 3. **Decision.** Draft (return K) when the value is ``>= 1 - margin``; otherwise decline (return 0).
@@ -59,7 +62,7 @@ FALLBACK_FIELDS: dict[str, tuple[Any, str]] = {
     ),
     "fallback_probe": (8, "declined rounds before a probe round drafts again; in [1, 1024]"),
     "fallback_probe_max": (
-        64,
+        256,
         "longest interval between probes: a failed probe doubles the interval up to this; "
         "in [fallback_probe, 4096] (= fallback_probe: no back-off)",
     ),
@@ -86,22 +89,41 @@ def check_fallback(cfg: Any) -> None:
     check_range("fallback_decay", cfg.fallback_decay, 0.0, 1.0, lo_open=True)
 
 
+def verify_cost(costs: CostModel, tokens: float) -> float:
+    """`CostModel.verify` at a fractional block size (linear between the integer sizes)."""
+    lo = max(1, int(tokens))
+    frac = tokens - lo
+    if frac <= 0.0:
+        return costs.verify(lo)
+    return (1.0 - frac) * costs.verify(lo) + frac * costs.verify(lo + 1)
+
+
 def speedups(
-    costs: CostModel, alpha: float, plan: LayerPlan, max_k: int, draft_scale: float = 1.0
+    costs: CostModel,
+    alpha: float,
+    plan: LayerPlan,
+    max_k: int,
+    draft_scale: float = 1.0,
+    width: float = 1.0,
 ) -> list[float]:
     """``[S(1), ..., S(max_k)]``: `CostModel.expected_speedup` of drafting k tokens with ``plan``.
 
     ``draft_scale`` multiplies the draft step: the draft forwards a drafter runs per drafted token
-    (1 for ``layer_skip``, 0 for a drafter that copies tokens without a forward).
+    (1 for ``layer_skip``, 0 for a drafter that copies tokens without a forward). ``width``: the
+    tokens verified per drafted token, so a round of k costs a verification of ``1 + k * width``
+    tokens (1: a chain; a token tree verifies several candidates per drafted position, and its
+    acceptance, measured per position, already counts what the extra candidates win).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if width < 1.0:
+        raise ValueError(f"width must be >= 1 (a chain), got {width}")
     d = costs.draft_step(plan) * draft_scale
     step = costs.step
     out = []
     for k in range(1, max_k + 1):
         tokens = k + 1 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-        out.append(tokens * step / (k * d + costs.verify(k + 1)))
+        out.append(tokens * step / (k * d + verify_cost(costs, 1.0 + k * width)))
     return out
 
 
@@ -112,13 +134,14 @@ def gate_value(
     max_k: int,
     lengths: str = "upto",
     draft_scale: float = 1.0,
+    width: float = 1.0,
 ) -> tuple[float, int]:
     """The gate's expected speedup and the best probe length: ``(max S or S(max_k), argmax S)``.
 
     ``argmax`` is over ``1..max_k``, the shortest on ties; ``lengths="exact"`` values the
-    controller's own ``max_k`` only.
+    controller's own ``max_k`` only. ``draft_scale``, ``width``: as for `speedups`.
     """
-    s = speedups(costs, alpha, plan, max_k, draft_scale)
+    s = speedups(costs, alpha, plan, max_k, draft_scale, width)
     best = max(range(len(s)), key=lambda i: (s[i], -i))
     return (s[-1] if lengths == "exact" else s[best]), best + 1
 
@@ -130,13 +153,14 @@ def break_even_alpha(
     lengths: str = "upto",
     margin: float = 0.0,
     draft_scale: float = 1.0,
+    width: float = 1.0,
 ) -> float | None:
     """The smallest alpha at which the gate drafts (value ``>= 1 - margin``), to 1e-9; ``None``
     when it never does (not even at alpha = 1), 0.0 when it always does."""
     target = 1.0 - margin
 
     def ok(a: float) -> bool:
-        return gate_value(costs, a, plan, max_k, lengths, draft_scale)[0] >= target
+        return gate_value(costs, a, plan, max_k, lengths, draft_scale, width)[0] >= target
 
     if not ok(1.0):
         return None
@@ -155,8 +179,9 @@ class MeasuredCosts:
     Read once per round (in the controller's ``max_length``): when exactly one round was recorded
     since the last read, its draft forwards per drafted token (``forwards``: scales a cost model's
     draft step, so that a drafter that runs no forward, such as prompt lookup, drafts for free),
-    its ``draft`` seconds per drafted token and its ``verify`` seconds (keyed by the drafted length
-    + 1, the chain block) enter exponential moving averages (weight ``smoothing`` on the old
+    its ``draft`` seconds per drafted token, its verification ``width`` (tokens verified per
+    drafted token: 1 for a chain, more for a token tree) and its ``verify`` seconds (keyed by the
+    verified block size) enter exponential moving averages (weight ``smoothing`` on the old
     value). `cost_model` turns the timings into a `CostModel` whose draft step is the measured one
     for every plan, for a gate without a cost model.
     """
@@ -165,10 +190,11 @@ class MeasuredCosts:
         self.smoothing = smoothing
         self.draft: float | None = None
         self.forwards: float | None = None
+        self.width: float | None = None
         self.verify: dict[int, float] = {}
         self._stats: Any = None
         self._seen = 0
-        self._t = (0.0, 0.0, 0)
+        self._t = (0.0, 0.0, 0, 0)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.smoothing * old + (1.0 - self.smoothing) * new
@@ -178,19 +204,26 @@ class MeasuredCosts:
         if stats is None:
             return
         timings = stats.timings
-        t = (float(timings.get("draft", 0.0)), float(timings.get("verify", 0.0)), int(stats.draft_forwards))
+        t = (
+            float(timings.get("draft", 0.0)),
+            float(timings.get("verify", 0.0)),
+            int(stats.draft_forwards),
+            int(getattr(stats, "verify_tokens", 0)),
+        )
         n = len(stats.rounds)
         if stats is not self._stats or n < self._seen:  # a new generation: new baseline
             self._stats, self._seen, self._t = stats, n, t
             return
         if n == self._seen + 1:
             rec = stats.rounds[-1]
-            dd, dv, df = t[0] - self._t[0], t[1] - self._t[1], t[2] - self._t[2]
+            dd, dv, df, dt = (t[i] - self._t[i] for i in range(4))
             if rec.drafted > 0:
                 self.draft = self._ema(self.draft, max(dd, 0.0) / rec.drafted)
                 self.forwards = self._ema(self.forwards, max(df, 0) / rec.drafted)
+                if dt > 1:
+                    self.width = self._ema(self.width, (dt - 1) / rec.drafted)
             if dv > 0:
-                key = rec.drafted + 1
+                key = int(dt) if dt > 0 else rec.drafted + 1
                 self.verify[key] = self._ema(self.verify.get(key), dv)
         self._seen, self._t = n, t
 
@@ -246,7 +279,7 @@ class DraftGate:
         self,
         margin: float = 0.0,
         probe: int = 8,
-        probe_max: int = 64,
+        probe_max: int = 256,
         decay: float = 0.9,
         lengths: Literal["upto", "exact"] = "upto",
     ) -> None:
@@ -326,8 +359,14 @@ class DraftGate:
             return 1.0
         return self.measured.forwards
 
+    @property
+    def width(self) -> float:
+        """Tokens verified per drafted token (1 for a chain, more for a token tree; 1 until
+        measured): a round of k pays for a verification of ``1 + k * width`` tokens."""
+        return 1.0 if self.measured.width is None else max(1.0, self.measured.width)
+
     def _value(self, costs: CostModel, alpha: float, k: int) -> tuple[float, int]:
-        return gate_value(costs, alpha, self.plan, k, self.lengths, self.draft_scale)
+        return gate_value(costs, alpha, self.plan, k, self.lengths, self.draft_scale, self.width)
 
     # ---- per round -----------------------------------------------------------------------------
     def limit(self, state: Any, k: int) -> int:
@@ -418,7 +457,9 @@ class DraftGate:
             if alpha is not None:
                 speedup, best_k = self._value(costs, alpha, k)
                 speedup = round(speedup, 4)
-            even = break_even_alpha(costs, self.plan, k, self.lengths, self.margin, self.draft_scale)
+            even = break_even_alpha(
+                costs, self.plan, k, self.lengths, self.margin, self.draft_scale, self.width
+            )
             even = None if even is None else round(even, 4)
         return {
             "rounds": self.rounds,
@@ -434,6 +475,7 @@ class DraftGate:
             "draft_forwards_per_token": None
             if self.measured.forwards is None
             else round(self.measured.forwards, 4),
+            "verify_width": round(self.width, 4),
             "probe_interval": self.interval,
             "costs": "cost_model"
             if self.costs is not None
@@ -450,6 +492,7 @@ __all__ = [
     "fallback_param",
     "gate_value",
     "speedups",
+    "verify_cost",
 ]
 
 

@@ -85,6 +85,8 @@ class DecodeStats:
         timings: seconds per phase: prefill, select, draft, verify, length, commit.
         target_forwards: full-model forwards (prefill and verifications).
         draft_forwards: draft forwards.
+        verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1; a tree:
+            its nodes + 1).
         verify_blocks_saved: block evaluations (blocks x positions) verifications skipped by
             reusing an early-exit draft's blocks.
         reused_positions: verified positions whose first blocks came from the draft.
@@ -98,6 +100,7 @@ class DecodeStats:
     )
     target_forwards: int = 0
     draft_forwards: int = 0
+    verify_tokens: int = 0
     verify_blocks_saved: int = 0
     reused_positions: int = 0
 
@@ -317,6 +320,7 @@ class DecodeState:
         runs blocks ``E..L-1`` only; the result equals a full forward up to rounding.
         """
         prefix, self._prefix = self._prefix, None
+        self.stats.verify_tokens += int(input_ids.shape[1])
         if prefix is not None and position_ids is None and tree_mask is None:
             n = min(prefix.length, input_ids.shape[1])
             fed = torch.cat(prefix.ids, dim=1)[:, :n]

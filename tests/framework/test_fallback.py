@@ -278,6 +278,40 @@ def test_draft_forwards_scale_the_draft_step(forwards, want):
     assert s["break_even_alpha"] == (None if forwards else pytest.approx(0.1, abs=1e-4))
 
 
+def test_a_token_tree_is_priced_at_the_block_it_verifies():
+    """A tree verifier checks several candidates per drafted position: the gate measures the
+    tokens verified per drafted token and prices a round of k at verify(1 + k * width)."""
+    assert speedups(COSTS, 0.8, PLAN, 4, width=1.0) == speedups(COSTS, 0.8, PLAN, 4)
+    wide = speedups(COSTS, 0.8, PLAN, 4, width=3.0)
+    for k, (got, chain) in enumerate(zip(wide, speedups(COSTS, 0.8, PLAN, 4), strict=True), 1):
+        tokens = (1 - 0.8 ** (k + 1)) / 0.2
+        assert got == pytest.approx(tokens * COSTS.step / (k * COSTS.draft_step(PLAN) + COSTS.verify(1 + 3 * k)))
+        assert got < chain
+    half = speedups(COSTS, 0.8, PLAN, 1, width=1.5)[0]  # 2.5 tokens: halfway between 2 and 3
+    verify = 0.5 * (COSTS.verify(2) + COSTS.verify(3))
+    assert half == pytest.approx(1.8 * COSTS.step / (COSTS.draft_step(PLAN) + verify))
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        speedups(COSTS, 0.8, PLAN, 4, width=0.5)
+
+    stats = DecodeStats()
+    state = types.SimpleNamespace(stats=stats)
+    costs = CostModel(L, 0.05, 0.0, 0.0, tuple(1.0 + 0.1 * t for t in range(16)))  # cheap draft
+    gate = DraftGate(probe=3)
+    gate.set_costs(costs)
+    gate.limit(state, 2)
+    stats.rounds.append(RoundRecord(2, 1, 2, 0.0))
+    stats.draft_forwards += 2
+    stats.verify_tokens += 1 + 2 * 10  # a tree of 10 candidates per position
+    gate.observe(*_round(PLAN, 2, 1))
+    gate.acc, gate.rej = 600.0, 400.0  # alpha 0.6
+    assert gate.limit(state, 2) == 0  # priced as a tree: verify(21) does not pay
+    assert gate.width == pytest.approx(10.0) and gate.summary()["verify_width"] == 10.0
+    chain = DraftGate(probe=3)
+    chain.set_costs(costs)
+    chain.plan, chain.acc, chain.rej = PLAN, 600.0, 400.0
+    assert chain.width == 1.0 and chain.limit(None, 2) == 2  # the same round as a chain pays
+
+
 def test_measured_costs_restart_their_baseline_with_each_generation():
     mc = MeasuredCosts()
     a = types.SimpleNamespace(stats=DecodeStats())
