@@ -285,7 +285,9 @@ def test_a_token_tree_is_priced_at_the_block_it_verifies():
     wide = speedups(COSTS, 0.8, PLAN, 4, width=3.0)
     for k, (got, chain) in enumerate(zip(wide, speedups(COSTS, 0.8, PLAN, 4), strict=True), 1):
         tokens = (1 - 0.8 ** (k + 1)) / 0.2
-        assert got == pytest.approx(tokens * COSTS.step / (k * COSTS.draft_step(PLAN) + COSTS.verify(1 + 3 * k)))
+        assert got == pytest.approx(
+            tokens * COSTS.step / (k * COSTS.draft_step(PLAN) + COSTS.verify(1 + 3 * k))
+        )
         assert got < chain
     half = speedups(COSTS, 0.8, PLAN, 1, width=1.5)[0]  # 2.5 tokens: halfway between 2 and 3
     verify = 0.5 * (COSTS.verify(2) + COSTS.verify(3))
