@@ -61,7 +61,7 @@ from framework import kernels as fast_kernels
 from framework.config import ConfigError, check_range, param
 from framework.data import Prompt, load_prompts
 from framework.decoding import GenerationResult, StopCondition
-from framework.metrics import aggregate, cost_model_prediction
+from framework.metrics import aggregate, cost_model_prediction, rounds_prediction
 from framework.runner import turn_record
 
 BASELINE = "vanilla"
@@ -726,6 +726,7 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             entry["cost_model"] = cost_model_prediction(
                 cost, stats.acceptance_rate, stats.skip_ratio, stats.forwards_per_draft_token
             )
+            entry["cost_model"]["rounds"] = rounds_prediction(cost, mine)
         out[method] = entry
     return {"categories": cats, "methods": out, "repeats": len(repeats)}
 
@@ -743,7 +744,7 @@ def results_markdown(summary: dict[str, Any]) -> str:
     cost model's prediction."""
     cats = [c for c in summary["categories"] if c != "overall"]
     head = ["method", *cats, "**overall**", "spread (std; min-max)", "tok/s", "M", "alpha", "mismatches"] + [
-        "cost model: ceiling / best drafting"
+        "cost model: ceiling / best drafting / its rounds"
     ]
     rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for method, e in summary["methods"].items():
@@ -766,11 +767,14 @@ def results_markdown(summary: dict[str, Any]) -> str:
         cells.append(f"{e['alpha']:.3f}" if e["alpha"] is not None else "n/a")
         cells.append("baseline" if method == BASELINE else f"{e['mismatches']}/{e['prompts']}")
         cm = e["cost_model"]
-        cells.append(
-            f"{cm['ceiling']:.3f}x (k={cm['ceiling_k']}) / {cm['drafting']:.3f}x (k={cm['drafting_k']})"
-            if cm
-            else "n/a"
-        )
+        if cm:
+            rounds = cm.get("rounds")
+            cells.append(
+                f"{cm['ceiling']:.3f}x (k={cm['ceiling_k']}) / {cm['drafting']:.3f}x (k={cm['drafting_k']})"
+                + (f" / {rounds:.3f}x" if rounds is not None else "")
+            )
+        else:
+            cells.append("n/a")
         rows.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -818,7 +822,8 @@ def render_report(
         "ratio. M = tokens per verification round, bonus included. Mismatches = prompts whose tokens "
         "differ from vanilla greedy decoding. The cost model column: the best speedup the measured cost "
         "model predicts at the method's measured alpha and skip ratio (ceiling over k = 0..16, and the "
-        "best with drafting, k >= 1).",
+        "best with drafting, k >= 1), then what it predicts for the rounds the method actually ran (its "
+        "draft lengths, plans and verified blocks; measured / this = the engine's efficiency).",
         "",
         results_markdown(summary),
         "",

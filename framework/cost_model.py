@@ -76,6 +76,16 @@ class CostModel:
         slope = costs[-1] - costs[-2] if len(costs) > 1 else costs[0]
         return costs[-1] + slope * (tokens - len(costs))
 
+    def verify_at(self, tokens: float) -> float:
+        """`verify` at a fractional block size (linear between the integer sizes): the mean cost
+        of a verifier whose block size varies, e.g. a token tree of ``width`` nodes per drafted
+        position, ``verify_at(1 + k * width)``."""
+        lo = max(1, int(tokens))
+        frac = tokens - lo
+        if frac <= 0.0:
+            return self.verify(lo)
+        return (1.0 - frac) * self.verify(lo) + frac * self.verify(lo + 1)
+
     def decode_time(self, plan: LayerPlan, draft_lengths: Sequence[int]) -> float:
         """Modelled seconds of the rounds of one decode: ``k`` draft steps plus a verification of
         ``k + 1`` tokens per round (prefill excluded)."""

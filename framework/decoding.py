@@ -97,6 +97,8 @@ class GenerationResult:
         exit_layers: per drafting round, the plan's exit layer (``None``: full depth).
         timings: seconds per phase (prefill, select, draft, verify, length, commit, lm_head).
         target_forwards / draft_forwards: forward counts.
+        verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1 per round;
+            a token tree: its nodes + 1).
         strategy_summary: per-strategy summaries (``Strategy.summary()``).
     """
 
@@ -113,6 +115,7 @@ class GenerationResult:
     timings: dict[str, float] = field(default_factory=dict)
     target_forwards: int = 0
     draft_forwards: int = 0
+    verify_tokens: int = 0
     strategy_summary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -140,6 +143,17 @@ def plan_code(plan: LayerPlan) -> str:
     n = plan.num_layers
     return "".join("0" if plan.runs_attn(i) else "1" for i in range(n)) + "".join(
         "0" if plan.runs_mlp(i) else "1" for i in range(n)
+    )
+
+
+def plan_from_code(code: str, num_layers: int) -> LayerPlan:
+    """The plan of a `plan_code` string (an exit layer comes back as the sub-layers beyond it
+    skipped, which runs, and costs, the same)."""
+    n = num_layers
+    if len(code) != 2 * n or set(code) - {"0", "1"}:
+        raise ValueError(f"a plan code of {n} blocks is {2 * n} characters of 0/1, got {code!r}")
+    return LayerPlan.from_indices(
+        n, attn=[i for i in range(n) if code[i] == "1"], mlp=[i for i in range(n) if code[n + i] == "1"]
     )
 
 
@@ -196,6 +210,7 @@ def _finish(
         timings=timings,
         target_forwards=state.stats.target_forwards,
         draft_forwards=state.stats.draft_forwards,
+        verify_tokens=state.stats.verify_tokens,
         **fields,
     )
 

@@ -89,15 +89,6 @@ def check_fallback(cfg: Any) -> None:
     check_range("fallback_decay", cfg.fallback_decay, 0.0, 1.0, lo_open=True)
 
 
-def verify_cost(costs: CostModel, tokens: float) -> float:
-    """`CostModel.verify` at a fractional block size (linear between the integer sizes)."""
-    lo = max(1, int(tokens))
-    frac = tokens - lo
-    if frac <= 0.0:
-        return costs.verify(lo)
-    return (1.0 - frac) * costs.verify(lo) + frac * costs.verify(lo + 1)
-
-
 def speedups(
     costs: CostModel,
     alpha: float,
@@ -123,7 +114,7 @@ def speedups(
     out = []
     for k in range(1, max_k + 1):
         tokens = k + 1 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-        out.append(tokens * step / (k * d + verify_cost(costs, 1.0 + k * width)))
+        out.append(tokens * step / (k * d + costs.verify_at(1.0 + k * width)))
     return out
 
 
@@ -300,6 +291,7 @@ class DraftGate:
         self.wait = probe
         self.mode = "draft"
         self._k = 0
+        self._memo: dict[tuple[Any, ...], tuple[CostModel, tuple[float, int]]] = {}
         self.reset()
 
     @classmethod
@@ -366,7 +358,17 @@ class DraftGate:
         return 1.0 if self.measured.width is None else max(1.0, self.measured.width)
 
     def _value(self, costs: CostModel, alpha: float, k: int) -> tuple[float, int]:
-        return gate_value(costs, alpha, self.plan, k, self.lengths, self.draft_scale, self.width)
+        # Memoised: while the gate declines, nothing it depends on changes from round to round,
+        # and pricing up to K lengths twice a round is a measurable share of a plain step.
+        key = (id(costs), alpha, self.plan, k, self.draft_scale, self.width)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is costs:
+            return hit[1]
+        value = gate_value(costs, alpha, self.plan, k, self.lengths, self.draft_scale, self.width)
+        if len(self._memo) >= 64:
+            self._memo.clear()
+        self._memo[key] = (costs, value)
+        return value
 
     # ---- per round -----------------------------------------------------------------------------
     def limit(self, state: Any, k: int) -> int:
@@ -492,7 +494,6 @@ __all__ = [
     "fallback_param",
     "gate_value",
     "speedups",
-    "verify_cost",
 ]
 
 

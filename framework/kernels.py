@@ -20,7 +20,8 @@ With both in place (`install`), and with the elementwise and row-wise PyTorch op
 (RMSNorm, RoPE, SiLU, residual adds) being row-invariant already, a verification forward over T
 tokens gives bit-identical logits to T successive one-token steps, so greedy speculative decoding
 reproduces greedy decoding exactly, in float32, by construction (for T <= `MAX_ROWS`; a longer
-forward, in practice only a long prompt's prefill, takes the BLAS path).
+forward, in practice only a long prompt's prefill, takes the BLAS path and SDPA, the same in every
+decoder).
 
 How it plugs in: `install(model)` changes the class of the model's ``nn.Linear`` modules to
 `FastLinear` (same parameters, no copies; tied embeddings stay tied) and switches the model's
@@ -1071,7 +1072,8 @@ def attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """An attention function for transformers' ``AttentionInterface`` (registered as
-    ``"selfspec"``): the kernel for float32 CPU inputs, SDPA for everything else.
+    ``"selfspec"``): the kernel for float32 CPU inputs of at most `MAX_ROWS` query rows, SDPA for
+    everything else (longer blocks, in practice a long prompt's prefill, included).
 
     Args:
         module: the HF attention module (for ``is_causal``, ``training``).
@@ -1159,7 +1161,10 @@ def _attention_plan(
         return None
     b, h, t, d = query.shape
     kb, hkv, s, kd = key.shape
-    if kb != b or kd != d or hkv == 0 or h % hkv or t == 0:
+    if kb != b or kd != d or hkv == 0 or h % hkv or t == 0 or t > MAX_ROWS:
+        # More rows than a verification block (a long prompt's prefill): SDPA's blocked matrix
+        # products are faster there, and like the linear layers' BLAS path for such blocks, every
+        # decoder takes the same path for them.
         return None
     causal = False
     if mask is None:

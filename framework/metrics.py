@@ -192,6 +192,46 @@ def cost_model_prediction(
     }
 
 
+def rounds_prediction(cost: Any, records: Iterable[dict[str, Any]]) -> float | None:
+    """The speedup a `CostModel` predicts for the rounds a method actually ran.
+
+    Where `cost_model_prediction` bounds what any drafter could reach at the method's mean
+    acceptance, this prices what the method did: every round of k drafted tokens costs k draft
+    steps of the plan it drafted with (times the turn's draft forwards per drafted token: 0 for
+    copied tokens) plus a verification of ``1 + k * width`` tokens (``width``: the turn's verified
+    tokens per drafted token, 1 for a chain or when the record does not say), and plain decoding
+    would have spent one step per committed token. The measured speedup over this prediction is
+    the engine's efficiency: how much of what the cost model says these rounds are worth the
+    decode loop delivers (the prefill is in neither). ``None`` without rounds.
+    """
+    from framework.decoding import plan_from_code
+    from framework.interfaces import LayerPlan
+
+    n = cost.num_layers
+    full = LayerPlan.full(n)
+    plans: dict[str, LayerPlan] = {}
+    spent = plain = 0.0
+    for rec in records:
+        for t in rec.get("turns", []):
+            lengths, commits = t.get("draft_lengths") or [], t.get("accept_lengths") or []
+            if not commits:
+                continue
+            drafted = sum(lengths)
+            scale = t["draft_forwards"] / drafted if drafted and "draft_forwards" in t else 1.0
+            width = 1.0
+            if drafted and t.get("verify_tokens"):
+                width = max(1.0, (t["verify_tokens"] - len(commits)) / drafted)
+            codes = iter(t.get("plans") or [])
+            for k in lengths:
+                spent += cost.verify_at(1.0 + k * width)
+                if k:
+                    code = next(codes, None)
+                    plan = full if code is None else plans.setdefault(code, plan_from_code(code, n))
+                    spent += k * cost.draft_step(plan) * scale
+            plain += sum(commits) * cost.step
+    return plain / spent if spent > 0 else None
+
+
 def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overall") -> str:
     """One row per run: each method against the vanilla baseline measured in its own run.
 

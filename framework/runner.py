@@ -154,6 +154,7 @@ def turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
         "timings": res.timings,
         "target_forwards": res.target_forwards,
         "draft_forwards": res.draft_forwards,
+        "verify_tokens": res.verify_tokens,
         "strategy_summary": res.strategy_summary,
     }
 

@@ -12,7 +12,7 @@ import pytest
 from framework.benchmark import BenchConfig, HFGenerateDecoder, main, run_benchmark
 from framework.config import ConfigError
 from framework.decoding import VanillaDecoder
-from framework.metrics import cost_model_prediction
+from framework.metrics import cost_model_prediction, rounds_prediction
 from framework.model_adapter import adapter_for
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 
@@ -155,12 +155,15 @@ def test_records_rotate_the_method_order(bench):
 
 
 def test_cost_model_column_is_the_prediction_at_the_measured_alpha(bench):
-    res, _, _ = bench
+    res, records, _ = bench
     e = res["summary"]["methods"]["static_confidence"]
     pred = cost_model_prediction(synthetic_cost_model(4), e["alpha"], e["skip_ratio"])
-    assert e["cost_model"] == pred
+    mine = [r for r in records if r["method"] == "static_confidence"]
+    rounds = rounds_prediction(synthetic_cost_model(4), mine)
+    assert e["cost_model"] == dict(pred, rounds=rounds) and rounds is not None
     row = next(line for line in res["report"].splitlines() if line.startswith("| static_confidence |"))
     assert f"{pred['ceiling']:.3f}x (k={pred['ceiling_k']}) / {pred['drafting']:.3f}x" in row
+    assert row.split(" | ")[-1].startswith(f"{pred['ceiling']:.3f}x") and f" / {rounds:.3f}x |" in row
     assert res["summary"]["methods"]["hf_prompt_lookup"]["cost_model"] is None
 
 

@@ -38,6 +38,13 @@ def test_verify_costs_and_linear_extrapolation(cm):
         cm.verify(0)
 
 
+def test_verify_at_interpolates_fractional_blocks(cm):
+    assert cm.verify_at(3.0) == cm.verify(3)
+    assert cm.verify_at(2.25) == pytest.approx(0.75 * 1.1 + 0.25 * 1.2)
+    assert cm.verify_at(5.5) == pytest.approx(1.45)  # between the extrapolated sizes 5 and 6
+    assert cm.verify_at(0.5) == cm.verify(1)  # never below one token
+
+
 def test_decode_time_sums_rounds(cm):
     plan = LayerPlan.from_indices(L, attn=range(L))  # draft step 0.5
     assert cm.decode_time(plan, [0, 2, 3]) == pytest.approx(1.0 + (2 * 0.5 + 1.2) + (3 * 0.5 + 1.3))

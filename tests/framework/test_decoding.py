@@ -12,7 +12,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from framework.config import ConfigError
-from framework.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.decoding import (
+    GenerationResult,
+    SpeculativeDecoder,
+    StopCondition,
+    VanillaDecoder,
+    plan_code,
+    plan_from_code,
+)
 from framework.interfaces import (
     Draft,
     Drafter,
@@ -183,6 +190,16 @@ def test_exit_layer_plans_are_lossless(llama_adapter):
         )
         assert tuple(res.tokens) == _vanilla("llama", 1, 24)[:20]
         assert all(r == plan.skip_ratio for r in res.skip_ratios)
+        # the recorded plan codes come back as plans that run (and cost) the same sub-layers
+        for code in res.plans:
+            back = plan_from_code(code, L)
+            assert plan_code(back) == code
+            assert all(
+                back.runs_attn(i) == plan.runs_attn(i) and back.runs_mlp(i) == plan.runs_mlp(i)
+                for i in range(L)
+            )
+    with pytest.raises(ValueError, match=f"{2 * L} characters of 0/1"):
+        plan_from_code("01", L)
 
 
 # ------------------------------------------------------------------------------ stub strategies
@@ -303,6 +320,7 @@ def test_metrics_and_budgets(llama_adapter, k, max_new):
     assert res.drafted == sum(c["k"] for c in drafter.calls)
     assert res.target_forwards == 1 + rounds
     assert res.draft_forwards == res.drafted  # layer_skip: one forward per draft token
+    assert res.verify_tokens == sum(res.draft_lengths) + rounds  # chains of k + 1
     assert len(length.maxes) == rounds  # asked once per round
     for call in drafter.calls:
         budget = max_new - call["num_new"] - 1

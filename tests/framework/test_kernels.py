@@ -257,6 +257,12 @@ def test_attention_falls_back_to_sdpa():
     got, _ = kernels.attention(module, q, k, v, None)
     want, _ = kernels._sdpa(module, q, k, v, None)
     assert torch.equal(got, want)
+    # more query rows than a verification block (a long prefill): SDPA
+    n = kernels.MAX_ROWS + 1
+    q, k, v = _qkv(1, 4, 2, n, n, 16, seed=9)
+    got, _ = kernels.attention(module, q, k, v, None)
+    want, _ = kernels._sdpa(module, q, k, v, None)
+    assert torch.equal(got, want)
 
 
 # ---------------------------------------------------------------------------------------------

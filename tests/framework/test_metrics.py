@@ -91,6 +91,35 @@ def test_time_breakdown_shares():
     assert "| 2.0 | 5.0% | 0.0% | 45.0% | 10.0% |" in van  # 0.1 / 2.0 prefill, 0.9 / 2.0 verify
 
 
+def test_rounds_prediction_prices_the_rounds_that_ran():
+    from framework.cost_model import CostModel
+    from framework.decoding import plan_code
+    from framework.interfaces import LayerPlan
+    from framework.metrics import rounds_prediction
+
+    n = 4
+    cost = CostModel(n, 0.1, 0.125, 0.1, tuple(1.0 + 0.1 * t for t in range(16)))
+    plan = LayerPlan.from_indices(n, attn=[1, 2], mlp=[1, 2])  # a draft step of 0.55
+    code = plan_code(plan)
+    turn = {"draft_lengths": [0, 2, 3], "accept_lengths": [1, 3, 2], "plans": [code, code]}
+    chain = dict(turn, draft_forwards=5, verify_tokens=1 + 3 + 4)
+    # plain: 6 committed tokens = 6 steps; spent: a plain round, then 2 and 3 drafts + chains
+    want = 6.0 / (1.0 + (2 * 0.55 + 1.2) + (3 * 0.55 + 1.3))
+    assert rounds_prediction(cost, [{"turns": [chain]}]) == pytest.approx(want)
+    # copied tokens (no draft forwards) cost only their verification
+    copy = dict(chain, draft_forwards=0)
+    assert rounds_prediction(cost, [{"turns": [copy]}]) == pytest.approx(6.0 / (1.0 + 1.2 + 1.3))
+    # a token tree: 3.2 verified tokens per drafted one (16 nodes for 5 drafted)
+    tree = dict(chain, verify_tokens=3 + 16)
+    spent = 1.0 + 2 * 0.55 + cost.verify_at(1 + 2 * 3.2) + 3 * 0.55 + cost.verify_at(1 + 3 * 3.2)
+    assert rounds_prediction(cost, [{"turns": [tree]}]) == pytest.approx(6.0 / spent)
+    # records without the counters (older files): one forward per token, chains
+    assert rounds_prediction(cost, [{"turns": [turn]}]) == pytest.approx(want)
+    # turns and records pool; nothing to price: None
+    assert rounds_prediction(cost, [{"turns": [chain]}, {"turns": [chain]}]) == pytest.approx(want)
+    assert rounds_prediction(cost, [{"turns": [{"draft_lengths": [], "accept_lengths": []}]}]) is None
+
+
 def test_cost_model_prediction_at_a_measured_alpha():
     from framework.metrics import cost_model_prediction
     from framework.testing import synthetic_cost_model
