@@ -67,14 +67,24 @@ class CostModel:
         return self.base + self.attn * attn_run + self.mlp * mlp_run
 
     def verify(self, tokens: int) -> float:
-        """A full forward over ``tokens`` new tokens (linear extrapolation past the measured range)."""
+        """A full forward over ``tokens`` new tokens.
+
+        Past the measured range: linear extrapolation with the mean slope of the upper half of the
+        table, never negative (the last two sizes alone can differ by less than their noise, and a
+        negative slope would price a 200-token tree verification below one step).
+        """
         if tokens < 1:
             raise ValueError(f"a verification covers >= 1 token, got {tokens}")
         costs = self.verify_costs
-        if tokens <= len(costs):
+        n = len(costs)
+        if tokens <= n:
             return costs[tokens - 1]
-        slope = costs[-1] - costs[-2] if len(costs) > 1 else costs[0]
-        return costs[-1] + slope * (tokens - len(costs))
+        if n == 1:
+            slope = costs[0]
+        else:
+            h = n // 2
+            slope = max(0.0, (costs[-1] - costs[h - 1]) / (n - h))
+        return costs[-1] + slope * (tokens - n)
 
     def verify_at(self, tokens: float) -> float:
         """`verify` at a fractional block size (linear between the integer sizes): the mean cost

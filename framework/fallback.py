@@ -238,7 +238,7 @@ class MeasuredCosts:
                 if t <= t1:
                     return c0 + (c1 - c0) * (t - t0) / (t1 - t0)
             (t0, c0), (t1, c1) = pts[-2], pts[-1]
-            return c1 + (c1 - c0) / (t1 - t0) * (t - t1)
+            return c1 + max(0.0, (c1 - c0) / (t1 - t0)) * (t - t1)  # never below the largest
 
         return CostModel(
             num_layers=num_layers,

@@ -33,7 +33,13 @@ def test_draft_step_is_linear_in_the_sub_layers_run(cm):
 def test_verify_costs_and_linear_extrapolation(cm):
     assert cm.step == 1.0
     assert cm.verify(3) == pytest.approx(1.2)
-    assert cm.verify(6) == pytest.approx(1.5)  # slope of the last two measured sizes
+    assert cm.verify(6) == pytest.approx(1.5)  # mean slope of the upper half of the table
+    # a noisy table whose last size measured cheaper than the one before: never extrapolated down
+    noisy = CostModel(L, 0.1, 0.05, 0.04, (1.0, 1.1, 1.3, 1.5, 1.45))
+    assert noisy.verify(6) == pytest.approx(1.45 + (1.45 - 1.1) / 3)
+    assert all(noisy.verify(t + 1) >= noisy.verify(t) for t in range(5, 300))
+    flat = CostModel(L, 0.1, 0.05, 0.04, (1.0, 1.2, 1.1, 0.9))
+    assert flat.verify(200) == pytest.approx(0.9)
     with pytest.raises(ValueError, match=">= 1 token"):
         cm.verify(0)
 
