@@ -2,13 +2,13 @@
 
 python experiments/bench.py --methods vanilla,hf_generate,hf_prompt_lookup,hf_early_exit,clasp --limit 1
 
-The logic lives in `framework.benchmark` (importable and tested); docs/benchmarks.md describes the
+The logic lives in `framework.benchmark.bench` (importable and tested); docs/benchmarks.md describes the
 protocol and how to read the table.
 """
 
 import sys
 
-from framework.benchmark import main
+from framework.benchmark.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from framework.cost_model import CostModel
-from framework.metrics import aggregate, compare_table, cost_model_prediction
+from framework.engine.cost_model import CostModel
+from framework.experiment.metrics import aggregate, compare_table, cost_model_prediction
 
 
 def final_selector_summary(records: list[dict]) -> dict:

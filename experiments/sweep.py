@@ -1,4 +1,4 @@
-"""Hyper-parameter sweeps with or without a W&B server (see ``framework.sweep`` and
+"""Hyper-parameter sweeps with or without a W&B server (see ``framework.sweep.sweep`` and
 ``docs/howto/sweeps.md``).
 
     python experiments/sweep.py experiments/sweeps/static.yaml [--count N] [--out DIR] [--dry-run]
@@ -7,7 +7,7 @@
 
 import sys
 
-from framework.sweep import main
+from framework.sweep.sweep import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@ is a class registered under a snake_case name together with its frozen config da
 name doubles as the CLI value (``--selector clasp_dp``).
 
 Example:
-    >>> from framework.registry import register_selector, get_selector
+    >>> from framework import register_selector, get_selector
     >>> @register_selector("my_selector", config=MyConfig)      # doctest: +SKIP
     ... class MySelector(LayerSelector):
     ...     '''Skip the layers whose residual update is smallest.'''
@@ -21,7 +21,7 @@ import fnmatch
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -68,10 +68,6 @@ class Registry(Generic[T]):
         self.kind = kind
         self.base_cls = base_cls
         self._entries: dict[str, Entry[T]] = {}
-
-    def bind_base(self, base_cls: type[T]) -> None:
-        """Set the base class (done once by `framework.interfaces` to avoid an import cycle)."""
-        self.base_cls = base_cls
 
     def register(self, name: str, *, config: type | None = None) -> Callable[[type[T]], type[T]]:
         """Class decorator registering ``cls`` under ``name`` with its config dataclass.
@@ -153,53 +149,3 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` (for tests and notebooks that re-register a class)."""
         self._entries.pop(name, None)
-
-
-DRAFTERS: Registry[Any] = Registry("drafter")
-VERIFIERS: Registry[Any] = Registry("verifier")
-SELECTORS: Registry[Any] = Registry("selector")
-LENGTH_CONTROLLERS: Registry[Any] = Registry("length")
-
-#: All registries by the CLI flag that selects from them.
-REGISTRIES: dict[str, Registry[Any]] = {
-    "selector": SELECTORS,
-    "length": LENGTH_CONTROLLERS,
-    "drafter": DRAFTERS,
-    "verifier": VERIFIERS,
-}
-
-register_drafter = DRAFTERS.register
-register_verifier = VERIFIERS.register
-register_selector = SELECTORS.register
-register_length = LENGTH_CONTROLLERS.register
-get_drafter = DRAFTERS.get
-get_verifier = VERIFIERS.get
-get_selector = SELECTORS.get
-get_length = LENGTH_CONTROLLERS.get
-
-
-def list_selectors(pattern: str = "*") -> list[str]:
-    return SELECTORS.names(pattern)
-
-
-def list_drafters(pattern: str = "*") -> list[str]:
-    return DRAFTERS.names(pattern)
-
-
-def list_verifiers(pattern: str = "*") -> list[str]:
-    return VERIFIERS.names(pattern)
-
-
-def list_lengths(pattern: str = "*") -> list[str]:
-    return LENGTH_CONTROLLERS.names(pattern)
-
-
-def load_builtin_strategies() -> None:
-    """Import the shipped strategies so that they register themselves.
-
-    ``framework`` never imports ``strategies`` directly anywhere else; the registry is the only
-    link between the engine and concrete strategies.
-    """
-    import importlib
-
-    importlib.import_module("strategies")

@@ -1,8 +1,10 @@
-"""Small shared helpers: optional-dependency imports with install hints."""
+"""Small shared helpers: the user cache directory and optional-dependency imports with install hints."""
 
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from types import ModuleType
 
 
@@ -29,3 +31,12 @@ def require(module: str, package: str | None = None, extra: str | None = None) -
         raise MissingDependencyError(
             f"{module} is required for this feature but is not installed: {hint}"
         ) from None
+
+
+def cache_dir() -> Path:
+    """The project's cache directory: ``$SELFSPEC_CACHE``, else ``$XDG_CACHE_HOME/selfspec``, else
+    ``~/.cache/selfspec`` (converted models, compiled kernels, token rankings)."""
+    root = os.environ.get("SELFSPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "selfspec"
+    )
+    return Path(root)

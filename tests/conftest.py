@@ -17,8 +17,8 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # `pytest` as well as `python -m pytest` from the repo root
     sys.path.insert(0, str(_ROOT))
 
-from framework.model_adapter import adapter_for  # noqa: E402
-from framework.registry import load_builtin_strategies  # noqa: E402
+from framework.engine.adapter import adapter_for  # noqa: E402
+from framework.experiment.plugins import load_builtin_strategies  # noqa: E402
 from framework.testing import ARCHS, cached_tiny_model, tiny_model  # noqa: E402
 
 load_builtin_strategies()

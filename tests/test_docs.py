@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from framework.registry import REGISTRIES, load_builtin_strategies
+from framework import REGISTRIES
+from framework.experiment.plugins import load_builtin_strategies
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

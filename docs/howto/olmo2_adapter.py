@@ -9,7 +9,7 @@ repository root (a few seconds on a CPU, nothing is downloaded):
 # --8<-- [start:adapter]
 from __future__ import annotations
 
-from framework.model_adapter import ModelAdapter, register_adapter
+from framework.engine.adapter import ModelAdapter, register_adapter
 
 
 @register_adapter("olmo2")
@@ -66,7 +66,7 @@ class Olmo2Adapter(ModelAdapter):
 import torch  # noqa: E402
 from transformers import Olmo2Config, Olmo2ForCausalLM  # noqa: E402
 
-from framework.model_adapter import adapter_for  # noqa: E402
+from framework.engine.adapter import adapter_for  # noqa: E402
 
 
 def tiny_olmo2(seed: int = 0) -> Olmo2ForCausalLM:
@@ -116,14 +116,9 @@ def check_against_hf() -> None:
 
 
 def check_lossless() -> None:
-    from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.registry import (
-        get_drafter,
-        get_length,
-        get_selector,
-        get_verifier,
-        load_builtin_strategies,
-    )
+    from framework import get_drafter, get_length, get_selector, get_verifier
+    from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+    from framework.experiment.plugins import load_builtin_strategies
 
     load_builtin_strategies()
     adapter = adapter_for(tiny_olmo2())

@@ -5,7 +5,7 @@ Measures, through the framework's own adapter and KV cache (the engine every str
 1. a full forward over T = 1..16 new tokens, relative to one decoding step, at several cache
    lengths (the price of a verification of T - 1 draft tokens);
 2. the parts of a step: embedding + final norm + LM head (``base``), one attention sub-layer, one
-   MLP sub-layer (the `framework.cost_model.CostModel` fit), and the LM head alone;
+   MLP sub-layer (the `framework.engine.cost_model.CostModel` fit), and the LM head alone;
 3. a draft step for uniform skip sets of increasing size, measured and as the fit predicts it;
 4. the ceiling: the best speedup any drafter could reach (best draft length, chain model of
    Leviathan et al.) for a given acceptance rate alpha and draft cost, from the measured costs.
@@ -26,10 +26,10 @@ import time
 
 import torch
 
-from framework.cost_model import CostModel
-from framework.interfaces import LayerPlan
-from framework.model_adapter import adapter_for
-from framework.models import load_model
+from framework import LayerPlan
+from framework.engine.adapter import adapter_for
+from framework.engine.cost_model import CostModel
+from framework.experiment.models import load_model
 from strategies.selectors.static import uniform_plan
 
 

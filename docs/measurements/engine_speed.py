@@ -5,8 +5,8 @@ Two tables, for each thread count asked for:
 1. **Greedy decoding**, tokens per second over ``--new-tokens`` new tokens from the same prompt
    (no EOS stop, so every run produces the same number of tokens): Hugging Face
    ``model.generate`` with the stock model, our `VanillaDecoder` with stock PyTorch, both with
-   the kernels of `framework.kernels` installed, and `VanillaDecoder` with the kernels and the
-   fused branches of `framework.fused` (the default engine). The cases are interleaved (the order rotates
+   the kernels of `framework.kernels.cpu` installed, and `VanillaDecoder` with the kernels and the
+   fused branches of `framework.kernels.fused` (the default engine). The cases are interleaved (the order rotates
    every repetition) after one warm-up run each; medians are reported, and whether each case
    produced the same tokens as HF ``generate``.
 2. **Forward cost**: a full-model forward over T = 1 .. ``--max-t`` new tokens after a
@@ -34,10 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from framework import kernels  # noqa: E402
-from framework.decoding import StopCondition, VanillaDecoder  # noqa: E402
-from framework.model_adapter import adapter_for  # noqa: E402
-from framework.models import load_model  # noqa: E402
+from framework.engine.adapter import adapter_for  # noqa: E402
+from framework.engine.decoding import StopCondition, VanillaDecoder  # noqa: E402
+from framework.experiment.models import load_model  # noqa: E402
+from framework.kernels import cpu as kernels  # noqa: E402
 
 PROMPT = "Explain, step by step, how a bicycle's gears make it easier to ride up a steep hill."
 

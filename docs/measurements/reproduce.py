@@ -36,14 +36,14 @@ from typing import Any
 
 import torch
 
+from framework import REGISTRIES, Draft, LayerPlan, PrepareContext
 from framework.config import build_config
-from framework.cost_model import CostModel
-from framework.data import encode_chat, load_prompts, stop_token_ids
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import Draft, LayerPlan, PrepareContext
-from framework.model_adapter import adapter_for
-from framework.registry import REGISTRIES, load_builtin_strategies
-from framework.state import DecodeState
+from framework.engine.adapter import adapter_for
+from framework.engine.cost_model import CostModel
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
+from framework.experiment.data import encode_chat, load_prompts, stop_token_ids
+from framework.experiment.plugins import load_builtin_strategies
 
 SCRIPT = "python docs/measurements/reproduce.py"
 
@@ -1865,7 +1865,7 @@ def load(mode: str, threads: int | None, skip_set: str | None, log) -> Ctx:
         pctx = prepare_context(adapter)
         eos: list[int] = []
     else:
-        from framework.models import load_model
+        from framework.experiment.models import load_model
 
         model, tok = load_model(None, "float32", "cpu")
         adapter = adapter_for(model)

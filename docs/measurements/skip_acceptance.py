@@ -9,11 +9,12 @@ change these numbers.
 
 import torch
 
-from framework.data import encode_chat, load_prompts
-from framework.decoding import SpeculativeDecoder, StopCondition
-from framework.model_adapter import adapter_for
-from framework.models import load_model
-from framework.registry import get_drafter, get_length, get_selector, get_verifier, load_builtin_strategies
+from framework import get_drafter, get_length, get_selector, get_verifier
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition
+from framework.experiment.data import encode_chat, load_prompts
+from framework.experiment.models import load_model
+from framework.experiment.plugins import load_builtin_strategies
 from strategies.selectors.static import uniform_plan
 
 load_builtin_strategies()

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework import Draft, LengthController, ModelInfo, Verification, register_length
 from framework.config import check_range, param
-from framework.interfaces import Draft, LengthController, ModelInfo, Verification
-from framework.registry import register_length
 
 
 @dataclass(frozen=True)

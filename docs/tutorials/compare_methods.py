@@ -66,9 +66,10 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     and their validated configs); `run` is the Lightning predict loop behind ``run.py``. Passing
     ``model`` and ``tokenizer`` skips loading the default model.
     """
-    from framework.cli import build_parser, config_from_args
-    from framework.registry import REGISTRIES, load_builtin_strategies
-    from framework.runner import run
+    from framework import REGISTRIES
+    from framework.experiment.cli import build_parser, config_from_args
+    from framework.experiment.plugins import load_builtin_strategies
+    from framework.experiment.runner import run
 
     load_builtin_strategies()  # run.py does this first: the parser's flags come from the registry
     flags = METHODS[name] + COMMON + ["--output", str(workdir / f"{name}.jsonl")]
@@ -92,8 +93,8 @@ def save_cost_model(model, path: Path) -> None:
     ``compare.py --cost-model FILE`` reads it. Measure on the machine, model, dtype and thread
     count of the runs you compare.
     """
-    from framework.cost_model import CostModel
-    from framework.model_adapter import adapter_for
+    from framework.engine.adapter import adapter_for
+    from framework.engine.cost_model import CostModel
 
     cost = CostModel.measure(adapter_for(model))
     path.write_text(json.dumps(cost.to_dict()))
@@ -114,8 +115,8 @@ def load_compare_module():
 # --8<-- [start:compare]
 def compare(outputs: list[Path], cost_path: Path) -> None:
     """What ``python experiments/compare.py A.jsonl B.jsonl --details --cost-model F`` prints."""
-    from framework.cost_model import CostModel
-    from framework.runner import read_records
+    from framework.engine.cost_model import CostModel
+    from framework.experiment.runner import read_records
 
     compare = load_compare_module()
     runs = {}
@@ -140,9 +141,9 @@ def compare(outputs: list[Path], cost_path: Path) -> None:
 # --8<-- [start:plots]
 def joint_plots(outputs: list[Path], plot_dir: Path) -> list[Path]:
     """Both methods in one speedup chart and one accepted-length histogram."""
-    from framework import plots
-    from framework.runner import read_records
-    from framework.tracking import summary_metrics
+    from framework.experiment import plots
+    from framework.experiment.runner import read_records
+    from framework.experiment.tracking import summary_metrics
 
     speedups, accept_lengths = {}, {}
     for path in outputs:

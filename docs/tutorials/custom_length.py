@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from framework import Draft, LengthController, Verification, register_length
 from framework.config import check_range, param
-from framework.interfaces import Draft, LengthController, Verification
-from framework.registry import register_length
 
 
 @dataclass(frozen=True)
@@ -106,8 +105,8 @@ class RiskBudgetLength(LengthController):
 
 # --8<-- [start:config]
 def show_config_handling() -> None:
+    from framework import get_length
     from framework.config import ConfigError, build_config
-    from framework.registry import get_length
 
     assert get_length("risk_budget") is RiskBudgetLength  # what --length risk_budget looks up
 
@@ -128,9 +127,10 @@ def show_config_handling() -> None:
 # --8<-- [start:check]
 def check_lossless(budgets=(0.25, 1.0, 4.0), num_prompts: int = 3, max_new_tokens: int = 32) -> None:
     """Greedy speculative decoding with the controller emits exactly the vanilla greedy tokens."""
-    from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.model_adapter import adapter_for
-    from framework.registry import get_drafter, get_selector, get_verifier, load_builtin_strategies
+    from framework import get_drafter, get_selector, get_verifier
+    from framework.engine.adapter import adapter_for
+    from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+    from framework.experiment.plugins import load_builtin_strategies
     from framework.testing import random_prompt, tiny_model
 
     load_builtin_strategies()  # static, layer_skip, greedy, ...

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework import LayerPlan, LayerSelector, ModelInfo, register_selector
 from framework.config import check_range, param
-from framework.interfaces import LayerPlan, LayerSelector, ModelInfo
-from framework.registry import register_selector
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,8 @@ class MiddleMLPSelector(LayerSelector):
 
 # --8<-- [start:config]
 def show_config_handling() -> None:
+    from framework import get_selector
     from framework.config import ConfigError, build_config
-    from framework.registry import get_selector
 
     # The registry returns the class for its name; this is what --selector middle_mlp does.
     assert get_selector("middle_mlp") is MiddleMLPSelector
@@ -105,9 +104,10 @@ def tiny_llama(num_layers: int = 6, seed: int = 0) -> LlamaForCausalLM:
 
 # --8<-- [start:check]
 def check_lossless(num_prompts: int = 3, max_new_tokens: int = 24) -> None:
-    from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.model_adapter import adapter_for
-    from framework.registry import get_drafter, get_length, get_verifier, load_builtin_strategies
+    from framework import get_drafter, get_length, get_verifier
+    from framework.engine.adapter import adapter_for
+    from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+    from framework.experiment.plugins import load_builtin_strategies
 
     load_builtin_strategies()  # registers fixed, layer_skip, greedy, ...
     adapter = adapter_for(tiny_llama())

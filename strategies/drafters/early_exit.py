@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from framework import Draft, Drafter, LayerPlan, LengthController, ModelInfo, register_drafter
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.drafting import DraftBuilder
-from framework.interfaces import Draft, Drafter, LayerPlan, LengthController, ModelInfo
-from framework.registry import register_drafter
+from framework.engine.drafting import DraftBuilder
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework.config import check_choice, check_range, param
-from framework.fallback import DraftGate
-from framework.interfaces import (
+from framework import (
     Draft,
     Drafter,
     LayerPlan,
@@ -15,8 +13,10 @@ from framework.interfaces import (
     ModelInfo,
     PrepareContext,
     Verification,
+    register_drafter,
 )
-from framework.registry import register_drafter
+from framework.config import check_choice, check_range, param
+from framework.policies.gate import DraftGate
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.drafting import DraftBuilder
-from framework.interfaces import Draft, Drafter, LayerPlan, LengthController
-from framework.registry import register_drafter
+from framework import Draft, Drafter, LayerPlan, LengthController, register_drafter
+from framework.engine.drafting import DraftBuilder
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from framework import Draft, Drafter, LayerPlan, LengthController, register_drafter
 from framework.config import check_range, param
-from framework.drafting import copy_draft, ngram_index
-from framework.interfaces import Draft, Drafter, LayerPlan, LengthController
-from framework.registry import register_drafter
+from framework.engine.drafting import copy_draft, ngram_index
 
 #: Longest n-gram the config accepts (the index holds max_ngram - min_ngram + 1 keys per token).
 MAX_NGRAM = 32
@@ -56,7 +55,7 @@ class PromptLookupDrafter(Drafter):
     sentence, code being edited); (2) a continuation that runs into the query is continued from
     its own output (an overlapping copy: an occurrence d tokens back proposes the last d tokens
     repeated), so a short loop still fills the draft; (3) the search is an incremental index
-    (`framework.drafting.NgramIndex`, O(new tokens) per round) instead of a scan of the context.
+    (`framework.engine.drafting.NgramIndex`, O(new tokens) per round) instead of a scan of the context.
     Copied tokens report the fixed ``confidence``; for speculative sampling their draft
     distribution is one-hot, for which the acceptance test stays exact.
     """

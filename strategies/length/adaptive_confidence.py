@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from framework import Draft, Verification, register_length
 from framework.config import check_choice, check_range, param
-from framework.fallback import GatedLengthController, check_fallback, fallback_param
-from framework.interfaces import Draft, Verification
-from framework.registry import register_length
+from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 from strategies.length.confidence import continue_above
 
 #: The threshold is kept within [GAMMA_MIN, GAMMA_MAX], inside (0, 1).
@@ -84,7 +83,7 @@ class AdaptiveConfidenceLength(GatedLengthController):
     restarts at every generation; gamma carries over (``carry_across_prompts``, as in the code,
     which passes each instance's final gamma to the next).
 
-    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
     no draft length up to ``max_length`` is expected to beat plain decoding with the current plan;
     declined rounds do not update AR or gamma (they drafted nothing).
     """

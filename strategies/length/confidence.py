@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework import register_length
 from framework.config import check_range, param
-from framework.fallback import GatedLengthController, check_fallback, fallback_param
-from framework.registry import register_length
+from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ConfidenceLength(GatedLengthController):
 
     As in both papers' code, the token that falls below the threshold is kept and verified.
 
-    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
     no draft length up to ``max_length`` is expected to beat plain decoding with the current plan.
     """
 

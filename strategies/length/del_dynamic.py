@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from framework import Draft, Verification, register_length
 from framework.config import check_choice, check_range, param
-from framework.fallback import GatedLengthController, check_fallback, fallback_param
-from framework.interfaces import Draft, Verification
-from framework.registry import register_length
+from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 from strategies.length.confidence import continue_above
 
 
@@ -69,7 +68,7 @@ class DelDynamicLength(GatedLengthController):
     Whether the stopping token is kept or dropped is the drafter's choice (``early_exit``'s
     ``on_stop``); ``layer_skip`` keeps it.
 
-    With ``fallback`` on, a `framework.fallback.DraftGate` also gates the round's cap (the
+    With ``fallback`` on, a `framework.policies.gate.DraftGate` also gates the round's cap (the
     selector's or its own) on the measured acceptance and cost model: with ``del_tpl`` a round
     drafts only when both DEL's Token-per-Layer and the gate say it pays.
     """

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from framework import Draft, Verification, register_length
 from framework.config import check_range, param
-from framework.fallback import GatedLengthController, check_fallback, fallback_param
-from framework.interfaces import Draft, Verification
-from framework.registry import register_length
+from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class FiniteStateLength(GatedLengthController):
 
     K restarts at ``k_init`` at every generation unless ``carry_across_prompts`` is set.
 
-    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
     drafting the current K with the current plan is expected to be slower than plain decoding; K
     is unchanged by declined rounds and moves by the usual rule after the gate's short probes.
     """

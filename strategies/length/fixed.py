@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework import register_length
 from framework.config import check_range, param
-from framework.fallback import GatedLengthController, check_fallback, fallback_param
-from framework.registry import register_length
+from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class FixedLengthConfig:
 class FixedLength(GatedLengthController):
     """Draft a constant K tokens per round (Leviathan et al. 2023; the LayerSkip baseline).
 
-    With ``fallback`` on, a `framework.fallback.DraftGate` declines rounds (plain steps) while
+    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
     drafting K tokens with the current plan is expected to be slower than plain decoding.
     """
 

@@ -10,10 +10,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from framework.budget import WorkBudget
+from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
-from framework.registry import register_selector
+from framework.policies.budget import WorkBudget
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class ClaspDPConfig:
         0.0,
         help="extension (not in the paper): a due DP re-run waits (the next round tries again) while "
         "the DPs' seconds exceed this share of the wall time since setup, generations included "
-        "(framework.budget); "
+        "(framework.policies.budget); "
         "0 = unlimited, as published; in [0, 1)",
     )
 

@@ -7,11 +7,9 @@ from typing import Any, Literal
 
 import torch
 
-from framework.budget import WorkBudget
+from framework import Draft, LayerPlan, LayerSelector, LengthHint, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
-from framework.registry import register_selector
-from framework.state import LengthHint
+from framework.policies.budget import WorkBudget
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class DelTplConfig:
         0.0,
         help="extension (not in the paper): skip a round's statistics update (shadow tokens) while the "
         "updates' (and prompt initialisations') seconds exceed this share of the wall time since setup, "
-        "generations included (framework.budget); "
+        "generations included (framework.policies.budget); "
         "0 = unlimited, as published; in [0, 1)",
     )
 

@@ -32,12 +32,11 @@ from typing import Any, Literal
 
 import torch
 
-from framework.bayesopt import BinaryBayesOpt
+from framework import REGISTRIES, LayerPlan, LayerSelector, ModelInfo, PrepareContext, register_selector
 from framework.config import ConfigError, build_config, check_choice, check_range, param
-from framework.cost_model import CostModel
-from framework.data import BUILTIN_CALIBRATION, DataError, load_prompts
-from framework.interfaces import LayerPlan, LayerSelector, ModelInfo, PrepareContext
-from framework.registry import REGISTRIES, register_selector
+from framework.engine.cost_model import CostModel
+from framework.experiment.data import BUILTIN_CALIBRATION, DataError, load_prompts
+from framework.policies.bayesopt import BinaryBayesOpt
 from strategies.selectors.static import uniform_plan
 
 #: Version tag of the saved-result format.
@@ -235,7 +234,7 @@ def _calibration_prompts(ctx: PrepareContext, c: SelfSDConfig) -> list[torch.Ten
 
 
 def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
-    from framework.decoding import SpeculativeDecoder
+    from framework.engine.decoding import SpeculativeDecoder
 
     length_entry = REGISTRIES["length"].entry("adaptive_confidence")
     length = length_entry.cls(
@@ -259,7 +258,7 @@ def evaluate_plan(
     ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan, prompts: list[torch.Tensor], cost: CostModel
 ) -> dict[str, float]:
     """Decode every calibration prompt with ``plan``; tokens/s measured and modelled, alpha, M."""
-    from framework.decoding import StopCondition
+    from framework.engine.decoding import StopCondition
 
     dec = _search_decoder(ctx, c, plan)
     stop = StopCondition(c.calib_max_new_tokens)  # no EOS: every prompt yields the same token count

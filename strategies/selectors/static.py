@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework import LayerPlan, LayerSelector, ModelInfo, register_selector
 from framework.config import ConfigError, check_range, param
-from framework.interfaces import LayerPlan, LayerSelector, ModelInfo
-from framework.registry import register_selector
 
 
 @dataclass(frozen=True)

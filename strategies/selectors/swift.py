@@ -12,7 +12,7 @@ without improvement, or after ``max_opt_steps`` steps; decoding then continues w
 
 Timeline of one generation: after each verification, once the generation has more than
 ``context_window + 1`` new tokens, run one optimisation step (every ``opt_interval`` rounds),
-unless ``work_budget`` (an extension, `framework.budget.WorkBudget`) says the steps already took
+unless ``work_budget`` (an extension, `framework.policies.budget.WorkBudget`) says the steps already took
 their share of wall time: then that step is skipped and its counters do not advance.
 """
 
@@ -25,11 +25,10 @@ from typing import Any, Literal
 
 import torch
 
-from framework.bayesopt import BinaryBayesOpt
-from framework.budget import WorkBudget
+from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.interfaces import Draft, LayerPlan, LayerSelector, ModelInfo, Verification
-from framework.registry import register_selector
+from framework.policies.bayesopt import BinaryBayesOpt
+from framework.policies.budget import WorkBudget
 from strategies.selectors.static import uniform_plan
 
 
@@ -84,7 +83,7 @@ class SwiftConfig:
     work_budget: float = param(
         0.0,
         help="extension (not in the paper): skip a due optimisation step while the steps' seconds exceed "
-        "this share of the wall time since the optimisation state started (framework.budget); "
+        "this share of the wall time since the optimisation state started (framework.policies.budget); "
         "0 = unlimited, as published; in [0, 1)",
     )
     kappa: float = param(2.5, help="UCB exploration weight (the code: 2.5); > 0")

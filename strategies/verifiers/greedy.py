@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.interfaces import Draft, Verification, Verifier
-from framework.registry import register_verifier
+from framework import Draft, Verification, Verifier, register_verifier
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from framework import Draft, Verification, Verifier, register_verifier
 from framework.config import ConfigError, check_range, param
-from framework.interfaces import Draft, Verification, Verifier
-from framework.registry import register_verifier
 
 
 @dataclass(frozen=True)

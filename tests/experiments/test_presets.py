@@ -1,4 +1,4 @@
-"""Every shipped preset (experiments/configs/*.yaml) parses against the CLI; presets whose
+"""Every shipped preset (framework/experiment/assets/presets/*.yaml) parses against the CLI; presets whose
 strategies are not registered yet fail with a message naming the missing strategy."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 import yaml
 
-from framework.cli import main
+from framework import REGISTRIES
 from framework.config import ConfigError
-from framework.presets import PRESET_DIR, list_presets, load_preset
-from framework.registry import REGISTRIES
+from framework.experiment.cli import main
+from framework.experiment.presets import PRESET_DIR, list_presets, load_preset
 from strategies.length.fixed import FixedLengthConfig
 
 PRESETS = list_presets()

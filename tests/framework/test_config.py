@@ -9,6 +9,7 @@ from typing import Literal, Optional
 
 import pytest
 
+from framework import REGISTRIES
 from framework.config import (
     ConfigError,
     build_config,
@@ -18,7 +19,6 @@ from framework.config import (
     field_help,
     param,
 )
-from framework.registry import REGISTRIES
 
 # --------------------------------------------------------------------------------- check_range
 

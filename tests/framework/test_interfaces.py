@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.interfaces import (
+from framework import (
     Draft,
     Drafter,
     LayerPlan,
@@ -261,7 +261,12 @@ def test_contract_rejects_lossy_verifier():
 
 
 def test_contract_passes_for_stub_strategies():
-    from framework.testing import DrafterContract, NeverAcceptDrafter, RejectAllVerifier, VerifierContract
+    from framework.testing import (
+        DrafterContract,
+        NeverAcceptDrafter,
+        RejectAllVerifier,
+        VerifierContract,
+    )
 
     c = _contract_for(VerifierContract, RejectAllVerifier)
     c.test_verify_bounds_and_commit()
@@ -272,7 +277,7 @@ def test_contract_passes_for_stub_strategies():
 
 
 def test_default_strategy_instance():
-    from framework.registry import REGISTRIES
+    from framework import REGISTRIES
     from framework.testing import default_strategy_instance
 
     for kind, reg in REGISTRIES.items():

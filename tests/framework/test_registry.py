@@ -6,18 +6,20 @@ from dataclasses import dataclass
 
 import pytest
 
-from framework.interfaces import Drafter, LayerPlan, LayerSelector
-from framework.registry import (
+from framework import (
     DRAFTERS,
     REGISTRIES,
     SELECTORS,
-    Registry,
+    Drafter,
+    LayerPlan,
+    LayerSelector,
     RegistryError,
     UnknownNameError,
     get_selector,
     list_selectors,
     register_selector,
 )
+from framework.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,15 @@ import json
 
 import pytest
 
-from framework.cli import main
-from framework.registry import load_builtin_strategies
+from framework.experiment.cli import main
+from framework.experiment.plugins import load_builtin_strategies
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def default_model():
-    from framework.models import load_model
+    from framework.experiment.models import load_model
 
     load_builtin_strategies()
     return load_model(None, "float32", "cpu")
@@ -28,7 +28,7 @@ def test_default_model_is_smollm2_and_chat_template_applies(default_model):
     model, tok = default_model
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
     assert model.config.hidden_size == 576 and model.config.vocab_size == 49152
-    from framework.data import encode_chat, stop_token_ids
+    from framework.experiment.data import encode_chat, stop_token_ids
 
     ids = encode_chat(tok, [{"role": "user", "content": "Hello"}])
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")

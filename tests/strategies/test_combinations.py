@@ -12,8 +12,8 @@ import itertools
 
 import pytest
 
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.registry import REGISTRIES
+from framework import REGISTRIES
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.testing import default_strategy_instance, prepare_context, random_prompt
 
 KINDS = ("selector", "length", "drafter", "verifier")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework import LayerPlan, ModelInfo
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import LayerPlan, ModelInfo
-from framework.model_adapter import adapter_for
-from framework.state import DecodeState
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
 from framework.testing import DrafterContract, cached_tiny_model, random_prompt
 from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig

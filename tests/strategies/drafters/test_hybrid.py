@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from framework import LayerPlan, LayerSelector
 from framework.config import ConfigError, build_config
-from framework.cost_model import CostModel
-from framework.decoding import StopCondition, VanillaDecoder
-from framework.interfaces import LayerPlan, LayerSelector
+from framework.engine.cost_model import CostModel
+from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.testing import DrafterContract, prepare_context, random_prompt
 from strategies.drafters.hybrid import HybridDrafter, HybridDrafterConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.decoding import StopCondition, VanillaDecoder
-from framework.interfaces import LayerPlan
-from framework.state import DecodeState
+from framework import LayerPlan
+from framework.engine.decoding import StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
 from framework.testing import DrafterContract, random_prompt
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig

@@ -1,4 +1,4 @@
-"""strategies/drafters/prompt_lookup.py and the copy helpers of framework/drafting.py: the contract,
+"""strategies/drafters/prompt_lookup.py and the copy helpers of framework/engine/drafting.py: the contract,
 the n-gram search (longest n, most recent occurrence, overlapping copy, no match), the incremental
 index against a brute-force search, no forward while drafting, accepted copies on repetitive text,
 losslessness with every verifier (token for token, and in distribution for speculative sampling),
@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from framework import LayerPlan, LengthController
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.drafting import NgramIndex, copy_draft, ngram_index
-from framework.interfaces import LayerPlan, LengthController
-from framework.model_adapter import adapter_for
-from framework.state import DecodeState
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.drafting import NgramIndex, copy_draft, ngram_index
+from framework.engine.state import DecodeState
 from framework.testing import DrafterContract, random_prompt, tiny_model
 from strategies.drafters.prompt_lookup import PromptLookupDrafter, PromptLookupDrafterConfig
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework import LayerPlan
 from framework.config import ConfigError
-from framework.interfaces import LayerPlan
-from framework.state import DecodeState
+from framework.engine.state import DecodeState
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import Draft, LayerPlan, Verification
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.testing import LengthControllerContract, random_prompt
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.finite_state import FiniteStateLength, FiniteStateLengthConfig

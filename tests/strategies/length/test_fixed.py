@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError
-from framework.interfaces import Draft, LayerPlan, Verification
 from framework.testing import LengthControllerContract, synthetic_cost_model
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig

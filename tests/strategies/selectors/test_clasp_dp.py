@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import strategies.selectors.clasp_dp as clasp_module
-from framework.budget import WorkBudget
+from framework import LayerPlan, ModelInfo
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import LayerPlan, ModelInfo
-from framework.model_adapter import adapter_for
-from framework.state import DecodeState
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
+from framework.policies.budget import WorkBudget
 from framework.testing import FakeClock, LayerSelectorContract, random_prompt, tiny_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.budget import WorkBudget
+from framework import LayerPlan, LengthHint, ModelInfo, Verification
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import LayerPlan, ModelInfo, Verification
-from framework.model_adapter import adapter_for
-from framework.state import DecodeState, LengthHint
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
+from framework.policies.budget import WorkBudget
 from framework.testing import FakeClock, LayerSelectorContract, random_prompt, tiny_model
 from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
 from strategies.length.del_dynamic import DelDynamicLength
@@ -175,7 +175,7 @@ def test_threshold_midpoint_and_guards():
 def _round(state, sel, drafter, length, k_max=18):
     plan = sel.plan(state)
     k = max(0, min(length.max_length(state), k_max))
-    from framework.interfaces import Draft
+    from framework import Draft
 
     draft = drafter.draft(state, plan, length, k) if k else Draft.empty(1, plan)
     res = GreedyVerifier().verify(state, draft)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from framework import LayerPlan, ModelInfo
 from framework.config import ConfigError, build_config
-from framework.interfaces import LayerPlan, ModelInfo
 from framework.testing import LayerSelectorContract
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig, uniform_plan
 

@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 
-from framework.budget import WorkBudget
+from framework import LayerPlan, ModelInfo
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import LayerPlan, ModelInfo
-from framework.model_adapter import adapter_for
-from framework.state import DecodeState
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
+from framework.policies.budget import WorkBudget
 from framework.testing import (
     FakeClock,
     LayerSelectorContract,

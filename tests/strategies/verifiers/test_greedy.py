@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.decoding import StopCondition, VanillaDecoder
-from framework.interfaces import Draft, LayerPlan
-from framework.state import DecodeState
+from framework import Draft, LayerPlan
+from framework.engine.decoding import StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
 from framework.testing import VerifierContract, random_prompt
 from strategies.verifiers.greedy import GreedyVerifier
 

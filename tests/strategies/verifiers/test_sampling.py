@@ -9,10 +9,10 @@ import functools
 import pytest
 import torch
 
+from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import Draft, LayerPlan, Verification
-from framework.model_adapter import adapter_for
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.testing import VerifierContract, random_prompt, tiny_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -216,7 +216,7 @@ def test_acceptance_probability_and_single_position_losslessness():
 
 
 def test_verify_requires_draft_probs(llama_adapter):
-    from framework.state import DecodeState
+    from framework.engine.state import DecodeState
 
     v = SamplingVerifier()
     state = DecodeState(llama_adapter, random_prompt(6, 128, 0), 64, need_draft_probs=True)

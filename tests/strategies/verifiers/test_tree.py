@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework import Draft, LayerPlan
 from framework.config import ConfigError
-from framework.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.interfaces import Draft, LayerPlan
-from framework.kv_cache import KVCache
-from framework.state import DecodeState
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.kv_cache import KVCache
+from framework.engine.state import DecodeState
 from framework.testing import VerifierContract, random_prompt
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig

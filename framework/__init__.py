@@ -1,0 +1,89 @@
+"""selfspec's strategy-author API: the four interfaces, the typed objects of a round, the
+registries and the config helpers.
+
+Example:
+    >>> from dataclasses import dataclass
+    >>> import framework as fw
+    >>> @dataclass(frozen=True)
+    ... class EveryOtherConfig:
+    ...     pass
+    >>> @fw.register_selector("every_other_doc", config=EveryOtherConfig)   # doctest: +SKIP
+    ... class EveryOther(fw.LayerSelector):
+    ...     '''Skip the MLP of every other block.'''
+    ...     def plan(self, state):
+    ...         n = state.adapter.num_layers
+    ...         return fw.LayerPlan.from_indices(n, mlp=range(1, n, 2))
+
+Everything a strategy needs is importable from here; the engine (`framework.engine`), the
+policies strategies compose (`framework.policies`) and the testing helpers (`framework.testing`)
+are sub-packages; the experiment tooling (`framework.experiment`, `framework.benchmark`,
+`framework.sweep`) builds on them and is never imported by them.
+"""
+
+from framework.config import ConfigError, build_config, check_choice, check_range, field_help, param
+from framework.engine.context import PrepareContext
+from framework.interfaces import (
+    DRAFTERS,
+    LENGTH_CONTROLLERS,
+    REGISTRIES,
+    SELECTORS,
+    VERIFIERS,
+    Drafter,
+    LayerSelector,
+    LengthController,
+    Strategy,
+    Verifier,
+    get_drafter,
+    get_length,
+    get_selector,
+    get_verifier,
+    list_drafters,
+    list_lengths,
+    list_selectors,
+    list_verifiers,
+    register_drafter,
+    register_length,
+    register_selector,
+    register_verifier,
+)
+from framework.registry import RegistryError, UnknownNameError
+from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
+
+__all__ = [
+    "DRAFTERS",
+    "LENGTH_CONTROLLERS",
+    "REGISTRIES",
+    "SELECTORS",
+    "VERIFIERS",
+    "ConfigError",
+    "Draft",
+    "Drafter",
+    "LayerPlan",
+    "LayerSelector",
+    "LengthController",
+    "LengthHint",
+    "ModelInfo",
+    "PrepareContext",
+    "RegistryError",
+    "Strategy",
+    "UnknownNameError",
+    "Verification",
+    "Verifier",
+    "build_config",
+    "check_choice",
+    "check_range",
+    "field_help",
+    "get_drafter",
+    "get_length",
+    "get_selector",
+    "get_verifier",
+    "list_drafters",
+    "list_lengths",
+    "list_selectors",
+    "list_verifiers",
+    "param",
+    "register_drafter",
+    "register_length",
+    "register_selector",
+    "register_verifier",
+]

@@ -1,0 +1,1 @@
+"""The Spec-Bench-style benchmark: several methods, interleaved, against HF baselines."""

@@ -1,0 +1,42 @@
+"""What a strategy's one-time preparation (`Strategy.prepare`) may use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from framework.engine.cost_model import CostModel
+
+
+@dataclass
+class PrepareContext:
+    """What a one-time preparation step (`Strategy.prepare`) may use: the model and a way to make
+    prompts. Built by the runner (``Experiment``) once the model is loaded, before the warm-up.
+
+    Attributes:
+        adapter: the `ModelAdapter` of the target model.
+        encode: a user message -> chat-formatted prompt token ids (the run's tokenizer and template).
+        eos_token_ids: tokens that end a generation.
+        artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``, next to
+            the results), or ``None`` when nothing should be written.
+        log: progress and notices (the runner prints them).
+        store: shared across `Experiment.rebuild`: a strategy that did expensive work (an offline
+            search) keeps its result here, keyed by its config, so fresh instances reuse it.
+        dtype: the model's dtype name (``"float32"``), recorded in artefacts.
+    """
+
+    adapter: Any
+    encode: Callable[[str], list[int]]
+    eos_token_ids: frozenset[int] = frozenset()
+    artifact_stem: Any = None
+    log: Callable[[str], None] = print
+    store: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+
+    def cost_model(self) -> CostModel:
+        """The measured `framework.engine.cost_model.CostModel` of this model on this machine, measured
+        on first use (about 15 s on a 2-core CPU for the default model) and shared through ``store``."""
+        if "cost_model" not in self.store:
+            self.store["cost_model"] = CostModel.measure(self.adapter)
+        return self.store["cost_model"]

@@ -1,0 +1,229 @@
+"""A measured cost model of one model on one machine: what a draft step and a verification cost.
+
+Speculative decoding wins only if ``drafted * draft_step + verify(drafted + 1)`` per round is less
+than one plain step per committed token. The model here is measured, not assumed:
+
+- a draft step (one token through a `LayerPlan`) costs ``base + attn * (attention sub-layers run)
+  + mlp * (MLP sub-layers run)``, where ``base`` is the embedding, final norm and LM head; the three
+  coefficients come from timing four plans (full, no attention, no MLP, nothing) on a warm cache;
+- a full forward over T new tokens (verification, T = 1 is a plain decoding step) is timed for
+  every T up to ``max_tokens`` and extrapolated linearly beyond.
+
+Used by ``selfsd_bo``'s deterministic objective (modelled time per token of a decode whose rounds
+are counted, not timed) and by reports that put a measured speedup next to what the cost model
+predicts for the measured acceptance.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from framework.engine.state import DecodeState
+from framework.types import LayerPlan
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per forward, measured (see `CostModel.measure`).
+
+    Attributes:
+        num_layers: L, the blocks of the model measured.
+        base: a one-token forward that skips every sub-layer (embedding, final norm, LM head).
+        attn: one attention sub-layer, one token.
+        mlp: one MLP sub-layer, one token.
+        verify_costs: ``verify_costs[T - 1]`` = a full forward over T new tokens (T = 1: one plain step).
+        context: the cache length the costs were measured at.
+        device: where they were measured.
+    """
+
+    num_layers: int
+    base: float
+    attn: float
+    mlp: float
+    verify_costs: tuple[float, ...]
+    context: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.verify_costs:
+            raise ValueError("verify_costs needs at least the T = 1 cost")
+
+    # ---- costs ---------------------------------------------------------------------------
+    @property
+    def step(self) -> float:
+        """One plain decoding step (a full forward over one token)."""
+        return self.verify_costs[0]
+
+    def draft_step(self, plan: LayerPlan) -> float:
+        """One token through ``plan``."""
+        n = plan.num_layers
+        attn_run = sum(plan.runs_attn(i) for i in range(n))
+        mlp_run = sum(plan.runs_mlp(i) for i in range(n))
+        return self.base + self.attn * attn_run + self.mlp * mlp_run
+
+    def verify(self, tokens: int) -> float:
+        """A full forward over ``tokens`` new tokens.
+
+        Past the measured range: linear extrapolation with the mean slope of the upper half of the
+        table, never negative (the last two sizes alone can differ by less than their noise, and a
+        negative slope would price a 200-token tree verification below one step).
+        """
+        if tokens < 1:
+            raise ValueError(f"a verification covers >= 1 token, got {tokens}")
+        costs = self.verify_costs
+        n = len(costs)
+        if tokens <= n:
+            return costs[tokens - 1]
+        if n == 1:
+            slope = costs[0]
+        else:
+            h = n // 2
+            slope = max(0.0, (costs[-1] - costs[h - 1]) / (n - h))
+        return costs[-1] + slope * (tokens - n)
+
+    def verify_at(self, tokens: float) -> float:
+        """`verify` at a fractional block size (linear between the integer sizes): the mean cost
+        of a verifier whose block size varies, e.g. a token tree of ``width`` nodes per drafted
+        position, ``verify_at(1 + k * width)``."""
+        lo = max(1, int(tokens))
+        frac = tokens - lo
+        if frac <= 0.0:
+            return self.verify(lo)
+        return (1.0 - frac) * self.verify(lo) + frac * self.verify(lo + 1)
+
+    def round_time(self, k: int, plan: LayerPlan, *, draft_scale: float = 1.0, width: float = 1.0) -> float:
+        """Modelled seconds of one round: ``k`` draft steps of ``plan`` plus a verification of
+        ``1 + k * width`` tokens. The one pricing of a round that the gate, the reports, the
+        search objectives and the reproduction script share.
+
+        Args:
+            k: tokens drafted (0: a plain step).
+            plan: what the draft ran.
+            draft_scale: draft forwards per drafted token (1 for a layer-skip drafter; 0 prices a
+                drafter that copies tokens without a forward, such as prompt lookup, as free).
+            width: tokens verified per drafted token (1 for a chain; a token tree verifies several
+                candidates per drafted position).
+        """
+        if k == 0:
+            return self.step
+        return k * self.draft_step(plan) * draft_scale + self.verify_at(1.0 + k * width)
+
+    def decode_time(self, plan: LayerPlan, draft_lengths: Sequence[int]) -> float:
+        """Modelled seconds of the rounds of one decode (prefill excluded): `round_time` summed."""
+        return sum(self.round_time(k, plan) for k in draft_lengths)
+
+    @staticmethod
+    def expected_tokens(alpha: float, k: int) -> float:
+        """Tokens committed per round of ``k`` drafted tokens when each is accepted with
+        probability ``alpha`` independently (the chain model of Leviathan et al.), bonus included."""
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        return k + 1 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+    def expected_speedup(
+        self, alpha: float, k: int, plan: LayerPlan, *, draft_scale: float = 1.0, width: float = 1.0
+    ) -> float:
+        """Speedup over plain decoding of drafting ``k`` tokens every round at acceptance ``alpha``:
+        `expected_tokens` per `round_time`, in plain steps. ``k = 0`` is plain decoding (1.0).
+        ``draft_scale``, ``width``: as for `round_time`."""
+        tokens = self.expected_tokens(alpha, k)
+        if k == 0:
+            return 1.0
+        return tokens * self.step / self.round_time(k, plan, draft_scale=draft_scale, width=width)
+
+    def ceiling(
+        self, alpha: float, plan: LayerPlan, max_k: int = 16, *, draft_scale: float = 1.0
+    ) -> tuple[float, int]:
+        """The best `expected_speedup` over draft lengths ``0..max_k``: ``(speedup, k)``."""
+        best = max(
+            (self.expected_speedup(alpha, k, plan, draft_scale=draft_scale), -k) for k in range(max_k + 1)
+        )
+        return best[0], -best[1]
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["verify_costs"] = list(self.verify_costs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        d = dict(d)
+        d["verify_costs"] = tuple(d["verify_costs"])
+        return cls(**d)
+
+    def describe(self) -> str:
+        ms = 1e3
+        return (
+            f"step {self.step * ms:.2f} ms; draft step = {self.base * ms:.2f} ms + {self.attn * ms:.3f} ms per "
+            f"attention + {self.mlp * ms:.3f} ms per MLP sub-layer; verify of 4 tokens "
+            f"{self.verify(4) / self.step:.2f} steps, of 8 tokens {self.verify(8) / self.step:.2f} steps"
+        )
+
+    # ---- measurement --------------------------------------------------------------------------
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, adapter: Any, *, max_tokens: int = 16, context: int = 128, reps: int = 7) -> CostModel:
+        """Time the model through ``adapter`` on a random prompt of ``context`` tokens.
+
+        The measurements are interleaved (every rep times every plan and every T once), after one
+        warm-up pass, and the median of ``reps`` is kept, so slow drift on a shared machine hits
+        every quantity alike.
+        """
+        if max_tokens < 2 or context < 1 or reps < 1:
+            raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
+        info = adapter.info()
+        n = info.num_layers
+        context = min(context, info.max_context - max_tokens - 2)
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, info.vocab_size, (1, context), generator=gen).to(adapter.device)
+        state = DecodeState(adapter, prompt, context + max_tokens + 8)
+        state.append(state.prefill().argmax(-1)[:, None])
+        all_idx = range(n)
+        plans = {
+            "full": LayerPlan.full(n),
+            "no_attn": LayerPlan.from_indices(n, attn=all_idx),
+            "no_mlp": LayerPlan.from_indices(n, mlp=all_idx),
+            "none": LayerPlan.from_indices(n, attn=all_idx, mlp=all_idx),
+        }
+        block = torch.randint(0, info.vocab_size, (1, max_tokens), generator=gen).to(adapter.device)
+        sync = torch.cuda.synchronize if adapter.device.type == "cuda" else (lambda: None)
+
+        def timed(fn) -> float:
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            return time.perf_counter() - t
+
+        def draft(plan: LayerPlan) -> None:
+            state.forward_draft(state.pending, plan)
+            state.discard_draft()
+
+        samples: dict[Any, list[float]] = {k: [] for k in [*plans, *range(1, max_tokens + 1)]}
+        for rep in range(reps + 1):  # rep 0 is the warm-up
+            for name, plan in plans.items():
+                t = timed(lambda plan=plan: draft(plan))
+                if rep:
+                    samples[name].append(t)
+            for t_len in range(1, max_tokens + 1):
+                t = timed(lambda t_len=t_len: state.forward_verify(block[:, :t_len], logits_at="all"))
+                if rep:
+                    samples[t_len].append(t)
+        state.discard_draft()
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        return cls(
+            num_layers=n,
+            base=med["none"],
+            attn=max(0.0, (med["full"] - med["no_attn"]) / n),
+            mlp=max(0.0, (med["full"] - med["no_mlp"]) / n),
+            verify_costs=tuple(med[t] for t in range(1, max_tokens + 1)),
+            context=context,
+            device=str(adapter.device),
+        )

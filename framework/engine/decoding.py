@@ -1,0 +1,360 @@
+"""The decoding loops: self-speculative rounds and the vanilla autoregressive baseline.
+
+Both loops run through the same `ModelAdapter`, KV cache and stop
+logic, so a speedup compares like with like. The speculative loop knows only the four interfaces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from framework.engine.adapter import ModelAdapter
+from framework.engine.context import PrepareContext
+from framework.engine.state import DecodeState, RoundRecord
+from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
+from framework.types import Draft, LayerPlan
+
+
+class StopCondition:
+    """When generation ends: an EOS token, a stop string in the decoded text, or a token budget.
+
+    The cut position depends only on the token sequence, so two decoders that produce the same
+    tokens stop at the same place.
+
+    Args:
+        max_new_tokens: budget of new tokens (>= 1).
+        eos_token_ids: token ids that end generation (kept in the output).
+        stop_strings: strings that end generation once they appear in the new text (the token that
+            completes one is kept).
+        decode: ``token ids -> text`` (the tokenizer's decode); needed only with stop strings.
+    """
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int] = (),
+        stop_strings: Sequence[str] = (),
+        decode: Any = None,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if stop_strings and decode is None:
+            raise ValueError("stop_strings need a decode function")
+        self.max_new_tokens = max_new_tokens
+        self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self.decode = decode
+        self._window = 8 + max((len(s) for s in self.stop_strings), default=0)
+
+    def find_cut(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
+        """Check tokens ``new_tokens[start:]``.
+
+        Returns:
+            ``(keep, reason)`` if generation ends: keep the first ``keep`` new tokens; else ``None``.
+        """
+        for i in range(start, len(new_tokens)):
+            if new_tokens[i] in self.eos:
+                return i + 1, "eos"
+            if self.stop_strings:
+                lo = max(0, i + 1 - self._window)
+                tail = self.decode(list(new_tokens[lo : i + 1]))
+                prev = self.decode(list(new_tokens[lo:i])) if i > lo else ""
+                for s in self.stop_strings:
+                    # A stop string completed by token i: present now, absent one token earlier.
+                    if s in tail and s not in prev:
+                        return i + 1, "stop_string"
+            if i + 1 >= self.max_new_tokens:
+                return i + 1, "max_new_tokens"
+        return None
+
+
+@dataclass
+class GenerationResult:
+    """One generation (one turn of one prompt).
+
+    Attributes:
+        tokens: the new token ids (after the stop cut).
+        wall_time: seconds from the start of prefill to the end of the last round.
+        stop_reason: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
+        accept_lengths: tokens committed per verification round (m + 1, bonus included).
+        draft_lengths: tokens drafted per round (0 for a round that declined to draft).
+        drafted: draft tokens proposed in total.
+        accepted: draft tokens accepted in total.
+        skip_ratios: per drafting round, the plan's skip ratio.
+        plans: per drafting round, the plan as a 2L-character string (`LayerPlan.code`: attention
+            sub-layers of blocks 0..L-1, then their MLPs; ``1`` = not run by the draft).
+        exit_layers: per drafting round, the plan's exit layer (``None``: full depth).
+        timings: seconds per phase (prefill, select, draft, verify, length, commit, lm_head).
+        target_forwards / draft_forwards: forward counts.
+        verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1 per round;
+            a token tree: its nodes + 1).
+        strategy_summary: per-strategy summaries (``Strategy.summary()``).
+    """
+
+    tokens: list[int]
+    wall_time: float
+    stop_reason: str
+    accept_lengths: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    skip_ratios: list[float] = field(default_factory=list)
+    plans: list[str] = field(default_factory=list)
+    exit_layers: list[int | None] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    verify_tokens: int = 0
+    strategy_summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """M: tokens committed per verification round, bonus token included."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: accepted draft tokens / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def _capacity(prompt_len: int, max_new_tokens: int, max_draft: int) -> int:
+    # Prompt + budget + the longest draft block + bonus, and a little slack.
+    return prompt_len + max_new_tokens + max_draft + 8
+
+
+def _check_context(adapter: ModelAdapter, prompt_len: int, max_new_tokens: int) -> None:
+    limit = adapter.max_context
+    if prompt_len + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of "
+            f"{limit} tokens; shorten the prompt or lower --max-new-tokens"
+        )
+
+
+def _prefill(
+    state: DecodeState, choose: Any, stop: StopCondition
+) -> tuple[float, list[int], tuple[int, str] | None]:
+    """Prefill, choose the first new token, start the clock; returns (t0, new tokens, cut)."""
+    t0 = time.perf_counter()
+    logits = state.prefill()
+    state.append(choose(logits)[:, None])
+    state.stats.timings["prefill"] = time.perf_counter() - t0
+    new = [int(state.pending.item())]
+    return t0, new, stop.find_cut(new, 0)
+
+
+def _finish(
+    state: DecodeState,
+    t0: float,
+    lm0: float,
+    new: list[int],
+    cut: tuple[int, str],
+    *,
+    decode_phase: str | None = None,
+    **fields: Any,
+) -> GenerationResult:
+    """Stop the clock and package a GenerationResult (tokens cut at the stop position).
+
+    ``decode_phase`` names the phase that gets all time after prefill (vanilla: ``"verify"``).
+    """
+    wall = time.perf_counter() - t0
+    timings = dict(state.stats.timings)
+    if decode_phase is not None:
+        timings[decode_phase] = wall - timings["prefill"]
+    timings["lm_head"] = state.adapter.lm_head_seconds - lm0
+    keep, reason = cut
+    return GenerationResult(
+        tokens=new[:keep],
+        wall_time=wall,
+        stop_reason=reason,
+        timings=timings,
+        target_forwards=state.stats.target_forwards,
+        draft_forwards=state.stats.draft_forwards,
+        verify_tokens=state.stats.verify_tokens,
+        **fields,
+    )
+
+
+class VanillaDecoder:
+    """Autoregressive decoding through the adapter: one full forward per token.
+
+    Each token is ``verifier.choose(logits)``: the argmax for greedy verifiers, a sample from the
+    same warped target distribution for a sampling verifier (give the baseline its own verifier
+    instance, so that it draws from its own random stream).
+
+    Args:
+        adapter: the model adapter.
+        verifier: chooses each token from the logits. Defaults to argmax.
+    """
+
+    name = "vanilla"
+
+    def __init__(self, adapter: ModelAdapter, verifier: Verifier | None = None) -> None:
+        self.adapter = adapter
+        if verifier is not None:
+            verifier.setup(adapter.info())
+        self.choose = verifier.choose if verifier is not None else (lambda logits: logits.argmax(-1))
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor, stop: StopCondition) -> GenerationResult:
+        adapter = self.adapter
+        _check_context(adapter, prompt_ids.shape[1], stop.max_new_tokens)
+        state = DecodeState(adapter, prompt_ids, _capacity(prompt_ids.shape[1], stop.max_new_tokens, 0))
+        lm0 = adapter.lm_head_seconds
+        t0, new, cut = _prefill(state, self.choose, stop)
+        while cut is None:
+            out = state.forward_verify(state.pending, logits_at="last")
+            tok = self.choose(out.logits[:, -1])
+            state.cache.commit(1)
+            state.append(tok[:, None])
+            new.append(int(tok.item()))
+            cut = stop.find_cut(new, len(new) - 1)
+        return _finish(state, t0, lm0, new, cut, accept_lengths=[1] * (len(new) - 1), decode_phase="verify")
+
+
+class SpeculativeDecoder:
+    """Self-speculative decoding: select -> draft -> verify -> commit -> observe, every round.
+
+    Args:
+        adapter: the model adapter.
+        selector: the LayerSelector instance.
+        length: the LengthController instance.
+        drafter: the Drafter instance.
+        verifier: the Verifier instance.
+        max_draft: hard cap on one round's draft length (sizes the cache); the length controller's
+            own cap is usually lower.
+    """
+
+    name = "speculative"
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        selector: LayerSelector,
+        length: LengthController,
+        drafter: Drafter,
+        verifier: Verifier,
+        *,
+        max_draft: int = 64,
+    ) -> None:
+        self.adapter = adapter
+        self.selector, self.length, self.drafter, self.verifier = selector, length, drafter, verifier
+        self.max_draft = max_draft
+        info = adapter.info()
+        for s in (selector, length, drafter, verifier):
+            s.setup(info)
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        """Run every strategy's one-time `Strategy.prepare` (offline searches)."""
+        for s in self.strategies().values():
+            s.prepare(ctx)
+
+    def strategies(self) -> dict[str, Any]:
+        return {
+            "selector": self.selector,
+            "length": self.length,
+            "drafter": self.drafter,
+            "verifier": self.verifier,
+        }
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor, stop: StopCondition) -> GenerationResult:
+        adapter = self.adapter
+        _check_context(adapter, prompt_ids.shape[1], stop.max_new_tokens)
+        for s in self.strategies().values():
+            s.reset()
+        state = DecodeState.for_strategies(
+            adapter,
+            prompt_ids,
+            _capacity(prompt_ids.shape[1], stop.max_new_tokens, self.max_draft),
+            self.selector,
+            self.length,
+            self.verifier,
+        )
+        timings = state.stats.timings
+        lm0 = adapter.lm_head_seconds
+        clock = time.perf_counter
+        t0, new, cut = _prefill(state, self.verifier.choose, stop)
+        drafted = accepted = 0
+        accept_lengths: list[int] = []
+        draft_lengths: list[int] = []
+        skip_ratios: list[float] = []
+        plans: list[str] = []
+        exit_layers: list[int | None] = []
+        codes: dict[LayerPlan, str] = {}  # plans repeat across rounds: encode each once
+        while cut is None:
+            t = clock()
+            plan = self.selector.plan(state)
+            t1 = clock()
+            timings["select"] += t1 - t
+            # Never draft past the token budget: the last token of a round is the target's own.
+            budget = stop.max_new_tokens - len(new) - 1
+            k_max = max(0, min(self.length.max_length(state), budget, self.max_draft))
+            t2 = clock()
+            timings["length"] += t2 - t1
+            if k_max > 0:
+                draft = self.drafter.draft(state, plan, self.length, k_max)
+            else:
+                draft = Draft.empty(state.pending.shape[0], plan, state.device)
+            t3 = clock()
+            timings["draft"] += t3 - t2
+            result = self.verifier.verify(state, draft)
+            t4 = clock()
+            timings["verify"] += t4 - t3
+            committed = state.commit(result)
+            t5 = clock()
+            timings["commit"] += t5 - t4
+            self.selector.observe(state, draft, result)
+            t6 = clock()
+            timings["select"] += t6 - t5
+            self.length.observe(draft, result)
+            t7 = clock()
+            timings["length"] += t7 - t6
+            self.drafter.observe(draft, result)
+            timings["draft"] += clock() - t7
+
+            m = result.accepted
+            drafted += draft.length
+            accepted += m
+            accept_lengths.append(committed.shape[1])
+            draft_lengths.append(draft.length)
+            if draft.length:
+                skip_ratios.append(draft.plan.skip_ratio)
+                code = codes.get(draft.plan)
+                if code is None:
+                    code = codes[draft.plan] = draft.plan.code()
+                plans.append(code)
+                exit_layers.append(draft.plan.exit_layer)
+            state.stats.rounds.append(RoundRecord(draft.length, m, committed.shape[1], draft.plan.skip_ratio))
+            start = len(new)
+            new.extend(int(x) for x in committed[0].tolist())
+            cut = stop.find_cut(new, start)
+        return _finish(
+            state,
+            t0,
+            lm0,
+            new,
+            cut,
+            accept_lengths=accept_lengths,
+            draft_lengths=draft_lengths,
+            drafted=drafted,
+            accepted=accepted,
+            skip_ratios=skip_ratios,
+            plans=plans,
+            exit_layers=exit_layers,
+            strategy_summary={k: v for k, v in ((k, s.summary()) for k, s in self.strategies().items()) if v},
+        )

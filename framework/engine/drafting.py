@@ -1,0 +1,241 @@
+"""Shared step-by-step bookkeeping of drafters: pick each draft token and keep what was asked for.
+
+A drafter's loop is its own (which forward, when to stop); what every drafter does the same way
+after each forward lives in `DraftBuilder`: choose the token as the verifier wants it (the warped
+sample of ``state.draft_sampler``, else the argmax) and keep only the extras some strategy
+declared it needs (top-1 confidences, full distributions, top-k candidates).
+
+Drafters that copy tokens from the context instead of running the model (prompt lookup) share
+`NgramIndex` (the incremental n-gram search), `ngram_index` (kept per generation in the state)
+and `copy_draft` (a copied draft with the extras the strategies asked for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from framework.interfaces import LengthController
+from framework.types import Draft, LayerPlan
+
+
+class DraftBuilder:
+    """Collects one round's draft tokens.
+
+    Args:
+        state: the `DecodeState`; its flags (``need_confidence``, ``need_draft_probs``,
+            ``draft_top_k``, ``draft_sampler``) decide what is computed.
+    """
+
+    def __init__(self, state) -> None:
+        self.sampler = state.draft_sampler
+        self.want_extras = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
+        self.want_probs = state.need_draft_probs
+        self.top_k = state.draft_top_k
+        self.batch = state.pending.shape[0]
+        self.device = state.device
+        self.tokens: list[torch.Tensor] = []
+        self.confs: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self.top_tokens: list[torch.Tensor] = []
+        self.top_probs: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, logits: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """Choose the next draft token from ``logits`` (B, V).
+
+        Returns:
+            ``(token (B,), confidence)``: the confidence is the top-1 draft probability of batch
+            row 0 (``None`` when no strategy asked for probabilities).
+        """
+        if self.sampler is not None:  # sampling: the same warping as the verifier's target
+            tok, p = self.sampler(logits)  # p: the warped draft distribution q (B, V)
+            top_p = p.max(dim=-1).values  # Draft & Verify Alg. 4: max_x q(x)
+        elif self.want_extras:
+            p = torch.softmax(logits.float(), dim=-1)
+            top_p, tok = p.max(dim=-1)
+        else:
+            self.tokens.append(logits.argmax(dim=-1))
+            return self.tokens[-1], None
+        if self.want_probs:
+            self.probs.append(p)
+        if self.top_k:
+            vals, idx = p.topk(self.top_k, dim=-1)  # (B, k), sorted; idx[:, 0] is the argmax
+            self.top_tokens.append(idx)
+            self.top_probs.append(vals)
+        self.confs.append(top_p)
+        self.tokens.append(tok)
+        return tok, float(top_p[0])
+
+    def drop_last(self) -> None:
+        """Forget the last token (a drafter that breaks before appending, as DEL does)."""
+        for lst in (self.tokens, self.confs, self.probs, self.top_tokens, self.top_probs):
+            if lst:
+                lst.pop()
+
+    def build(self, plan: LayerPlan) -> Draft:
+        """The `Draft` of the tokens collected (possibly none)."""
+
+        def stack(xs: list[torch.Tensor]) -> torch.Tensor | None:
+            return torch.stack(xs, dim=1) if xs else None
+
+        tokens = stack(self.tokens)
+        if tokens is None:
+            tokens = torch.empty(self.batch, 0, dtype=torch.long, device=self.device)
+        return Draft(
+            tokens=tokens,
+            plan=plan,
+            confidences=stack(self.confs),
+            probs=stack(self.probs),
+            top_tokens=stack(self.top_tokens),
+            top_probs=stack(self.top_probs),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Drafting by copying from the context (prompt lookup): no forward at all
+# --------------------------------------------------------------------------------------------
+
+
+class NgramIndex:
+    """The most recent earlier occurrence of every short n-gram of a growing token sequence.
+
+    Maps each n-gram (``min_n <= n <= max_n``) to the position of its last token in its most recent
+    occurrence that ends *before* the sequence's last token (so the n-gram that ends at the last
+    token, the query, never matches itself). Appending t tokens costs ``t * (max_n - min_n + 1)``
+    dict insertions and a `match` at most ``max_n - min_n + 1`` dict probes: the cost per round does
+    not grow with the context.
+
+    Args:
+        min_n: shortest n-gram indexed (>= 1).
+        max_n: longest n-gram indexed (>= min_n).
+    """
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"NgramIndex needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._last: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append tokens; the n-grams that now end before the last token become matchable."""
+        seq = self.tokens
+        start = len(seq)
+        seq.extend(int(t) for t in tokens)
+        last = self._last
+        # Ends start-1 .. len-2: the previous last token's n-grams were held back as the query's.
+        for end in range(max(start - 1, 0), len(seq) - 1):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                last[tuple(seq[end - n + 1 : end + 1])] = end
+
+    def match(self) -> tuple[int, int]:
+        """The longest n-gram ending at the last token that occurred earlier.
+
+        Returns:
+            ``(n, end)``: its length and the position of the last token of its most recent earlier
+            occurrence, or ``(0, -1)`` when no n-gram of ``min_n`` tokens or more recurs.
+        """
+        seq = self.tokens
+        size = len(seq)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            end = self._last.get(tuple(seq[size - n :]))
+            if end is not None:
+                return n, end
+        return 0, -1
+
+    def continuation(self, end: int, k: int) -> list[int]:
+        """The k tokens that followed position ``end``.
+
+        Past the sequence's last token the copy continues from its own output (an overlapping copy,
+        as in LZ77): an occurrence d tokens back proposes the last d tokens repeated periodically.
+        """
+        seq = self.tokens
+        size = len(seq)
+        out: list[int] = []
+        for i in range(k):
+            j = end + 1 + i
+            out.append(seq[j] if j < size else out[j - size])
+        return out
+
+    def lookup(self, k: int) -> tuple[int, list[int]]:
+        """``(n, the k tokens after the match)`` for the longest match, or ``(0, [])``."""
+        n, end = self.match()
+        return (n, self.continuation(end, k)) if n else (0, [])
+
+
+def ngram_index(state, min_n: int, max_n: int) -> NgramIndex:
+    """The state's `NgramIndex` over its committed tokens (prompt, generated, ``pending`` included).
+
+    Kept in ``state.extras`` (one per generation and n-gram range) and brought up to date with the
+    tokens committed since the last call, so each round indexes only its new tokens. Batch row 0
+    (the state supports B = 1).
+    """
+    key = f"ngram_index:{min_n}-{max_n}"
+    index = state.extras.get(key)
+    size = state.num_tokens
+    have = len(index) if index is not None else 0
+    if index is not None and have > size:
+        index = None  # the state's tokens were replaced: rebuild
+    if index is not None and have:
+        new = state.tokens[0, have - 1 :].tolist()  # one transfer: a check token and the new ones
+        if new[0] != index.tokens[-1]:
+            index, new = None, None
+        else:
+            new = new[1:]
+    if index is None:
+        index = NgramIndex(min_n, max_n)
+        state.extras[key] = index
+        new = state.tokens[0].tolist()
+    if new:
+        index.extend(new)
+    return index
+
+
+def copy_draft(
+    state,
+    candidates: Sequence[int],
+    plan: LayerPlan,
+    length: LengthController,
+    max_tokens: int,
+    confidence: float,
+) -> Draft:
+    """A draft of tokens copied from the context (no forward), stopped as the length controller says.
+
+    Each copied token is reported with the fixed ``confidence`` (to ``length.should_continue`` and,
+    when some strategy asked for confidences, in ``Draft.confidences``). The draft distribution of
+    a copied token is deterministic: when the verifier needs draft probabilities (speculative
+    sampling) ``Draft.probs`` is the one-hot q of each token, for which speculative sampling is
+    still exact (accept with probability p(d), else resample from p without d). No top-k
+    candidates are kept: the draft is a chain, which tree verification verifies as such.
+    ``Draft.extras["source"]`` is ``"lookup"``: no forward ran for it.
+
+    Args:
+        state: the `DecodeState`.
+        candidates: the tokens to propose, in order (at most ``max_tokens`` are used).
+        plan: recorded as ``Draft.plan``.
+        length: asked after each token whether to continue.
+        max_tokens: the round's cap.
+        confidence: the confidence of every copied token, in [0, 1].
+    """
+    toks: list[int] = []
+    for tok in candidates[:max_tokens]:
+        toks.append(int(tok))
+        if len(toks) >= max_tokens or not length.should_continue(len(toks), confidence):
+            break
+    batch, k = state.pending.shape[0], len(toks)
+    tokens = torch.tensor([toks] * batch, dtype=torch.long, device=state.device).reshape(batch, k)
+    draft = Draft(tokens=tokens, plan=plan, extras={"source": "lookup"})  # no forward ran
+    if k and (state.need_confidence or state.need_draft_probs or state.draft_top_k > 0):
+        draft.confidences = torch.full((batch, k), float(confidence), device=state.device)
+    if k and state.need_draft_probs:  # q = one-hot: (B, K, V), float32 as the draft sampler's
+        draft.probs = torch.zeros(batch, k, state.info.vocab_size, device=state.device).scatter_(
+            -1, tokens[..., None], 1.0
+        )
+    return draft

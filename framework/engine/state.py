@@ -1,0 +1,439 @@
+"""The decode state: committed tokens, the KV cache and the forwards strategies may run.
+
+Strategies never touch the KV cache directly; they call the three forwards below, which encode
+the cache semantics of `framework.engine.kv_cache`:
+
+- `DecodeState.forward_draft`: continue the current draft with a (partial) model;
+- `DecodeState.forward_verify`: discard the draft's KV and run the full model over a block
+  starting at the first uncommitted position (chain or tree);
+- `DecodeState.forward_scratch`: teacher-forced draft pass over already committed tokens
+  that leaves the committed cache untouched (SWIFT's candidate scoring).
+
+Invariant between rounds: ``cache.committed == num_tokens - 1``. The last committed token
+(``pending``: the previous round's correction or bonus token) has no KV yet; it is the first input
+of the next draft and of the next verification.
+
+Early-exit reuse: a drafter that runs a pure prefix of the model (blocks ``0..E-1``, nothing
+skipped) may call ``forward_draft(..., reusable=True)``. Those blocks then computed exactly what the
+target computes for the drafted positions, so the next chain verification keeps their KV and
+hidden states and runs only blocks ``E..L-1`` for them (plus every block for positions the draft
+never fed). ``DecodeStats.verify_blocks_saved`` counts the block evaluations this avoided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from framework.engine.adapter import ForwardOutput, ModelAdapter
+from framework.engine.kv_cache import KVCache
+from framework.types import LayerPlan, LengthHint, ModelInfo, Verification
+
+
+@dataclass
+class RoundRecord:
+    """Per-round trace (kept for logging and metrics)."""
+
+    drafted: int
+    accepted: int
+    committed: int
+    skip_ratio: float
+
+
+@dataclass
+class _DraftPrefix:
+    """What a reusable (pure-prefix) draft computed this round, for the verification to keep."""
+
+    exit_layer: int
+    ids: list[torch.Tensor] = field(default_factory=list)  # (B, t) inputs fed, in order
+    last_hidden: list[torch.Tensor] = field(default_factory=list)  # (B, t, d) after block E-1
+    hidden: list[torch.Tensor] | None = None  # (E+1, B, t, d) per step, when capture_hidden
+
+    @property
+    def length(self) -> int:
+        return sum(int(x.shape[1]) for x in self.ids)
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation.
+
+    Attributes:
+        rounds: per-round records.
+        timings: seconds per phase: prefill, select, draft, verify, length, commit.
+        target_forwards: full-model forwards (prefill and verifications).
+        draft_forwards: draft forwards.
+        verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1; a tree:
+            its nodes + 1).
+        verify_blocks_saved: block evaluations (blocks x positions) verifications skipped by
+            reusing an early-exit draft's blocks.
+        reused_positions: verified positions whose first blocks came from the draft.
+    """
+
+    rounds: list[RoundRecord] = field(default_factory=list)
+    timings: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("prefill", "select", "draft", "verify", "length", "commit"), 0.0
+        )
+    )
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    verify_tokens: int = 0
+    verify_blocks_saved: int = 0
+    reused_positions: int = 0
+
+
+class DecodeState:
+    """Everything one generation carries from round to round (batch-shaped, B = 1 for now).
+
+    Args:
+        adapter: the model adapter.
+        prompt_ids: LongTensor (B, P), the prompt (P >= 1).
+        capacity: KV slots to preallocate (prompt + new tokens + the longest draft + 1).
+        capture_hidden: verification passes return every layer's hidden states.
+        need_confidence: drafters compute top-1 probabilities.
+        need_draft_probs: drafters keep their full distributions.
+    """
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        prompt_ids: torch.Tensor,
+        capacity: int,
+        *,
+        capture_hidden: bool = False,
+        need_confidence: bool = False,
+        need_draft_probs: bool = False,
+    ) -> None:
+        if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
+            raise ValueError(f"prompt_ids must be (B, P) with P >= 1, got shape {tuple(prompt_ids.shape)}")
+        if prompt_ids.shape[0] != 1:
+            raise NotImplementedError(
+                "batch size > 1 is not supported yet (the data objects are batch-shaped)"
+            )
+        self.adapter = adapter
+        self.info: ModelInfo = adapter.info()
+        self.device = adapter.device
+        self.prompt_len = int(prompt_ids.shape[1])
+        with torch.inference_mode(False):  # writable outside inference mode too
+            self._tokens = torch.zeros(
+                prompt_ids.shape[0], max(capacity, self.prompt_len) + 1, dtype=torch.long, device=self.device
+            )
+        self._tokens[:, : self.prompt_len] = prompt_ids.to(self.device)
+        self.num_tokens = self.prompt_len
+        self.cache: KVCache = adapter.new_cache(max(capacity, self.prompt_len + 1), batch=prompt_ids.shape[0])
+        self.capture_hidden = capture_hidden
+        self.need_confidence = need_confidence
+        self.need_draft_probs = need_draft_probs
+        #: Set by the decoder from ``Verifier.draft_sampler()``; ``None`` = greedy drafting.
+        self.draft_sampler = None
+        #: Set by the decoder from ``Verifier.draft_top_k()``; 0 = keep no top-k candidates.
+        self.draft_top_k = 0
+        self.draft_len = 0  # tokens fed to the draft model in the current round
+        self.round = 0
+        self.stats = DecodeStats()
+        #: Hidden states of the last verification (L+1, B, T, d), when capture_hidden.
+        self.last_hidden_states: torch.Tensor | None = None
+        #: free-form per-generation scratch space for strategies (keyed by strategy name).
+        self.extras: dict[str, Any] = {}
+        #: the selector's suggestion for this round's draft length and threshold (see LengthHint).
+        self.length_hint: LengthHint | None = None
+        self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
+        self._prefix_plans: dict[int, LayerPlan] = {}
+
+    @classmethod
+    def for_strategies(
+        cls,
+        adapter: ModelAdapter,
+        prompt_ids: torch.Tensor,
+        capacity: int,
+        selector: Any,
+        length: Any,
+        verifier: Any,
+    ) -> DecodeState:
+        """A state whose flags and hooks come from the strategies' capability declarations.
+
+        The one place that wires ``needs_hidden_states``, ``needs_confidence``,
+        ``needs_draft_probs``, ``draft_sampler()`` and ``draft_top_k()`` into the state.
+        """
+        state = cls(
+            adapter,
+            prompt_ids,
+            capacity,
+            capture_hidden=selector.needs_hidden_states,
+            need_confidence=length.needs_confidence,
+            need_draft_probs=verifier.needs_draft_probs,
+        )
+        state.draft_sampler = verifier.draft_sampler()
+        state.draft_top_k = verifier.draft_top_k()
+        return state
+
+    # ------------------------------------------------------------------ token views
+    @property
+    def tokens(self) -> torch.Tensor:
+        """LongTensor (B, N): prompt and every committed new token (``pending`` included)."""
+        return self._tokens[:, : self.num_tokens]
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """LongTensor (B, N - P): the generated tokens so far."""
+        return self._tokens[:, self.prompt_len : self.num_tokens]
+
+    @property
+    def num_new(self) -> int:
+        return self.num_tokens - self.prompt_len
+
+    @property
+    def pending(self) -> torch.Tensor:
+        """LongTensor (B, 1): the last committed token, whose KV is not cached yet."""
+        return self._tokens[:, self.num_tokens - 1 : self.num_tokens]
+
+    def _positions(self, start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n, device=self.device)[None].expand(self._tokens.shape[0], n)
+
+    # ------------------------------------------------------------------ forwards
+    def prefill(self) -> torch.Tensor:
+        """Full forward over the prompt; returns the last position's logits (B, V).
+
+        Leaves the prompt's KV committed except for its last token, which becomes ``pending``:
+        the first generated token is chosen by the caller and appended with `append`.
+        """
+        p = self.prompt_len
+        out = self.adapter.forward(
+            self._tokens[:, :p],
+            self._positions(0, p),
+            self.cache,
+            logits_at="last",
+            capture_hidden=self.capture_hidden,
+        )
+        self.cache.commit(p)
+        self.stats.target_forwards += 1
+        if self.capture_hidden:
+            self.last_hidden_states = out.hidden_states
+        return out.logits[:, -1]
+
+    def prefix_plan(self, exit_layer: int) -> LayerPlan:
+        """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
+        plan = self._prefix_plans.get(exit_layer)
+        if plan is None:
+            plan = LayerPlan.from_indices(self.info.num_layers, exit_layer=exit_layer)
+            self._prefix_plans[exit_layer] = plan
+        return plan
+
+    def forward_draft(
+        self,
+        input_ids: torch.Tensor,
+        plan: LayerPlan | None,
+        *,
+        logits_at: str | torch.Tensor | None = "last",
+        reusable: bool = False,
+    ) -> ForwardOutput:
+        """Feed the next draft token(s) (B, T) through the draft model ``plan``.
+
+        Positions continue after the committed prefix and the tokens already drafted this round;
+        KV is appended only in the layers whose attention the plan runs.
+
+        Args:
+            input_ids: LongTensor (B, T).
+            plan: the draft model (``None``: the full model).
+            logits_at: as in `ModelAdapter.forward`.
+            reusable: the plan is a pure prefix (``exit_layer`` E, nothing skipped before it), and
+                the next chain verification may keep what these blocks computed instead of
+                recomputing it (early-exit reuse). Every step of the round must say so.
+
+        Raises:
+            ValueError: ``reusable`` with a plan that is not a pure prefix.
+        """
+        t = input_ids.shape[1]
+        start = self.cache.committed + self.draft_len
+        capture = False
+        if reusable:
+            if plan is None or plan.exit_layer is None or plan.exit_layer >= plan.num_layers:
+                raise ValueError("reusable draft steps need an early-exit plan with exit_layer < L")
+            e = plan.exit_layer
+            if any(not (plan.runs_attn(i) and plan.runs_mlp(i)) for i in range(e)):
+                raise ValueError("reusable draft steps must run every sub-layer before the exit layer")
+            if self.draft_len == 0:
+                self._prefix = _DraftPrefix(e, hidden=[] if self.capture_hidden else None)
+            elif self._prefix is not None and (
+                self._prefix.exit_layer != e or self._prefix.length != self.draft_len
+            ):
+                self._prefix = None  # not one contiguous pure-prefix draft: verify recomputes
+            capture = self._prefix is not None and self._prefix.hidden is not None
+        else:
+            self._prefix = None
+        out = self.adapter.forward(
+            input_ids,
+            self._positions(start, t),
+            self.cache,
+            plan,
+            logits_at=logits_at,
+            capture_hidden=capture,
+        )
+        if reusable and self._prefix is not None:
+            self._prefix.ids.append(input_ids)
+            self._prefix.last_hidden.append(out.last_hidden)
+            if self._prefix.hidden is not None:
+                self._prefix.hidden.append(out.hidden_states)
+        self.draft_len += t
+        self.stats.draft_forwards += 1
+        return out
+
+    def forward_verify(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        logits_at: str | torch.Tensor | None = "all",
+        position_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> ForwardOutput:
+        """Full-model forward over a block (B, T) starting at the first uncommitted position.
+
+        The draft's KV is discarded first; the block is written at ``[committed, committed + T)``
+        in every layer. ``position_ids``/``tree_mask`` support tree verification (default: a chain).
+        Stores the hidden states in ``last_hidden_states`` when ``capture_hidden``.
+
+        After a reusable early-exit draft (see `forward_draft`) a chain verification whose block
+        starts with the drafted inputs keeps the draft's blocks ``0..E-1`` for those positions and
+        runs blocks ``E..L-1`` only; the result equals a full forward up to rounding.
+        """
+        prefix, self._prefix = self._prefix, None
+        self.stats.verify_tokens += int(input_ids.shape[1])
+        if prefix is not None and position_ids is None and tree_mask is None:
+            n = min(prefix.length, input_ids.shape[1])
+            fed = torch.cat(prefix.ids, dim=1)[:, :n]
+            complete = prefix.hidden is not None or not self.capture_hidden
+            if n > 0 and complete and torch.equal(input_ids[:, :n], fed):
+                return self._verify_reusing(input_ids, prefix, n, logits_at)
+        self.cache.rollback()
+        c = self.cache.committed
+        t = input_ids.shape[1]
+        pos = self._positions(c, t) if position_ids is None else position_ids
+        out = self.adapter.forward(
+            input_ids,
+            pos,
+            self.cache,
+            None,
+            logits_at=logits_at,
+            capture_hidden=self.capture_hidden,
+            base=c,
+            tree_mask=tree_mask,
+        )
+        self.stats.target_forwards += 1
+        if self.capture_hidden:
+            self.last_hidden_states = out.hidden_states
+        return out
+
+    def _verify_reusing(
+        self, input_ids: torch.Tensor, prefix: _DraftPrefix, n: int, logits_at: str | torch.Tensor | None
+    ) -> ForwardOutput:
+        """Chain verification reusing a pure-prefix draft's first ``n`` positions (blocks < E)."""
+        e, c, t = prefix.exit_layer, self.cache.committed, input_ids.shape[1]
+        capture = self.capture_hidden and prefix.hidden is not None
+        self.cache.keep_draft(n, range(e))  # the draft's KV in blocks < E is the target's own
+        h_e = torch.cat(prefix.last_hidden, dim=1)[:, :n]  # (B, n, d)
+        lower = torch.cat(prefix.hidden, dim=2)[:, :, :n] if capture else None  # (E+1, B, n, d)
+        if t > n:  # positions the draft never fed: blocks < E first, appended after the kept slots
+            tail = self.adapter.forward(
+                input_ids[:, n:],
+                self._positions(c + n, t - n),
+                self.cache,
+                self.prefix_plan(e),
+                logits_at=None,
+                capture_hidden=capture,
+            )
+            h_e = torch.cat([h_e, tail.last_hidden], dim=1)
+            if lower is not None:
+                lower = torch.cat([lower, tail.hidden_states], dim=2)
+        upper = self.adapter.forward_from(
+            h_e, self._positions(c, t), self.cache, start=e, logits_at=logits_at, capture_hidden=capture
+        )
+        self.stats.target_forwards += 1
+        self.stats.verify_blocks_saved += e * n
+        self.stats.reused_positions += n
+        hidden = None
+        if capture:
+            hidden = torch.cat([lower, upper.hidden_states[1:]], dim=0)  # (L+1, B, T, d)
+            self.last_hidden_states = hidden
+        return ForwardOutput(upper.logits, hidden, upper.last_hidden)
+
+    def forward_scratch(
+        self,
+        start: int,
+        plan: LayerPlan | None,
+        *,
+        end: int | None = None,
+        logits_at: str | torch.Tensor | None = "all",
+    ) -> ForwardOutput:
+        """Teacher-forced pass of ``plan`` over committed tokens ``[start, end)``.
+
+        Token ``start`` attends to the committed KV of ``[0, start)`` and to the block's own KV, which
+        is written beyond every layer's end pointer and forgotten afterwards; the committed cache
+        is untouched. ``logits[:, j]`` predicts token ``start + j + 1``.
+
+        Args:
+            start: first token fed.
+            plan: the draft model (``None``: the full model).
+            end: one past the last token fed; default ``N - 1`` (every committed token with KV).
+            logits_at: as in `ModelAdapter.forward`.
+
+        Raises:
+            ValueError: ``start``/``end`` outside ``0 <= start < end <= N - 1``.
+        """
+        last = self.num_tokens - 1  # == cache.committed
+        end = last if end is None else end
+        if not 0 <= start < end <= last:
+            raise ValueError(f"scratch span must satisfy 0 <= start < end <= {last}, got [{start}, {end})")
+        ids = self._tokens[:, start:end]
+        base = max(self.cache.lengths)
+        return self.adapter.forward(
+            ids,
+            self._positions(start, end - start),
+            self.cache,
+            plan,
+            logits_at=logits_at,
+            base=base,
+            visible=start,
+            persist=False,
+        )
+
+    # ------------------------------------------------------------------ commits
+    def append(self, tokens: torch.Tensor) -> None:
+        """Append (B, n) tokens without KV changes (the first token after prefill)."""
+        n = tokens.shape[1]
+        self._ensure_token_capacity(n)
+        self._tokens[:, self.num_tokens : self.num_tokens + n] = tokens
+        self.num_tokens += n
+
+    def commit(self, result: Verification) -> torch.Tensor:
+        """Commit a verification: tokens appended, KV cut to exactly the verified prefix.
+
+        Returns:
+            LongTensor (B, m+1), the tokens committed.
+        """
+        new = result.new_tokens
+        n = new.shape[1]
+        # KV of [pending, d_1..d_m] (m + 1 = n positions) was written by the verify pass.
+        self.cache.commit(n, keep=result.kv_keep)
+        self.append(new)
+        self.draft_len = 0
+        self._prefix = None
+        self.round += 1
+        return new
+
+    def discard_draft(self) -> None:
+        """Forget the current round's draft KV (e.g. a drafter that gives up)."""
+        self.cache.rollback()
+        self.draft_len = 0
+        self._prefix = None
+
+    def _ensure_token_capacity(self, n: int) -> None:
+        if self.num_tokens + n > self._tokens.shape[1]:
+            with torch.inference_mode(False):
+                grow = torch.zeros(
+                    self._tokens.shape[0], 2 * self._tokens.shape[1] + n, dtype=torch.long, device=self.device
+                )
+            grow[:, : self.num_tokens] = self._tokens[:, : self.num_tokens]
+            self._tokens = grow

@@ -1,0 +1,254 @@
+"""The experiment as a PyTorch Lightning predict loop.
+
+`DecodeModule.predict_step` decodes one prompt with the vanilla baseline and the configured
+speculative decoder (alternating which goes first) and returns that prompt's records. Lightning
+supplies the device placement, the process group when ``--devices``/``--num-nodes`` > 1 (each rank
+decodes its own share of the prompts: ``prompts[rank::world]``), seeding, the progress bar and the
+loggers; the callbacks here write results and log them:
+
+- `ResultsWriter` appends each finished prompt's records to the JSONL output (one locked write
+  per prompt, flushed at once, so several ranks share one file and an interruption loses nothing);
+- `SpeedupProgressBar` shows prompts done, tokens/s and the running speedup;
+- `TrackingCallback` sends per-prompt metrics to the logger as they come and, at the end, the
+  per-category summary, the tables and the plots (``framework.experiment.tracking``).
+
+The model is loaded in ``setup`` (on each rank's own device) and is deliberately not a registered
+sub-module: Lightning never wraps, moves or trains it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
+from torch.utils.data import DataLoader
+
+from framework.experiment.data import Prompt
+from framework.interfaces import REGISTRIES
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def prompt_key(rec_or_prompt: Any) -> tuple[str, str]:
+    """The identity of a prompt in a results file: ``(category, question_id)`` as strings."""
+    if isinstance(rec_or_prompt, Prompt):
+        return rec_or_prompt.category, str(rec_or_prompt.question_id)
+    return rec_or_prompt["category"], str(rec_or_prompt["question_id"])
+
+
+class DecodeModule(pl.LightningModule):
+    """Decodes prompts with vanilla and speculative decoding; one predict step per prompt.
+
+    Args:
+        cfg: the run configuration (``framework.experiment.runner.RunConfig``).
+        prompts: the prompts still to decode (already filtered by ``--resume``).
+        out_path: the results JSONL; its stem names the artefacts (skip sets, run directory).
+        meta: the run's metadata, written next to the results by rank 0 once the model is loaded
+            and the strategies are prepared (nothing is written before validation passes).
+        model, tokenizer: an already loaded model (tests, sweeps); loaded in ``setup`` otherwise.
+        log: where progress lines go when no progress bar is shown.
+        experiment: an `Experiment` built before the trainer (a single-process run validates and
+            prepares everything before any logger or file exists); built in ``setup`` otherwise.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        prompts: list[Prompt],
+        out_path: Path,
+        meta: dict[str, Any],
+        model: Any = None,
+        tokenizer: Any = None,
+        log: Callable[[str], None] = print,
+        experiment: Any = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.prompts = prompts
+        self.out_path = out_path
+        self.meta = meta
+        self.log_fn = log
+        # Kept out of nn.Module registration: Lightning must not move or wrap the HF model.
+        self.__dict__["_given"] = (model, tokenizer)
+        self.exp: Any = experiment
+        self.methods: list[tuple[str, Any]] = []
+        self.done = 0
+        self.tok_s: dict[str, list[float]] = {}
+
+    # ---- set-up ----------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        from framework.experiment.runner import Experiment
+
+        cfg = self.cfg
+        world = self.trainer.world_size
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        elif world > 1 and self.trainer.strategy.root_device.type == "cpu":
+            # Several ranks on one machine's cores: split them instead of oversubscribing.
+            per_node = max(1, world // max(1, self.trainer.num_nodes))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
+        model, tokenizer = self.__dict__["_given"]
+        if model is None:
+            cfg = dataclasses.replace(cfg, device=str(self.trainer.strategy.root_device))
+        mine = self.shard()
+        if self.exp is None:
+            self.exp = Experiment(
+                cfg,
+                model,
+                tokenizer,
+                artifact_stem=self.out_path.with_suffix(""),
+                log=self.log_fn,
+                prompts=self.prompts,
+            )
+        self.methods = self._methods()
+        if self.trainer.global_rank == 0:
+            self.out_path.parent.mkdir(parents=True, exist_ok=True)
+            meta_path = self.out_path.with_suffix(".meta.json")
+            if not (cfg.resume and meta_path.exists()):  # a resumed run keeps its original metadata
+                meta_path.write_text(json.dumps(self.meta, indent=2, default=str))
+            exp = self.exp
+            self.log_fn(
+                f"[selfspec] {len(self.prompts)} prompts to decode on {world} process(es), {len(mine)} here | "
+                f"model {exp.adapter.info().name} ({cfg.dtype}, {exp.adapter.device}) | {cfg.method_name}: "
+                + " ".join(f"{k}={getattr(cfg, k).name}" for k in REGISTRIES)
+                + f" | max_new_tokens={cfg.max_new_tokens} | output {self.out_path}"
+            )
+
+    def _methods(self) -> list[tuple[str, Any]]:
+        base = [("vanilla", self.exp.vanilla)]
+        return base if self.cfg.baseline_only else base + [(self.cfg.method_name, self.exp.spec)]
+
+    def shard(self) -> list[Prompt]:
+        """This rank's prompts: every ``world``-th one, starting at the rank."""
+        t = self.trainer
+        return self.prompts[t.global_rank :: t.world_size]
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch  # a Prompt (text); the decoders put token ids on the model's device
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.shard(), batch_size=None, collate_fn=_identity, num_workers=0)
+
+    def on_predict_start(self) -> None:
+        """Warm-up decodes (short), then fresh strategy instances, so that timing starts warm."""
+        cfg, exp = self.cfg, self.exp
+        if not self.prompts:
+            return
+        for _ in range(cfg.warmup):
+            for _name, dec in self.methods:
+                exp.decode_prompt(dec, self.prompts[0], max_new_tokens=min(16, cfg.max_new_tokens))
+        if cfg.warmup:
+            exp.rebuild()
+            self.methods = self._methods()
+        self.t_start = time.perf_counter()
+
+    # ---- one prompt --------------------------------------------------------------------------
+    def predict_step(self, prompt: Prompt, batch_idx: int) -> list[dict[str, Any]]:
+        from framework.experiment.runner import _prompt_record
+
+        exp, cfg = self.exp, self.cfg
+        # Alternate which method goes first, so slow drift on a shared machine hits both equally.
+        order = (
+            self.methods
+            if (batch_idx * self.trainer.world_size + self.trainer.global_rank) % 2 == 0
+            else self.methods[::-1]
+        )
+        turns = {name: exp.decode_prompt(dec, prompt) for name, dec in order}
+        greedy = exp.spec.verifier.lossless == "greedy"
+        van_tokens = [r.tokens for r, _ in turns["vanilla"]]
+        recs = []
+        for name, _dec in self.methods:
+            same = [r.tokens for r, _ in turns[name]] == van_tokens
+            rec = _prompt_record(prompt, name, turns[name], same if greedy else None)
+            if name != "vanilla":
+                rec["strategies"] = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
+            rec["rank"] = self.trainer.global_rank
+            recs.append(rec)
+        for rec in recs:
+            self.tok_s.setdefault(rec["method"], []).append(rec["new_tokens"] / max(rec["wall_time"], 1e-9))
+        self.done += 1
+        return recs
+
+    def running_speedup(self) -> float | None:
+        """Mean tokens/s of the method over mean tokens/s of vanilla, prompts done on this rank."""
+        van = self.tok_s.get("vanilla")
+        spec = self.tok_s.get(self.cfg.method_name)
+        if not van or not spec or self.cfg.baseline_only:
+            return None
+        return (sum(spec) / len(spec)) / (sum(van) / len(van))
+
+
+def append_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Append one prompt's records as JSON lines in a single locked, flushed write."""
+    data = "".join(json.dumps(r) + "\n" for r in records)
+    with path.open("a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fh.write(data)
+            fh.flush()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class ResultsWriter(BasePredictionWriter):
+    """Appends each prompt's records to the results JSONL as soon as the prompt is done."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(write_interval="batch")
+        self.path = path
+
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
+        append_records(self.path, prediction)
+
+
+def progress_line(i: int, n: int, prompt: Prompt, recs: list[dict[str, Any]]) -> str:
+    parts = []
+    for r in recs:
+        part = f"{r['method']} {r['new_tokens'] / max(r['wall_time'], 1e-9):.1f} tok/s"
+        if r["method"] != "vanilla":
+            m = sum(r["accept_lengths"]) / max(1, len(r["accept_lengths"]))
+            ok = "n/a (sampling)" if r["lossless"] is None else "yes" if r["lossless"] else "NO"
+            part += f", M {m:.2f}, lossless {ok}"
+        parts.append(part)
+    return f"[{i}/{n}] {prompt.category:<14} q{prompt.question_id}: " + ", ".join(parts)
+
+
+class SpeedupProgressBar(TQDMProgressBar):
+    """Lightning's bar with the method's tokens/s and the running speedup, plus one line per prompt."""
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+        bar = self.predict_progress_bar
+        if bar is None:
+            return
+        spec = outputs[-1]
+        post = {"tok/s": f"{spec['new_tokens'] / max(spec['wall_time'], 1e-9):.1f}"}
+        speed = pl_module.running_speedup()
+        if speed is not None:
+            post["speedup"] = f"{speed:.3f}x"
+        bar.set_postfix(post, refresh=False)
+        bar.write(progress_line(pl_module.done, len(pl_module.shard()), batch, outputs))
+
+
+class PlainProgress(pl.Callback):
+    """One line per prompt through the run's ``log`` function (no terminal, or tests)."""
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        line = progress_line(pl_module.done, len(pl_module.shard()), batch, outputs)
+        speed = pl_module.running_speedup()
+        if speed is not None:
+            line += f" | running speedup {speed:.3f}x"
+        pl_module.log_fn(line)

@@ -1,0 +1,264 @@
+"""Fused sub-layers: one compiled call per attention or MLP branch of a Llama-family block.
+
+Why: on a CPU, a decoding step of a small model spends a large share of its time outside the
+matrix products: a Llama block runs about 25 small PyTorch ops and a dozen Python module calls per
+token (RMSNorm, three projections, RoPE, the cache write, attention, the output projection, SiLU,
+the residual adds), about 0.45 ms per block for SmolLM2-135M on this project's CPU, i.e. a quarter
+of the step (measured: the linear layers alone take 35 ms of a 49 ms step at 2 threads).
+`FusedBlocks` runs each branch as one call into `framework.kernels.cpu` (``attn_branch``,
+``mlp_branch``): the same arithmetic, the same batch-invariant linear and attention kernels, one
+OpenMP team per branch.
+
+What it covers: blocks laid out like ``LlamaDecoderLayer`` (pre-norm RMSNorm, q/k/v/o projections
+with or without biases, RoPE as ``q * cos + rotate_half(q) * sin``, GQA, ``down(silu(gate(x)) *
+up(x))``), float32 on a CPU, one sequence (batch 1) of at most `kernels.MAX_ROWS` new tokens. Each
+block is checked once, numerically, against its own Hugging Face modules (`FusedBlocks.build`); a
+block that differs (q/k norms, a NoPE layer, another activation, a changed modeling file) keeps the
+module path, so the fast path can never silently change a model's computation. Everything else (a
+batch of several sequences, a long prefill, another device or dtype) takes the module path too.
+
+Numerics: a fused branch and the module path with the kernels installed agree to float32 rounding
+(RMSNorm and SiLU are computed in a different order than ATen's), not bit for bit. Greedy
+equality between speculative and plain decoding does not need them to agree: both decode through
+the same path, and every phase of a fused branch is row-wise with a fixed operation order, so a
+row's result does not depend on how many rows share the call (tested in
+``tests/framework/kernels/test_fused.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.engine.kv_cache import KVCache
+from framework.kernels import cpu as kernels
+
+_F32 = torch.float32
+#: Largest head dimension the kernel's RoPE buffer holds.
+MAX_HEAD_DIM = 1024
+
+
+@dataclass(frozen=True)
+class _Attn:
+    """One attention branch: its parameters in the kernel's order (the modules' own Parameter
+    objects, whose data follows the model through ``.to()`` or ``load_state_dict``) and shapes."""
+
+    norm: torch.Tensor
+    eps: float
+    params: tuple[torch.Tensor | None, ...]  # q weight, q bias, k weight, k bias, v ..., o ...
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float
+
+
+@dataclass(frozen=True)
+class _Mlp:
+    """One MLP branch: parameters as `_Attn`'s (gate, up, down; weight and bias each)."""
+
+    norm: torch.Tensor
+    eps: float
+    params: tuple[torch.Tensor | None, ...]
+    intermediate: int
+
+
+def _ptrs(params: tuple[torch.Tensor | None, ...]) -> list[int]:
+    return [0 if p is None else p.data_ptr() for p in params]
+
+
+def _plain_f32(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or (t.dtype is _F32 and t.is_cpu and t.is_contiguous()) for t in tensors)
+
+
+class FusedBlocks:
+    """The fused branches of the blocks of one model that passed `build`'s check.
+
+    Attributes:
+        attn: per block, the attention branch's modules, or ``None`` (module path).
+        mlp: per block, the MLP branch's modules, or ``None``.
+    """
+
+    def __init__(self, attn: list[_Attn | None], mlp: list[_Mlp | None], ext: Any) -> None:
+        self.attn = attn
+        self.mlp = mlp
+        self._ext = ext
+        first = next((a.params[0] for a in attn if a is not None), None)
+        self._probe = first
+
+    @property
+    def num_fused(self) -> int:
+        """Branches that run fused (out of 2L)."""
+        return sum(a is not None for a in self.attn) + sum(m is not None for m in self.mlp)
+
+    def applies(self, hidden: torch.Tensor) -> bool:
+        """Whether a forward over ``hidden`` (B, T, d) may take the fused path."""
+        w = self._probe
+        return (
+            hidden.dtype is _F32
+            and hidden.is_cpu
+            and hidden.dim() == 3
+            and hidden.shape[0] == 1
+            and 0 < hidden.shape[1] <= kernels.MAX_ROWS
+            and not torch.is_grad_enabled()
+            and (w is None or (w.dtype is _F32 and w.is_cpu))
+        )
+
+    def attention(
+        self, i: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """``hidden + attention_branch(i, hidden)``, writing the new K/V of block i to ``cache``.
+
+        ``hidden`` (1, T, d) contiguous; ``cos``/``sin`` (1, T, D) contiguous (HF's rotary output).
+        """
+        a = self.attn[i]
+        assert a is not None
+        t, d = hidden.shape[1], hidden.shape[2]
+        keys, values, base = cache.claim(i)
+        # plain causal attention needs no mask (the kernel limits each row to the keys before it);
+        # otherwise (1, 1, T, base + T) additive
+        mask = None if cache.causal_only(i) else cache.attention_mask(i)
+        if mask is None:
+            mask_ptr, ms_t, ms_s = 0, 0, 0
+        else:
+            mask_ptr, ms_t, ms_s = mask.data_ptr(), mask.stride(2), mask.stride(3)
+        out = torch.empty_like(hidden)
+        self._ext.attn_branch(
+            hidden.data_ptr(), out.data_ptr(), t, d, a.norm.data_ptr(), a.eps, *_ptrs(a.params),
+            a.heads, a.kv_heads, a.head_dim, cos.data_ptr(), sin.data_ptr(),
+            keys.data_ptr(), values.data_ptr(), keys.stride(1), keys.stride(2), base, base + t,
+            mask_ptr, ms_t, ms_s, a.scale, torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def mlp_branch(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden + mlp_branch(i, hidden)``; ``hidden`` (1, T, d) contiguous."""
+        m = self.mlp[i]
+        assert m is not None
+        out = torch.empty_like(hidden)
+        self._ext.mlp_branch(
+            hidden.data_ptr(), out.data_ptr(), hidden.shape[1], hidden.shape[2], m.norm.data_ptr(), m.eps,
+            *_ptrs(m.params), m.intermediate, torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def build(cls, adapter: Any) -> FusedBlocks | None:
+        """The fused branches of ``adapter``'s blocks that reproduce the module path, or ``None``.
+
+        Each candidate branch is run once on random float32 input (3 tokens at positions 5-7 after
+        5 cached ones) both ways; it is fused only if the outputs, and for attention the cache
+        writes, agree within float32 tolerance. ``None`` when the kernels are not loaded or no
+        branch qualifies.
+        """
+        ext = kernels.load_extension()
+        if ext is None or not hasattr(ext, "attn_branch"):
+            return None
+        attn = [_attn_modules(adapter, blk) for blk in adapter.blocks]
+        mlp = [_mlp_modules(blk) for blk in adapter.blocks]
+        fused = cls(attn, mlp, ext)
+        _self_check(fused, adapter)
+        return fused if fused.num_fused else None
+
+
+def _rms_ok(norm: Any, d: int) -> bool:
+    w = getattr(norm, "weight", None)
+    return (
+        type(norm).__name__.endswith("RMSNorm")
+        and isinstance(w, torch.Tensor)
+        and w.shape == (d,)
+        and isinstance(getattr(norm, "variance_epsilon", None), float)
+        and _plain_f32(w)
+    )
+
+
+def _linear_ok(mod: Any, n: int, k: int) -> bool:
+    return isinstance(mod, nn.Linear) and mod.weight.shape == (n, k) and _plain_f32(mod.weight, mod.bias)
+
+
+def _attn_modules(adapter: Any, blk: nn.Module) -> _Attn | None:
+    attn = getattr(blk, "self_attn", None)
+    norm = getattr(blk, "input_layernorm", None)
+    d = adapter.config.hidden_size
+    heads = getattr(adapter.config, "num_attention_heads", 0)
+    kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
+    if (
+        attn is None
+        or not _rms_ok(norm, d)
+        or any(hasattr(attn, n) for n in ("q_norm", "k_norm"))  # Qwen3-style q/k norms
+        or not heads
+        or heads % kv_heads
+        or head_dim % 2
+        or head_dim > MAX_HEAD_DIM
+        or not isinstance(getattr(attn, "scaling", None), float)
+    ):
+        return None
+    mods = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    shapes = [
+        (heads * head_dim, d),
+        (kv_heads * head_dim, d),
+        (kv_heads * head_dim, d),
+        (d, heads * head_dim),
+    ]
+    if not all(_linear_ok(m, *s) for m, s in zip(mods, shapes, strict=True)):
+        return None
+    params = tuple(p for m in mods for p in (m.weight, m.bias))
+    return _Attn(norm.weight, norm.variance_epsilon, params, heads, kv_heads, head_dim, attn.scaling)
+
+
+def _mlp_modules(blk: nn.Module) -> _Mlp | None:
+    mlp = getattr(blk, "mlp", None)
+    norm = getattr(blk, "post_attention_layernorm", None)
+    if mlp is None or type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):
+        return None
+    gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    if not isinstance(gate, nn.Linear):
+        return None
+    f, d = gate.weight.shape
+    if not (_rms_ok(norm, d) and _linear_ok(gate, f, d) and _linear_ok(up, f, d) and _linear_ok(down, d, f)):
+        return None
+    params = tuple(p for m in (gate, up, down) for p in (m.weight, m.bias))
+    return _Mlp(norm.weight, norm.variance_epsilon, params, f)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    scale = float(b.abs().max()) + 1e-6
+    return bool((a - b).abs().max() <= 1e-4 * scale)
+
+
+@torch.inference_mode()
+def _self_check(fused: FusedBlocks, adapter: Any) -> None:
+    """Drop every branch whose fused result differs from the module path (see `FusedBlocks.build`)."""
+    g = torch.Generator().manual_seed(0)
+    d, n, ctx, t = adapter.config.hidden_size, adapter.num_layers, 5, 3
+    if adapter.device.type != "cpu" or adapter.dtype is not _F32:
+        fused.attn = [None] * n
+        fused.mlp = [None] * n
+        return
+    h = torch.randn(1, t, d, generator=g)
+    pos = torch.arange(ctx, ctx + t)[None]
+    cos, sin = (c.contiguous() for c in adapter.rotary(h, pos))
+    kv_shape = (1, adapter.num_kv_heads, ctx, adapter.head_dim)
+    for i in range(n):
+        if fused.attn[i] is not None:
+            past = (torch.randn(kv_shape, generator=g), torch.randn(kv_shape, generator=g))
+            runs = []
+            for use_fused in (False, True):
+                cache = adapter.new_cache(ctx + t)
+                cache.keys[i, :, :, :ctx] = past[0]  # the same committed context both ways
+                cache.values[i, :, :, :ctx] = past[1]
+                cache.committed, cache.lengths = ctx, [ctx] * n
+                cache.begin(t)
+                if use_fused:
+                    out = fused.attention(i, h, cos, sin, cache)
+                else:
+                    out = h + adapter.attention_branch(i, h, (cos, sin), cache.attention_mask(i), cache)
+                cache.end()
+                runs.append((out, cache.keys[i], cache.values[i]))
+            if not all(_close(f, m) for f, m in zip(runs[1], runs[0], strict=True)):
+                fused.attn[i] = None
+        if fused.mlp[i] is not None and not _close(fused.mlp_branch(i, h), h + adapter.mlp_branch(i, h)):
+            fused.mlp[i] = None

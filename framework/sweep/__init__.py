@@ -1,0 +1,1 @@
+"""Hyper-parameter sweeps from W&B sweep YAML, with or without a W&B server."""

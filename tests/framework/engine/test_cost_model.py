@@ -1,0 +1,87 @@
+"""framework/engine/cost_model.py: the arithmetic of the cost model, its measurement and serialisation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from framework import LayerPlan
+from framework.engine.adapter import adapter_for
+from framework.engine.cost_model import CostModel
+from framework.testing import synthetic_cost_model, tiny_model
+
+L = 10
+
+
+@pytest.fixture
+def cm() -> CostModel:
+    return synthetic_cost_model(L, max_tokens=4)
+
+
+def test_draft_step_is_linear_in_the_sub_layers_run(cm):
+    assert cm.draft_step(LayerPlan.full(L)) == pytest.approx(1.0)
+    plan = LayerPlan.from_indices(L, attn=[1, 2], mlp=[3])
+    assert cm.draft_step(plan) == pytest.approx(1.0 - 2 * 0.05 - 0.04)
+    # early exit after 5 blocks: the other 5 blocks' sub-layers are not run
+    assert cm.draft_step(LayerPlan(plan.attn_skip, plan.mlp_skip, exit_layer=5)) == pytest.approx(
+        0.1 + 0.05 * 3 + 0.04 * 4
+    )
+
+
+def test_verify_costs_and_linear_extrapolation(cm):
+    assert cm.step == 1.0
+    assert cm.verify(3) == pytest.approx(1.2)
+    assert cm.verify(6) == pytest.approx(1.5)  # mean slope of the upper half of the table
+    # a noisy table whose last size measured cheaper than the one before: never extrapolated down
+    noisy = CostModel(L, 0.1, 0.05, 0.04, (1.0, 1.1, 1.3, 1.5, 1.45))
+    assert noisy.verify(6) == pytest.approx(1.45 + (1.45 - 1.1) / 3)
+    assert all(noisy.verify(t + 1) >= noisy.verify(t) for t in range(5, 300))
+    flat = CostModel(L, 0.1, 0.05, 0.04, (1.0, 1.2, 1.1, 0.9))
+    assert flat.verify(200) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match=">= 1 token"):
+        cm.verify(0)
+
+
+def test_verify_at_interpolates_fractional_blocks(cm):
+    assert cm.verify_at(3.0) == cm.verify(3)
+    assert cm.verify_at(2.25) == pytest.approx(0.75 * 1.1 + 0.25 * 1.2)
+    assert cm.verify_at(5.5) == pytest.approx(1.45)  # between the extrapolated sizes 5 and 6
+    assert cm.verify_at(0.5) == cm.verify(1)  # never below one token
+
+
+def test_decode_time_sums_rounds(cm):
+    plan = LayerPlan.from_indices(L, attn=range(L))  # draft step 0.5
+    assert cm.decode_time(plan, [0, 2, 3]) == pytest.approx(1.0 + (2 * 0.5 + 1.2) + (3 * 0.5 + 1.3))
+
+
+def test_expected_speedup_and_ceiling(cm):
+    plan = LayerPlan.from_indices(L, attn=range(L))  # draft step 0.5
+    assert cm.expected_speedup(0.5, 0, plan) == 1.0
+    # alpha = 1, k = 2: 3 tokens for 2 * 0.5 + 1.2 steps
+    assert cm.expected_speedup(1.0, 2, plan) == pytest.approx(3 / 2.2)
+    want = (1 - 0.8**3) / 0.2 / 2.2
+    assert cm.expected_speedup(0.8, 2, plan) == pytest.approx(want)
+    best, k = cm.ceiling(0.8, plan, max_k=8)
+    assert k >= 1 and best == pytest.approx(max(cm.expected_speedup(0.8, j, plan) for j in range(9)))
+    # a draft as expensive as the target never pays: the ceiling is plain decoding
+    assert cm.ceiling(0.9, LayerPlan.full(L)) == (1.0, 0)
+    with pytest.raises(ValueError, match="alpha"):
+        cm.expected_speedup(1.5, 2, plan)
+
+
+def test_round_trip_dict(cm):
+    assert CostModel.from_dict(cm.to_dict()) == cm
+    with pytest.raises(ValueError, match="verify_costs"):
+        CostModel(num_layers=2, base=0.1, attn=0.1, mlp=0.1, verify_costs=())
+
+
+def test_measure_on_a_tiny_model():
+    adapter = adapter_for(tiny_model("llama", 4, dtype=torch.float32))
+    cm = CostModel.measure(adapter, max_tokens=3, context=8, reps=2)
+    assert cm.num_layers == 4 and len(cm.verify_costs) == 3 and cm.context == 8
+    assert all(math.isfinite(v) and v > 0 for v in (cm.base, *cm.verify_costs))
+    assert cm.attn >= 0 and cm.mlp >= 0
+    with pytest.raises(ValueError, match="max_tokens"):
+        CostModel.measure(adapter, max_tokens=1)

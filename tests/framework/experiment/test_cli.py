@@ -1,0 +1,134 @@
+"""The command line: --list, --print-config, and every bad input exits 2 with a clear message."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from framework import REGISTRIES
+from framework.experiment.cli import main
+from framework.experiment.plugins import load_builtin_strategies
+from framework.utils import MissingDependencyError, require
+from strategies.length.fixed import FixedLengthConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_list_prints_every_registered_strategy(capsys):
+    load_builtin_strategies()
+    code, out, _ = run_cli(capsys, "--list")
+    assert code == 0
+    for kind, reg in REGISTRIES.items():
+        assert f"{kind}s (--{kind}):" in out
+        for entry in reg.entries():
+            assert entry.name in out and entry.description in out
+
+
+def test_run_py_entry_point_lists(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "run.py"), "--list"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "static" in proc.stdout and "greedy" in proc.stdout
+
+
+def test_print_config_resolves_strategy_flags(capsys):
+    code, out, _ = run_cli(
+        capsys,
+        "--print-config",
+        "--length",
+        "fixed",
+        "--length.k",
+        "6",
+        "--selector.skip_attn",
+        "3,5",
+        "--categories",
+        "qa,rag",
+    )
+    assert code == 0
+    cfg = json.loads(out)
+    assert cfg["length"]["name"] == "fixed"
+    assert cfg["length"]["config"] == {**dataclasses.asdict(FixedLengthConfig()), "k": 6}
+    assert cfg["selector"]["config"]["skip_attn"] == [3, 5]
+    assert cfg["categories"] == ["qa", "rag"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--selector", "statik"], "unknown selector 'statik'. Did you mean 'static'? Registered selectors:"),
+        (["--length", "confidance"], "Did you mean 'confidence'?"),
+        (["--drafter", "nope"], "unknown drafter 'nope'"),
+        (["--verifier", "nope"], "unknown verifier 'nope'"),
+        (["--selector.skip_ratio", "1.0"], "--selector.skip_ratio must be in [0, 1), got 1.0"),
+        (["--selector.skip_ratio", "-0.1"], "--selector.skip_ratio must be in [0, 1), got -0.1"),
+        (["--selector.skip_ratio", "abc"], "--selector.skip_ratio must be a number (float), got 'abc'"),
+        (["--length.threshold", "1"], "--length.threshold must be in (0, 1), got 1.0"),
+        (["--length.threshold", "0"], "--length.threshold must be in (0, 1), got 0.0"),
+        (["--length", "fixed", "--length.k", "0"], "--length.k must be an integer in [1, 64], got 0"),
+        (
+            ["--length", "fixed", "--length.threshold", "0.5"],
+            "--length.threshold must be a field of FixedLengthConfig",
+        ),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
+        (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16, float64, got 'float8'"),
+        (["--limit", "0"], "--limit must be an integer >= 1, got 0"),
+        (["--import", "no_such_module_xyz"], "--import must be an importable module"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_clear_message(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv, "--print-config")
+    assert code == 2
+    assert message in err
+
+
+def test_bad_data_exits_2_before_loading_the_model(capsys, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "category": "qa", "turns": ["ok"]}\n{"question_id": 2,\n')
+    out = tmp_path / "out.jsonl"
+    code, _, err = run_cli(capsys, "--data", str(bad), "--output", str(out))
+    assert code == 2 and f"{bad}:2: not valid JSON" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    code, _, err = run_cli(capsys, "--data", str(empty), "--output", str(out))
+    assert code == 2 and "contains no prompts" in err
+    code, _, err = run_cli(capsys, "--categories", "poetry", "--output", str(out))
+    assert code == 2 and "unknown 'poetry'; available:" in err
+    assert not out.exists()
+
+
+def test_model_that_is_not_a_causal_lm_exits_2(capsys, tmp_path):
+    from transformers import T5Config
+
+    T5Config(d_model=16, num_layers=1, num_heads=2, d_kv=8, d_ff=32, vocab_size=32).save_pretrained(
+        tmp_path / "t5"
+    )
+    code, _, err = run_cli(
+        capsys, "--model", str(tmp_path / "t5"), "--limit", "1", "--output", str(tmp_path / "o.jsonl")
+    )
+    assert code == 2 and "is a 't5' model, not a causal language model" in err
+    (tmp_path / "empty_dir").mkdir()
+    code, _, err = run_cli(capsys, "--model", str(tmp_path / "empty_dir"), "--limit", "1")
+    assert code == 2 and "has no config.json" in err
+
+
+def test_missing_optional_dependency_names_the_install_command():
+    with pytest.raises(MissingDependencyError, match="pip install no-such-pkg"):
+        require("no_such_pkg_xyz", "no-such-pkg")
+    with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[experiments\]'"):
+        require("no_such_pkg_xyz", extra="experiments")

@@ -1,0 +1,243 @@
+"""The Lightning predict loop: resume, interruption, DDP across two CPU processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from framework.config import ConfigError
+from framework.experiment.lightning import append_records, prompt_key
+from framework.experiment.runner import Experiment, RunConfig, StrategySpec, read_records, run
+from framework.testing import tiny_model, tiny_tokenizer
+from strategies.length.fixed import FixedLengthConfig
+from strategies.selectors.static import StaticSelectorConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+VOCAB = 128
+
+
+@pytest.fixture
+def data(tmp_path):
+    rows = [
+        {"question_id": i, "category": cat, "turns": [f"w{i} w{i + 1} w{i + 2}"]}
+        for i, cat in zip(range(1, 6), ["qa", "qa", "rag", "rag", "qa"], strict=True)
+    ]
+    p = tmp_path / "q.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def cfg_for(data, out, **kw):
+    base = dict(
+        data=str(data),
+        output=None if out is None else str(out),
+        max_new_tokens=8,
+        warmup=0,
+        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
+        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
+        plots=False,
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def keys(records):
+    return sorted((r["question_id"], r["method"]) for r in records)
+
+
+def test_resume_decodes_only_missing_prompts(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    run(cfg_for(data, out, limit=1), log=lambda s: None, model=model, tokenizer=tok)
+    assert keys(read_records(out)) == [
+        (1, "static+fixed"),
+        (1, "vanilla"),
+        (3, "static+fixed"),
+        (3, "vanilla"),
+    ]
+    lines: list[str] = []
+    res = run(cfg_for(data, out, resume=True), log=lines.append, model=model, tokenizer=tok)
+    assert any("--resume: 2 of 5 prompts already in" in s for s in lines)
+    decoded = [s for s in lines if "lossless yes" in s]
+    assert len(decoded) == 3  # q2, q4, q5 only
+    assert keys(read_records(out)) == sorted((q, m) for q in range(1, 6) for m in ("vanilla", "static+fixed"))
+    assert "| **overall** | 5 |" in res["table"] and "5/5" in res["table"]
+    # Nothing left: a second resume decodes nothing and still reports the whole file.
+    lines.clear()
+    res = run(cfg_for(data, out, resume=True), log=lines.append, model=model, tokenizer=tok)
+    assert not [s for s in lines if "lossless" in s and "q" in s.split(":")[0]]
+    assert "| **overall** | 5 |" in res["table"]
+
+
+def test_resume_refuses_a_file_from_another_configuration(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    run(cfg_for(data, out, limit=1), log=lambda s: None, model=model, tokenizer=tok)
+    other = cfg_for(
+        data, out, resume=True, selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.5))
+    )
+    with pytest.raises(
+        ConfigError, match=r"same configuration \(it differs in selector: file .*0\.3.*now .*0\.5"
+    ):
+        run(other, log=lambda s: None, model=model, tokenizer=tok)
+    with pytest.raises(ConfigError, match="it differs in max_new_tokens"):
+        run(cfg_for(data, out, resume=True, max_new_tokens=9), log=lambda s: None, model=model, tokenizer=tok)
+    # Fields that do not change a prompt's result may differ (warm-up, limit, logger, threads).
+    run(
+        cfg_for(data, out, resume=True, warmup=1, limit=2, threads=1),
+        log=lambda s: None,
+        model=model,
+        tokenizer=tok,
+    )
+
+
+def test_resume_needs_an_output_file_and_its_metadata(tiny, data, tmp_path):
+    model, tok = tiny
+    with pytest.raises(
+        ConfigError, match="--output must be the results file to continue when --resume is given"
+    ):
+        run(cfg_for(data, None, resume=True), log=lambda s: None, model=model, tokenizer=tok)
+    stray = tmp_path / "stray.jsonl"
+    stray.write_text(json.dumps({"question_id": 1, "category": "qa", "method": "vanilla"}) + "\n")
+    with pytest.raises(ConfigError, match=r"metadata stray\.meta\.json is missing"):
+        run(cfg_for(data, stray, resume=True), log=lambda s: None, model=model, tokenizer=tok)
+
+
+def test_interrupted_run_then_resume_completes_without_duplicates(tiny, data, tmp_path, monkeypatch):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    real = Experiment.decode_prompt
+
+    def interrupt_at_q3(self, decoder, prompt, max_new_tokens=None):
+        if prompt.question_id == 3:
+            raise KeyboardInterrupt
+        return real(self, decoder, prompt, max_new_tokens)
+
+    monkeypatch.setattr(Experiment, "decode_prompt", interrupt_at_q3)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    assert keys(read_records(out)) == [
+        (1, "static+fixed"),
+        (1, "vanilla"),
+        (2, "static+fixed"),
+        (2, "vanilla"),
+    ]
+    # A kill in the middle of a write leaves a torn line: resume cuts it and goes on.
+    with out.open("a") as fh:
+        fh.write('{"question_id": 3, "categ')
+    monkeypatch.setattr(Experiment, "decode_prompt", real)
+    lines: list[str] = []
+    run(cfg_for(data, out, resume=True), log=lines.append, model=model, tokenizer=tok)
+    assert any("dropped an incomplete last line" in s for s in lines)
+    recs = read_records(out)
+    assert keys(recs) == sorted((q, m) for q in range(1, 6) for m in ("vanilla", "static+fixed"))
+    assert all(r["lossless"] for r in recs if r["method"] != "vanilla")
+
+
+def test_append_records_is_one_line_per_record(tmp_path):
+    p = tmp_path / "x.jsonl"
+    append_records(
+        p, [{"question_id": 1, "category": "qa", "method": "a"}, {"question_id": 1, "category": "qa"}]
+    )
+    append_records(p, [{"question_id": 2, "category": "qa", "method": "a"}])
+    recs = read_records(p)
+    assert len(recs) == 3 and [prompt_key(r) for r in recs] == [("qa", "1"), ("qa", "1"), ("qa", "2")]
+
+
+def test_records_carry_the_per_round_plans(tiny, data, tmp_path):
+    model, tok = tiny
+    res = run(cfg_for(data, tmp_path / "p.jsonl", limit=1), log=lambda s: None, model=model, tokenizer=tok)
+    spec = [r for r in res["records"] if r["method"] != "vanilla"]
+    for r in spec:
+        for t in r["turns"]:
+            drafting_rounds = sum(1 for k in t["draft_lengths"] if k)
+            assert len(t["plans"]) == len(t["exit_layers"]) == drafting_rounds
+            # static skip_ratio 0.3 over the 2 middle blocks x 2 sub-layers of a 4-block model
+            assert all(len(p) == 8 and set(p) <= {"0", "1"} and "1" in p for p in t["plans"])
+
+
+def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
+    """``--devices 2`` on CPU: Lightning starts a second process; each decodes its share, both
+    append to one file, and rank 0 reports the whole run."""
+    model_dir = tmp_path / "tiny"
+    tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256).save_pretrained(
+        model_dir
+    )
+    tiny_tokenizer().save_pretrained(model_dir)
+    out = tmp_path / "ddp" / "r.jsonl"
+    cmd = [
+        sys.executable,
+        str(ROOT / "experiments" / "run.py"),
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--devices",
+        "2",
+        "--threads",
+        "1",
+        "--logger",
+        "none",
+        "--no-plots",
+        "--max-new-tokens",
+        "8",
+        "--output",
+        str(out),
+        "--selector",
+        "static",
+        "--selector.skip_ratio",
+        "0.3",
+        "--length",
+        "fixed",
+        "--length.k",
+        "3",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = read_records(out)
+    assert keys(recs) == sorted((q, m) for q in range(1, 6) for m in ("vanilla", "static+fixed"))
+    assert {r["rank"] for r in recs} == {0, 1}
+    assert {r["question_id"] for r in recs if r["rank"] == 1} == {2, 4}  # prompts[1::2]
+    assert all(r["lossless"] for r in recs if r["method"] != "vanilla")
+    assert "| **overall** | 5 |" in proc.stdout
+
+
+def test_launch_rank_and_output_rules_for_external_launchers(data, monkeypatch):
+    from framework.experiment.runner import launch_rank, resolve_output
+
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "NODE_RANK",
+        "SLURM_NTASKS",
+        "SLURM_PROCID",
+        "TORCHELASTIC_RUN_ID",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    cfg = cfg_for(data, None, devices=2, num_nodes=2)
+    assert launch_rank(cfg) == 0
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert launch_rank(cfg) == 3  # Lightning's launcher: node 1, local 1, 2 devices per node
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert launch_rank(cfg) == 2
+    monkeypatch.setenv("RANK", "1")  # torchrun
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert launch_rank(cfg) == 1
+    # Every torchrun/srun process would pick its own timestamped file: the output must be named.
+    with pytest.raises(ConfigError, match="--output must be a results file named explicitly"):
+        resolve_output(cfg)
+    assert resolve_output(cfg_for(data, "x.jsonl", devices=2)) == Path("x.jsonl")
+
+
+def test_one_named_gpu_cannot_host_several_processes(data):
+    with pytest.raises(ConfigError, match="cuda:N names one GPU"):
+        cfg_for(data, None, device="cuda:1", devices=2)

@@ -1,0 +1,193 @@
+"""The experiment runner on a tiny random model: records, lossless check, incremental output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from framework.config import ConfigError
+from framework.experiment.runner import Experiment, RunConfig, StrategySpec, run
+from strategies.length.fixed import FixedLengthConfig
+from strategies.selectors.static import StaticSelectorConfig
+
+VOCAB = 128
+
+
+@pytest.fixture
+def data(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["w1 w2 w3 w4", "w5 w6"]},
+        {"question_id": 2, "category": "qa", "turns": ["w7 w8 w9"]},
+        {"question_id": 3, "category": "qa", "turns": ["w10 w11 w12 w13 w14"]},
+    ]
+    p = tmp_path / "q.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def cfg_for(data, out, **kw):
+    base = dict(
+        data=str(data),
+        output=str(out),
+        max_new_tokens=10,
+        warmup=1,
+        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
+        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    result = run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["question_id"], r["method"]) for r in lines] == [
+        (1, "vanilla"),
+        (1, "static+fixed"),
+        (2, "vanilla"),
+        (2, "static+fixed"),
+        (3, "vanilla"),
+        (3, "static+fixed"),
+    ]
+    for r in lines:
+        assert r["category"] in ("mt_bench", "qa")
+        assert len(r["turns"]) == (2 if r["question_id"] == 1 else 1)
+        assert r["new_tokens"] == sum(len(t["tokens"]) for t in r["turns"])
+        assert all(1 <= len(t["tokens"]) <= 10 for t in r["turns"])
+        assert r["lossless"] is True
+        assert r["wall_time"] > 0
+        if r["method"] != "vanilla":
+            assert sum(r["accept_lengths"]) >= r["new_tokens"] - len(
+                r["turns"]
+            )  # prefill token not in a round
+            assert r["accepted"] <= r["drafted"]
+            assert r["strategies"]["selector"]["config"]["skip_ratio"] == 0.3
+    assert "| **overall** | 3 |" in result["table"]
+    assert "3/3" in result["table"]
+    assert out.with_suffix(".md").exists() and out.with_suffix(".meta.json").exists()
+
+
+def test_second_turn_sees_the_first_answer(tiny, data, tmp_path):
+    model, tok = tiny
+    exp = Experiment(cfg_for(data, tmp_path / "x.jsonl"), model, tok)
+    from framework.experiment.data import load_prompts
+
+    prompt = load_prompts(data)[0]
+    (r1, t1), (r2, _) = exp.decode_prompt(exp.vanilla, prompt)
+    assert r1.new_tokens >= 1 and r2.new_tokens >= 1
+    assert t1 == exp.text(r1.tokens)
+
+
+def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatch):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    calls = {"n": 0}
+    real = Experiment.decode_prompt
+
+    def flaky(self, decoder, prompt, max_new_tokens=None):
+        if max_new_tokens is None and prompt.question_id == 2:
+            calls["n"] += 1
+            raise KeyboardInterrupt
+        return real(self, decoder, prompt, max_new_tokens)
+
+    monkeypatch.setattr(Experiment, "decode_prompt", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["question_id"], r["method"]) for r in lines] == [(1, "vanilla"), (1, "static+fixed")]
+
+
+def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "never.jsonl"
+    too_long = tmp_path / "long.jsonl"
+    too_long.write_text(
+        json.dumps({"question_id": 9, "category": "qa", "turns": [" ".join(["w3"] * 300)]}) + "\n"
+    )
+    with pytest.raises(ConfigError, match="at most the model's context of 256 tokens"):
+        run(cfg_for(too_long, out), log=lambda s: None, model=model, tokenizer=tok)
+    with pytest.raises(ConfigError, match=r"--selector.skip_attn must be block indices in \[0, 3\]"):
+        run(
+            cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=(7,)))),
+            log=lambda s: None,
+            model=model,
+            tokenizer=tok,
+        )
+    every = tuple(range(4))
+    with pytest.raises(ConfigError, match="at least one sub-layer"):
+        run(
+            cfg_for(
+                data,
+                out,
+                selector=StrategySpec("static", StaticSelectorConfig(skip_attn=every, skip_mlp=every)),
+            ),
+            log=lambda s: None,
+            model=model,
+            tokenizer=tok,
+        )
+    with pytest.raises(ConfigError, match="--max-new-tokens must be an integer >= 1"):
+        cfg_for(data, out, max_new_tokens=0)
+    assert not out.exists()
+
+
+def test_warmup_does_not_leak_carried_state(tiny, data, tmp_path, monkeypatch):
+    """Strategies are rebuilt after warm-up: the measured run starts from fresh instances."""
+    model, tok = tiny
+    built = []
+    real = Experiment.rebuild
+
+    def spy(self):
+        real(self)
+        built.append(self.spec)
+
+    monkeypatch.setattr(Experiment, "rebuild", spy)
+    run(cfg_for(data, tmp_path / "w.jsonl", warmup=1), log=lambda s: None, model=model, tokenizer=tok)
+    assert len(built) == 2 and built[0] is not built[1]
+
+
+def test_baseline_only_runs_vanilla_alone(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "v.jsonl"
+    result = run(cfg_for(data, out, baseline_only=True), log=lambda s: None, model=model, tokenizer=tok)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["method"] for r in lines] == ["vanilla"] * 3
+    assert "| category | prompts | vanilla tok/s | new tokens | wall s |" in result["table"]
+    assert "| **overall** | 3 |" in result["table"]
+
+
+def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_path, monkeypatch):
+    """selfsd_bo's search runs in prepare (before the warm-up), is reused by the fresh instances
+    built after it, and its result lands next to the results file; --skip-set then skips it."""
+    import strategies.selectors.selfsd_bo as selfsd
+    from framework.config import build_config
+
+    model, tok = tiny
+    calls = []
+    real = selfsd.search
+    monkeypatch.setattr(selfsd, "search", lambda ctx, c: calls.append(ctx.artifact_stem) or real(ctx, c))
+    fast = build_config(selfsd.SelfSDConfig, {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 6})
+    out = tmp_path / "sd.jsonl"
+    res = run(
+        cfg_for(data, out, selector=StrategySpec("selfsd_bo", fast)),
+        log=lambda s: None,
+        model=model,
+        tokenizer=tok,
+    )
+    assert len(calls) == 1 and str(calls[0]) == str(out.with_suffix(""))
+    saved = out.with_suffix(".skipset.json")
+    assert json.loads(saved.read_text())["bits"]
+    spec = [r for r in res["records"] if r["method"] != "vanilla"]
+    assert all(r["lossless"] for r in spec)
+    assert spec[0]["turns"][0]["strategy_summary"]["selector"]["skip_set"] == str(saved)
+
+    reuse = build_config(selfsd.SelfSDConfig, {"skip_set": str(saved)})
+    run(
+        cfg_for(data, tmp_path / "again.jsonl", selector=StrategySpec("selfsd_bo", reuse)),
+        log=lambda s: None,
+        model=model,
+        tokenizer=tok,
+    )
+    assert len(calls) == 1, "a saved skip set must not be searched again"

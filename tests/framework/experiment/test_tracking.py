@@ -1,0 +1,173 @@
+"""Tracking: W&B mode choice, the CSV and offline W&B loggers of a real run, logged values, plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from framework.experiment.runner import RunConfig, StrategySpec, run
+from framework.experiment.tracking import prompt_metrics, round_rows, summary_metrics, wandb_mode
+from strategies.length.fixed import FixedLengthConfig
+from strategies.selectors.static import StaticSelectorConfig
+
+
+@pytest.fixture
+def data(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "qa", "turns": ["w1 w2 w3"]},
+        {"question_id": 2, "category": "rag", "turns": ["w4 w5 w6 w7"]},
+    ]
+    p = tmp_path / "q.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+@pytest.fixture
+def no_wandb_account(tmp_path, monkeypatch):
+    """A fresh machine: no API key, no ~/.netrc, no WANDB_MODE; W&B files under tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "WANDB_SWEEP_ID", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+def cfg_for(data, out, **kw):
+    base = dict(
+        data=str(data),
+        output=str(out),
+        max_new_tokens=8,
+        warmup=0,
+        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
+        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_wandb_mode_offline_without_credentials(no_wandb_account, monkeypatch):
+    assert wandb_mode() == "offline"
+    (no_wandb_account / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    (no_wandb_account / ".netrc").chmod(0o600)
+    assert wandb_mode() == "online"
+    (no_wandb_account / ".netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
+
+
+def test_csv_logger_writes_per_prompt_and_summary_metrics(tiny, data, tmp_path):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    res = run(cfg_for(data, out, logger="csv"), log=lambda s: None, model=model, tokenizer=tok)
+    rows = list(csv.DictReader((tmp_path / "r" / "csv" / "metrics.csv").open()))
+    per_prompt = [r for r in rows if r["prompt/speedup"]]
+    assert len(per_prompt) == 2
+    summary = [r for r in rows if r["summary/overall/speedup"]]
+    assert len(summary) == 1
+    assert float(summary[0]["summary/overall/speedup"]) == pytest.approx(res["summary"]["overall"]["speedup"])
+    assert float(summary[0]["summary/overall/lossless_share"]) == 1.0
+
+
+def test_offline_wandb_run_directory_is_found_by_wandb_sync(tiny, data, tmp_path, no_wandb_account):
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    lines: list[str] = []
+    res = run(cfg_for(data, out, logger="wandb"), log=lines.append, model=model, tokenizer=tok)
+    runs = list((tmp_path / "r" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    run_dir = runs[0]
+    assert list(run_dir.glob("run-*.wandb")) and (run_dir / "files").is_dir()
+    assert any(f"wandb sync {run_dir}" in s for s in lines)
+    tables = {p.name.split("_")[0] for p in (run_dir / "files" / "media" / "table").glob("*.table.json")}
+    assert {"prompts", "rounds", "selector"} <= tables
+    images = list((run_dir / "files" / "media" / "images").rglob("*.png"))
+    assert len(images) == len(res["plots"]) >= 3
+    # `wandb sync --dry-run` lists the unsynced offline run without uploading anything.
+    wandb_cli = [sys.executable, "-c", "from wandb.cli.cli import cli; cli()"]
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}  # conftest silences W&B
+    proc = subprocess.run(
+        [*wandb_cli, "sync", "--dry-run"],
+        cwd=tmp_path / "r",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert "Would sync 1 run" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_plots_are_written_as_png(tiny, data, tmp_path):
+    model, tok = tiny
+    res = run(cfg_for(data, tmp_path / "p.jsonl"), log=lambda s: None, model=model, tokenizer=tok)
+    names = sorted(p.rsplit("/", 1)[1] for p in res["plots"])
+    assert names == ["accept_lengths.png", "skip_sets.png", "speedup_by_category.png"]
+    for p in res["plots"]:
+        with open(p, "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    none = run(
+        cfg_for(data, tmp_path / "n.jsonl", plots=False), log=lambda s: None, model=model, tokenizer=tok
+    )
+    assert none["plots"] == [] and not (tmp_path / "n" / "plots").exists()
+
+
+def _rec(qid, cat, method, tokens, wall, accept, drafted=0, accepted=0, **turn):
+    t = {"text": "x", "accept_lengths": accept, **turn}
+    return {
+        "question_id": qid,
+        "category": cat,
+        "method": method,
+        "new_tokens": tokens,
+        "wall_time": wall,
+        "accept_lengths": accept,
+        "drafted": drafted,
+        "accepted": accepted,
+        "turns": [t],
+        "lossless": True if method != "vanilla" else None,
+        "timings": {},
+    }
+
+
+def test_summary_and_prompt_metrics_by_hand():
+    recs = [
+        _rec(1, "qa", "vanilla", 10, 1.0, [1] * 9),
+        _rec(1, "qa", "m", 10, 0.5, [3, 3, 3], drafted=9, accepted=6, skip_ratios=[0.2] * 3),
+        _rec(2, "rag", "vanilla", 20, 4.0, [1] * 19),
+        _rec(2, "rag", "m", 20, 2.0, [2] * 10, drafted=20, accepted=10, skip_ratios=[0.2] * 10),
+    ]
+    s = summary_metrics(recs, "m")
+    # ratio of means: ((10/0.5 + 20/2) / 2) / ((10/1 + 20/4) / 2) = 15 / 7.5
+    assert s["overall"]["speedup"] == pytest.approx(2.0)
+    assert s["qa"]["speedup"] == pytest.approx(2.0) and s["rag"]["speedup"] == pytest.approx(2.0)
+    assert s["overall"]["mean_accepted_length"] == pytest.approx((9 + 20) / 13)
+    assert s["overall"]["acceptance_rate"] == pytest.approx(16 / 29)
+    assert s["overall"]["lossless_share"] == 1.0 and s["overall"]["prompts"] == 2
+    p = prompt_metrics(recs[:2])
+    assert p["prompt/speedup"] == pytest.approx(2.0)
+    assert p["prompt/mean_accepted_length"] == 3.0 and p["prompt/acceptance_rate"] == pytest.approx(6 / 9)
+
+
+def test_round_rows_align_plans_with_drafting_rounds():
+    rec = _rec(
+        7,
+        "qa",
+        "m",
+        5,
+        1.0,
+        [2, 1, 2],
+        draft_lengths=[3, 0, 2],
+        plans=["0110", "0011"],
+        exit_layers=[None, 1],
+    )
+    assert round_rows([rec]) == [
+        [7, "qa", 0, 0, 3, 2, "0110", None],
+        [7, "qa", 0, 1, 0, 1, None, None],
+        [7, "qa", 0, 2, 2, 2, "0011", 1],
+    ]

@@ -1,0 +1,95 @@
+"""framework/policies/budget.py: the work budget's decisions, periods and counters, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.config import ConfigError
+from framework.policies.budget import WorkBudget
+from framework.testing import FakeClock
+
+
+def work(budget: WorkBudget, clock: FakeClock, seconds: float) -> float:
+    """Run one unit that takes ``seconds`` on ``clock``; returns the unit's measured seconds."""
+    with budget.unit() as unit:
+        clock.advance(seconds)
+    return unit.seconds
+
+
+@pytest.mark.parametrize("share", [0.0, None])
+def test_unlimited_allows_everything_without_reading_the_clock_and_still_counts(share):
+    clock = FakeClock()
+    b = WorkBudget(share, clock=clock)
+    assert b.unlimited and b.share == 0.0
+    reads = clock.reads
+    for _ in range(5):
+        assert b.allows()
+    assert clock.reads == reads  # deciding costs nothing
+    assert work(b, clock, 2.0) == 2.0
+    clock.advance(2.0)
+    assert b.allows()
+    assert b.summary() == {"budget_units": 1, "budget_skipped": 0, "work_share": 1.0}
+
+
+def test_allows_exactly_while_work_is_within_the_share_of_wall_time():
+    clock = FakeClock()
+    b = WorkBudget(0.25, clock=clock)
+    assert b.allows()  # the first unit: 0 <= 0.25 * 0
+    assert work(b, clock, 1.0) == 1.0
+    assert not b.allows()  # 1 s of work in 1 s of wall
+    clock.advance(2.9)
+    assert not b.allows()  # 1 > 0.25 * 3.9
+    clock.advance(0.1)
+    assert b.allows()  # 1 <= 0.25 * 4: the boundary is allowed
+    assert (b.units, b.skipped, b.work_seconds, b.wall_seconds) == (1, 2, 1.0, 4.0)
+    assert b.work_share == 0.25
+    assert b.summary() == {"budget_units": 1, "budget_skipped": 2, "work_share": 0.25}
+
+
+def test_over_many_rounds_the_share_converges_to_the_budget():
+    """Decoding rounds of 0.1 s, a unit of 1 s due after each: the work exceeds the budget by at
+    most one unit, and the budget is used (not starved)."""
+    clock = FakeClock()
+    b = WorkBudget(0.05, clock=clock)
+    for _ in range(2000):
+        clock.advance(0.1)
+        if b.allows():
+            work(b, clock, 1.0)
+        assert b.work_seconds <= 0.05 * b.wall_seconds + 1.0
+    assert 0.045 < b.work_share <= 0.05 + 1.0 / b.wall_seconds
+    assert b.units + b.skipped == 2000
+    assert b.units < 0.06 * 2000
+
+
+def test_resume_drops_the_idle_time_between_periods_and_restart_forgets_everything():
+    clock = FakeClock()
+    b = WorkBudget(0.5, clock=clock)
+    work(b, clock, 1.0)
+    clock.advance(1.0)
+    assert b.allows()  # 1 <= 0.5 * 2
+    work(b, clock, 1.0)
+    clock.advance(100.0)  # another method decodes: the selector sits idle
+    b.resume()
+    assert b.wall_seconds == 3.0  # counted up to the last reading, the end of the unit
+    assert not b.allows()  # 2 > 0.5 * 3 (without resume: 2 <= 0.5 * 103)
+    clock.advance(1.0)
+    assert b.allows()  # 2 <= 0.5 * 4
+    assert (b.units, b.skipped) == (2, 1)
+    b.restart()
+    assert (b.units, b.skipped, b.work_seconds, b.wall_seconds, b.work_share) == (0, 0, 0.0, 0.0, 0.0)
+    assert b.allows()
+
+
+def test_a_unit_that_raises_is_still_timed_and_counted():
+    clock = FakeClock()
+    b = WorkBudget(0.1, clock=clock)
+    with pytest.raises(RuntimeError), b.unit():
+        clock.advance(0.5)
+        raise RuntimeError("boom")
+    assert (b.units, b.work_seconds) == (1, 0.5)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.0, 1.5, float("nan"), True])
+def test_bad_shares_are_refused_naming_the_field(share):
+    with pytest.raises(ConfigError, match="share must be in \\[0, 1\\)"):
+        WorkBudget(share)
