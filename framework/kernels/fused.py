@@ -5,9 +5,9 @@ matrix products: a Llama block runs about 25 small PyTorch ops and a dozen Pytho
 token (RMSNorm, three projections, RoPE, the cache write, attention, the output projection, SiLU,
 the residual adds), about 0.45 ms per block for SmolLM2-135M on this project's CPU, i.e. a quarter
 of the step (measured: the linear layers alone take 35 ms of a 49 ms step at 2 threads).
-`FusedBlocks` runs each branch as one call into `framework.kernels.cpu` (``attn_branch``,
-``mlp_branch``): the same arithmetic, the same batch-invariant linear and attention kernels, one
-OpenMP team per branch.
+`FusedBlocks` runs each branch as one call into the compiled kernels (``attn_branch``,
+``mlp_branch`` of ``csrc/selfspec_kernels.cpp``): the same arithmetic, the same batch-invariant
+linear and attention kernels, one OpenMP team per branch.
 
 What it covers: blocks laid out like ``LlamaDecoderLayer`` (pre-norm RMSNorm, q/k/v/o projections
 with or without biases, RoPE as ``q * cos + rotate_half(q) * sin``, GQA, ``down(silu(gate(x)) *
