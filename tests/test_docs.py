@@ -126,13 +126,13 @@ _SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"\s*$', re.MULTILINE)
 
 
 def test_reproduction_script_smoke_mode():
-    """docs/measurements/reproduce.py (the numbers of docs/reproduction.md) runs every claim's code
-    path on a tiny random model."""
+    """experiments/reproduce.py (the numbers of docs/reproduction.md) runs every claim's code path
+    on a tiny random model."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run(
-        [sys.executable, "docs/measurements/reproduce.py", "--smoke"],
+        [sys.executable, "experiments/reproduce.py", "--smoke"],
         cwd=ROOT,
         env=env,
         capture_output=True,

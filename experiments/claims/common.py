@@ -1,0 +1,362 @@
+"""The machinery every claim module shares: the run's context (model, prompts, vanilla references,
+cost model, cached decodes), decoding one configuration and pricing its rounds, small statistics,
+the `Claim` record and its verdict, loading a mode, and the markdown / JSON output."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from framework import REGISTRIES, LayerPlan, PrepareContext
+from framework.config import build_config
+from framework.engine.adapter import adapter_for
+from framework.engine.cost_model import CostModel
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
+from framework.experiment.data import encode_chat, load_prompts, stop_token_ids
+from framework.experiment.plugins import load_builtin_strategies
+from framework.experiment.timing import first_mismatch
+
+#: How the report prints the command that re-runs one claim.
+SCRIPT = "python experiments/reproduce.py"
+
+MODES = {
+    # prompts per category, new tokens per prompt (first turn only)
+    "smoke": {"limit": 1, "max_new": 36},
+    "quick": {"limit": 1, "max_new": 40},
+    "full": {"limit": 3, "max_new": 128},
+}
+
+
+@dataclass
+class Decoded:
+    """A configuration decoded on a set of prompts (pooled)."""
+
+    label: str
+    results: list[Any]
+    lossless: int
+    checked: int
+    modelled_speedup: float | None
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.results)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.results)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def M(self) -> float:
+        rounds = sum(len(r.accept_lengths) for r in self.results)
+        return sum(sum(r.accept_lengths) for r in self.results) / rounds if rounds else 0.0
+
+    def brief(self) -> dict[str, Any]:
+        return {
+            "alpha": round(self.alpha, 4),
+            "M": round(self.M, 3),
+            "drafted": self.drafted,
+            "modelled_speedup": None if self.modelled_speedup is None else round(self.modelled_speedup, 4),
+            "lossless": f"{self.lossless}/{self.checked}",
+        }
+
+
+@dataclass
+class Ctx:
+    """One run: the model and its prompts, the vanilla reference of every prompt, the cost model
+    (measured on first use), and caches shared by the claims (decodes by configuration, committed
+    states, ``memo`` for anything else), so claims that need the same decode pay for it once."""
+
+    mode: str
+    model: Any
+    tokenizer: Any
+    adapter: Any
+    prompts: list[Any]
+    ids: list[torch.Tensor]
+    max_new: int
+    eos: list[int]
+    skip_set: str | None
+    log: Callable[[str], None]
+    cost: CostModel | None = None
+    prepare_ctx: PrepareContext | None = None
+    _vanilla: dict[int, Any] = field(default_factory=dict)
+    _decoded: dict[str, Decoded] = field(default_factory=dict)
+    _states: dict[tuple[int, bool], Any] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict)
+    lossless_total: list[int] = field(default_factory=lambda: [0, 0])
+
+    @property
+    def L(self) -> int:
+        return self.adapter.num_layers
+
+    @property
+    def smoke(self) -> bool:
+        return self.mode == "smoke"
+
+    @property
+    def full(self) -> bool:
+        return self.mode == "full"
+
+    def stop(self, max_new: int | None = None) -> StopCondition:
+        return StopCondition(max_new or self.max_new, self.eos)
+
+    def vanilla(self, i: int) -> Any:
+        if i not in self._vanilla:
+            self._vanilla[i] = VanillaDecoder(self.adapter).generate(self.ids[i], self.stop())
+        return self._vanilla[i]
+
+    def cost_model(self) -> CostModel:
+        if self.cost is None:
+            self.cost = self.prepare_ctx.cost_model()
+            self.log(f"[reproduce] cost model: {self.cost.describe()}")
+        return self.cost
+
+
+def build(kind: str, name: str, **values: Any) -> Any:
+    """The registered strategy ``name`` of ``kind`` with its config built from ``values``."""
+    entry = REGISTRIES[kind].entry(name)
+    return entry.cls(build_config(entry.config, values))
+
+
+def static_spec(plan: LayerPlan) -> tuple[str, dict[str, Any]]:
+    """The ``static`` selector configuration that drafts with ``plan``."""
+    d = plan.describe()
+    if not d["attn_skip"] and not d["mlp_skip"]:
+        return ("static", {"skip_ratio": 0.0})
+    return ("static", {"skip_attn": tuple(d["attn_skip"]), "skip_mlp": tuple(d["mlp_skip"])})
+
+
+def modelled_time(cost: CostModel, res: Any) -> float:
+    """Seconds the cost model gives the counted rounds of one decode (prefill excluded): each round
+    priced by `CostModel.round_time` with the plan it drafted with (``res.plans`` holds one
+    `LayerPlan.code` per drafting round; a round that drafted nothing is a plain step)."""
+    full = LayerPlan.full(cost.num_layers)
+    codes = iter(res.plans)
+    t = 0.0
+    for k in res.draft_lengths:
+        t += cost.round_time(k, LayerPlan.from_code(next(codes)) if k else full)
+    return t
+
+
+def decode(
+    ctx: Ctx,
+    label: str,
+    selector: tuple[str, dict],
+    length: tuple[str, dict],
+    drafter: tuple[str, dict] = ("layer_skip", {}),
+    verifier: tuple[str, dict] = ("greedy", {}),
+    prompts: list[int] | None = None,
+    hook: Callable[[SpeculativeDecoder], None] | None = None,
+) -> Decoded:
+    """Decode ``prompts`` (default all) with one configuration; cached by configuration."""
+    idx = list(range(len(ctx.ids))) if prompts is None else prompts
+    key = json.dumps([selector, length, drafter, verifier, idx], sort_keys=True, default=str)
+    if key in ctx._decoded and hook is None:
+        return ctx._decoded[key]
+    t0 = time.perf_counter()
+    dec = SpeculativeDecoder(
+        ctx.adapter,
+        build("selector", selector[0], **selector[1]),
+        build("length", length[0], **length[1]),
+        build("drafter", drafter[0], **drafter[1]),
+        build("verifier", verifier[0], **verifier[1]),
+    )
+    dec.prepare(ctx.prepare_ctx)
+    if hook is not None:
+        hook(dec)
+    results, ok = [], 0
+    for i in idx:
+        ref = ctx.vanilla(i)
+        res = dec.generate(ctx.ids[i], ctx.stop())
+        results.append(res)
+        ok += first_mismatch([res.tokens], [ref.tokens]) is None
+    modelled = None
+    if verifier[0] != "tree":
+        cost = ctx.cost_model()
+        after = sum(r.new_tokens - 1 for r in results)
+        mt = sum(modelled_time(cost, r) for r in results)
+        modelled = after * cost.step / mt if mt > 0 else None
+    out = Decoded(label, results, ok, len(idx), modelled)
+    ctx.lossless_total[0] += ok
+    ctx.lossless_total[1] += len(idx)
+    ctx._decoded[key] = out
+    ctx.log(
+        f"[reproduce]   {label}: alpha {out.alpha:.3f}, M {out.M:.2f}, modelled "
+        f"{'n/a' if modelled is None else f'{modelled:.3f}x'}, lossless {ok}/{len(idx)} "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
+    return out
+
+
+def committed(ctx: Ctx, i: int, capture_hidden: bool = True) -> tuple[DecodeState, torch.Tensor | None]:
+    """A state holding prompt ``i`` and its vanilla continuation, all committed (KV for every token
+    but the last), and the full model's hidden states (L+1, n-1, d) of the generated positions
+    (position P + j holds token j+1 of the continuation and predicts token j+2)."""
+    capture_hidden = True  # one state per prompt serves every use
+    key = (i, capture_hidden)
+    if key in ctx._states:
+        return ctx._states[key]
+    toks = ctx.vanilla(i).tokens
+    ids = ctx.ids[i]
+    state = DecodeState(ctx.adapter, ids, ids.shape[1] + len(toks) + 80, capture_hidden=capture_hidden)
+    state.prefill()
+    state.append(torch.tensor([[toks[0]]], device=state.device))
+    hidden = None
+    if len(toks) > 1:
+        block = torch.tensor([toks[:-1]], device=state.device)
+        out = state.forward_verify(block, logits_at=None)
+        state.cache.commit(len(toks) - 1)
+        state.append(torch.tensor([toks[1:]], device=state.device))
+        hidden = out.hidden_states[:, 0] if capture_hidden else None
+    ctx._states[key] = (state, hidden)
+    return state, hidden
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation of ``x`` and ``y``."""
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic)
+
+
+def fmt(x: float, nd: int = 3) -> str:
+    return f"{x:.{nd}f}"
+
+
+def monotone(xs: list[float], increasing: bool, tol: float = 0.0) -> bool:
+    """Whether ``xs`` never steps against the direction by more than ``tol``."""
+    pairs = list(zip(xs, xs[1:], strict=False))
+    return all((b >= a - tol) if increasing else (b <= a + tol) for a, b in pairs)
+
+
+def unimodal(xs: list[float], tol: float = 0.0) -> bool:
+    """Whether ``xs`` rises to its maximum and falls after it (each side `monotone` within ``tol``)."""
+    k = max(range(len(xs)), key=lambda i: xs[i])
+    return monotone(xs[: k + 1], True, tol) and monotone(xs[k:], False, tol)
+
+
+@dataclass
+class Claim:
+    """One testable claim of a seed paper.
+
+    Attributes:
+        id: the claim's id (``--claims``), unique over `experiments.claims.CLAIMS`.
+        paper: which paper (or papers) make it.
+        ref: where the reference notes number it (``R1``/``R2`` and the claim number).
+        says: what the paper says, in one sentence.
+        run: measures it on the run's `Ctx` and returns a `verdict`; ``None`` when not testable here.
+        untestable: why not, when ``run`` is ``None``.
+    """
+
+    id: str
+    paper: str
+    ref: str
+    says: str
+    run: Callable[[Ctx], dict[str, Any]] | None = None
+    untestable: str = ""  # reason when run is None
+
+
+def verdict(
+    measured: str, holds: str, numbers: dict[str, Any] | None = None, note: str = ""
+) -> dict[str, Any]:
+    """A claim's record: what was measured (one line), whether the claim holds ("yes", "partly",
+    "no", "not testable here"), every number behind it, and a note."""
+    return {"measured": measured, "holds": holds, "numbers": numbers or {}, "note": note}
+
+
+#: The adaptive exit threshold of Draft & Verify, as most claims decode with it.
+ADAPTIVE = ("adaptive_confidence", {})
+
+#: The papers (`Claim.paper`) and the reference files whose numbered claims `Claim.ref` cites.
+SD, SW, CL, DE, BOTH = "Draft & Verify (Self-SD)", "SWIFT", "CLaSp", "DEL", "Self-SD + SWIFT"
+R1, R2 = "seeds-selfsd-swift.md Part E", "seeds-clasp-del.md Part D"
+
+
+def load(mode: str, threads: int | None, skip_set: str | None, log) -> Ctx:
+    """The `Ctx` of a mode (`MODES`): the default model and the built-in prompts, or in ``smoke``
+    mode an 8-block tiny random Llama, random prompts and a synthetic cost model."""
+    load_builtin_strategies()
+    if threads:
+        torch.set_num_threads(threads)
+    p = MODES[mode]
+    prompts = load_prompts(limit=p["limit"])
+    if mode == "smoke":
+        from framework.testing import prepare_context, random_prompt, tiny_model, tiny_tokenizer
+
+        model = tiny_model("llama", num_layers=8, seed=0)
+        tok = tiny_tokenizer()
+        adapter = adapter_for(model)
+        prompts = prompts[:2]
+        ids = [random_prompt(8 + 2 * i, 128, seed=i) for i in range(len(prompts))]
+        pctx = prepare_context(adapter)
+        eos: list[int] = []
+    else:
+        from framework.experiment.models import load_model
+
+        model, tok = load_model(None, "float32", "cpu")
+        adapter = adapter_for(model)
+        ids = [torch.tensor([encode_chat(tok, [{"role": "user", "content": q.turns[0]}])]) for q in prompts]
+        eos = stop_token_ids(tok, getattr(model, "generation_config", None))
+        pctx = PrepareContext(
+            adapter=adapter,
+            encode=lambda text: encode_chat(tok, [{"role": "user", "content": text}]),
+            eos_token_ids=frozenset(eos),
+            log=log,
+        )
+    return Ctx(mode, model, tok, adapter, prompts, ids, p["max_new"], eos, skip_set, log, prepare_ctx=pctx)
+
+
+def command(mode: str, cid: str, threads: int | None, skip_set: str | None) -> str:
+    """The command line that re-runs claim ``cid`` alone (printed in the report)."""
+    parts = [SCRIPT, f"--claims {cid}"]
+    if mode in ("full", "smoke"):
+        parts.append(f"--{mode}")
+    if threads:
+        parts.append(f"--threads {threads}")
+    if skip_set:
+        parts.append(f"--skip-set {skip_set}")
+    return " ".join(parts)
+
+
+def row_md(c: Claim, rec: dict[str, Any]) -> str:
+    """The claim's row of the report's table."""
+    return f"| `{c.id}` | {c.says} | {rec['measured']} | {rec['holds']} |"
+
+
+def section_md(c: Claim, rec: dict[str, Any]) -> str:
+    """The claim's paragraph of the report (paper, measured, holds, command)."""
+    lines = [
+        f"**`{c.id}`** ({c.paper}; {c.ref}). *Paper:* {c.says}.",
+        "",
+        f"*Measured:* {rec['measured']}.",
+        "",
+        f"*Holds:* {rec['holds']}." + (f" {rec['note']}." if rec.get("note") else ""),
+    ]
+    if rec.get("command"):
+        lines += ["", f"`{rec['command']}`"]
+    return "\n".join(lines)
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` as JSON-ready values: string keys, lists, plans described, tensors listed, floats
+    rounded to 6 places."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, LayerPlan):
+        return x.describe()
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, float):
+        return round(x, 6)
+    return x
