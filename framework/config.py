@@ -34,11 +34,30 @@ class ConfigError(ValueError):
         return ConfigError(flag, self.value, self.allowed)
 
 
-def param(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:  # noqa: A002
-    """A dataclass field with a help string (shown by ``run.py --help-strategy`` and the docs)."""
+def param(
+    default: Any = dataclasses.MISSING,
+    help: str = "",  # noqa: A002
+    *,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    metavar: str | None = None,
+    repeat: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """A dataclass field with a help string (shown by ``--list``, ``--help`` and the docs).
+
+    The keyword-only arguments are command-line metadata, read by the flag generator
+    (``framework.experiment.flags``) where it cannot infer them from the field: ``flag`` the flag's
+    name (default ``--<field-with-dashes>``), ``aliases`` further names of the same flag, ``metavar``
+    its value's placeholder, ``repeat`` a tuple field whose flag is repeated once per item
+    (``--stop A --stop B``) instead of taking a comma-separated list.
+    """
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple or default_factory for mutable defaults")
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+    meta: dict[str, Any] = {"help": help}
+    cli = {"flag": flag, "aliases": tuple(aliases), "metavar": metavar, "repeat": repeat}
+    meta.update({k: v for k, v in cli.items() if v})
+    return dataclasses.field(default=default, metadata=meta, **kwargs)
 
 
 def check_range(
@@ -123,6 +142,16 @@ def _parse_value(text: str, tp: Any, flag: str) -> Any:
         except ValueError:
             raise ConfigError(flag, text, f"a number ({tp.__name__})") from None
     return text
+
+
+def parse_value(text: str, tp: Any, flag: str) -> Any:
+    """Convert a CLI/YAML string to the annotated type ``tp`` (``Optional``, ``Literal``, tuples,
+    bool, int, float, str); errors name ``flag``.
+
+    Raises:
+        ConfigError: the text does not parse as ``tp``.
+    """
+    return _parse_value(text, tp, flag)
 
 
 def build_config(cfg_cls: type[C], values: dict[str, Any], flag_prefix: str = "") -> C:

@@ -3,12 +3,16 @@
 One round of self-speculative decoding (see ``docs/concepts.md``)::
 
     plan   = selector.plan(state)                          # LayerPlan
-    k_max  = length.max_length(state)                      # 0 = do not draft this round
+    hint   = selector.length_hint(state)                   # LengthHint | None (most selectors: None)
+    k_max  = length.max_length(state, hint)                # 0 = do not draft this round
     draft  = drafter.draft(state, plan, length, k_max)     # Draft, calls length.should_continue
     result = verifier.verify(state, draft)                 # Verification
     state.commit(result)                                   # tokens + KV cache to accepted length
-    selector.observe(state, draft, result)
-    length.observe(draft, result)
+    for s in (selector, length, drafter, verifier):        # the same signature on all four
+        s.observe(state, draft, result)
+
+A declined round (``k_max == 0``) still verifies (an empty draft: one plain target step) and is
+observed like any other.
 
 Shape notation: ``B`` batch (1 for now; objects are batch-shaped so that B > 1 can come later),
 ``K`` draft length, ``T`` tokens in one forward, ``V`` vocabulary, ``L`` decoder blocks, ``d`` hidden
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from framework.registry import Registry
-from framework.types import Draft, LayerPlan, ModelInfo, Verification
+from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
 
 if TYPE_CHECKING:
     from framework.engine.context import PrepareContext
@@ -91,6 +95,11 @@ class LayerSelector(Strategy):
     def plan(self, state: DecodeState) -> LayerPlan:
         """The LayerPlan for the next draft round."""
 
+    def length_hint(self, state: DecodeState) -> LengthHint | None:
+        """A suggestion for this round's draft length and stopping threshold, asked right after
+        `plan` and passed to ``LengthController.max_length``; ``None`` (the default): none."""
+        return None
+
     def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
         """Update after a verification (the state has already been committed)."""
 
@@ -105,8 +114,14 @@ class LengthController(Strategy):
     exact_length: ClassVar[bool] = False
 
     @abstractmethod
-    def max_length(self, state: DecodeState) -> int:
-        """Upper bound K on the draft length of the next round; 0 declines to draft."""
+    def max_length(self, state: DecodeState, hint: LengthHint | None = None) -> int:
+        """Upper bound K on the draft length of the next round; 0 declines to draft.
+
+        Args:
+            state: the decode state before drafting.
+            hint: the selector's suggestion for this round (`LayerSelector.length_hint`), or
+                ``None``; a controller that does not use hints ignores it.
+        """
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         """Called after each draft token; ``False`` stops drafting (that token is kept).
@@ -118,8 +133,8 @@ class LengthController(Strategy):
         """
         return True
 
-    def observe(self, draft: Draft, result: Verification) -> None:  # noqa: B027
-        """Update after a verification."""
+    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
+        """Update after a verification (every round: a declined round's ``draft`` is empty)."""
 
 
 class Drafter(Strategy):
@@ -133,7 +148,7 @@ class Drafter(Strategy):
         bookkeeping) and call ``length.should_continue`` after each token.
         """
 
-    def observe(self, draft: Draft, result: Verification) -> None:  # noqa: B027
+    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
         """Update after a verification (every round, also when the drafter was not asked to
         draft: then ``draft`` is the decoder's empty draft)."""
 
@@ -168,6 +183,10 @@ class Verifier(Strategy):
     @abstractmethod
     def verify(self, state: DecodeState, draft: Draft) -> Verification:
         """Run the target over ``[state.pending, draft.tokens]`` via ``state.forward_verify``."""
+
+    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
+        """Update after a verification (the state has already been committed); a no-op unless a
+        verifier keeps statistics of its own."""
 
     def choose(self, logits: torch.Tensor) -> torch.Tensor:
         """Pick the token after a plain target forward (prefill, declined rounds).

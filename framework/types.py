@@ -206,11 +206,13 @@ class Verification:
         num_accepted: LongTensor (B,), m = draft tokens accepted (0..K).
         new_tokens: LongTensor (B, m+1), tokens to commit: the accepted draft tokens followed by
             the target's correction (on a rejection) or bonus token (when all K were accepted).
-        kv_keep: LongTensor (m+1,) or ``None``; offsets, within the verified block, of the
-            positions whose KV is kept (tree verification). ``None`` keeps the first m+1.
+        kv_keep: LongTensor (m+1,) or ``None``; set by a verifier whose block is not a chain (tree
+            verification): offsets, within the verified block, of the positions whose KV is
+            kept. ``None`` keeps the first m+1. Strategies read `kept_offsets` instead.
         target_tokens: LongTensor (B, T), the target's choice after every verified position.
         hidden_states: FloatTensor (L+1, B, T, d) of pre-norm residuals from the verify pass, only
-            when the selector set ``needs_hidden_states``; index 0 is the embedding.
+            when the selector set ``needs_hidden_states`` (the verifier passes them on; otherwise
+            ``DecodeState.commit`` fills them in); index 0 is the embedding.
     """
 
     num_accepted: torch.Tensor
@@ -226,15 +228,45 @@ class Verification:
             raise ValueError("Verification.accepted is defined for batch size 1; use num_accepted")
         return int(self.num_accepted.item())
 
+    @property
+    def kept_offsets(self) -> torch.Tensor:
+        """LongTensor (m+1,): offsets, within the verified block, of the committed positions
+        (``pending`` and the m accepted tokens, in order): ``kv_keep``, or ``arange(m+1)`` for a
+        chain. Column j of `hidden_states` at ``kept_offsets[i]`` belongs to committed token i."""
+        if self.kv_keep is not None:
+            return self.kv_keep
+        return torch.arange(self.accepted + 1, device=self.num_accepted.device)
+
+    @property
+    def path_hidden(self) -> torch.Tensor | None:
+        """FloatTensor (L+1, B, n, d): `hidden_states` along the verified chain, or ``None``
+        without hidden states. Columns ``0..m`` are the committed positions (`kept_offsets`); a
+        chain verification continues with its rejected positions (n = T), a token tree has only
+        its committed path (n = m+1)."""
+        hs = self.hidden_states
+        if hs is None or self.kv_keep is None:
+            return hs
+        return hs.index_select(2, self.kv_keep.to(hs.device))
+
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        """FloatTensor (L+1, B, d): the full model's states of the last accepted position (the
+        one that produced the correction or bonus token), or ``None`` without hidden states."""
+        hs = self.hidden_states
+        if hs is None:
+            return None
+        return hs[:, :, int(self.kept_offsets[-1])]
+
 
 @dataclass
 class LengthHint:
     """A selector's suggestion to the length controller for the coming round.
 
-    Set by a selector in ``plan`` (``state.length_hint``, read by the controller's
-    ``max_length`` right after); controllers that do not know it ignore it, so any selector still
-    works with any controller. DEL's ``del_tpl`` publishes its Token-per-Layer length and the
-    dynamic threshold of the chosen exit layer; ``del_dynamic`` uses them.
+    Part of the round: the decoder asks the selector (``LayerSelector.length_hint``) right after
+    its ``plan`` and passes the answer to ``LengthController.max_length(state, hint)``;
+    controllers that do not know it ignore it, so any selector still works with any controller.
+    DEL's ``del_tpl`` suggests its Token-per-Layer length and the dynamic threshold of the chosen
+    exit layer; ``del_dynamic`` uses them.
 
     Attributes:
         max_length: draft at most this many tokens this round (0: do not draft).

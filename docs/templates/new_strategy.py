@@ -8,8 +8,9 @@ decorator and the methods as listed below.
 - selector: base ``LayerSelector``, decorator ``register_selector``; implement
   ``plan(state) -> LayerPlan``; optional ``observe(state, draft, result)``.
 - length: base ``LengthController``, decorator ``register_length``; implement
-  ``max_length(state) -> int``; optional ``should_continue(drafted, confidence)`` and
-  ``observe(draft, result)``.
+  ``max_length(state, hint) -> int`` (``hint``: the selector's `LengthHint` or ``None``; ignore it
+  unless you use it); optional ``should_continue(drafted, confidence)`` and
+  ``observe(state, draft, result)`` (the same signature on all four interfaces).
 - drafter: base ``Drafter``, decorator ``register_drafter``; implement
   ``draft(state, plan, length, max_tokens) -> Draft``.
 - verifier: base ``Verifier``, decorator ``register_verifier``; implement
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework import Draft, LengthController, ModelInfo, Verification, register_length
+from framework import Draft, LengthController, LengthHint, ModelInfo, Verification, register_length
 from framework.config import check_range, param
 
 
@@ -70,11 +71,11 @@ class MyLength(LengthController):
         # Called before each generation; reset per-generation state here.
         self._k = min(self.config.start, self._cap)
 
-    def max_length(self, state) -> int:
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
         # TODO: the draft length bound of the next round (0 declines to draft this round).
         return self._k
 
-    def observe(self, draft: Draft, result: Verification) -> None:
+    def observe(self, state, draft: Draft, result: Verification) -> None:
         # TODO: update after each verification. Example: grow after a fully accepted draft,
         # shrink otherwise, within [1, max_length].
         if draft.length == 0:

@@ -2,7 +2,8 @@
 
 The page ``docs/tutorials/compare_methods.md`` runs this flow on the default model from the
 command line (``experiments/run.py`` twice, then ``experiments/compare.py``) and includes this
-file section by section. Here the same flags run on a random 6-block Llama with a word-level
+file section by section. Here the same settings, as a `RunConfig` built in Python, run on a random
+6-block Llama with a word-level
 tokenizer, so the whole flow takes seconds, downloads nothing and writes only to a temporary
 directory:
 
@@ -14,7 +15,6 @@ runs it (``tests/test_docs.py``) to keep the page's flow working.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import tempfile
@@ -24,12 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # --8<-- [start:flags]
-#: The flags of the two commands on the page, minus --output (set per run below).
-COMMON = ["--limit", "1", "--max-new-tokens", "32", "--threads", "1"]
-METHODS = {
-    "static": ["--method", "static_confidence"],
-    "clasp": ["--method", "clasp"],
-}
+#: The settings of the two commands on the page (``--limit 1 --max-new-tokens 32 --threads 1``),
+#: minus --output (set per run below): every flag is a `RunConfig` field of the same name.
+COMMON = {"limit": 1, "max_new_tokens": 32, "threads": 1}
+#: ``--method <preset>`` of each command.
+METHODS = {"static": "static_confidence", "clasp": "clasp"}
 # --8<-- [end:flags]
 
 
@@ -60,22 +59,21 @@ def tiny_setup(workdir: Path):
 
 # --8<-- [start:run]
 def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
-    """What ``python experiments/run.py <METHODS[name]> <COMMON> --output runs/<name>.jsonl`` does.
+    """What ``python experiments/run.py --method <METHODS[name]> <COMMON> --output runs/<name>.jsonl``
+    does.
 
-    `config_from_args` turns the command line into a `RunConfig` (the preset's four strategies
-    and their validated configs); `run` is the Lightning predict loop behind ``run.py``. Passing
-    ``model`` and ``tokenizer`` skips loading the default model.
+    `RunConfig.from_preset` builds the configuration exactly as the command line does (the
+    preset's four strategies and their validated configs, then the overrides); `run` is the
+    Lightning predict loop behind ``run.py``. Passing ``model`` and ``tokenizer`` skips loading
+    the default model.
     """
     from framework import REGISTRIES
-    from framework.experiment.cli import build_parser, config_from_args
-    from framework.experiment.plugins import load_builtin_strategies
+    from framework.experiment.config import RunConfig
     from framework.experiment.runner import run
 
-    load_builtin_strategies()  # run.py does this first: the parser's flags come from the registry
-    flags = METHODS[name] + COMMON + ["--output", str(workdir / f"{name}.jsonl")]
-    cfg = config_from_args(build_parser().parse_args(flags))
-    # Smoke mode only: our prompts, and no W&B run (the command line's default logger is wandb).
-    cfg = dataclasses.replace(cfg, data=str(data), logger="none")
+    cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))
+    # Smoke mode only: our prompts, and no W&B run (the default logger is wandb).
+    cfg = cfg.replace(data=str(data), logger="none")
     print(f"== {cfg.method_name}: " + ", ".join(f"{k}={getattr(cfg, k).name}" for k in REGISTRIES))
     result = run(cfg, log=lambda line: None, model=model, tokenizer=tokenizer)
     print(result["table"])
@@ -116,7 +114,7 @@ def load_compare_module():
 def compare(outputs: list[Path], cost_path: Path) -> None:
     """What ``python experiments/compare.py A.jsonl B.jsonl --details --cost-model F`` prints."""
     from framework.engine.cost_model import CostModel
-    from framework.experiment.runner import read_records
+    from framework.experiment.records import read_records
 
     compare = load_compare_module()
     runs = {}
@@ -142,7 +140,7 @@ def compare(outputs: list[Path], cost_path: Path) -> None:
 def joint_plots(outputs: list[Path], plot_dir: Path) -> list[Path]:
     """Both methods in one speedup chart and one accepted-length histogram."""
     from framework.experiment import plots
-    from framework.experiment.runner import read_records
+    from framework.experiment.records import read_records
     from framework.experiment.tracking import summary_metrics
 
     speedups, accept_lengths = {}, {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, LengthController, Verification, register_length
+from framework import Draft, LengthController, LengthHint, Verification, register_length
 from framework.config import check_range, param
 
 
@@ -67,7 +67,9 @@ class RiskBudgetLength(LengthController):
         self._accepted = 0
         self._budget_stops = 0
 
-    def max_length(self, state) -> int:
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
+        # `hint` is the selector's suggestion for the round (DEL's del_tpl gives one); this
+        # controller has its own rule and ignores it.
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
@@ -83,7 +85,7 @@ class RiskBudgetLength(LengthController):
         self._budget_stops += 1
         return False
 
-    def observe(self, draft: Draft, result: Verification) -> None:
+    def observe(self, state, draft: Draft, result: Verification) -> None:
         if draft.length == 0:  # a round that drafted nothing (the token budget ran out)
             return
         self._rounds += 1

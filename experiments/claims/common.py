@@ -18,7 +18,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.experiment.data import encode_chat, load_prompts, stop_token_ids
+from framework.experiment.data import calibration_texts, encode_chat, load_prompts, stop_token_ids
 from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.timing import first_mismatch
 
@@ -311,6 +311,7 @@ def load(mode: str, threads: int | None, skip_set: str | None, log) -> Ctx:
             encode=lambda text: encode_chat(tok, [{"role": "user", "content": text}]),
             eos_token_ids=frozenset(eos),
             log=log,
+            load_prompts=calibration_texts,
         )
     return Ctx(mode, model, tok, adapter, prompts, ids, p["max_new"], eos, skip_set, log, prepare_ctx=pctx)
 

@@ -24,6 +24,11 @@ class PrepareContext:
         store: shared across `Experiment.rebuild`: a strategy that did expensive work (an offline
             search) keeps its result here, keyed by its config, so fresh instances reuse it.
         dtype: the model's dtype name (``"float32"``), recorded in artefacts.
+        load_prompts: ``(source, categories) -> user messages``: the first turns of a Spec-Bench
+            JSONL file (``source``), or of the built-in calibration set when ``source`` is empty,
+            filtered by category; raises ``ValueError`` naming the file and line of bad input.
+            Supplied by the runner, so that strategies need no data-loading code of their own
+            (see `calibration_prompts`).
     """
 
     adapter: Any
@@ -33,6 +38,19 @@ class PrepareContext:
     log: Callable[[str], None] = print
     store: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
+    load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None
+
+    def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
+        """Calibration prompts (user messages) for an offline search: the first turns of
+        ``source`` (a Spec-Bench JSONL file; empty: the built-in calibration set).
+
+        Raises:
+            ValueError: unreadable or empty data (the message names the file and line), or a
+                context built without ``load_prompts``.
+        """
+        if self.load_prompts is None:
+            raise ValueError("this PrepareContext has no load_prompts: the runner supplies one")
+        return self.load_prompts(source, tuple(categories))
 
     def cost_model(self) -> CostModel:
         """The measured `framework.engine.cost_model.CostModel` of this model on this machine, measured

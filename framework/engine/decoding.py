@@ -229,6 +229,17 @@ class VanillaDecoder:
 class SpeculativeDecoder:
     """Self-speculative decoding: select -> draft -> verify -> commit -> observe, every round.
 
+    One round (the sketch of `framework.interfaces`)::
+
+        plan   = selector.plan(state)
+        hint   = selector.length_hint(state)
+        k_max  = min(length.max_length(state, hint), token budget, max_draft)
+        draft  = drafter.draft(state, plan, length, k_max) if k_max else Draft.empty(...)
+        result = verifier.verify(state, draft)
+        state.commit(result)
+        for s in (selector, length, drafter, verifier):
+            s.observe(state, draft, result)
+
     Args:
         adapter: the model adapter.
         selector: the LayerSelector instance.
@@ -299,11 +310,12 @@ class SpeculativeDecoder:
         while cut is None:
             t = clock()
             plan = self.selector.plan(state)
+            hint = self.selector.length_hint(state)
             t1 = clock()
             timings["select"] += t1 - t
             # Never draft past the token budget: the last token of a round is the target's own.
             budget = stop.max_new_tokens - len(new) - 1
-            k_max = max(0, min(self.length.max_length(state), budget, self.max_draft))
+            k_max = max(0, min(self.length.max_length(state, hint), budget, self.max_draft))
             t2 = clock()
             timings["length"] += t2 - t1
             if k_max > 0:
@@ -321,11 +333,14 @@ class SpeculativeDecoder:
             self.selector.observe(state, draft, result)
             t6 = clock()
             timings["select"] += t6 - t5
-            self.length.observe(draft, result)
+            self.length.observe(state, draft, result)
             t7 = clock()
             timings["length"] += t7 - t6
-            self.drafter.observe(draft, result)
-            timings["draft"] += clock() - t7
+            self.drafter.observe(state, draft, result)
+            t8 = clock()
+            timings["draft"] += t8 - t7
+            self.verifier.observe(state, draft, result)
+            timings["verify"] += clock() - t8
 
             m = result.accepted
             drafted += draft.length

@@ -7,7 +7,9 @@ the cache semantics of `framework.engine.kv_cache`:
 - `DecodeState.forward_verify`: discard the draft's KV and run the full model over a block
   starting at the first uncommitted position (chain or tree);
 - `DecodeState.forward_scratch`: teacher-forced draft pass over already committed tokens
-  that leaves the committed cache untouched (SWIFT's candidate scoring).
+  that leaves the committed cache untouched (SWIFT's candidate scoring);
+- `DecodeState.forward_block`: one decoder block applied to candidate hidden states of one
+  committed position, also leaving the committed cache untouched (CLaSp's dynamic programme).
 
 Invariant between rounds: ``cache.committed == num_tokens - 1``. The last committed token
 (``pending``: the previous round's correction or bonus token) has no KV yet; it is the first input
@@ -29,7 +31,7 @@ import torch
 
 from framework.engine.adapter import ForwardOutput, ModelAdapter
 from framework.engine.kv_cache import KVCache
-from framework.types import LayerPlan, LengthHint, ModelInfo, Verification
+from framework.types import LayerPlan, ModelInfo, Verification
 
 
 @dataclass
@@ -138,8 +140,6 @@ class DecodeState:
         self.last_hidden_states: torch.Tensor | None = None
         #: free-form per-generation scratch space for strategies (keyed by strategy name).
         self.extras: dict[str, Any] = {}
-        #: the selector's suggestion for this round's draft length and threshold (see LengthHint).
-        self.length_hint: LengthHint | None = None
         self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
         self._prefix_plans: dict[int, LayerPlan] = {}
 
@@ -189,6 +189,11 @@ class DecodeState:
     def pending(self) -> torch.Tensor:
         """LongTensor (B, 1): the last committed token, whose KV is not cached yet."""
         return self._tokens[:, self.num_tokens - 1 : self.num_tokens]
+
+    @property
+    def pending_position(self) -> int:
+        """The position of `pending`: the first KV slot not committed (a verified block starts here)."""
+        return self.cache.committed
 
     def _positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, device=self.device)[None].expand(self._tokens.shape[0], n)
@@ -399,6 +404,42 @@ class DecodeState:
             persist=False,
         )
 
+    def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor:
+        """Decoder block ``block`` applied to n candidate hidden states of the token at ``position``.
+
+        The n candidates go through the block as a sequence of n tokens, all at ``position``: each
+        attends to the committed KV of positions ``< position`` and to itself only, and their own
+        KV is written in scratch slots that are forgotten (the committed cache is untouched).
+        ``functools.partial(state.forward_block, position=p)`` is the ``run_block`` of CLaSp's DP.
+
+        Args:
+            block: the block index in ``[0, L)``.
+            states: FloatTensor (n, d), pre-norm residuals entering the block.
+            position: a committed position, ``0 <= position < pending_position``.
+
+        Returns:
+            FloatTensor (n, d), the residuals after the block.
+
+        Raises:
+            ValueError: ``position`` is not committed.
+        """
+        cache = self.cache
+        if not 0 <= position < cache.committed:
+            raise ValueError(f"position must be committed, in [0, {cache.committed}), got {position}")
+        n = states.shape[0]
+        out = self.adapter.forward_from(
+            states[None],
+            torch.full((1, n), position, dtype=torch.long, device=self.device),
+            cache,
+            start=block,
+            stop=block + 1,
+            base=max(cache.lengths),
+            visible=position,
+            tree_mask=torch.eye(n, dtype=torch.bool, device=self.device),
+            persist=False,
+        )
+        return out.last_hidden[0]
+
     # ------------------------------------------------------------------ commits
     def append(self, tokens: torch.Tensor) -> None:
         """Append (B, n) tokens without KV changes (the first token after prefill)."""
@@ -410,6 +451,9 @@ class DecodeState:
     def commit(self, result: Verification) -> torch.Tensor:
         """Commit a verification: tokens appended, KV cut to exactly the verified prefix.
 
+        When hidden states are captured and the verifier did not pass them on, the verify pass's
+        are filled into ``result.hidden_states`` (so `Verification.last_hidden` works).
+
         Returns:
             LongTensor (B, m+1), the tokens committed.
         """
@@ -417,6 +461,8 @@ class DecodeState:
         n = new.shape[1]
         # KV of [pending, d_1..d_m] (m + 1 = n positions) was written by the verify pass.
         self.cache.commit(n, keep=result.kv_keep)
+        if self.capture_hidden and result.hidden_states is None:
+            result.hidden_states = self.last_hidden_states
         self.append(new)
         self.draft_len = 0
         self._prefix = None

@@ -1,40 +1,54 @@
-"""Command line: ``python experiments/run.py --selector static --length confidence ...``.
+"""Command line: ``python experiments/run.py --method swift --limit 2`` (also the ``selfspec`` script).
 
-Strategy names and their hyper-parameter flags come from the registry: every field ``f`` of a
-registered strategy's config is settable as ``--<kind>.<f> VALUE`` (``--selector.skip_ratio 0.3``,
-``--length.threshold 0.7``). Out-of-tree strategies are loaded with ``--import my_pkg.module``.
-Bad input exits with status 2 and a message naming the flag, the value and what is allowed.
+The flags are generated from the fields of `RunConfig` (``framework.experiment.flags``): every
+field is a flag (``max_new_tokens`` -> ``--max-new-tokens``), each strategy kind is ``--<kind>
+NAME`` plus ``--<kind>.<f> VALUE`` for every field ``f`` of a registered strategy's config
+(``--selector.skip_ratio 0.3``), and the draft gate is ``--gate.<f>``. The command line builds
+its config with ``RunConfig.from_preset(--method, **flags given)`` (or, with ``--config FILE``,
+``RunConfig.load(FILE).replace(**flags given)``), so it follows exactly the rules of the Python
+API. Out-of-tree strategies are loaded with ``--import my_pkg.module``. Bad input exits with
+status 2 and a message naming the flag, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from framework.config import ConfigError, build_config, field_defaults, field_help
-from framework.experiment.data import DataError
-from framework.experiment.models import DTYPES, ModelLoadError
-from framework.experiment.plugins import load_builtin_strategies
+import yaml
+
+from framework.config import field_defaults, field_help
+from framework.experiment.config import RunConfig
+from framework.experiment.errors import USER_ERRORS, guarded
+from framework.experiment.flags import add_config_flags, config_overrides_from_args
+from framework.experiment.plugins import import_user_modules, load_builtin_strategies
 from framework.experiment.presets import MissingStrategyError, list_presets, load_preset
+from framework.experiment.runner import run
 from framework.interfaces import REGISTRIES
-from framework.registry import UnknownNameError
-from framework.utils import MissingDependencyError
 
-#: Strategy names used when neither --method nor the flag names one.
-DEFAULTS = {"selector": "static", "length": "confidence", "drafter": "layer_skip", "verifier": "greedy"}
+__all__ = [
+    "USER_ERRORS",
+    "build_parser",
+    "config_from_args",
+    "guarded",
+    "list_strategies",
+    "main",
+    "print_config",
+]
 
-#: Short flags for the most used strategy fields: ``--skip-set F`` is ``--selector.skip_set F``.
-ALIASES = {
-    "--skip-set": ("selector", "skip_set"),
-    "--calib-data": ("selector", "calib_data"),
-    "--calib-limit": ("selector", "calib_limit"),
+#: The ``--help`` section of each `RunConfig` field.
+GROUPS = {
+    **dict.fromkeys(("model", "dtype", "device", "threads", "kernels"), "model"),
+    **dict.fromkeys(("data", "categories", "limit", "max_new_tokens", "stop_strings"), "data"),
+    **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),
+    "gate": "draft gate (framework.policies.gate)",
+    **dict.fromkeys(
+        ("output", "name", "seed", "warmup", "resume", "logger", "wandb_project", "plots"), "output"
+    ),
+    **dict.fromkeys(("devices", "num_nodes"), "devices"),
 }
-
-USER_ERRORS = (ConfigError, UnknownNameError, DataError, ModelLoadError, MissingDependencyError)
 
 
 def list_strategies(verbose: bool = True) -> str:
@@ -62,17 +76,16 @@ def list_strategies(verbose: bool = True) -> str:
 
 
 def _import_user_modules(argv: Sequence[str]) -> None:
+    """Import the ``--import`` modules before the parser is built (their strategies get flags)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--import", dest="imports", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
-    for mod in known.imports:
-        try:
-            importlib.import_module(mod)
-        except ImportError as err:
-            raise ConfigError("--import", mod, f"an importable module ({err})") from None
+    import_user_modules(known.imports)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``run.py`` parser: the tool's own flags plus the flags generated from `RunConfig` (the
+    strategy registries must be loaded first: `load_builtin_strategies` and ``--import``)."""
     p = argparse.ArgumentParser(
         prog="run.py",
         description="Self-speculative decoding experiment: decode every prompt with vanilla greedy decoding and "
@@ -84,7 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--list", action="store_true", help="list every registered strategy with its config fields and exit"
     )
     p.add_argument(
-        "--print-config", action="store_true", help="print the resolved configuration as JSON and exit"
+        "--print-config",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="write the resolved configuration as YAML to FILE (default: stdout) and exit; "
+        "`run.py --config FILE` runs it",
     )
     p.add_argument(
         "--import",
@@ -94,142 +113,46 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import a module that registers extra strategies (repeatable)",
     )
-    g = p.add_argument_group("model")
-    g.add_argument(
-        "--model", default=None, help="HF model directory or hub id (default: embedded SmolLM2-135M-Instruct)"
-    )
-    g.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
-    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    g.add_argument(
-        "--no-kernels",
-        dest="kernels",
-        action="store_false",
-        help="stock PyTorch instead of the batch-invariant CPU kernels (float32 on CPU; also SELFSPEC_KERNEL=0)",
-    )
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default=None, help="Spec-Bench-format JSONL (default: the built-in suite)")
-    g.add_argument("--categories", default="", help="comma-separated categories to keep (e.g. mt_bench,qa)")
-    g.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per turn (default 128)")
-    g.add_argument(
-        "--stop", action="append", default=[], metavar="STRING", help="extra stop string (repeatable)"
-    )
-    g = p.add_argument_group("strategies")
-    g.add_argument(
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
         "--method",
         default=None,
         metavar="PRESET",
         help="a preset from framework/experiment/assets/presets/ ("
         + ", ".join(list_presets())
-        + ") or a YAML file; "
-        "every flag below overrides it",
+        + ") or a YAML file; every other flag overrides it",
     )
-    for kind, reg in REGISTRIES.items():
-        g.add_argument(
-            f"--{kind}",
-            default=None,
-            metavar="{" + ",".join(reg.names()) + "}",
-            help=f"{kind} (default {DEFAULTS[kind]})",
-        )
-    g = p.add_argument_group("offline search (selfsd_bo)")
-    for flag, (kind, fname) in ALIASES.items():
-        g.add_argument(flag, dest=f"{kind}.{fname}", default=None, metavar="V", help=f"= --{kind}.{fname}")
-    g = p.add_argument_group("strategy hyper-parameters")
-    for kind, reg in REGISTRIES.items():
-        owners: dict[str, list[str]] = {}
-        for e in reg.entries():
-            for f in dataclasses.fields(e.config):
-                owners.setdefault(f.name, []).append(e.name)
-        for fname, names in sorted(owners.items()):
-            g.add_argument(
-                f"--{kind}.{fname}",
-                dest=f"{kind}.{fname}",
-                default=None,
-                metavar="V",
-                help=f"({', '.join(names)})",
-            )
-    g = p.add_argument_group("output")
-    g.add_argument(
-        "--output", default=None, help="results JSONL, appended (default runs/<method>-<time>.jsonl)"
+    source.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="a saved configuration (--print-config FILE, or <output>.config.yaml of a run); "
+        "every other flag overrides it",
     )
-    g.add_argument("--name", default=None, help="method name in the results (default <selector>+<length>)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--warmup", type=int, default=1, help="warm-up generations per method (default 1)")
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue --output FILE: skip the prompts already in it (refused if written by another configuration)",
-    )
-    g.add_argument(
-        "--logger",
-        default="wandb",
-        help="wandb (default; offline without an API key, upload later with `wandb sync`), csv or none",
-    )
-    g.add_argument("--wandb-project", default="selfspec", help="W&B project (default selfspec)")
-    g.add_argument("--no-plots", dest="plots", action="store_false", help="do not save PNG plots")
-    g = p.add_argument_group("devices")
-    g.add_argument(
-        "--devices",
-        type=int,
-        default=1,
-        help="processes per node, each decoding its share of the prompts (DDP)",
-    )
-    g.add_argument("--num-nodes", type=int, default=1, help="nodes (Lightning's multi-node DDP environment)")
+    add_config_flags(p, RunConfig, groups=GROUPS)
     return p
 
 
-def config_from_args(args: argparse.Namespace):
-    """Build a validated `RunConfig` from parsed arguments."""
-    from framework.experiment.runner import RunConfig, StrategySpec
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The validated `RunConfig` of parsed arguments: ``--config FILE`` or the ``--method``
+    preset (defaults when neither), with every generated flag that was given applied on top.
 
-    preset = load_preset(args.method) if args.method else {}
-    specs = {}
-    for kind, reg in REGISTRIES.items():
-        from_preset = dict(preset.get(kind, {}))
-        preset_name = from_preset.pop("name", None)
-        name = getattr(args, kind) or preset_name or DEFAULTS[kind]
-        entry = reg.entry(name)  # UnknownNameError lists the registered names
-        # The preset's fields apply to its own strategy only; a flag naming another one drops them.
-        values = from_preset if name == preset_name else {}
-        values.update(
-            {
-                key.split(".", 1)[1]: val
-                for key, val in vars(args).items()
-                if key.startswith(f"{kind}.") and val is not None
-            }
-        )
-        specs[kind] = StrategySpec(name, build_config(entry.config, values, flag_prefix=f"--{kind}."))
-    return RunConfig(
-        model=args.model,
-        dtype=args.dtype
-        if args.dtype in DTYPES
-        else _bad("--dtype", args.dtype, f"one of {', '.join(DTYPES)}"),
-        device=args.device,
-        data=args.data,
-        categories=tuple(c.strip() for c in args.categories.split(",") if c.strip()),
-        limit=args.limit,
-        max_new_tokens=args.max_new_tokens,
-        output=args.output,
-        seed=args.seed,
-        warmup=args.warmup,
-        threads=args.threads,
-        stop_strings=tuple(args.stop),
-        resume=args.resume,
-        kernels=args.kernels,
-        logger=args.logger,
-        wandb_project=args.wandb_project,
-        plots=args.plots,
-        devices=args.devices,
-        num_nodes=args.num_nodes,
-        name=args.name or preset.get("name"),
-        baseline_only=preset.get("baseline_only", False),
-        **specs,
-    )
+    Raises:
+        ConfigError: an invalid value, named by its flag (UnknownNameError: a strategy name).
+    """
+    overrides = config_overrides_from_args(args)
+    if args.config:
+        return RunConfig.load(args.config).replace(**overrides)
+    return RunConfig.from_preset(args.method, **overrides)
 
 
-def _bad(flag: str, value, allowed: str):
-    raise ConfigError(flag, value, allowed)
+def print_config(cfg: RunConfig, dest: str) -> None:
+    """Write ``cfg`` as YAML to the file ``dest`` (``-``: stdout)."""
+    if dest == "-":
+        sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    else:
+        cfg.save(dest)
+        print(f"[selfspec] configuration written to {dest}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,11 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(list_strategies())
             return 0
         cfg = config_from_args(args)
-        if args.print_config:
-            print(json.dumps(cfg.describe(), indent=2, default=str))
+        if args.print_config is not None:
+            print_config(cfg, args.print_config)
             return 0
-        from framework.experiment.runner import run
-
         run(cfg)
         return 0
 
@@ -255,20 +176,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         body,
         "every finished prompt is in the output file; continue with the same flags plus --resume --output FILE",
     )
-
-
-def guarded(body: Callable[[], int], interrupted: str, errors: tuple[type[BaseException], ...] = ()) -> int:
-    """Run a command's ``body`` and turn its failures into exit statuses: bad input (``USER_ERRORS``,
-    ``errors``, and ValueError such as ``--device cuda`` without CUDA) prints one ``error:`` line and
-    returns 2; Ctrl-C prints ``interrupted: <interrupted>`` and returns 130."""
-    try:
-        return body()
-    except (*USER_ERRORS, *errors, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: {interrupted}", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -197,3 +197,13 @@ def stop_token_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
         if marker in vocab and marker in template:
             ids.add(int(vocab[marker]))
     return sorted(ids)
+
+
+def calibration_texts(source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
+    """The first turns of ``source`` (a Spec-Bench JSONL file; empty: the built-in calibration
+    set), filtered by category: what `PrepareContext.load_prompts` serves to strategies.
+
+    Raises:
+        DataError: as `load_prompts`.
+    """
+    return [p.turns[0] for p in load_prompts(source or BUILTIN_CALIBRATION, categories or None)]

@@ -32,26 +32,33 @@ import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.utils.data import DataLoader
 
+from framework.experiment.config import RunConfig
 from framework.experiment.data import Prompt
+from framework.experiment.experiment import Experiment
+from framework.experiment.records import prompt_key, prompt_record
+from framework.experiment.timing import first_mismatch, rotated, warm_up
 from framework.interfaces import REGISTRIES
+
+__all__ = [
+    "DecodeModule",
+    "PlainProgress",
+    "ResultsWriter",
+    "SpeedupProgressBar",
+    "append_records",
+    "progress_line",
+    "prompt_key",
+]
 
 
 def _identity(x: Any) -> Any:
     return x
 
 
-def prompt_key(rec_or_prompt: Any) -> tuple[str, str]:
-    """The identity of a prompt in a results file: ``(category, question_id)`` as strings."""
-    if isinstance(rec_or_prompt, Prompt):
-        return rec_or_prompt.category, str(rec_or_prompt.question_id)
-    return rec_or_prompt["category"], str(rec_or_prompt["question_id"])
-
-
 class DecodeModule(pl.LightningModule):
     """Decodes prompts with vanilla and speculative decoding; one predict step per prompt.
 
     Args:
-        cfg: the run configuration (``framework.experiment.runner.RunConfig``).
+        cfg: the run configuration.
         prompts: the prompts still to decode (already filtered by ``--resume``).
         out_path: the results JSONL; its stem names the artefacts (skip sets, run directory).
         meta: the run's metadata, written next to the results by rank 0 once the model is loaded
@@ -64,14 +71,14 @@ class DecodeModule(pl.LightningModule):
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: RunConfig,
         prompts: list[Prompt],
         out_path: Path,
         meta: dict[str, Any],
         model: Any = None,
         tokenizer: Any = None,
         log: Callable[[str], None] = print,
-        experiment: Any = None,
+        experiment: Experiment | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -81,15 +88,13 @@ class DecodeModule(pl.LightningModule):
         self.log_fn = log
         # Kept out of nn.Module registration: Lightning must not move or wrap the HF model.
         self.__dict__["_given"] = (model, tokenizer)
-        self.exp: Any = experiment
+        self.exp: Experiment | None = experiment
         self.methods: list[tuple[str, Any]] = []
         self.done = 0
         self.tok_s: dict[str, list[float]] = {}
 
     # ---- set-up ----------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        from framework.experiment.runner import Experiment
-
         cfg = self.cfg
         world = self.trainer.world_size
         if cfg.threads:
@@ -117,6 +122,8 @@ class DecodeModule(pl.LightningModule):
             meta_path = self.out_path.with_suffix(".meta.json")
             if not (cfg.resume and meta_path.exists()):  # a resumed run keeps its original metadata
                 meta_path.write_text(json.dumps(self.meta, indent=2, default=str))
+                # `run.py --config <stem>.config.yaml` reproduces the run.
+                self.cfg.save(self.out_path.with_suffix(".config.yaml"))
             exp = self.exp
             self.log_fn(
                 f"[selfspec] {len(self.prompts)} prompts to decode on {world} process(es), {len(mine)} here | "
@@ -145,9 +152,12 @@ class DecodeModule(pl.LightningModule):
         cfg, exp = self.cfg, self.exp
         if not self.prompts:
             return
-        for _ in range(cfg.warmup):
-            for _name, dec in self.methods:
-                exp.decode_prompt(dec, self.prompts[0], max_new_tokens=min(16, cfg.max_new_tokens))
+        first, short = self.prompts[0], min(16, cfg.max_new_tokens)
+        warm_up(
+            [dec for _name, dec in self.methods],
+            lambda dec: exp.decode_prompt(dec, first, max_new_tokens=short),
+            repeats=cfg.warmup,
+        )
         if cfg.warmup:
             exp.rebuild()
             self.methods = self._methods()
@@ -155,22 +165,17 @@ class DecodeModule(pl.LightningModule):
 
     # ---- one prompt --------------------------------------------------------------------------
     def predict_step(self, prompt: Prompt, batch_idx: int) -> list[dict[str, Any]]:
-        from framework.experiment.runner import _prompt_record
-
         exp, cfg = self.exp, self.cfg
-        # Alternate which method goes first, so slow drift on a shared machine hits both equally.
-        order = (
-            self.methods
-            if (batch_idx * self.trainer.world_size + self.trainer.global_rank) % 2 == 0
-            else self.methods[::-1]
-        )
-        turns = {name: exp.decode_prompt(dec, prompt) for name, dec in order}
+        # Rotate which method goes first (the global prompt index over this rank's share), so
+        # slow drift on a shared machine hits every method alike.
+        turn = batch_idx * self.trainer.world_size + self.trainer.global_rank
+        turns = {name: exp.decode_prompt(dec, prompt) for name, dec in rotated(self.methods, turn)}
         greedy = exp.spec.verifier.lossless == "greedy"
         van_tokens = [r.tokens for r, _ in turns["vanilla"]]
         recs = []
         for name, _dec in self.methods:
-            same = [r.tokens for r, _ in turns[name]] == van_tokens
-            rec = _prompt_record(prompt, name, turns[name], same if greedy else None)
+            same = first_mismatch([r.tokens for r, _ in turns[name]], van_tokens) is None
+            rec = prompt_record(prompt, name, turns[name], same if greedy else None)
             if name != "vanilla":
                 rec["strategies"] = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
             rec["rank"] = self.trainer.global_rank

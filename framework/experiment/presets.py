@@ -10,8 +10,12 @@ A preset is a YAML file in ``framework/experiment/assets/presets/`` (or any path
 
 ``--method swift`` selects it; every flag still overrides it (``--length.threshold 0.7`` changes
 one field; ``--length fixed`` replaces the strategy and drops the preset's fields for it). A
-preset may instead say ``baseline_only: true`` (the vanilla baseline alone). A preset naming a
-strategy that is not registered fails with a message naming the missing strategy.
+preset may instead say ``baseline_only: true`` (the vanilla baseline alone), and may turn on the
+draft gate with a top-level ``gate: {enabled: true}`` (fields of
+``framework.policies.gate.GateConfig``). A preset naming a strategy that is not registered fails
+with a message naming the missing strategy.
+
+``framework.experiment.config.RunConfig.from_preset`` turns a preset into a run configuration.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from framework.config import ConfigError
 from framework.interfaces import REGISTRIES
 
 PRESET_DIR = Path(__file__).resolve().parent / "assets" / "presets"
-_KEYS = {"description", "baseline_only", *REGISTRIES}
+_KEYS = {"description", "baseline_only", "gate", *REGISTRIES}
 
 
 class MissingStrategyError(ConfigError):
@@ -60,7 +64,8 @@ def preset_path(name_or_path: str) -> Path:
 
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
-    """Read and check a preset: ``{"name", "description", "baseline_only", kind: {"name", **fields}}``.
+    """Read and check a preset: ``{"name", "description", "baseline_only", kind: {"name", **fields},
+    "gate": {**fields}}`` (kinds and ``gate`` only where the file has them).
 
     Strategy names are checked against the registries here; field values are validated later by
     the strategy's config dataclass (with the CLI flag in the message).
@@ -99,4 +104,9 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         if name not in reg:
             raise MissingStrategyError(path.stem, kind, name, reg.names())
         out[kind] = dict(spec)
+    gate = data.get("gate")
+    if gate is not None:
+        if not isinstance(gate, dict):
+            raise ConfigError(f"--method {path.name}: gate", gate, "a mapping of GateConfig fields")
+        out["gate"] = dict(gate)
     return out

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import pytorch_lightning as pl
 
 from framework.config import ConfigError
+from framework.experiment import plots
 from framework.experiment.metrics import aggregate
 
 
@@ -82,8 +83,9 @@ def make_logger(kind: str, run_dir: Path, name: str, project: str, config: dict[
 
         logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
     elif kind == "wandb":
-        import wandb
         from pytorch_lightning.loggers import WandbLogger
+
+        import wandb
 
         if wandb.run is not None:  # inside a sweep agent / the user's own wandb.init: theirs to finish
             logger = WandbLogger(experiment=wandb.run)
@@ -172,8 +174,6 @@ def round_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
 
 def save_plots(records: list[dict[str, Any]], method: str, plot_dir: Path) -> list[Path]:
     """The run's plots as PNG files in ``plot_dir`` (the ones its data supports)."""
-    from framework.experiment import plots
-
     plot_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     summary = summary_metrics(records, method)

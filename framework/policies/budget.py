@@ -18,6 +18,10 @@ runs to completion, so the work exceeds ``share * wall`` by at most one unit's d
 that shrinks relative to ``wall`` as decoding goes on. ``share = 0`` (or ``None``) means
 unlimited: every unit is allowed and no clock is read to decide, the published methods'
 behaviour; units are still timed and counted.
+
+A strategy gets one by declaring its config field with `budget_param` (validated by
+`check_budget`) and mixing in `BudgetedWork`, which owns the `WorkBudget` (``self.budget``) and
+runs units under it (`BudgetedWork.run_budgeted`); its ``summary()`` adds `WorkBudget.summary`.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from framework.config import check_range
+from framework.config import check_range, param
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -133,3 +139,48 @@ class WorkBudget:
             "budget_skipped": self.skipped,
             "work_share": round(self.work_share, 4),
         }
+
+
+def budget_param(work: str) -> Any:
+    """The ``work_budget`` config field (default 0: unlimited) of a strategy whose ``work`` (what
+    an over-budget round does instead, e.g. "skip a due optimisation step") is budgeted."""
+    return param(
+        0.0,
+        help=f"extension (not in the papers): {work} while the work's seconds exceed this share of the "
+        "wall time (framework.policies.budget); 0 = unlimited, as published; in [0, 1)",
+    )
+
+
+def check_budget(cfg: Any) -> None:
+    """Validate a config's `budget_param` field ``work_budget`` (raises `ConfigError` naming it)."""
+    check_range("work_budget", cfg.work_budget, 0.0, 1.0, hi_open=True)
+
+
+class BudgetedWork:
+    """Mixin for a strategy whose config has a `budget_param` field: it owns the `WorkBudget`.
+
+    Put it before the strategy's base class (``class MySelector(BudgetedWork, LayerSelector)``).
+    ``self.budget`` is created in ``__init__`` from ``config.work_budget`` (tests may replace it,
+    e.g. with one on a fake clock); the strategy calls ``self.budget.restart()`` when its
+    optimisation state restarts and ``self.budget.resume()`` at a generation whose state carries
+    over, runs each unit of work with `run_budgeted` (or ``budget.allows`` and ``budget.unit``
+    where asking and running are apart), and adds ``self.budget.summary()`` to its summary.
+    """
+
+    config: Any
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)  # type: ignore[call-arg]
+        self.budget = WorkBudget(self.config.work_budget)
+
+    def run_budgeted(self, work: Callable[..., T], *args: Any) -> tuple[T, float] | None:
+        """Run ``work(*args)`` as one unit if the budget allows it (one `WorkBudget.allows`).
+
+        Returns:
+            ``(work's result, its seconds)``, or ``None`` when over budget (nothing ran).
+        """
+        if not self.budget.allows():
+            return None
+        with self.budget.unit() as unit:
+            out = work(*args)
+        return out, unit.seconds

@@ -1,8 +1,10 @@
-"""The never-lose draft gate: fall back to plain decoding while drafting does not pay.
+"""The draft gate: decline to draft (plain decoding) while drafting does not pay.
 
-A `DraftGate` sits inside a length controller. Every round it takes the controller's draft length
-K and returns K (draft as the controller wants), 0 (decline: the round is one plain target step)
-or a short *probe* length. The decision rule (see ``docs/concepts.md``, "The never-lose gate"):
+`GatedLength` wraps any length controller in a `DraftGate` (`gated` does it when the run's
+`GateConfig` is enabled: the ``gate:`` block of a preset, ``--gate.<field>`` on the command line).
+Every round the gate takes the controller's draft length K and returns K (draft as the controller
+wants), 0 (decline: the round is one plain target step) or a short *probe* length. The decision
+rule (see ``docs/concepts.md``, "The draft gate"):
 
 1. **Acceptance estimate.** After each round that drafted K >= 1 tokens of which m were accepted,
    the accepted tokens count as m successes and the first rejected token (if m < K) as one
@@ -40,56 +42,15 @@ usually accept alike); the per-generation counters of `DraftGate.summary` restar
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from framework.config import check_choice, check_range, param
 from framework.engine.context import PrepareContext
 from framework.engine.cost_model import CostModel
+from framework.engine.state import DecodeState
 from framework.interfaces import LengthController
-from framework.types import Draft, LayerPlan, Verification
-
-#: The shared config fields of every gated controller: ``{name: (default, help)}``. A controller
-#: declares them with `fallback_param` and validates them with `check_fallback`.
-FALLBACK_FIELDS: dict[str, tuple[Any, str]] = {
-    "fallback": (
-        False,
-        "never lose: decline to draft (a plain step) while the measured acceptance and the cost "
-        "model say drafting with the current plan does not pay; probes now and then",
-    ),
-    "fallback_margin": (
-        0.0,
-        "decline when the best expected speedup is below 1 - margin (> 0 tolerates small predicted "
-        "losses, < 0 asks for a gain); in [-0.5, 0.5]",
-    ),
-    "fallback_probe": (8, "declined rounds before a probe round drafts again; in [1, 1024]"),
-    "fallback_probe_max": (
-        256,
-        "longest interval between probes: a failed probe doubles the interval up to this; "
-        "in [fallback_probe, 4096] (= fallback_probe: no back-off)",
-    ),
-    "fallback_decay": (
-        0.9,
-        "weight of the acceptance statistics one drafted round older (EMA of successes and "
-        "failures); in (0, 1]",
-    ),
-}
-
-
-def fallback_param(name: str) -> Any:
-    """The dataclass field ``name`` of `FALLBACK_FIELDS` (its default and help)."""
-    default, text = FALLBACK_FIELDS[name]
-    return param(default, help=text)
-
-
-def check_fallback(cfg: Any) -> None:
-    """Validate the fallback fields of a controller config (raises `ConfigError` naming the field)."""
-    check_choice("fallback", cfg.fallback, (True, False))
-    check_range("fallback_margin", cfg.fallback_margin, -0.5, 0.5)
-    check_range("fallback_probe", cfg.fallback_probe, 1, 1024, integer=True)
-    check_range("fallback_probe_max", cfg.fallback_probe_max, cfg.fallback_probe, 4096, integer=True)
-    check_range("fallback_decay", cfg.fallback_decay, 0.0, 1.0, lo_open=True)
+from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
 
 
 @dataclass(frozen=True)
@@ -289,33 +250,28 @@ class MeasuredCosts:
 class DraftGate:
     """Decline to draft while the statistics say drafting does not pay (see the module docstring).
 
-    Use from a `LengthController`: ``prepare(ctx)`` in its ``prepare``, ``reset()`` in its
-    ``reset``, ``k = gate.limit(state, k)`` at the end of ``max_length`` (idempotent within a
-    round), ``gate.observe(draft, result)`` in ``observe`` and ``summary()`` under the key
-    ``"fallback"`` of its summary.
+    `GatedLength` puts one around a length controller; a drafter may gate a source of its own
+    (``hybrid``'s ``skip_gate``). Use: ``prepare(ctx)`` once, ``reset()`` per generation,
+    ``k = gate.limit(state, k)`` per round (idempotent within a round),
+    ``gate.observe(draft, result)`` after each verification, ``summary()`` under the key
+    ``"gate"`` of the owner's summary.
 
     Args:
-        margin: decline when the gate's value is below ``1 - margin``.
-        probe: declined rounds before a probe.
-        probe_max: the back-off cap on the probe interval.
-        decay: EMA weight of the acceptance statistics per drafted round.
-        lengths: ``"upto"`` values the best length in ``1..K``; ``"exact"`` the controller's K.
+        config: the gate's settings (validated by `GateConfig`; ``enabled`` is not consulted).
+        lengths: ``"upto"`` values the best length in ``1..K``; ``"exact"`` the controller's K
+            (a controller with ``exact_length``).
     """
 
-    def __init__(
-        self,
-        margin: float = 0.0,
-        probe: int = 8,
-        probe_max: int = 256,
-        decay: float = 0.9,
-        lengths: Literal["upto", "exact"] = "upto",
-    ) -> None:
-        check_range("fallback_margin", margin, -0.5, 0.5)
-        check_range("fallback_probe", probe, 1, 1024, integer=True)
-        check_range("fallback_probe_max", probe_max, probe, 4096, integer=True)
-        check_range("fallback_decay", decay, 0.0, 1.0, lo_open=True)
+    def __init__(self, config: GateConfig | None = None, lengths: Literal["upto", "exact"] = "upto") -> None:
+        config = GateConfig() if config is None else config
         check_choice("lengths", lengths, ("upto", "exact"))
-        self.margin, self.probe, self.probe_max, self.decay = margin, probe, probe_max, decay
+        self.config = config
+        self.margin, self.probe, self.probe_max, self.decay = (
+            config.margin,
+            config.probe,
+            config.probe_max,
+            config.decay,
+        )
         self.lengths = lengths
         self.costs: CostModel | None = None
         self.measured = MeasuredCosts()
@@ -323,21 +279,12 @@ class DraftGate:
         self.plan: LayerPlan | None = None  # the plan of the last drafted round
         self._selector_plan: LayerPlan | None = None  # the plan of the last empty draft
         self.replan = False
-        self.interval = probe
-        self.wait = probe
+        self.interval = self.probe
+        self.wait = self.probe
         self.mode = "draft"
         self._k = 0
         self._memo: dict[tuple[Any, ...], tuple[CostModel, tuple[float, int]]] = {}
         self.reset()
-
-    @classmethod
-    def from_config(cls, cfg: Any, lengths: Literal["upto", "exact"] = "upto") -> DraftGate | None:
-        """The gate of a controller config with the `FALLBACK_FIELDS`, or ``None`` when off."""
-        if not getattr(cfg, "fallback", False):
-            return None
-        return cls(
-            cfg.fallback_margin, cfg.fallback_probe, cfg.fallback_probe_max, cfg.fallback_decay, lengths
-        )
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def prepare(self, ctx: PrepareContext) -> None:
@@ -521,59 +468,6 @@ class DraftGate:
         }
 
 
-__all__ = [
-    "FALLBACK_FIELDS",
-    "DraftGate",
-    "MeasuredCosts",
-    "break_even_alpha",
-    "check_fallback",
-    "fallback_param",
-    "gate_value",
-    "speedups",
-]
-
-
-class GatedLengthController(LengthController):
-    """A `LengthController` with the never-lose gate built in (its config carries the
-    `fallback_param` fields and calls `check_fallback`).
-
-    A subclass implements `proposed_length` (the length it would draft) instead of ``max_length``;
-    the gate turns that into 0 for rounds that do not pay. Subclasses that override ``reset``,
-    ``observe`` or ``summary`` call ``super()`` (the gate's share), and ``gate_lengths`` says what
-    the gate values: ``"upto"`` (the controller may stop early: the best ``k <= K``) or ``"exact"``
-    (it always drafts ``K``).
-    """
-
-    gate_lengths: ClassVar[Literal["upto", "exact"]] = "upto"
-
-    def __init__(self, config: Any = None) -> None:
-        super().__init__(config)
-        self.gate = DraftGate.from_config(self.config, lengths=self.gate_lengths)
-
-    @abstractmethod
-    def proposed_length(self, state: Any) -> int:
-        """The draft length of the next round before the gate (0 = do not draft)."""
-
-    def max_length(self, state: Any) -> int:
-        k = self.proposed_length(state)
-        return k if self.gate is None else self.gate.limit(state, k)
-
-    def prepare(self, ctx: PrepareContext) -> None:
-        if self.gate is not None:
-            self.gate.prepare(ctx)
-
-    def reset(self) -> None:
-        if self.gate is not None:
-            self.gate.reset()
-
-    def observe(self, draft: Draft, result: Verification) -> None:
-        if self.gate is not None:
-            self.gate.observe(draft, result)
-
-    def summary(self) -> dict[str, Any]:
-        return {} if self.gate is None else {"fallback": self.gate.summary()}
-
-
 class GatedLength(LengthController):
     """Any `LengthController` with the draft gate around it.
 
@@ -583,28 +477,24 @@ class GatedLength(LengthController):
     without knowing it. Its summary gains a ``"gate"`` entry.
 
     Args:
-        inner: the controller to gate.
+        inner: the controller to gate; with ``exact_length`` the gate values drafting exactly K,
+            otherwise the best length up to K.
         config: the gate's settings (``enabled`` is not consulted here: see `gated`).
     """
 
-    def __init__(self, inner: LengthController, config: GateConfig) -> None:
+    def __init__(self, inner: LengthController, config: GateConfig | None = None) -> None:
+        config = GateConfig(enabled=True) if config is None else config
         super().__init__(config)
         self.inner = inner
         self.needs_confidence = inner.needs_confidence  # type: ignore[misc]
         self.exact_length = inner.exact_length  # type: ignore[misc]
-        self.gate = DraftGate(
-            config.margin,
-            config.probe,
-            config.probe_max,
-            config.decay,
-            lengths="exact" if inner.exact_length else "upto",
-        )
+        self.gate = DraftGate(config, lengths="exact" if inner.exact_length else "upto")
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return self.inner.name
 
-    def setup(self, info: Any) -> None:
+    def setup(self, info: ModelInfo) -> None:
         self.inner.setup(info)
 
     def prepare(self, ctx: PrepareContext) -> None:
@@ -615,15 +505,15 @@ class GatedLength(LengthController):
         self.inner.reset()
         self.gate.reset()
 
-    def max_length(self, state: Any) -> int:
-        return self.gate.limit(state, self.inner.max_length(state))
+    def max_length(self, state: DecodeState, hint: LengthHint | None = None) -> int:
+        return self.gate.limit(state, self.inner.max_length(state, hint))
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         return self.inner.should_continue(drafted, confidence)
 
-    def observe(self, draft: Draft, result: Verification) -> None:
+    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:
         self.gate.observe(draft, result)
-        self.inner.observe(draft, result)
+        self.inner.observe(state, draft, result)
 
     def summary(self) -> dict[str, Any]:
         return {**self.inner.summary(), "gate": self.gate.summary()}
@@ -632,3 +522,15 @@ class GatedLength(LengthController):
 def gated(length: LengthController, config: GateConfig) -> LengthController:
     """``length`` wrapped in the draft gate when ``config.enabled``, else ``length`` itself."""
     return GatedLength(length, config) if config.enabled else length
+
+
+__all__ = [
+    "DraftGate",
+    "GateConfig",
+    "GatedLength",
+    "MeasuredCosts",
+    "break_even_alpha",
+    "gate_value",
+    "gated",
+    "speedups",
+]

@@ -1,19 +1,22 @@
-"""Testing helpers shipped with the package: tiny random models, stub strategies and the contract
-test mixins a researcher's own tests inherit (see `framework.testing.contracts`)."""
+"""Testing helpers shipped with the package: tiny random models, stub strategies
+(`framework.testing.stubs`) and the contract test mixins a researcher's own tests inherit
+(`framework.testing.contracts`)."""
 
 from framework.experiment.tiny import ARCHS, cached_tiny_model, tiny_model, tiny_tokenizer
 from framework.testing.contracts import (
     CONTRACT_PARTNERS,
+    DrafterContract,
+    LayerSelectorContract,
+    LengthControllerContract,
+    VerifierContract,
+)
+from framework.testing.stubs import (
     DEFAULT_NAMES,
     FAST_OVERRIDES,
     AlwaysAcceptDrafter,
-    DrafterContract,
     FakeClock,
-    LayerSelectorContract,
-    LengthControllerContract,
     NeverAcceptDrafter,
     RejectAllVerifier,
-    VerifierContract,
     ZeroLength,
     default_strategy_instance,
     prepare_context,

@@ -1,5 +1,5 @@
-"""Test helpers shipped with the package: stub strategies and contract mixins (the tiny random
-models come from `framework.experiment.tiny` and are re-exported here).
+"""Contract test mixins shipped with the package, one per interface (the tiny random models come
+from `framework.experiment.tiny`, the stubs from `framework.testing.stubs`).
 
 Researchers test their own strategies by inheriting a contract mixin and overriding ``make``::
 
@@ -20,30 +20,30 @@ strategy not meant to be lossless (a sampling verifier). The slots not under tes
 fixtures, so they work from any test suite; ``pytest`` is imported only when a test runs.
 
 Everything here runs on CPU in seconds and never downloads anything: models are built in-process
-from a small config with random weights (`tiny_model`).
+from a small config with random weights (`tiny_model`). The stub strategies and helpers the
+contracts use live in `framework.testing.stubs`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from framework.engine.context import PrepareContext
-from framework.engine.cost_model import CostModel
+from framework.config import build_config
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
 from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.tiny import ARCHS, cached_tiny_model, tiny_model
-from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
-from framework.types import Draft, LayerPlan, Verification
-
-#: The strategy `default_strategy_instance` picks for a kind when no name is given.
-DEFAULT_NAMES: dict[str, str] = {
-    "selector": "static",
-    "length": "fixed",
-    "drafter": "layer_skip",
-    "verifier": "greedy",
-}
+from framework.interfaces import REGISTRIES, LengthController, Strategy
+from framework.testing.stubs import (
+    NoConfig,
+    default_strategy_instance,
+    prepare_context,
+    random_prompt,
+)
+from framework.types import Draft, LayerPlan, LengthHint, Verification
 
 #: The partners a contract mixin puts in the slots it does not test: ``(name, config overrides)``.
 #: The static selector skips half the eligible sub-layers so that drafts are sometimes rejected
@@ -54,171 +54,6 @@ CONTRACT_PARTNERS: dict[str, tuple[str, dict[str, Any]]] = {
     "drafter": ("layer_skip", {}),
     "verifier": ("greedy", {}),
 }
-
-
-# --------------------------------------------------------------------------------------------
-# Tiny models
-# --------------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """A clock for tests of time budgets (`framework.policies.budget.WorkBudget`): seconds move only when
-    the test says so (`advance`, or by setting ``t``); ``reads`` counts how often it was read."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
-
-
-def random_prompt(length: int = 6, vocab_size: int = 128, seed: int = 0) -> torch.Tensor:
-    """LongTensor (1, length) of random token ids (reproducible, independent of the global RNG)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (1, length), generator=g)
-
-
-# --------------------------------------------------------------------------------------------
-# Strategies
-# --------------------------------------------------------------------------------------------
-
-
-#: Config overrides that shrink a strategy's offline search for tests (``fast=True``). The lossless
-#: invariant holds for whatever skip set a search returns; these only make it cheaper to find one.
-FAST_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
-    ("selector", "selfsd_bo"): {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 8},
-}
-
-
-def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
-    """A deterministic `CostModel` in units of one step: the LM head and embedding 0.1, attention
-    0.5 / L and MLP 0.4 / L per sub-layer, a verification of T tokens 1 + 0.1 (T - 1)."""
-    return CostModel(
-        num_layers=num_layers,
-        base=0.1,
-        attn=0.5 / num_layers,
-        mlp=0.4 / num_layers,
-        verify_costs=tuple(1.0 + 0.1 * (t - 1) for t in range(1, max_tokens + 1)),
-    )
-
-
-def prepare_context(
-    adapter: Any, *, store: dict[str, Any] | None = None, measure: bool = False
-) -> PrepareContext:
-    """A `PrepareContext` for tests: a deterministic byte-level ``encode`` (no tokenizer), no files,
-    no log output, and (unless ``measure``) a `synthetic_cost_model` instead of timing the model."""
-    info = adapter.info()
-    vocab = info.vocab_size
-
-    def encode(text: str) -> list[int]:
-        return [1 + b % (vocab - 1) for b in text.encode()[:16]] or [1]
-
-    ctx = PrepareContext(
-        adapter=adapter, encode=encode, log=lambda msg: None, store={} if store is None else store
-    )
-    if not measure:
-        ctx.store.setdefault("cost_model", synthetic_cost_model(info.num_layers))
-    return ctx
-
-
-def default_strategy_instance(kind: str, name: str | None = None, *, fast: bool = False) -> Strategy:
-    """Construct the registered strategy ``name`` of ``kind`` with its default config.
-
-    Args:
-        kind: ``"selector"``, ``"length"``, ``"drafter"`` or ``"verifier"``.
-        name: registered name; ``None`` takes :data:`DEFAULT_NAMES` (or the first registered).
-        fast: apply :data:`FAST_OVERRIDES` (a cheaper offline search) when there are any.
-    """
-    if kind not in REGISTRIES:
-        raise ValueError(f"unknown strategy kind {kind!r}; choose from {', '.join(REGISTRIES)}")
-    reg = REGISTRIES[kind]
-    load_builtin_strategies()  # idempotent: the defaults are built-in strategies
-    if name is None:
-        name = DEFAULT_NAMES.get(kind)
-        if name not in reg:
-            name = reg.names()[0]
-    entry = reg.entry(name)
-    if fast and (kind, name) in FAST_OVERRIDES:
-        from framework.config import build_config
-
-        return entry.cls(build_config(entry.config, FAST_OVERRIDES[kind, name]))
-    return entry.cls(entry.config())
-
-
-@dataclass(frozen=True)
-class _NoConfig:
-    pass
-
-
-class AlwaysAcceptDrafter(Drafter):
-    """Stub drafter (unregistered) that drafts with the full model, ignoring the plan.
-
-    Its tokens are the target's own greedy continuation, so a greedy verifier accepts all of them
-    (litgpt's "always accepts" stub).
-    """
-
-    Config = _NoConfig
-
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
-        full = LayerPlan.full(state.info.num_layers)
-        x, toks = state.pending, []
-        for _ in range(max_tokens):
-            tok = state.forward_draft(x, full).logits[:, -1].argmax(-1)
-            toks.append(tok)
-            x = tok[:, None]
-        return Draft(torch.stack(toks, dim=1), full)
-
-
-class NeverAcceptDrafter(Drafter):
-    """Stub drafter (unregistered) whose first token is never the target's greedy choice.
-
-    It runs the full model and proposes the runner-up token, so a greedy verifier accepts nothing
-    (litgpt's "never accepts" stub).
-    """
-
-    Config = _NoConfig
-
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
-        full = LayerPlan.full(state.info.num_layers)
-        x, toks = state.pending, []
-        for _ in range(max_tokens):
-            logits = state.forward_draft(x, full).logits[:, -1]
-            tok = logits.topk(2, dim=-1).indices[:, 1]  # the runner-up: never the argmax
-            toks.append(tok)
-            x = tok[:, None]
-        return Draft(torch.stack(toks, dim=1), full)
-
-
-class RejectAllVerifier(Verifier):
-    """Stub verifier (unregistered) that accepts nothing and commits the target's own next token.
-
-    Still lossless for greedy decoding: every round commits exactly one target token.
-    """
-
-    Config = _NoConfig
-
-    def verify(self, state, draft: Draft) -> Verification:
-        block = torch.cat([state.pending, draft.tokens], dim=1)
-        target = state.forward_verify(block, logits_at="all").logits.argmax(-1)
-        return Verification(
-            num_accepted=torch.zeros(block.shape[0], dtype=torch.long, device=block.device),
-            new_tokens=target[:, :1],
-            target_tokens=target,
-        )
-
-
-class ZeroLength(LengthController):
-    """Stub length controller (unregistered) that always declines to draft."""
-
-    Config = _NoConfig
-
-    def max_length(self, state) -> int:
-        return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,14 +86,10 @@ class _Contract:
         return cached_tiny_model(self.arch, self.num_layers)
 
     def adapter(self):
-        from framework.engine.adapter import adapter_for
-
         return adapter_for(self.model())
 
     def partner(self, kind: str) -> Strategy:
         """The strategy put in slot ``kind`` next to the one under test (see CONTRACT_PARTNERS)."""
-        from framework.config import build_config
-
         load_builtin_strategies()
         name, overrides = CONTRACT_PARTNERS[kind]
         if name not in REGISTRIES[kind]:
@@ -288,8 +119,6 @@ class _Contract:
 
     def new_state(self, adapter, strategies: dict[str, Strategy], prompt_seed: int = 0, prompt_len: int = 6):
         """A DecodeState after prefill and the first token, flags set from the strategies."""
-        from framework.engine.state import DecodeState
-
         prompt = random_prompt(prompt_len, adapter.config.vocab_size, prompt_seed)
         state = DecodeState.for_strategies(
             adapter,
@@ -304,17 +133,19 @@ class _Contract:
         return state
 
     def run_round(self, state, s: dict[str, Strategy], k_max: int = 4):
-        """One select -> draft -> verify -> commit -> observe round; returns (plan, draft, result)."""
+        """One round as the decoder runs it (plan, hint, length, draft, verify, commit, observe by
+        all four); returns (plan, draft, result)."""
         plan = s["selector"].plan(state)
-        k = max(0, min(int(s["length"].max_length(state)), k_max))
+        hint = s["selector"].length_hint(state)
+        k = max(0, min(int(s["length"].max_length(state, hint)), k_max))
         if k > 0:
             draft = s["drafter"].draft(state, plan, s["length"], k)
         else:
             draft = Draft.empty(1, plan, state.device)
         result = s["verifier"].verify(state, draft)
         state.commit(result)
-        s["selector"].observe(state, draft, result)
-        s["length"].observe(draft, result)
+        for kind in ("selector", "length", "drafter", "verifier"):
+            s[kind].observe(state, draft, result)
         return plan, draft, result
 
     # ---- shared tests -----------------------------------------------------------------------
@@ -332,8 +163,6 @@ class _Contract:
     def test_greedy_equality(self):
         """Speculative decoding with this strategy emits exactly the vanilla greedy tokens."""
         import pytest
-
-        from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 
         if not self.greedy_lossless:
             pytest.skip("strategy declared not greedy-lossless")
@@ -386,9 +215,11 @@ class LengthControllerContract(_Contract):
     def test_max_length_is_nonnegative_int(self):
         adapter, s, state = self.prepared()
         for _ in range(4):
-            k = s["length"].max_length(state)
-            assert isinstance(k, int) and not isinstance(k, bool)
-            assert k >= 0
+            # Any controller takes a hint (a controller that does not use hints ignores it).
+            for hint in (None, LengthHint(max_length=2, threshold=0.5, source="contract")):
+                k = s["length"].max_length(state, hint)
+                assert isinstance(k, int) and not isinstance(k, bool)
+                assert k >= 0
             self.run_round(state, s)
 
     def test_should_continue_returns_bool(self):
@@ -421,9 +252,9 @@ class DrafterContract(_Contract):
     may_decline: ClassVar[bool] = False
 
     class _StopAfterOne(LengthController):
-        Config = _NoConfig
+        Config = NoConfig
 
-        def max_length(self, state) -> int:
+        def max_length(self, state, hint: LengthHint | None = None) -> int:
             return 8
 
         def should_continue(self, drafted, confidence):
@@ -467,8 +298,6 @@ class DrafterContract(_Contract):
                     self._check_draft(draft, state, plan, max_tokens)
 
     def test_confidences_when_requested(self):
-        from framework.engine.state import DecodeState
-
         adapter = self.adapter()
         drafter = self.setup_instance(self.make(), adapter)
         length = self.partner("length")
@@ -522,8 +351,7 @@ class VerifierContract(_Contract):
                 allowed |= set(draft.top_tokens[0, m - 1].tolist())
             assert last in allowed, "accepted tokens must be the draft's (or its top-k alternatives)"
         assert 0 <= int(result.new_tokens.min()) and int(result.new_tokens.max()) < state.info.vocab_size
-        if result.kv_keep is not None:
-            assert result.kv_keep.numel() == m + 1
+        assert result.kept_offsets.shape == (m + 1,)
         return m
 
     def test_verify_bounds_and_commit(self):
@@ -580,17 +408,10 @@ class VerifierContract(_Contract):
 __all__ = [
     "ARCHS",
     "CONTRACT_PARTNERS",
-    "DEFAULT_NAMES",
-    "AlwaysAcceptDrafter",
     "DrafterContract",
     "LayerSelectorContract",
     "LengthControllerContract",
-    "NeverAcceptDrafter",
-    "RejectAllVerifier",
     "VerifierContract",
-    "ZeroLength",
     "cached_tiny_model",
-    "default_strategy_instance",
-    "random_prompt",
     "tiny_model",
 ]

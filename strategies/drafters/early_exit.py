@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework import Draft, Drafter, LayerPlan, LengthController, ModelInfo, register_drafter
+from framework import Draft, Drafter, LayerPlan, LengthController, ModelInfo, Verification, register_drafter
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.engine.drafting import DraftBuilder
 
@@ -68,7 +68,7 @@ class EarlyExitDrafter(Drafter):
         super().__init__(config)
         self._default_exit = 1
         self._num_layers = 0
-        self._stats: Any = None  # the current generation's DecodeStats (reuse counters)
+        self._reuse: dict[str, int] | None = None  # the generation's reuse counters, after a round
         self._counts = {"rounds": 0, "draft_steps": 0, "dropped": 0}
 
     def setup(self, info: ModelInfo) -> None:
@@ -83,7 +83,7 @@ class EarlyExitDrafter(Drafter):
         self._default_exit = default_exit_layer(n, c.exit_layer, c.exit_ratio)
 
     def reset(self) -> None:
-        self._stats = None
+        self._reuse = None
         self._counts = {"rounds": 0, "draft_steps": 0, "dropped": 0}
 
     def exit_layer(self, plan: LayerPlan) -> int:
@@ -104,7 +104,6 @@ class EarlyExitDrafter(Drafter):
         prefix = state.prefix_plan(e)
         reuse = self.config.reuse_kv
         out = DraftBuilder(state)
-        self._stats = state.stats
         self._counts["rounds"] += 1
         x = state.pending
         for step in range(max_tokens):
@@ -123,9 +122,12 @@ class EarlyExitDrafter(Drafter):
             x = tok[:, None]
         return out.build(prefix)
 
+    def observe(self, state, draft: Draft, result: Verification) -> None:
+        stats = state.stats
+        self._reuse = {
+            "verify_blocks_saved": stats.verify_blocks_saved,
+            "reused_positions": stats.reused_positions,
+        }
+
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"default_exit_layer": self._default_exit, **self._counts}
-        if self._stats is not None:
-            out["verify_blocks_saved"] = self._stats.verify_blocks_saved
-            out["reused_positions"] = self._stats.reused_positions
-        return out
+        return {"default_exit_layer": self._default_exit, **self._counts, **(self._reuse or {})}

@@ -16,7 +16,7 @@ from framework import (
     register_drafter,
 )
 from framework.config import check_choice, check_range, param
-from framework.policies.gate import DraftGate
+from framework.policies.gate import DraftGate, GateConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 
@@ -43,9 +43,9 @@ class HybridDrafterConfig:
         False,
         help="gate the layer-skip source on its own: a round without a match drafts nothing (a plain "
         "step) while that source's measured acceptance and the cost model say its drafts do not pay "
-        "(the never-lose gate of the length controllers, fed only the layer-skip rounds; probes now "
-        "and then). Copies are never gated here. Off by default, as the controllers' fallback; on in "
-        "the hybrid preset",
+        "(the draft gate of the run, fed only the layer-skip rounds, with its default settings; probes "
+        "now and then). Copies are never gated here. Off by default, as the run's gate; on in the "
+        "hybrid preset",
     )
 
     def __post_init__(self) -> None:
@@ -67,9 +67,10 @@ class HybridDrafter(Drafter):
     copying from the context is prompt lookup (and LLMA, Yang et al., 2023), drafting with the
     target's own layers is self-speculation; both drafts are verified the same way.
 
-    With ``skip_gate`` (an extension of this framework) a `DraftGate` of its own decides whether a
-    round without a match drafts by layer skipping or declines (an empty draft: the round is a
-    plain step). The length controller's gate cannot make that choice: it sees the mixture of
+    With ``skip_gate`` (an extension of this framework) a `DraftGate` of its own (the default
+    `GateConfig`) decides whether a round without a match drafts by layer skipping or declines
+    (an empty draft: the round is a plain step). The run's draft gate around the length
+    controller cannot make that choice: it sees the mixture of
     free copies and costly layer-skip drafts. This gate sees only the layer-skip source: its
     acceptance estimate, the plan it ran and the measured cost model (``PrepareContext.cost_model``;
     without one, the decode state's timings), with the gate's probes so that the source comes back
@@ -88,9 +89,9 @@ class HybridDrafter(Drafter):
             PromptLookupDrafterConfig(max_ngram=c.max_ngram, min_ngram=c.min_match, confidence=c.confidence)
         )
         self.layer_skip = LayerSkipDrafter()
-        # Statistics carry across generations (the same model and plan accept alike), as a
-        # controller's gate; the default margin, probe interval and decay are the controllers'.
-        self.gate = DraftGate() if c.skip_gate else None
+        # Statistics carry across generations (the same model and plan accept alike), as the run's
+        # gate; the default margin, probe interval and decay are the run gate's defaults.
+        self.gate = DraftGate(GateConfig(enabled=True)) if c.skip_gate else None
         self.reset()
 
     def setup(self, info: ModelInfo) -> None:
@@ -106,18 +107,17 @@ class HybridDrafter(Drafter):
         self.layer_skip.reset()
         if self.gate is not None:
             self.gate.reset()
-        self._log: list[tuple[int, str, int]] = []  # (round, source, drafted)
-        self._stats: Any = None  # the generation's DecodeStats (accepted tokens per round)
+        self._log: list[tuple[str, int]] = []  # (source, drafted) per round the drafter was asked
+        self._accepted = dict.fromkeys(SOURCES, 0)  # accepted draft tokens per source
 
     def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
-        self._stats = state.stats
         draft = self.lookup.draft(state, plan, length, max_tokens)
         source = "lookup"
         if not draft.length:
             k = max_tokens
             if self.gate is not None:
                 # Value lengths as the controller drafts them: K exactly, or any k <= K.
-                self.gate.lengths = getattr(length, "gate_lengths", "upto")
+                self.gate.lengths = "exact" if length.exact_length else "upto"
                 k = self.gate.limit(state, max_tokens)
             if k:
                 draft = self.layer_skip.draft(state, plan, length, k)
@@ -125,26 +125,26 @@ class HybridDrafter(Drafter):
             else:  # the lookup's empty draft, carrying the selector's plan (the gate's replan check)
                 source = "declined"
         draft.extras["source"] = source
-        self._log.append((state.round, source, draft.length))
+        self._log.append((source, draft.length))
         return draft
 
-    def observe(self, draft: Draft, result: Verification) -> None:
+    def observe(self, state, draft: Draft, result: Verification) -> None:
+        source = draft.extras.get("source")
+        if source in self._accepted:
+            self._accepted[source] += result.accepted
         # The gate learns from the rounds it decided: layer-skip drafts and declined rounds (whose
         # empty draft carries the selector's plan); copies and rounds the controller declined are
         # not the layer-skip source's.
-        if self.gate is not None and draft.extras.get("source") in ("layer_skip", "declined"):
+        if self.gate is not None and source in ("layer_skip", "declined"):
             self.gate.observe(draft, result)
 
     def summary(self) -> dict[str, Any]:
-        rounds = self._stats.rounds if self._stats is not None else []
         out: dict[str, Any] = {}
         for source in SOURCES:
-            mine = [(r, k) for r, s, k in self._log if s == source]
-            # The decoder appends round r's record after its commit; state.round was r while drafting.
-            accepted = sum(rounds[r].accepted for r, _ in mine if r < len(rounds))
-            out[source] = {"rounds": len(mine), "drafted": sum(k for _, k in mine), "accepted": accepted}
-        out["layer_skip"]["declined"] = sum(s == "declined" for _, s, _ in self._log)
-        out["sources"] = "".join(LETTERS[s] for _, s, _ in self._log)
+            mine = [k for s, k in self._log if s == source]
+            out[source] = {"rounds": len(mine), "drafted": sum(mine), "accepted": self._accepted[source]}
+        out["layer_skip"]["declined"] = sum(s == "declined" for s, _ in self._log)
+        out["sources"] = "".join(LETTERS[s] for s, _ in self._log)
         out["search_ms"] = self.lookup.summary()["search_ms"]
         if self.gate is not None:
             out["skip_gate"] = self.gate.summary()

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework import Draft, Verification, register_length
+from framework import Draft, LengthController, LengthHint, Verification, register_length
 from framework.config import check_choice, check_range, param
-from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 from strategies.length.confidence import continue_above
 
 #: The threshold is kept within [GAMMA_MIN, GAMMA_MAX], inside (0, 1).
@@ -43,11 +42,6 @@ class AdaptiveConfidenceLengthConfig:
         help="keep gamma from one generation to the next, as the paper's code does (AR always restarts); "
         "false restarts gamma at exit_threshold",
     )
-    fallback: bool = fallback_param("fallback")
-    fallback_margin: float = fallback_param("fallback_margin")
-    fallback_probe: int = fallback_param("fallback_probe")
-    fallback_probe_max: int = fallback_param("fallback_probe_max")
-    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("exit_threshold", self.exit_threshold, GAMMA_MIN, GAMMA_MAX)
@@ -59,11 +53,10 @@ class AdaptiveConfidenceLengthConfig:
         check_choice("first_update", self.first_update, ("paper", "code"))
         check_choice("no_decrease_at_cap", self.no_decrease_at_cap, (True, False))
         check_choice("carry_across_prompts", self.carry_across_prompts, (True, False))
-        check_fallback(self)
 
 
 @register_length("adaptive_confidence", config=AdaptiveConfidenceLengthConfig)
-class AdaptiveConfidenceLength(GatedLengthController):
+class AdaptiveConfidenceLength(LengthController):
     """Stop drafting below a confidence threshold that adapts so the acceptance rate tracks a target.
 
     Draft & Verify's adaptive draft-exit rule (Zhang et al., ACL 2024, §3.4 and App. B). Drafting
@@ -83,8 +76,8 @@ class AdaptiveConfidenceLength(GatedLengthController):
     restarts at every generation; gamma carries over (``carry_across_prompts``, as in the code,
     which passes each instance's final gamma to the next).
 
-    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
-    no draft length up to ``max_length`` is expected to beat plain decoding with the current plan;
+    Under the draft gate (``gate.enabled``) rounds are declined (plain steps) while no draft
+    length up to ``max_length`` is expected to beat plain decoding with the current plan;
     declined rounds do not update AR or gamma (they drafted nothing).
     """
 
@@ -111,16 +104,14 @@ class AdaptiveConfidenceLength(GatedLengthController):
             self._gamma = float(self.config.exit_threshold)
         self._ar = 0.0
         self._updates = 0
-        super().reset()
 
-    def proposed_length(self, state) -> int:
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         return continue_above(self._gamma, drafted, confidence, self.config.max_length, "adaptive_confidence")
 
-    def observe(self, draft: Draft, result: Verification) -> None:
-        super().observe(draft, result)
+    def observe(self, state, draft: Draft, result: Verification) -> None:
         cfg = self.config
         drafted = draft.length
         if drafted == 0:
@@ -139,4 +130,4 @@ class AdaptiveConfidenceLength(GatedLengthController):
         self._gamma = min(GAMMA_MAX, max(GAMMA_MIN, gamma))
 
     def summary(self) -> dict[str, Any]:
-        return {"gamma": self._gamma, "accept_rate": self._ar, "updates": self._updates, **super().summary()}
+        return {"gamma": self._gamma, "accept_rate": self._ar, "updates": self._updates}

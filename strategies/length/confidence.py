@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework import register_length
+from framework import LengthController, LengthHint, register_length
 from framework.config import check_range, param
-from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 
 
 @dataclass(frozen=True)
@@ -15,16 +14,10 @@ class ConfidenceLengthConfig:
         0.6, help="stop drafting after a token whose top-1 draft probability is below this; in (0, 1)"
     )
     max_length: int = param(12, help="cap on the draft length of one round; in [1, 64]")
-    fallback: bool = fallback_param("fallback")
-    fallback_margin: float = fallback_param("fallback_margin")
-    fallback_probe: int = fallback_param("fallback_probe")
-    fallback_probe_max: int = fallback_param("fallback_probe_max")
-    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("max_length", self.max_length, 1, 64, integer=True)
-        check_fallback(self)
 
 
 def continue_above(
@@ -41,7 +34,7 @@ def continue_above(
 
 
 @register_length("confidence", config=ConfidenceLengthConfig)
-class ConfidenceLength(GatedLengthController):
+class ConfidenceLength(LengthController):
     """Stop drafting when the draft's top-1 probability falls below a fixed threshold.
 
     SWIFT's confidence early stopping (eps = 0.8 there) and Draft & Verify's draft-exit rule
@@ -49,13 +42,13 @@ class ConfidenceLength(GatedLengthController):
 
     As in both papers' code, the token that falls below the threshold is kept and verified.
 
-    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
-    no draft length up to ``max_length`` is expected to beat plain decoding with the current plan.
+    Under the draft gate (``gate.enabled``) rounds are declined (plain steps) while no draft
+    length up to ``max_length`` is expected to beat plain decoding with the current plan.
     """
 
     needs_confidence = True
 
-    def proposed_length(self, state) -> int:
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, Verification, register_length
+from framework import Draft, LengthController, LengthHint, Verification, register_length
 from framework.config import check_choice, check_range, param
-from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 from strategies.length.confidence import continue_above
 
 
@@ -25,7 +24,7 @@ class DelDynamicLengthConfig:
     decay: float = param(0.95, help="omega of the own-statistics mode (decayed sums, as DEL's); in (0, 1]")
     use_selector_hint: bool = param(
         True,
-        help="follow the selector's length and threshold (state.length_hint, set by del_tpl) when "
+        help="follow the selector's length and threshold (its length hint: del_tpl gives one) when "
         "there is one; false always uses this controller's own statistics",
     )
     stop_on_confidence: bool = param(
@@ -33,11 +32,6 @@ class DelDynamicLengthConfig:
         help="stop drafting below the threshold; false drafts the full cap (with del_tpl's "
         "cap_by_length: DEL's DEL-E ablation)",
     )
-    fallback: bool = fallback_param("fallback")
-    fallback_margin: float = fallback_param("fallback_margin")
-    fallback_probe: int = fallback_param("fallback_probe")
-    fallback_probe_max: int = fallback_param("fallback_probe_max")
-    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("max_length", self.max_length, 1, 64, integer=True)
@@ -45,17 +39,16 @@ class DelDynamicLengthConfig:
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
         check_choice("use_selector_hint", self.use_selector_hint, (True, False))
         check_choice("stop_on_confidence", self.stop_on_confidence, (True, False))
-        check_fallback(self)
 
 
 @register_length("del_dynamic", config=DelDynamicLengthConfig)
-class DelDynamicLength(GatedLengthController):
+class DelDynamicLength(LengthController):
     """Stop drafting below DEL's dynamic threshold; draft length from the selector when it has one.
 
     DEL (Entezari Zarch et al., 2025, §4.3): the threshold of exit layer l is the midpoint between
     the decayed mean confidence of its shadow tokens that matched the target and of those that
     did not, ``tau = (S(tcs)/S(c) + S(fcs)/S(n - c)) / 2``. ``del_tpl`` maintains it for every layer
-    and passes the chosen layer's tau and the round's length cap in ``state.length_hint``; this
+    suggests the chosen layer's tau and the round's length cap as the round's `LengthHint`; this
     controller then drafts at most that many tokens (0: plain decoding this round) and stops after
     a token whose confidence is below tau.
 
@@ -68,9 +61,9 @@ class DelDynamicLength(GatedLengthController):
     Whether the stopping token is kept or dropped is the drafter's choice (``early_exit``'s
     ``on_stop``); ``layer_skip`` keeps it.
 
-    With ``fallback`` on, a `framework.policies.gate.DraftGate` also gates the round's cap (the
-    selector's or its own) on the measured acceptance and cost model: with ``del_tpl`` a round
-    drafts only when both DEL's Token-per-Layer and the gate say it pays.
+    Under the draft gate (``gate.enabled``) the round's cap (the selector's or its own) is also
+    gated on the measured acceptance and cost model: with ``del_tpl`` a round drafts only when
+    both DEL's Token-per-Layer and the gate say it pays.
     """
 
     needs_confidence = True
@@ -86,7 +79,6 @@ class DelDynamicLength(GatedLengthController):
         self._source = "own"
         self._rounds = {"selector": 0, "own": 0}
         self._no_draft = 0
-        super().reset()
 
     @property
     def threshold(self) -> float:
@@ -101,8 +93,7 @@ class DelDynamicLength(GatedLengthController):
         mismatched = self._fcs / self._f if self._f > 1e-12 else 0.0
         return min(1.0, max(0.0, 0.5 * (matched + mismatched)))
 
-    def proposed_length(self, state) -> int:
-        hint = getattr(state, "length_hint", None)
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
         if self.config.use_selector_hint and hint is not None:
             self._cap = max(0, min(int(hint.max_length), 64))
             self._tau = float(hint.threshold) if hint.threshold is not None else self.own_threshold()
@@ -121,8 +112,7 @@ class DelDynamicLength(GatedLengthController):
             return drafted < self._cap
         return continue_above(self._tau, drafted, confidence, max(self._cap, 1), "del_dynamic")
 
-    def observe(self, draft: Draft, result: Verification) -> None:
-        super().observe(draft, result)
+    def observe(self, state, draft: Draft, result: Verification) -> None:
         k = draft.length
         if k == 0 or draft.confidences is None:
             return
@@ -145,4 +135,4 @@ class DelDynamicLength(GatedLengthController):
             "rounds_own": self._rounds["own"],
             "no_draft_rounds": self._no_draft,
         }
-        return {**out, **super().summary()}
+        return out

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, Verification, register_length
+from framework import Draft, LengthController, LengthHint, Verification, register_length
 from framework.config import check_range, param
-from framework.policies.gate import GatedLengthController, check_fallback, fallback_param
 
 
 @dataclass(frozen=True)
@@ -27,21 +26,15 @@ class FiniteStateLengthConfig:
         help="keep the current length from one generation to the next instead of restarting at k_init "
         "(the papers do not say; off by default)",
     )
-    fallback: bool = fallback_param("fallback")
-    fallback_margin: float = fallback_param("fallback_margin")
-    fallback_probe: int = fallback_param("fallback_probe")
-    fallback_probe_max: int = fallback_param("fallback_probe_max")
-    fallback_decay: float = fallback_param("fallback_decay")
 
     def __post_init__(self) -> None:
         check_range("k_min", self.k_min, 1, 64, integer=True)
         check_range("k_max", self.k_max, self.k_min, 64, integer=True)
         check_range("k_init", self.k_init, self.k_min, self.k_max, integer=True)
-        check_fallback(self)
 
 
 @register_length("finite_state", config=FiniteStateLengthConfig)
-class FiniteStateLength(GatedLengthController):
+class FiniteStateLength(LengthController):
     """Draft K tokens, then K+1 after a fully accepted round and K-1 after a rejection, within bounds.
 
     The finite-state draft-length controller of Liu et al. (2025), the FS(E-gamma) baseline of DEL
@@ -52,13 +45,13 @@ class FiniteStateLength(GatedLengthController):
 
     K restarts at ``k_init`` at every generation unless ``carry_across_prompts`` is set.
 
-    With ``fallback`` on, a `framework.policies.gate.DraftGate` declines rounds (plain steps) while
-    drafting the current K with the current plan is expected to be slower than plain decoding; K
-    is unchanged by declined rounds and moves by the usual rule after the gate's short probes.
+    Under the draft gate (``gate.enabled``) rounds are declined (plain steps) while drafting the
+    current K with the current plan is expected to be slower than plain decoding; K is unchanged
+    by declined rounds and moves by the usual rule after the gate's short probes.
     """
 
     # FS drafts exactly K (no early stop): the gate values drafting K, not the best k <= K.
-    gate_lengths = "exact"
+    exact_length = True
 
     def __init__(self, config: FiniteStateLengthConfig | None = None) -> None:
         super().__init__(config)
@@ -74,13 +67,11 @@ class FiniteStateLength(GatedLengthController):
         if not self.config.carry_across_prompts:
             self._k = self.config.k_init
         self._rounds = 0
-        super().reset()
 
-    def proposed_length(self, state) -> int:
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
         return self._k
 
-    def observe(self, draft: Draft, result: Verification) -> None:
-        super().observe(draft, result)
+    def observe(self, state, draft: Draft, result: Verification) -> None:
         drafted = draft.length
         if drafted == 0:
             return
@@ -89,4 +80,4 @@ class FiniteStateLength(GatedLengthController):
         self._rounds += 1
 
     def summary(self) -> dict[str, Any]:
-        return {"k": self._k, "rounds_observed": self._rounds, **super().summary()}
+        return {"k": self._k, "rounds_observed": self._rounds}

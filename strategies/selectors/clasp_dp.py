@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.policies.budget import WorkBudget
+from framework.policies.budget import BudgetedWork, budget_param, check_budget
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,8 @@ class ClaspDPConfig:
         help="evaluate all candidate states of a layer in one block call sharing the KV cache "
         "(CLaSp's parallel strategy); false makes one call per candidate",
     )
-    work_budget: float = param(
-        0.0,
-        help="extension (not in the paper): a due DP re-run waits (the next round tries again) while "
-        "the DPs' seconds exceed this share of the wall time since setup, generations included "
-        "(framework.policies.budget); "
-        "0 = unlimited, as published; in [0, 1)",
+    work_budget: float = budget_param(
+        "a due DP re-run waits (the next round tries again; generations included)"
     )
 
     def __post_init__(self) -> None:
@@ -75,7 +72,7 @@ class ClaspDPConfig:
         check_choice("dp_token", self.dp_token, ("last_accepted", "previous"))
         check_choice("objective", self.objective, ("max_cosine", "min_cosine"))
         check_choice("sequence_parallel", self.sequence_parallel, (True, False))
-        check_range("work_budget", self.work_budget, 0.0, 1.0, hi_open=True)
+        check_budget(self)
 
 
 @dataclass(frozen=True)
@@ -95,6 +92,7 @@ class DPResult:
     evaluations: int
 
 
+#: ``(block b, states (n, d)) -> (n, d)``: ``partial(state.forward_block, position=p)``.
 RunBlock = Callable[[int, torch.Tensor], torch.Tensor]
 
 
@@ -194,33 +192,6 @@ def clasp_dp(
     return DPResult(tuple(sorted(skip)), cosine, calls, evals)
 
 
-def block_runner(adapter, cache, position: int) -> RunBlock:
-    """``run_block`` for `clasp_dp` on the committed cache of ``adapter``.
-
-    The n candidates go through one block as a sequence of n tokens, all at ``position``: each
-    attends to the committed KV of positions ``< position`` and to itself (identity mask), and
-    their own KV is written in scratch slots that are forgotten (the committed cache is untouched).
-    """
-    device = cache.keys.device
-
-    def run(block: int, states: torch.Tensor) -> torch.Tensor:
-        n = states.shape[0]
-        out = adapter.forward_from(
-            states[None],
-            torch.full((1, n), position, dtype=torch.long, device=device),
-            cache,
-            start=block,
-            stop=block + 1,
-            base=max(cache.lengths),
-            visible=position,
-            tree_mask=torch.eye(n, dtype=torch.bool, device=device),
-            persist=False,
-        )
-        return out.last_hidden[0]
-
-    return run
-
-
 def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[int]:
     """``num_skip`` of ``eligible`` spread evenly (the first round's set with ``init="uniform"``)."""
     k = len(eligible)
@@ -228,7 +199,7 @@ def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[
 
 
 @register_selector("clasp_dp", config=ClaspDPConfig)
-class ClaspDPSelector(LayerSelector):
+class ClaspDPSelector(BudgetedWork, LayerSelector):
     """Skip the M blocks chosen by CLaSp's dynamic programme on the last verified token.
 
     CLaSp (Chen et al., 2025). After a verification the full model's per-layer states of the last
@@ -249,8 +220,8 @@ class ClaspDPSelector(LayerSelector):
         self._L = 0
         self._m = 0
         self._protected: frozenset[int] = frozenset()
-        #: caps the DPs' share of wall time; it spans generations (`reset` resumes it)
-        self.budget = WorkBudget(self.config.work_budget)
+        # ``self.budget`` (BudgetedWork) caps the DPs' share of wall time; it spans generations
+        # (`reset` resumes it)
         self.reset()
 
     def setup(self, info: ModelInfo) -> None:
@@ -315,7 +286,7 @@ class ClaspDPSelector(LayerSelector):
         with self.budget.unit() as unit:
             res = clasp_dp(
                 hidden,
-                block_runner(state.adapter, state.cache, position),
+                partial(state.forward_block, position=position),
                 self._m,
                 protected=self._protected,
                 objective=self.config.objective,
@@ -361,7 +332,7 @@ class ClaspDPSelector(LayerSelector):
         since = self._since_rounds if self.config.interval_unit == "rounds" else self._since_tokens
         if since < self.config.interval:
             return
-        hs = result.hidden_states if result.hidden_states is not None else state.last_hidden_states
+        hs = result.path_hidden  # (L+1, B, n, d); columns 0..m: the committed positions
         if hs is None:
             return
         if not self.budget.allows():  # over budget: keep the set, the counters stay due
@@ -369,10 +340,9 @@ class ClaspDPSelector(LayerSelector):
         self._since_rounds = self._since_tokens = 0
         m = result.accepted
         back = 1 if (self.config.dp_token == "previous" and m > 0) else 0
-        col = m - back if result.kv_keep is None else int(result.kv_keep[m - back])
-        # After the commit the last accepted token sits at committed - 1 (its KV is committed).
-        position = state.cache.committed - 1 - back
-        self.refresh(state, hs[:, 0, col], position)
+        # After the commit the last accepted token sits just before `pending` (its KV is committed).
+        position = state.pending_position - 1 - back
+        self.refresh(state, hs[:, 0, m - back], position)
 
     def summary(self) -> dict[str, Any]:
         if not self._L:

@@ -9,7 +9,7 @@ import torch
 
 from framework import Draft, LayerPlan, LayerSelector, LengthHint, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.policies.budget import WorkBudget
+from framework.policies.budget import BudgetedWork, budget_param, check_budget
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,9 @@ class DelTplConfig:
         help="threshold when a layer has no decayed mismatch yet: mismatched mean := 0 ('zero') or "
         "keep that layer's previous threshold ('keep')",
     )
-    work_budget: float = param(
-        0.0,
-        help="extension (not in the paper): skip a round's statistics update (shadow tokens) while the "
-        "updates' (and prompt initialisations') seconds exceed this share of the wall time since setup, "
-        "generations included (framework.policies.budget); "
-        "0 = unlimited, as published; in [0, 1)",
+    work_budget: float = budget_param(
+        "skip a round's statistics update (shadow tokens; the prompt initialisation is a unit too, "
+        "generations included)"
     )
 
     def __post_init__(self) -> None:
@@ -77,7 +74,7 @@ class DelTplConfig:
         check_range("init_tokens", self.init_tokens, 0, 4096, integer=True)
         check_choice("init_reference", self.init_reference, ("target", "prompt"))
         check_choice("empty_mismatch", self.empty_mismatch, ("zero", "keep"))
-        check_range("work_budget", self.work_budget, 0.0, 1.0, hi_open=True)
+        check_budget(self)
 
 
 def tpl_table(alpha: torch.Tensor, layers: torch.Tensor, num_layers: int, max_length: int) -> torch.Tensor:
@@ -195,7 +192,7 @@ class ShadowStatistics:
 
 
 @register_selector("del_tpl", config=DelTplConfig)
-class DelTplSelector(LayerSelector):
+class DelTplSelector(BudgetedWork, LayerSelector):
     """Choose next round's exit layer E and draft length by maximising Token-per-Layer.
 
     DEL (Entezari Zarch et al., 2025). After each verification the hidden states the verify pass
@@ -207,7 +204,7 @@ class DelTplSelector(LayerSelector):
     ``init_tokens`` positions initialise the sums at the first round.
 
     The plan is an early exit at E (run by ``early_exit``, or by ``layer_skip``). Length and
-    threshold reach the length controller as ``state.length_hint`` (``del_dynamic`` reads it;
+    threshold reach the length controller as this round's `length_hint` (``del_dynamic`` uses it;
     other controllers ignore it). When no exit beats plain decoding the hint asks for no draft.
     With ``work_budget`` (an extension) a round's statistics update is skipped while the updates
     took more than that share of the wall time (generations included); the choice stays the last one
@@ -220,8 +217,8 @@ class DelTplSelector(LayerSelector):
         super().__init__(config)
         self._L = 0
         self._layers = torch.zeros(0, dtype=torch.long)
-        #: caps the statistics' share of wall time; it spans generations (`reset` resumes it)
-        self.budget = WorkBudget(self.config.work_budget)
+        # ``self.budget`` (BudgetedWork) caps the statistics' share of wall time; it spans
+        # generations (`reset` resumes it)
         self.reset()
 
     # ------------------------------------------------------------------ set-up
@@ -317,7 +314,6 @@ class DelTplSelector(LayerSelector):
             raise RuntimeError("del_tpl: setup() was not called")
         if not self._initialised:
             self._initialise(state)
-        state.length_hint = self._hint
         self._loads0 = state.adapter.layer_loads
         self._trace.append(
             {
@@ -331,6 +327,10 @@ class DelTplSelector(LayerSelector):
         )
         return state.prefix_plan(self._exit)
 
+    def length_hint(self, state) -> LengthHint | None:
+        """This round's cap and threshold: the TPL choice made after the last verification."""
+        return self._hint
+
     def observe(self, state, draft: Draft, result: Verification) -> None:
         loads = state.adapter.layer_loads - self._loads0
         tokens = int(result.new_tokens.shape[1])
@@ -338,22 +338,19 @@ class DelTplSelector(LayerSelector):
         self._loads += loads
         if self._trace:
             self._trace[-1]["etpl"] = round(tokens / loads, 5) if loads else None
-        hs = result.hidden_states if result.hidden_states is not None else state.last_hidden_states
+        hs = result.path_hidden  # (L+1, B, n, d): along the verified chain
         if hs is None:
             return
         # Over budget: this round never enters the decayed sums (they see fewer rounds), and E, d
         # and tau stay what the statistics so far chose.
-        if not self.budget.allows():
-            return
-        with self.budget.unit() as unit:
-            self._update(state, result, hs)
-        self._seconds += unit.seconds
+        done = self.run_budgeted(self._update, state, result, hs)
+        if done is not None:
+            self._seconds += done[1]
 
     def _update(self, state, result: Verification, hs: torch.Tensor) -> None:
-        """One round's statistics: shadow tokens of ``hs`` (L+1, B, T, d) in the valid window, then
-        next round's choice."""
-        cols = result.kv_keep if result.kv_keep is not None else None
-        h = hs[:, 0] if cols is None else hs[:, 0].index_select(1, cols.to(hs.device))  # (L+1, T, d)
+        """One round's statistics: shadow tokens of ``hs`` (L+1, B, n, d), the verified chain
+        (`Verification.path_hidden`), in the valid window, then next round's choice."""
+        h = hs[:, 0]  # (L+1, n, d)
         e, L = self._exit, self._L
         ends, end_conf = self._shadow(state.adapter, h, torch.tensor([e, L]))
         x_e, x_l = ends[0], ends[1]

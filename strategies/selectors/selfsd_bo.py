@@ -35,7 +35,7 @@ import torch
 from framework import REGISTRIES, LayerPlan, LayerSelector, ModelInfo, PrepareContext, register_selector
 from framework.config import ConfigError, build_config, check_choice, check_range, param
 from framework.engine.cost_model import CostModel
-from framework.experiment.data import BUILTIN_CALIBRATION, DataError, load_prompts
+from framework.engine.decoding import SpeculativeDecoder, StopCondition
 from framework.policies.bayesopt import BinaryBayesOpt
 from strategies.selectors.static import uniform_plan
 
@@ -224,17 +224,15 @@ class SelfSDSelector(LayerSelector):
 
 def _calibration_prompts(ctx: PrepareContext, c: SelfSDConfig) -> list[torch.Tensor]:
     try:
-        prompts = load_prompts(c.calib_data or BUILTIN_CALIBRATION, c.calib_categories or None)
-    except DataError as err:
+        texts = ctx.calibration_prompts(c.calib_data, c.calib_categories)
+    except ValueError as err:
         raise ConfigError(
             "--selector.calib_data", c.calib_data or "(built-in)", f"usable prompts: {err}"
         ) from None
-    prompts = prompts[: c.calib_limit]
-    return [torch.tensor([ctx.encode(p.turns[0])], device=ctx.adapter.device) for p in prompts]
+    return [torch.tensor([ctx.encode(t)], device=ctx.adapter.device) for t in texts[: c.calib_limit]]
 
 
 def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
-    from framework.engine.decoding import SpeculativeDecoder
 
     length_entry = REGISTRIES["length"].entry("adaptive_confidence")
     length = length_entry.cls(
@@ -258,7 +256,6 @@ def evaluate_plan(
     ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan, prompts: list[torch.Tensor], cost: CostModel
 ) -> dict[str, float]:
     """Decode every calibration prompt with ``plan``; tokens/s measured and modelled, alpha, M."""
-    from framework.engine.decoding import StopCondition
 
     dec = _search_decoder(ctx, c, plan)
     stop = StopCondition(c.calib_max_new_tokens)  # no EOS: every prompt yields the same token count
@@ -340,7 +337,7 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
         "gp_seconds": round(bo.fit_seconds, 3),
         "cost_model": cost.to_dict(),
         "config": asdict(c),
-        "calibration": {"data": c.calib_data or str(BUILTIN_CALIBRATION.name), "prompts": len(prompts)},
+        "calibration": {"data": c.calib_data or "calibration.jsonl", "prompts": len(prompts)},
         "trace": trace,
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

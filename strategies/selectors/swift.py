@@ -28,7 +28,7 @@ import torch
 from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.policies.bayesopt import BinaryBayesOpt
-from framework.policies.budget import WorkBudget
+from framework.policies.budget import BudgetedWork, budget_param, check_budget
 from strategies.selectors.static import uniform_plan
 
 
@@ -80,11 +80,9 @@ class SwiftConfig:
         "rate over the last retrigger_window drafting rounds falls below this; 0 disables; in [0, 1)",
     )
     retrigger_window: int = param(50, help="rounds in the rolling acceptance rate of retrigger_below; >= 1")
-    work_budget: float = param(
-        0.0,
-        help="extension (not in the paper): skip a due optimisation step while the steps' seconds exceed "
-        "this share of the wall time since the optimisation state started (framework.policies.budget); "
-        "0 = unlimited, as published; in [0, 1)",
+    work_budget: float = budget_param(
+        "skip a due optimisation step (the best set keeps drafting; wall time counts from the start "
+        "of the optimisation state)"
     )
     kappa: float = param(2.5, help="UCB exploration weight (the code: 2.5); > 0")
     gp_noise: float = param(
@@ -106,13 +104,13 @@ class SwiftConfig:
         check_choice("persist_across_prompts", self.persist_across_prompts, (True, False))
         check_range("retrigger_below", self.retrigger_below, 0.0, 1.0, hi_open=True)
         check_range("retrigger_window", self.retrigger_window, 1, integer=True)
-        check_range("work_budget", self.work_budget, 0.0, 1.0, hi_open=True)
+        check_budget(self)
         check_range("kappa", self.kappa, 0.0, lo_open=True)
         check_range("gp_noise", self.gp_noise, 0.0, lo_open=True)
 
 
 @register_selector("swift", config=SwiftConfig)
-class SwiftSelector(LayerSelector):
+class SwiftSelector(BudgetedWork, LayerSelector):
     """SWIFT: optimise the skip set on the fly by matchness, random search plus GP-UCB every
     ``bo_interval`` steps; draft with the best set so far."""
 
@@ -130,9 +128,8 @@ class SwiftSelector(LayerSelector):
                 f"sub-layers of this {n}-block model (floor(r * {len(self.eligible)}) = {self.n_skip})",
             )
         self.num_layers = n
-        #: caps the optimisation steps' share of wall time; it lives as long as the optimisation
-        #: state (restarted with it, resumed at each generation when the state carries over)
-        self.budget = WorkBudget(c.work_budget)
+        # ``self.budget`` (BudgetedWork) caps the steps' share of wall time; it lives as long as the
+        # optimisation state (restarted with it, resumed at each generation when the state carries over)
         self._init_state()
         self._new_generation()
 
@@ -186,12 +183,11 @@ class SwiftSelector(LayerSelector):
         c = self.config
         if state.num_new <= c.context_window + 1 or self.rounds % c.opt_interval:
             return
-        if not self.budget.allows():  # over budget: no step; the best set keeps drafting
+        done = self.run_budgeted(self._step, state)
+        if done is None:  # over budget: no step; the best set keeps drafting
             return
-        with self.budget.unit() as unit:
-            self._step(state)
-        self.gen_seconds += unit.seconds
-        self.total_seconds += unit.seconds
+        self.gen_seconds += done[1]
+        self.total_seconds += done[1]
 
     # ---- one optimisation step -----------------------------------------------------------------
     def window_span(self, state) -> tuple[int, int]:

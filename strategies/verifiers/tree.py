@@ -130,7 +130,7 @@ class TreeVerifier(Verifier):
         chain = draft.tokens[0].tolist()
         top = draft.top_tokens[0].tolist() if draft.top_tokens is not None else [[t] for t in chain]
         tokens, parents, depths = build_tree(chain, top, self.widths(draft))
-        c = state.cache.committed
+        c = state.pending_position
         block = torch.tensor([[int(state.pending[0, 0]), *tokens]], device=device)  # (1, T)
         pos = torch.tensor([[c, *(c + d for d in depths)]], device=device)  # (1, T)
         out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=tree_mask(parents))

@@ -4,7 +4,6 @@ strategies are not registered yet fail with a message naming the missing strateg
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import yaml
@@ -46,29 +45,31 @@ def test_every_preset_parses_or_names_what_is_missing(name, capsys):
             load_preset(name)
         return
     assert code == 0, err
-    cfg = json.loads(out)
+    cfg = yaml.safe_load(out)
     data = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
     assert data.get("description")
     for kind in REGISTRIES:
         if kind in data:
             assert cfg[kind]["name"] == data[kind]["name"]
             for field, value in data[kind].items():
-                if field != "name":
-                    got = cfg[kind]["config"][field]
-                    assert got == (list(value) if isinstance(value, (list, tuple)) else value), (
-                        name,
-                        kind,
-                        field,
-                    )
+                got = cfg[kind][field]
+                assert got == (list(value) if isinstance(value, (list, tuple)) else value), (
+                    name,
+                    kind,
+                    field,
+                )
+    for field, value in data.get("gate", {}).items():
+        assert cfg["gate"][field] == value, (name, "gate", field)
     assert cfg["baseline_only"] == bool(data.get("baseline_only", False))
+    assert cfg["name"] == name
 
 
 def test_flags_override_a_preset_field_by_field(capsys):
     assert main(["--method", "static_confidence", "--length.threshold", "0.75", "--print-config"]) == 0
-    cfg = json.loads(capsys.readouterr().out)
-    assert cfg["length"]["config"]["threshold"] == 0.75
-    assert cfg["length"]["config"]["max_length"] == 12  # from the preset
-    assert cfg["selector"]["config"]["skip_ratio"] == 0.2
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["length"]["threshold"] == 0.75
+    assert cfg["length"]["max_length"] == 12  # from the preset
+    assert cfg["selector"]["skip_ratio"] == 0.2
     assert cfg["name"] == "static_confidence"
 
 
@@ -76,9 +77,9 @@ def test_a_flag_replacing_the_strategy_drops_the_presets_fields(capsys):
     assert (
         main(["--method", "static_confidence", "--length", "fixed", "--length.k", "5", "--print-config"]) == 0
     )
-    cfg = json.loads(capsys.readouterr().out)
-    # Only the flag's field differs from FixedLengthConfig's defaults (the preset's fallback: true is gone).
-    assert cfg["length"] == {"name": "fixed", "config": {**dataclasses.asdict(FixedLengthConfig()), "k": 5}}
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    # Only the flag's field differs from FixedLengthConfig's defaults (the preset's fields are gone).
+    assert cfg["length"] == {"name": "fixed", **dataclasses.asdict(FixedLengthConfig()), "k": 5}
 
 
 def test_bad_presets_exit_2(tmp_path, capsys):

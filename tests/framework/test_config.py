@@ -18,6 +18,7 @@ from framework.config import (
     field_defaults,
     field_help,
     param,
+    parse_value,
 )
 
 # --------------------------------------------------------------------------------- check_range
@@ -107,6 +108,32 @@ def test_param_rejects_mutable_default_and_keeps_help():
 
     assert field_help(C) == {"a": "the a", "b": "the b"}
     assert field_defaults(C) == {"a": 3, "b": (1,)}
+
+
+def test_param_keeps_command_line_metadata_only_when_given():
+    @dataclass(frozen=True)
+    class C:
+        plain: int = param(1, help="p")
+        stops: tuple[str, ...] = param(
+            (), help="s", flag="--stop", aliases=("-s",), metavar="STR", repeat=True
+        )
+
+    plain, stops = dataclasses.fields(C)
+    assert dict(plain.metadata) == {"help": "p"}
+    assert dict(stops.metadata) == {
+        "help": "s",
+        "flag": "--stop",
+        "aliases": ("-s",),
+        "metavar": "STR",
+        "repeat": True,
+    }
+
+
+def test_parse_value_is_the_public_parser():
+    assert parse_value("3,5", tuple[int, ...], "--x") == (3, 5)
+    assert parse_value("none", int | None, "--x") is None
+    with pytest.raises(ConfigError, match="--x must be one of a, b, got 'c'"):
+        parse_value("c", Literal["a", "b"], "--x")
 
 
 # --------------------------------------------------------------------------------- build_config

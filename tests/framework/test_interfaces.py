@@ -56,19 +56,19 @@ def test_subclass_missing_abstract_method_fails_at_construction(abc, method):
 
 
 def test_strategy_config_handling():
-    cls = type("S", (LengthController,), {"Config": _Cfg, "max_length": lambda self, state: 3})
+    cls = type("S", (LengthController,), {"Config": _Cfg, "max_length": lambda self, state, hint=None: 3})
     assert cls().config == _Cfg()
     cfg = _Cfg(a=5)
     assert cls(cfg).config is cfg
     with pytest.raises(TypeError, match="expects a _Cfg"):
         cls(_OtherCfg())
-    no_cfg = type("N", (LengthController,), {"max_length": lambda self, state: 3})
+    no_cfg = type("N", (LengthController,), {"max_length": lambda self, state, hint=None: 3})
     with pytest.raises(TypeError, match="has no Config"):
         no_cfg()
 
 
 def test_default_hooks():
-    cls = type("S", (LengthController,), {"Config": _Cfg, "max_length": lambda self, state: 3})
+    cls = type("S", (LengthController,), {"Config": _Cfg, "max_length": lambda self, state, hint=None: 3})
     inst = cls()
     assert inst.should_continue(1, None) is True
     assert inst.summary() == {}
@@ -185,6 +185,31 @@ def test_draft_and_verification_objects():
         _ = v2.accepted
 
 
+def test_verification_exposes_the_committed_positions():
+    """`kept_offsets`, `path_hidden` and `last_hidden` for a chain and for a tree (kv_keep)."""
+    L, T, d = 2, 4, 3
+    hs = torch.arange((L + 1) * T * d, dtype=torch.float64).reshape(L + 1, 1, T, d)
+    chain = Verification(torch.tensor([1]), torch.tensor([[3, 9]]), hidden_states=hs)
+    assert chain.kept_offsets.tolist() == [0, 1]
+    assert torch.equal(chain.path_hidden, hs)  # a chain: every verified position
+    assert torch.equal(chain.last_hidden, hs[:, :, 1])
+    tree = Verification(
+        torch.tensor([2]), torch.tensor([[3, 4, 9]]), kv_keep=torch.tensor([0, 2, 3]), hidden_states=hs
+    )
+    assert tree.kept_offsets.tolist() == [0, 2, 3]
+    assert torch.equal(tree.path_hidden, hs[:, :, [0, 2, 3]])
+    assert torch.equal(tree.last_hidden, hs[:, :, 3])
+    bare = Verification(torch.tensor([0]), torch.tensor([[5]]))
+    assert bare.kept_offsets.tolist() == [0] and bare.path_hidden is None and bare.last_hidden is None
+
+
+def test_optional_hooks_default_to_nothing():
+    sel = type("S", (LayerSelector,), {"Config": _Cfg, "plan": lambda self, state: None})()
+    assert sel.length_hint(None) is None
+    ver = type("V", (Verifier,), {"Config": _Cfg, "verify": lambda self, state, draft: None})()
+    assert ver.observe(None, None, None) is None
+
+
 def test_model_info_defaults():
     info = ModelInfo(num_layers=4, hidden_size=64, vocab_size=128, max_context=512)
     assert info.dtype == torch.float32 and info.device == torch.device("cpu") and info.name == ""
@@ -218,7 +243,7 @@ def test_contract_rejects_negative_max_length():
     class Negative(LengthController):
         Config = _Cfg
 
-        def max_length(self, state):
+        def max_length(self, state, hint=None):
             return -1
 
     with pytest.raises(AssertionError):

@@ -11,7 +11,16 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from framework import Draft, Drafter, LayerPlan, LayerSelector, LengthController, Verification, Verifier
+from framework import (
+    Draft,
+    Drafter,
+    LayerPlan,
+    LayerSelector,
+    LengthController,
+    LengthHint,
+    Verification,
+    Verifier,
+)
 from framework.config import ConfigError
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import (
@@ -265,15 +274,15 @@ class _SpyLength(LengthController):
     def reset(self):
         self.resets += 1
 
-    def max_length(self, state):
-        k = self.inner.max_length(state)
+    def max_length(self, state, hint=None):
+        k = self.inner.max_length(state, hint)
         self.maxes.append(k)
         return k
 
     def should_continue(self, drafted, confidence):
         return self.inner.should_continue(drafted, confidence)
 
-    def observe(self, draft, result):
+    def observe(self, state, draft, result):
         self.observed.append((draft.length, result.accepted))
 
 
@@ -527,3 +536,61 @@ def test_verification_and_draft_reach_state_consistently(llama_adapter):
     )
     assert checks and all(checks)
     assert tuple(res.tokens) == _vanilla("llama", 0, 16)
+
+
+# ----------------------------------------------------------------------------- the round's order
+
+
+def test_round_order_hint_and_one_observe_signature(llama_adapter):
+    """Each round: plan, length_hint, max_length(state, hint), draft, verify, then every strategy's
+    ``observe(state, draft, result)`` on the committed state, selector first."""
+    log: list[tuple] = []
+    hint = LengthHint(max_length=2, threshold=0.5, source="spy")
+
+    class Sel(StaticSelector):
+        def plan(self, state):
+            log.append(("plan",))
+            return super().plan(state)
+
+        def length_hint(self, state):
+            log.append(("hint",))
+            return hint
+
+        def observe(self, state, draft, result):
+            log.append(("observe", "selector", state.num_tokens, draft.length))
+
+    class Len(FixedLength):
+        def max_length(self, state, got=None):
+            log.append(("max_length", got))
+            return super().max_length(state, got)
+
+        def observe(self, state, draft, result):
+            log.append(("observe", "length", state.num_tokens, draft.length))
+
+    class Drf(LayerSkipDrafter):
+        def observe(self, state, draft, result):
+            log.append(("observe", "drafter", state.num_tokens, draft.length))
+
+    class Ver(GreedyVerifier):
+        def observe(self, state, draft, result):
+            log.append(("observe", "verifier", state.num_tokens, draft.length))
+
+    dec = SpeculativeDecoder(
+        llama_adapter,
+        Sel(StaticSelectorConfig(skip_attn=(2,))),
+        Len(FixedLengthConfig(k=3)),
+        Drf(),
+        Ver(),
+    )
+    prompt = random_prompt(6, 128, 0)
+    res = dec.generate(prompt, StopCondition(12))
+    assert res.tokens == list(_vanilla("llama", 0, 12))
+    rounds = len(res.draft_lengths)
+    assert len(log) == 7 * rounds
+    n = 7  # the prompt and the first token
+    for r in range(rounds):
+        chunk = log[7 * r : 7 * r + 7]
+        assert chunk[:3] == [("plan",), ("hint",), ("max_length", hint)]
+        n += res.accept_lengths[r]
+        k = res.draft_lengths[r]
+        assert chunk[3:] == [("observe", who, n, k) for who in ("selector", "length", "drafter", "verifier")]

@@ -629,3 +629,36 @@ def test_reusable_needs_a_pure_prefix_plan(llama_adapter):
             state.forward_draft(state.pending, plan, reusable=True)
     # a skip after the exit layer is irrelevant: blocks >= E do not run
     state.forward_draft(state.pending, LayerPlan.from_indices(L, mlp=[3], exit_layer=2), reusable=True)
+
+
+# ------------------------------------------------------------------------------ forward_block
+
+
+def test_forward_block_reproduces_the_full_model_and_leaves_the_cache(llama_adapter):
+    """One block on the true input of a committed position gives the full model's next state there
+    (for several candidates at once), and the committed cache is bit-identical afterwards."""
+    state = DecodeState(llama_adapter, random_prompt(7, V, 3), 16, capture_hidden=True)
+    state.append(state.prefill().argmax(-1)[:, None])
+    hs = state.last_hidden_states  # (L+1, 1, 7, d)
+    p = state.pending_position - 1
+    assert p == 6
+    before = snapshot(state.cache)
+    for b in range(llama_adapter.num_layers):
+        x = hs[b, 0, p]
+        noise = torch.randn_like(x, dtype=x.dtype)
+        out = state.forward_block(b, torch.stack([x, x + noise]), position=p)  # (2, d)
+        torch.testing.assert_close(out[0], hs[b + 1, 0, p], atol=ATOL, rtol=0)
+        assert not torch.allclose(out[1], out[0])  # candidates do not see each other
+    assert_snapshot_equal(snapshot(state.cache), before)
+    with pytest.raises(ValueError, match="position must be committed"):
+        state.forward_block(0, hs[0, 0, :1], position=state.pending_position)
+
+
+def test_commit_fills_in_the_hidden_states_a_verifier_did_not_pass(llama_adapter):
+    state = DecodeState(llama_adapter, random_prompt(5, V, 4), 16, capture_hidden=True)
+    state.append(state.prefill().argmax(-1)[:, None])
+    out = state.forward_verify(state.pending)
+    result = Verification(torch.tensor([0]), out.logits.argmax(-1)[:, :1])
+    state.commit(result)
+    assert result.hidden_states is out.hidden_states
+    assert result.last_hidden.shape == (llama_adapter.num_layers + 1, 1, out.hidden_states.shape[-1])

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from framework import REGISTRIES
 from framework.experiment.cli import main
@@ -61,11 +61,61 @@ def test_print_config_resolves_strategy_flags(capsys):
         "qa,rag",
     )
     assert code == 0
-    cfg = json.loads(out)
-    assert cfg["length"]["name"] == "fixed"
-    assert cfg["length"]["config"] == {**dataclasses.asdict(FixedLengthConfig()), "k": 6}
-    assert cfg["selector"]["config"]["skip_attn"] == [3, 5]
+    cfg = yaml.safe_load(out)
+    assert cfg["length"] == {"name": "fixed", **dataclasses.asdict(FixedLengthConfig()), "k": 6}
+    assert cfg["selector"]["skip_attn"] == [3, 5]
     assert cfg["categories"] == ["qa", "rag"]
+    assert cfg["logger"] == "wandb"  # the one default, as documented
+
+
+def test_every_documented_flag_keeps_its_meaning(capsys, tmp_path):
+    argv = [
+        "--model", "tiny-random", "--dtype", "float64", "--device", "cpu", "--threads", "2",
+        "--no-kernels", "--data", "q.jsonl", "--categories", "qa,rag", "--limit", "3",
+        "--max-new-tokens", "16", "--stop", "User: ", "--stop", "###",
+        "--selector", "selfsd_bo", "--skip-set", "s.json", "--calib-data", "c.jsonl", "--calib-limit", "2",
+        "--length", "fixed", "--length.k", "5", "--drafter", "early_exit", "--drafter.exit_layer", "3",
+        "--verifier", "greedy", "--gate.enabled", "--gate.margin", "0.1",
+        "--output", "o.jsonl", "--name", "mine", "--seed", "7", "--warmup", "0", "--resume",
+        "--logger", "csv", "--wandb-project", "p", "--no-plots", "--devices", "2", "--num-nodes", "3",
+    ]  # fmt: skip
+    code, out, err = run_cli(capsys, *argv, "--print-config")
+    assert code == 0, err
+    cfg = yaml.safe_load(out)
+    want = {
+        "model": "tiny-random", "dtype": "float64", "device": "cpu", "threads": 2, "kernels": False,
+        "data": "q.jsonl", "categories": ["qa", "rag"], "limit": 3, "max_new_tokens": 16,
+        "stop_strings": ["User: ", "###"], "output": "o.jsonl", "name": "mine", "seed": 7, "warmup": 0,
+        "resume": True, "logger": "csv", "wandb_project": "p", "plots": False, "devices": 2, "num_nodes": 3,
+    }  # fmt: skip
+    assert {k: cfg[k] for k in want} == want
+    sel = cfg["selector"]
+    assert (sel["name"], sel["skip_set"], sel["calib_data"], sel["calib_limit"]) == (
+        "selfsd_bo",
+        "s.json",
+        "c.jsonl",
+        2,
+    )
+    assert (cfg["length"]["name"], cfg["length"]["k"]) == ("fixed", 5)
+    assert (cfg["drafter"]["name"], cfg["drafter"]["exit_layer"]) == ("early_exit", 3)
+    assert cfg["gate"]["enabled"] is True and cfg["gate"]["margin"] == 0.1
+
+
+def test_print_config_file_then_config_file_reproduces_the_config(capsys, tmp_path):
+    saved = tmp_path / "c.yaml"
+    flags = ["--length", "fixed", "--length.k", "6", "--gate.enabled", "true", "--stop", "###"]
+    assert run_cli(capsys, "--method", "swift", *flags, "--print-config", str(saved))[0] == 0
+    code, out, _ = run_cli(capsys, "--config", str(saved), "--print-config")
+    assert code == 0
+    assert yaml.safe_load(out) == yaml.safe_load(saved.read_text())
+    # Flags override the file; a strategy named as in the file keeps the file's fields.
+    code, out, _ = run_cli(
+        capsys, "--config", str(saved), "--length", "fixed", "--max-new-tokens", "9", "--print-config"
+    )
+    cfg = yaml.safe_load(out)
+    assert cfg["length"]["k"] == 6 and cfg["max_new_tokens"] == 9 and cfg["name"] == "swift"
+    code, _, err = run_cli(capsys, "--config", str(tmp_path / "missing.yaml"), "--print-config")
+    assert code == 2 and "--config must be a saved RunConfig file" in err
 
 
 @pytest.mark.parametrize(
@@ -87,6 +137,10 @@ def test_print_config_resolves_strategy_flags(capsys):
         ),
         (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
         (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16, float64, got 'float8'"),
+        (["--logger", "tensorboard"], "--logger must be one of wandb, csv, none, got 'tensorboard'"),
+        (["--limit", "abc"], "--limit must be a number (int), got 'abc'"),
+        (["--gate.margin", "0.9"], "--gate.margin must be in [-0.5, 0.5], got 0.9"),
+        (["--gate.enabled", "maybe"], "--gate.enabled must be a boolean (true/false), got 'maybe'"),
         (["--limit", "0"], "--limit must be an integer >= 1, got 0"),
         (["--import", "no_such_module_xyz"], "--import must be an importable module"),
     ],

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from framework.config import ConfigError
-from framework.experiment.lightning import append_records, prompt_key
-from framework.experiment.runner import Experiment, RunConfig, StrategySpec, read_records, run
+from framework.experiment.config import RunConfig, StrategySpec
+from framework.experiment.experiment import Experiment
+from framework.experiment.lightning import append_records
+from framework.experiment.records import prompt_key, read_records
+from framework.experiment.runner import launch_rank, resolve_output, run
 from framework.testing import tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -41,6 +44,7 @@ def cfg_for(data, out, **kw):
         selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
         length=StrategySpec("fixed", FixedLengthConfig(k=3)),
         plots=False,
+        logger="none",
     )
     base.update(kw)
     return RunConfig(**base)
@@ -209,8 +213,6 @@ def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
 
 
 def test_launch_rank_and_output_rules_for_external_launchers(data, monkeypatch):
-    from framework.experiment.runner import launch_rank, resolve_output
-
     for var in (
         "RANK",
         "WORLD_SIZE",

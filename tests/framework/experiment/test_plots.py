@@ -97,7 +97,7 @@ def test_malformed_input_is_rejected(tmp_path, draw, match):
 
 
 def test_importing_the_framework_does_not_import_matplotlib():
-    code = "import sys, framework.experiment.plots, framework.benchmark.bench; print('matplotlib' in sys.modules)"
+    code = "import sys, framework.experiment.plots, framework.benchmark; print('matplotlib' in sys.modules)"
     root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -6,8 +6,13 @@ import json
 
 import pytest
 
-from framework.config import ConfigError
-from framework.experiment.runner import Experiment, RunConfig, StrategySpec, run
+import strategies.selectors.selfsd_bo as selfsd
+from framework.config import ConfigError, build_config
+from framework.experiment.config import RunConfig, StrategySpec
+from framework.experiment.data import load_prompts
+from framework.experiment.experiment import Experiment, build_decoder
+from framework.experiment.runner import run
+from framework.policies.gate import GatedLength
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
@@ -32,6 +37,7 @@ def cfg_for(data, out, **kw):
         output=str(out),
         max_new_tokens=10,
         warmup=1,
+        logger="none",
         selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
         length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )
@@ -68,13 +74,28 @@ def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
     assert "| **overall** | 3 |" in result["table"]
     assert "3/3" in result["table"]
     assert out.with_suffix(".md").exists() and out.with_suffix(".meta.json").exists()
+    # The saved configuration reproduces the run (`run.py --config r.config.yaml`).
+    assert RunConfig.load(out.with_suffix(".config.yaml")).to_dict() == cfg_for(data, out).to_dict()
+
+
+def test_gate_wraps_the_length_controller(tiny, data, tmp_path):
+    model, tok = tiny
+    cfg = cfg_for(data, tmp_path / "g.jsonl")
+    exp = Experiment(cfg, model, tok)
+    assert not isinstance(exp.spec.length, GatedLength)
+    gated_cfg = cfg.replace(gate={"enabled": True, "probe": 4})
+    decoder = build_decoder(exp.adapter, gated_cfg)
+    assert isinstance(decoder.length, GatedLength)
+    res = run(
+        gated_cfg.replace(output=str(tmp_path / "g.jsonl")), log=lambda s: None, model=model, tokenizer=tok
+    )
+    spec = [r for r in res["records"] if r["method"] != "vanilla"]
+    assert spec and all(r["lossless"] for r in spec)
 
 
 def test_second_turn_sees_the_first_answer(tiny, data, tmp_path):
     model, tok = tiny
     exp = Experiment(cfg_for(data, tmp_path / "x.jsonl"), model, tok)
-    from framework.experiment.data import load_prompts
-
     prompt = load_prompts(data)[0]
     (r1, t1), (r2, _) = exp.decode_prompt(exp.vanilla, prompt)
     assert r1.new_tokens >= 1 and r2.new_tokens >= 1
@@ -161,9 +182,6 @@ def test_baseline_only_runs_vanilla_alone(tiny, data, tmp_path):
 def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_path, monkeypatch):
     """selfsd_bo's search runs in prepare (before the warm-up), is reused by the fresh instances
     built after it, and its result lands next to the results file; --skip-set then skips it."""
-    import strategies.selectors.selfsd_bo as selfsd
-    from framework.config import build_config
-
     model, tok = tiny
     calls = []
     real = selfsd.search

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from framework.experiment.runner import RunConfig, StrategySpec, run
+from framework.experiment.config import RunConfig, StrategySpec
+from framework.experiment.runner import run
 from framework.experiment.tracking import prompt_metrics, round_rows, summary_metrics, wandb_mode
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -44,6 +45,7 @@ def cfg_for(data, out, **kw):
         output=str(out),
         max_new_tokens=8,
         warmup=0,
+        logger="none",  # the tests that log pass logger="csv" / "wandb"
         selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
         length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )

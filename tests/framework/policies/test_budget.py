@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from framework.config import ConfigError
-from framework.policies.budget import WorkBudget
+from framework import Strategy
+from framework.config import ConfigError, build_config, field_help
+from framework.policies.budget import BudgetedWork, WorkBudget, budget_param, check_budget
 from framework.testing import FakeClock
 
 
@@ -93,3 +96,44 @@ def test_a_unit_that_raises_is_still_timed_and_counted():
 def test_bad_shares_are_refused_naming_the_field(share):
     with pytest.raises(ConfigError, match="share must be in \\[0, 1\\)"):
         WorkBudget(share)
+
+
+# ---- the reusable piece: budget_param, check_budget, BudgetedWork -----------------------------
+
+
+@dataclass(frozen=True)
+class _BudgetedConfig:
+    work_budget: float = budget_param("skip a unit")
+
+    def __post_init__(self) -> None:
+        check_budget(self)
+
+
+class _Owner(BudgetedWork, Strategy):
+    Config = _BudgetedConfig
+
+
+def test_budget_param_declares_the_field_and_check_budget_validates_it():
+    assert _BudgetedConfig().work_budget == 0.0
+    assert "skip a unit" in field_help(_BudgetedConfig)["work_budget"]
+    with pytest.raises(ConfigError, match=r"^--x\.work_budget must be in \[0, 1\), got "):
+        build_config(_BudgetedConfig, {"work_budget": "1.0"}, flag_prefix="--x.")
+
+
+def test_budgeted_work_owns_the_budget_and_runs_units_under_it():
+    owner = _Owner(_BudgetedConfig(work_budget=0.5))
+    assert isinstance(owner.budget, WorkBudget) and owner.budget.share == 0.5
+    clock = FakeClock()
+    owner.budget = WorkBudget(0.5, clock=clock)
+
+    def work(dt: float) -> str:
+        clock.advance(dt)
+        return "done"
+
+    assert owner.run_budgeted(work, 1.0) == ("done", 1.0)  # the first unit is always allowed
+    clock.advance(1.0)  # wall 2 s, work 1 s: at the share
+    assert owner.run_budgeted(work, 3.0) == ("done", 3.0)
+    clock.advance(1.0)  # wall 6 s, work 4 s > 3 s: refused, nothing runs
+    assert owner.run_budgeted(work, 1.0) is None
+    s = owner.budget.summary()
+    assert (s["budget_units"], s["budget_skipped"]) == (2, 1)

@@ -1,4 +1,5 @@
-"""framework/policies/gate.py: the never-lose draft gate shared by the length controllers."""
+"""framework/policies/gate.py: the draft gate (`DraftGate`), its config and the `GatedLength` wrapper
+around any length controller."""
 
 from __future__ import annotations
 
@@ -7,17 +8,19 @@ import types
 import pytest
 import torch
 
-from framework import REGISTRIES, Draft, LayerPlan, Verification
+from framework import REGISTRIES, Draft, LayerPlan, LengthController, LengthHint, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeStats, RoundRecord
 from framework.policies.gate import (
-    FALLBACK_FIELDS,
     DraftGate,
+    GateConfig,
+    GatedLength,
     MeasuredCosts,
     break_even_alpha,
     gate_value,
+    gated,
     speedups,
 )
 from framework.testing import (
@@ -28,6 +31,7 @@ from framework.testing import (
     random_prompt,
     synthetic_cost_model,
 )
+from framework.testing.stubs import NoConfig as _NoConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
 from strategies.verifiers.greedy import GreedyVerifier
@@ -47,7 +51,8 @@ def _round(plan: LayerPlan, k: int, m: int) -> tuple[Draft, Verification]:
 
 def _gate(alpha: float | None = None, plan: LayerPlan = PLAN, **kw) -> DraftGate:
     """A gate on the synthetic costs whose statistics say ``alpha`` (with 1000 trials)."""
-    gate = DraftGate(**kw)
+    lengths = kw.pop("lengths", "upto")
+    gate = DraftGate(GateConfig(**kw), lengths=lengths)
     gate.set_costs(COSTS)
     gate.plan = plan
     if alpha is not None:
@@ -186,7 +191,7 @@ def test_the_costed_plan_is_the_drafted_one_not_the_selectors():
     """An early-exit drafter runs its own prefix plan; the empty drafts of declined rounds carry
     the selector's plan (here the full model, which could never pay)."""
     exit2 = LayerPlan.from_indices(L, exit_layer=2)  # 0.55 steps per draft token
-    gate = DraftGate(probe=2, probe_max=2)
+    gate = DraftGate(GateConfig(probe=2, probe_max=2))
     gate.set_costs(COSTS)
     got = []
     for _ in range(10):
@@ -198,7 +203,7 @@ def test_the_costed_plan_is_the_drafted_one_not_the_selectors():
 
 
 def test_statistics_are_a_decayed_chain_estimate():
-    gate = DraftGate(decay=0.5)
+    gate = DraftGate(GateConfig(decay=0.5))
     gate.set_costs(COSTS)
     gate.observe(*_round(PLAN, 4, 1))  # 1 success, 1 failure
     assert (gate.acc, gate.rej) == (1.0, 1.0)
@@ -232,7 +237,7 @@ def test_summary_values():
 def test_measured_costs_from_the_state_timings():
     stats = DecodeStats()
     state = types.SimpleNamespace(stats=stats)
-    gate = DraftGate(probe=2)
+    gate = DraftGate(GateConfig(probe=2))
     assert gate.costs is None
 
     def play(drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
@@ -264,7 +269,7 @@ def test_draft_forwards_scale_the_draft_step(forwards, want):
     plan, drafting 1 token then pays from alpha 0.1 on ((1 + alpha) / verify(2) = 1.1)."""
     stats = DecodeStats()
     state = types.SimpleNamespace(stats=stats)
-    gate = DraftGate(probe=3)
+    gate = DraftGate(GateConfig(probe=3))
     gate.set_costs(COSTS)
     assert gate.limit(state, 4) == 4  # no statistics yet
     stats.rounds.append(RoundRecord(4, 1, 2, 0.0))
@@ -297,7 +302,7 @@ def test_a_token_tree_is_priced_at_the_block_it_verifies():
     stats = DecodeStats()
     state = types.SimpleNamespace(stats=stats)
     costs = CostModel(L, 0.05, 0.0, 0.0, tuple(1.0 + 0.1 * t for t in range(16)))  # cheap draft
-    gate = DraftGate(probe=3)
+    gate = DraftGate(GateConfig(probe=3))
     gate.set_costs(costs)
     gate.limit(state, 2)
     stats.rounds.append(RoundRecord(2, 1, 2, 0.0))
@@ -307,7 +312,7 @@ def test_a_token_tree_is_priced_at_the_block_it_verifies():
     gate.acc, gate.rej = 600.0, 400.0  # alpha 0.6
     assert gate.limit(state, 2) == 0  # priced as a tree: verify(21) does not pay
     assert gate.width == pytest.approx(10.0) and gate.summary()["verify_width"] == 10.0
-    chain = DraftGate(probe=3)
+    chain = DraftGate(GateConfig(probe=3))
     chain.set_costs(costs)
     chain.plan, chain.acc, chain.rej = PLAN, 600.0, 400.0
     assert chain.width == 1.0 and chain.limit(None, 2) == 2  # the same round as a chain pays
@@ -333,62 +338,126 @@ def test_measured_costs_restart_their_baseline_with_each_generation():
 # ---- config ------------------------------------------------------------------------------------
 
 
-def _config(name: str):
-    return REGISTRIES["length"].entry(name).config
-
-
-@pytest.mark.parametrize("name", GATED)
-def test_every_gated_controller_has_the_fields_off_by_default(name):
-    cfg = _config(name)()
-    for field, (default, _help) in FALLBACK_FIELDS.items():
-        assert getattr(cfg, field) == default
-    assert cfg.fallback is False
-    inst = default_strategy_instance("length", name)
-    assert inst.gate is None
+def test_gate_config_is_off_by_default_and_no_controller_pastes_it():
+    cfg = GateConfig()
+    assert (cfg.enabled, cfg.margin, cfg.probe, cfg.probe_max, cfg.decay) == (False, 0.0, 8, 256, 0.9)
+    for name in REGISTRIES["length"].names():
+        fields = REGISTRIES["length"].entry(name).config.__dataclass_fields__
+        assert not [f for f in fields if f.startswith(("fallback", "gate"))], name
+        assert not hasattr(default_strategy_instance("length", name), "gate")
 
 
 BAD = [
-    ("fallback_margin", "0.6", r"in \[-0.5, 0.5\]"),
-    ("fallback_margin", "-1.0", r"in \[-0.5, 0.5\]"),
-    ("fallback_probe", "0", r"an integer in \[1, 1024\]"),
-    ("fallback_probe", "2.5", r"a number \(int\)"),
-    ("fallback_probe_max", "4", r"an integer in \[8, 4096\]"),
-    ("fallback_decay", "0.0", r"in \(0, 1\]"),
-    ("fallback_decay", "1.5", r"in \(0, 1\]"),
-    ("fallback", "maybe", r"a boolean \(true/false\)"),
+    ("margin", "0.6", r"in \[-0.5, 0.5\]"),
+    ("margin", "-1.0", r"in \[-0.5, 0.5\]"),
+    ("probe", "0", r"an integer in \[1, 1024\]"),
+    ("probe", "2.5", r"a number \(int\)"),
+    ("probe_max", "4", r"an integer in \[8, 4096\]"),
+    ("decay", "0.0", r"in \(0, 1\]"),
+    ("decay", "1.5", r"in \(0, 1\]"),
+    ("enabled", "maybe", r"a boolean \(true/false\)"),
 ]
 
 
-@pytest.mark.parametrize("name", GATED)
 @pytest.mark.parametrize(("field", "value", "allowed"), BAD)
-def test_bad_fallback_option_names_the_field_and_range(name, field, value, allowed):
-    with pytest.raises(ConfigError, match=rf"^--length\.{field} must be {allowed}, got '?{value}'?$"):
-        build_config(_config(name), {"fallback": "true", field: value}, flag_prefix="--length.")
+def test_bad_gate_option_names_the_field_and_range(field, value, allowed):
+    with pytest.raises(ConfigError, match=rf"^--gate\.{field} must be {allowed}, got '?{value}'?$"):
+        build_config(GateConfig, {"enabled": "true", field: value}, flag_prefix="--gate.")
 
 
 @pytest.mark.parametrize("name", GATED)
-def test_fallback_fields_parse_from_strings(name):
-    cfg = build_config(
-        _config(name),
-        {"fallback": "true", "fallback_margin": "0.05", "fallback_probe": "4", "fallback_probe_max": "32"},
-    )
-    assert (cfg.fallback, cfg.fallback_margin, cfg.fallback_probe, cfg.fallback_probe_max) == (
-        True,
-        0.05,
-        4,
-        32,
-    )
-    gate = REGISTRIES["length"].entry(name).cls(cfg).gate
-    assert isinstance(gate, DraftGate)
+def test_gate_fields_parse_from_strings_and_reach_the_gate(name):
+    cfg = build_config(GateConfig, {"enabled": "true", "margin": "0.05", "probe": "4", "probe_max": "32"})
+    assert (cfg.enabled, cfg.margin, cfg.probe, cfg.probe_max) == (True, 0.05, 4, 32)
+    length = gated(default_strategy_instance("length", name), cfg)
+    assert isinstance(length, GatedLength) and isinstance(length.gate, DraftGate)
+    gate = length.gate
     assert (gate.margin, gate.probe, gate.probe_max, gate.decay) == (0.05, 4, 32, 0.9)
     assert gate.lengths == ("exact" if name in ("fixed", "finite_state") else "upto")
 
 
-def test_gate_constructor_validates_like_the_configs():
-    with pytest.raises(ConfigError, match=r"^fallback_probe_max must be an integer in \[8, 4096\], got 2$"):
-        DraftGate(probe=8, probe_max=2)
+def test_gate_constructor_validates_its_lengths():
+    with pytest.raises(ConfigError, match=r"^probe_max must be an integer in \[8, 4096\], got 2$"):
+        GateConfig(probe=8, probe_max=2)
     with pytest.raises(ConfigError, match=r"^lengths must be one of"):
         DraftGate(lengths="some")
+
+
+# ---- the wrapper ---------------------------------------------------------------------------------
+
+
+class _Bare(LengthController):
+    """A controller that implements only ``max_length`` (and records what it saw)."""
+
+    Config = _NoConfig
+    needs_confidence = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hints: list[LengthHint | None] = []
+        self.seen: list[int] = []
+
+    def max_length(self, state, hint=None) -> int:
+        self.hints.append(hint)
+        return 5
+
+    def should_continue(self, drafted: int, confidence: float | None) -> bool:
+        return drafted < 2
+
+    def observe(self, state, draft, result) -> None:
+        self.seen.append(draft.length)
+
+    def summary(self):
+        return {"bare": len(self.seen)}
+
+
+class _BareExact(_Bare):
+    exact_length = True
+
+
+def test_gated_returns_the_controller_itself_when_disabled():
+    bare = _Bare()
+    assert gated(bare, GateConfig()) is bare
+    assert isinstance(gated(bare, GateConfig(enabled=True)), GatedLength)
+
+
+def test_the_wrapper_gates_a_controller_that_only_implements_max_length():
+    bare = _Bare()
+    ctl = GatedLength(bare, GateConfig(enabled=True, probe=2, probe_max=2))
+    ctl.gate.set_costs(COSTS)
+    ctl.reset()
+    hint = LengthHint(max_length=3, threshold=0.5, source="test")
+    got = []
+    for _ in range(4):
+        k = ctl.max_length(None, hint)
+        got.append(k)
+        ctl.observe(None, *_round(PLAN, k, 0))
+    assert got[0] == 5 and got[1:] == [0, 0, 1]  # drafts, learns alpha 0, declines, probes
+    assert bare.hints == [hint] * 4  # the hint reaches the wrapped controller
+    assert bare.seen == got  # and so does every round
+    s = ctl.summary()
+    assert s["bare"] == 4 and s["gate"]["declined"] == 2 and s["gate"]["probes"] == 1
+
+
+def test_the_wrapper_delegates_the_stop_rule_flags_and_name():
+    bare = _Bare()
+    ctl = GatedLength(bare, GateConfig(enabled=True))
+    assert ctl.needs_confidence is True and ctl.exact_length is False
+    assert ctl.should_continue(1, 0.1) and not ctl.should_continue(2, 0.9)
+    assert ctl.name == bare.name
+
+
+@pytest.mark.parametrize(("inner", "lengths", "want"), [(_Bare, "upto", 5), (_BareExact, "exact", 0)])
+def test_the_wrapper_values_exact_and_upto_lengths(inner, lengths, want):
+    """alpha 0.7 on the cheap plan: drafting 1 token pays, 5 does not; a controller that may stop
+    early is valued at its best length, one that drafts exactly K at K."""
+    ctl = GatedLength(inner(), GateConfig(enabled=True))
+    assert ctl.gate.lengths == lengths
+    ctl.gate.set_costs(COSTS)
+    ctl.gate.plan = PLAN
+    ctl.gate.acc, ctl.gate.rej = 7.0, 3.0
+    assert COSTS.expected_speedup(0.7, 1, PLAN) > 1 > COSTS.expected_speedup(0.7, 5, PLAN)
+    assert ctl.max_length(None) == want
 
 
 # ---- in the decoder ------------------------------------------------------------------------------
@@ -412,9 +481,9 @@ class _RightDrafter(AlwaysAcceptDrafter):
         return d
 
 
-def _decoder(adapter, drafter, **length_cfg):
+def _decoder(adapter, drafter, k: int, gate: GateConfig | None = None):
     selector = StaticSelector(StaticSelectorConfig(skip_ratio=0.5))  # draft step 0.775 steps on 4 blocks
-    length = FixedLength(FixedLengthConfig(**length_cfg))
+    length = gated(FixedLength(FixedLengthConfig(k=k)), gate or GateConfig())
     dec = SpeculativeDecoder(adapter, selector, length, drafter, GreedyVerifier())
     dec.prepare(prepare_context(adapter))  # the synthetic cost model
     return dec, length
@@ -423,7 +492,7 @@ def _decoder(adapter, drafter, **length_cfg):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_declined_rounds_are_plain_steps_in_the_result(llama_adapter, seed):
     dec, length = _decoder(
-        llama_adapter, _WrongDrafter(), k=3, fallback=True, fallback_probe=2, fallback_probe_max=2
+        llama_adapter, _WrongDrafter(), k=3, gate=GateConfig(enabled=True, probe=2, probe_max=2)
     )
     prompt = random_prompt(6, 128, seed)
     stop = StopCondition(24)
@@ -432,7 +501,7 @@ def test_declined_rounds_are_plain_steps_in_the_result(llama_adapter, seed):
     # 24 tokens, one per round (nothing is ever accepted): the first after prefill, then 23 rounds
     assert res.draft_lengths == [3] + [0, 0, 1] * 7 + [0]
     assert res.accepted == 0 and res.drafted == 3 + 7
-    s = res.strategy_summary["length"]["fallback"]
+    s = res.strategy_summary["length"]["gate"]
     assert s["rounds"] == 23 and s["declined"] == 15 and s["probes"] == 7
     assert s["alpha"] == 0.0 and s["costs"] == "cost_model"
     assert s["break_even_alpha"] == round(
@@ -440,34 +509,34 @@ def test_declined_rounds_are_plain_steps_in_the_result(llama_adapter, seed):
     )
 
 
-def test_fallback_on_keeps_drafting_when_it_pays(llama_adapter):
-    dec, _ = _decoder(llama_adapter, _RightDrafter(), k=3, fallback=True)
+def test_gate_on_keeps_drafting_when_it_pays(llama_adapter):
+    dec, _ = _decoder(llama_adapter, _RightDrafter(), k=3, gate=GateConfig(enabled=True))
     prompt = random_prompt(6, 128, 0)
     stop = StopCondition(24)
     res = dec.generate(prompt, stop)
     assert res.tokens == VanillaDecoder(llama_adapter).generate(prompt, stop).tokens
     assert res.draft_lengths[:-1] == [3] * (len(res.draft_lengths) - 1)
-    s = res.strategy_summary["length"]["fallback"]
+    s = res.strategy_summary["length"]["gate"]
     assert s["declined"] == 0 and s["probes"] == 0 and s["alpha"] == 1.0
 
 
-def test_fallback_off_changes_nothing(llama_adapter):
+def test_gate_off_changes_nothing(llama_adapter):
     dec, length = _decoder(llama_adapter, _WrongDrafter(), k=3)
     res = dec.generate(random_prompt(6, 128, 0), StopCondition(24))
-    assert length.gate is None and "length" not in res.strategy_summary
+    assert not isinstance(length, GatedLength) and "length" not in res.strategy_summary
     assert res.draft_lengths == [3] * 20 + [2, 1, 0]  # the budget caps the last rounds
 
 
 def test_statistics_carry_across_generations(llama_adapter):
     dec, length = _decoder(
-        llama_adapter, _WrongDrafter(), k=3, fallback=True, fallback_probe=4, fallback_probe_max=4
+        llama_adapter, _WrongDrafter(), k=3, gate=GateConfig(enabled=True, probe=4, probe_max=4)
     )
     dec.generate(random_prompt(6, 128, 0), StopCondition(12))
     res = dec.generate(random_prompt(6, 128, 1), StopCondition(12))
     # declines from the first round: only probes (1 token) draft, on the schedule carried over
     assert all(k <= 1 for k in res.draft_lengths)
     assert res.draft_lengths.count(1) <= 3 and res.draft_lengths[:3].count(0) >= 2
-    assert res.strategy_summary["length"]["fallback"]["rounds"] == len(res.draft_lengths)
+    assert res.strategy_summary["length"]["gate"]["rounds"] == len(res.draft_lengths)
 
 
 class _CopyDrafter(NeverAcceptDrafter):
@@ -480,13 +549,13 @@ class _CopyDrafter(NeverAcceptDrafter):
 
 def test_a_drafter_without_forwards_is_priced_free_and_stays_lossless(llama_adapter):
     selector = StaticSelector(StaticSelectorConfig(skip_ratio=0.0))  # the full plan
-    length = FixedLength(FixedLengthConfig(k=2, fallback=True))
+    length = GatedLength(FixedLength(FixedLengthConfig(k=2)), GateConfig(enabled=True))
     dec = SpeculativeDecoder(llama_adapter, selector, length, _CopyDrafter(), GreedyVerifier())
     dec.prepare(prepare_context(llama_adapter))
     prompt, stop = random_prompt(6, 128, 2), StopCondition(24)
     res = dec.generate(prompt, stop)
     assert res.tokens == VanillaDecoder(llama_adapter).generate(prompt, stop).tokens
-    s = res.strategy_summary["length"]["fallback"]
+    s = res.strategy_summary["length"]["gate"]
     assert s["draft_forwards_per_token"] == 0.0 and res.draft_forwards == 0
     # priced as full-model draft steps the gate would decline for good (no break-even alpha)
     assert break_even_alpha(synthetic_cost_model(L), LayerPlan.full(L), 2, "exact") is None
@@ -501,8 +570,7 @@ _stores: dict[str, dict] = {}
 def test_every_selector_with_every_gated_controller_is_lossless(deep_adapters, selector_name, length_name):
     adapter = deep_adapters["llama"]
     selector = default_strategy_instance("selector", selector_name, fast=True)
-    entry = REGISTRIES["length"].entry(length_name)
-    length = entry.cls(build_config(entry.config, {"fallback": True, "fallback_probe": 2}))
+    length = gated(default_strategy_instance("length", length_name), GateConfig(enabled=True, probe=2))
     drafter = default_strategy_instance("drafter", "layer_skip")
     dec = SpeculativeDecoder(adapter, selector, length, drafter, GreedyVerifier())
     dec.prepare(prepare_context(adapter, store=_stores.setdefault("llama", {})))
@@ -511,6 +579,6 @@ def test_every_selector_with_every_gated_controller_is_lossless(deep_adapters, s
         stop = StopCondition(24)
         res = dec.generate(prompt, stop)
         assert res.tokens == VanillaDecoder(adapter).generate(prompt, stop).tokens
-        s = res.strategy_summary["length"]["fallback"]
+        s = res.strategy_summary["length"]["gate"]
         assert s["rounds"] == len(res.draft_lengths)
         assert s["declined"] + s["calibration_rounds"] <= res.draft_lengths.count(0)

@@ -123,7 +123,10 @@ def test_reuse_gives_the_full_verification(llama_adapter, e):
         draft = drafter.draft(state, LayerPlan.full(L), FixedLength(FixedLengthConfig(k=3)), 3)
         evals = llama_adapter.block_evals
         res = GreedyVerifier().verify(state, draft)
-        outs[reuse] = (res, llama_adapter.block_evals - evals, state, drafter.summary())
+        evals = llama_adapter.block_evals - evals
+        state.commit(res)
+        drafter.observe(state, draft, res)  # the drafter reads the reuse counters here
+        outs[reuse] = (res, evals, state, drafter.summary())
     (r1, ev1, _, summ), (r0, ev0, s0, _) = outs[True], outs[False]
     assert torch.equal(r1.new_tokens, r0.new_tokens)
     torch.testing.assert_close(r1.hidden_states, r0.hidden_states, atol=1e-10, rtol=0)

@@ -206,7 +206,7 @@ class _Recorder(LengthController):
         self.calls: list[tuple[int, float | None]] = []
         self.stop_after = stop_after
 
-    def max_length(self, state) -> int:
+    def max_length(self, state, hint=None) -> int:
         return 8
 
     def should_continue(self, drafted, confidence):

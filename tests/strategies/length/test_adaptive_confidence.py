@@ -10,7 +10,8 @@ from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.testing import LengthControllerContract, random_prompt
+from framework.policies.gate import GateConfig, GatedLength
+from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.adaptive_confidence import AdaptiveConfidenceLength, AdaptiveConfidenceLengthConfig
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
@@ -54,7 +55,7 @@ def _drive(ctl: AdaptiveConfidenceLength, outcomes) -> tuple[list[float], list[f
     """(gamma, AR) after each scripted (drafted, accepted) round."""
     gammas, ars = [], []
     for drafted, accepted in outcomes:
-        ctl.observe(*_round(drafted, accepted))
+        ctl.observe(None, *_round(drafted, accepted))
         gammas.append(ctl.gamma)
         ars.append(ctl.accept_rate)
     return gammas, ars
@@ -191,7 +192,7 @@ def test_should_continue_uses_the_current_threshold():
     assert ctl.should_continue(1, 0.4999) is False
     assert ctl.should_continue(3, 0.99) is True
     assert ctl.should_continue(4, 0.99) is False  # cap reached
-    ctl.observe(*_round(4, 0))  # AR 0: up by .1
+    ctl.observe(None, *_round(4, 0))  # AR 0: up by .1
     assert ctl.gamma == pytest.approx(0.6, abs=1e-12)
     assert ctl.should_continue(1, 0.55) is False
     assert ctl.should_continue(1, 0.6) is True
@@ -291,7 +292,7 @@ def test_drafts_like_confidence_at_the_current_threshold(llama_adapter):
     ctl = AdaptiveConfidenceLength(Cfg(exit_threshold=0.3, step=0.5, beta2=0.5, max_length=8))
     for outcome in [None, (8, 0), (8, 8), (8, 8)]:
         if outcome:
-            ctl.observe(*_round(*outcome))
+            ctl.observe(None, *_round(*outcome))
         ref = ConfidenceLength(ConfidenceLengthConfig(threshold=ctl.gamma, max_length=8))
         for seed in (0, 1):
             drafts = []
@@ -310,8 +311,8 @@ class _Spy(AdaptiveConfidenceLength):
         self.rounds: list[tuple[int, int]] = []
         self.gammas: list[float] = []
 
-    def observe(self, draft, result) -> None:
-        super().observe(draft, result)
+    def observe(self, state, draft, result) -> None:
+        super().observe(state, draft, result)
         self.rounds.append((draft.length, result.accepted))
         self.gammas.append(self.gamma)
 
@@ -352,18 +353,18 @@ def test_in_decoder_matches_replay_and_stays_lossless(deep_adapters, first_updat
     assert len(lengths) > 2, "the draft length never varied: the test is vacuous"
 
 
-# ---- never-lose fallback -------------------------------------------------------------------------
+# ---- under the draft gate -----------------------------------------------------------------------
 
 
-class TestAdaptiveConfidenceFallbackContract(LengthControllerContract):
+class TestAdaptiveConfidenceGatedContract(LengthControllerContract):
     def make(self):
-        return AdaptiveConfidenceLength(Cfg(max_length=6, fallback=True, fallback_probe=2))
+        return GatedLength(AdaptiveConfidenceLength(Cfg(max_length=6)), GateConfig(enabled=True, probe=2))
 
 
 def test_declined_rounds_leave_the_threshold_and_rate_alone():
-    from framework.testing import synthetic_cost_model
-
-    ctl = AdaptiveConfidenceLength(Cfg(max_length=6, fallback=True, fallback_probe=3, fallback_probe_max=3))
+    ctl = GatedLength(
+        AdaptiveConfidenceLength(Cfg(max_length=6)), GateConfig(enabled=True, probe=3, probe_max=3)
+    )
     ctl.gate.set_costs(synthetic_cost_model(4))
     ctl.reset()
     cheap = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])
@@ -373,16 +374,9 @@ def test_declined_rounds_leave_the_threshold_and_rate_alone():
         ks.append(k)
         draft, result = _round(k, 0)
         draft.plan = cheap
-        ctl.observe(draft, result)
+        ctl.observe(None, draft, result)
     assert ks == [6, 0, 0, 0, 1]
     # AR and gamma moved only on the two drafted rounds
     assert ctl.summary()["updates"] == 2
-    s = ctl.summary()["fallback"]
+    s = ctl.summary()["gate"]
     assert (s["declined"], s["probes"], s["rounds"]) == (3, 1, 5)
-
-
-def test_fallback_option_errors_name_the_field():
-    with pytest.raises(
-        ConfigError, match=r"^--length\.fallback_probe_max must be an integer in \[8, 4096\], got 3$"
-    ):
-        build_config(Cfg, {"fallback": "true", "fallback_probe_max": "3"}, flag_prefix="--length.")

@@ -8,6 +8,7 @@ import torch
 from framework import LayerPlan
 from framework.config import ConfigError
 from framework.engine.state import DecodeState
+from framework.policies.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
@@ -102,20 +103,23 @@ def test_max_length_caps_the_draft(llama_adapter, cap):
     assert d2.length == cap
 
 
-# ---- never-lose fallback -------------------------------------------------------------------------
+# ---- under the draft gate -----------------------------------------------------------------------
 
 
-class TestConfidenceFallbackContract(LengthControllerContract):
+class TestConfidenceGatedContract(LengthControllerContract):
     def make(self):
-        return ConfidenceLength(
-            ConfidenceLengthConfig(threshold=0.3, max_length=6, fallback=True, fallback_probe=2)
+        return GatedLength(
+            ConfidenceLength(ConfidenceLengthConfig(threshold=0.3, max_length=6)),
+            GateConfig(enabled=True, probe=2),
         )
 
 
-def test_fallback_gates_the_cap_not_the_stop_rule():
-    ctl = ConfidenceLength(
-        ConfidenceLengthConfig(threshold=0.5, max_length=6, fallback=True, fallback_probe=3)
+def test_gate_gates_the_cap_not_the_stop_rule():
+    ctl = GatedLength(
+        ConfidenceLength(ConfidenceLengthConfig(threshold=0.5, max_length=6)),
+        GateConfig(enabled=True, probe=3),
     )
+    assert ctl.needs_confidence and not ctl.exact_length
     ctl.gate.set_costs(synthetic_cost_model(4))
     ctl.gate.plan = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])  # break-even alpha 0.65
     ctl.gate.acc, ctl.gate.rej = 2.0, 8.0
@@ -123,12 +127,10 @@ def test_fallback_gates_the_cap_not_the_stop_rule():
     assert ctl.should_continue(1, 0.9) and not ctl.should_continue(1, 0.4)  # unchanged
     ctl.gate.acc, ctl.gate.rej = 9.0, 1.0
     assert ctl.max_length(None) == 6
-    s = ctl.summary()["fallback"]
+    s = ctl.summary()["gate"]
     assert s["alpha"] == 0.9 and s["break_even_alpha"] == 0.65 and s["costs"] == "cost_model"
 
 
-def test_fallback_off_by_default():
+def test_no_gate_of_its_own():
     ctl = ConfidenceLength()
-    assert ctl.gate is None and ctl.summary() == {}
-    with pytest.raises(ConfigError, match=r"^fallback_decay must be in \(0, 1\], got 0.0$"):
-        ConfidenceLengthConfig(fallback=True, fallback_decay=0.0)
+    assert not hasattr(ctl, "gate") and ctl.summary() == {}

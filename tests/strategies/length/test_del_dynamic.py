@@ -9,7 +9,8 @@ import torch
 from framework import Draft, LayerPlan, LengthHint, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.testing import LengthControllerContract, random_prompt
+from framework.policies.gate import GateConfig, GatedLength
+from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.del_dynamic import DelDynamicLength, DelDynamicLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
@@ -31,13 +32,6 @@ class TestDelDynamicOwnContract(LengthControllerContract):
         return DelDynamicLength(DelDynamicLengthConfig(use_selector_hint=False, max_length=5, threshold=0.2))
 
 
-class _State:
-    """The one attribute a length controller reads from the decode state here."""
-
-    def __init__(self, hint: LengthHint | None) -> None:
-        self.length_hint = hint
-
-
 def _round(length: DelDynamicLength, confs: list[float], accepted: int) -> None:
     k = len(confs)
     draft = Draft(
@@ -48,43 +42,42 @@ def _round(length: DelDynamicLength, confs: list[float], accepted: int) -> None:
     result = Verification(
         num_accepted=torch.tensor([accepted]), new_tokens=torch.zeros(1, accepted + 1, dtype=torch.long)
     )
-    length.observe(draft, result)
+    length.observe(None, draft, result)
 
 
 def test_follows_the_selector_hint():
     length = DelDynamicLength()
-    assert length.max_length(_State(LengthHint(max_length=7, threshold=0.42, source="del_tpl"))) == 7
+    assert length.max_length(None, LengthHint(max_length=7, threshold=0.42, source="del_tpl")) == 7
     assert length.threshold == pytest.approx(0.42)
     assert length.should_continue(1, 0.43) and not length.should_continue(1, 0.41)
     assert not length.should_continue(7, 0.99)  # the hint's cap
-    assert length.max_length(_State(LengthHint(max_length=0, threshold=0.5))) == 0  # plain decoding
+    assert length.max_length(None, LengthHint(max_length=0, threshold=0.5)) == 0  # plain decoding
     # a hint without threshold: this controller's own
-    assert length.max_length(_State(LengthHint(max_length=3))) == 3 and length.threshold == pytest.approx(0.6)
+    assert length.max_length(None, LengthHint(max_length=3)) == 3 and length.threshold == pytest.approx(0.6)
     summ = length.summary()
     assert summ["rounds_from_selector"] == 3 and summ["no_draft_rounds"] == 1
     # hints ignored on request
     own = DelDynamicLength(DelDynamicLengthConfig(use_selector_hint=False, max_length=9))
     assert own.max_length(
-        _State(LengthHint(max_length=2, threshold=0.9))
+        None, LengthHint(max_length=2, threshold=0.9)
     ) == 9 and own.threshold == pytest.approx(0.6)
 
 
 def test_without_confidence_stop_drafts_the_cap():
     length = DelDynamicLength(DelDynamicLengthConfig(stop_on_confidence=False))
-    assert length.max_length(_State(LengthHint(max_length=3, threshold=0.9))) == 3
+    assert length.max_length(None, LengthHint(max_length=3, threshold=0.9)) == 3
     assert length.should_continue(1, 0.01) and length.should_continue(2, None)
     assert not length.should_continue(3, 0.99)
 
 
 def test_own_statistics_midpoint_and_guards():
     length = DelDynamicLength(DelDynamicLengthConfig(decay=1.0, threshold=0.3))
-    none = _State(None)
-    assert length.max_length(none) == 18 and length.threshold == pytest.approx(0.3)  # no data yet
+    assert length.max_length(None, None) == 18 and length.threshold == pytest.approx(0.3)  # no data yet
     _round(length, [0.9, 0.7, 0.4, 0.2], accepted=2)  # matched .9, .7; first rejected .4
-    length.max_length(none)
+    length.max_length(None, None)
     assert length.threshold == pytest.approx((0.8 + 0.4) / 2)
     _round(length, [0.5], accepted=1)  # fully accepted: no mismatch added
-    length.max_length(none)
+    length.max_length(None, None)
     assert length.threshold == pytest.approx(((0.9 + 0.7 + 0.5) / 3 + 0.4) / 2)
     only_matched = DelDynamicLength(DelDynamicLengthConfig(decay=1.0))
     _round(only_matched, [0.8, 0.6], accepted=2)
@@ -134,35 +127,33 @@ def test_bad_input():
         DelDynamicLength().should_continue(1, None)
 
 
-# ---- never-lose fallback -------------------------------------------------------------------------
+# ---- under the draft gate -----------------------------------------------------------------------
 
 
-class TestDelDynamicFallbackContract(LengthControllerContract):
+class TestDelDynamicGatedContract(LengthControllerContract):
     def make(self):
-        return DelDynamicLength(DelDynamicLengthConfig(fallback=True, fallback_probe=2))
+        return GatedLength(DelDynamicLength(), GateConfig(enabled=True, probe=2))
 
 
-class TestDelDynamicOwnFallbackContract(LengthControllerContract):
+class TestDelDynamicOwnGatedContract(LengthControllerContract):
     def make(self):
-        cfg = DelDynamicLengthConfig(use_selector_hint=False, max_length=5, fallback=True, fallback_probe=2)
-        return DelDynamicLength(cfg)
+        cfg = DelDynamicLengthConfig(use_selector_hint=False, max_length=5)
+        return GatedLength(DelDynamicLength(cfg), GateConfig(enabled=True, probe=2))
 
 
-def test_fallback_gates_the_hint_and_leaves_its_zero_alone():
-    from framework.testing import synthetic_cost_model
-
-    length = DelDynamicLength(DelDynamicLengthConfig(fallback=True, fallback_probe=4))
+def test_gate_gates_the_hint_and_leaves_its_zero_alone():
+    length = GatedLength(DelDynamicLength(), GateConfig(enabled=True, probe=4))
     length.gate.set_costs(synthetic_cost_model(4))
     exit2 = LayerPlan.from_indices(4, exit_layer=2)  # 0.1 + 2 * 0.225 = 0.55 steps
     length.gate.plan = exit2
     length.gate.acc, length.gate.rej = 1.0, 9.0  # alpha 0.1: drafting does not pay
-    hint = _State(LengthHint(max_length=7, threshold=0.5))
-    assert length.max_length(hint) == 0  # the gate declines the selector's 7
+    hint = LengthHint(max_length=7, threshold=0.5)
+    assert length.max_length(None, hint) == 0  # the gate declines the selector's 7
     _round(length, [], 0)
-    assert length.max_length(_State(LengthHint(max_length=0, threshold=0.5))) == 0  # the selector's own 0
+    assert length.max_length(None, LengthHint(max_length=0, threshold=0.5)) == 0  # the selector's own 0
     _round(length, [], 0)
     s = length.summary()
-    assert s["no_draft_rounds"] == 1 and s["fallback"]["declined"] == 1 and s["fallback"]["rounds"] == 2
+    assert s["no_draft_rounds"] == 1 and s["gate"]["declined"] == 1 and s["gate"]["rounds"] == 2
     assert length.gate.plan == exit2  # empty drafts do not change the costed plan
     length.gate.acc, length.gate.rej = 9.0, 1.0
-    assert length.max_length(hint) == 7
+    assert length.max_length(None, hint) == 7

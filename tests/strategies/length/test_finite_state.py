@@ -8,7 +8,8 @@ import torch
 from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.testing import LengthControllerContract, random_prompt
+from framework.policies.gate import GateConfig, GatedLength
+from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.finite_state import FiniteStateLength, FiniteStateLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
@@ -49,7 +50,7 @@ def _drive(ctl: FiniteStateLength, outcomes) -> list[int]:
     """Lengths asked for: before the first round, then after each scripted (drafted, accepted)."""
     ks = [ctl.max_length(None)]
     for drafted, accepted in outcomes:
-        ctl.observe(*_round(drafted, accepted))
+        ctl.observe(None, *_round(drafted, accepted))
         ks.append(ctl.max_length(None))
     return ks
 
@@ -184,14 +185,14 @@ class _Spy(FiniteStateLength):
         self.asked: list[int] = []
         self.rounds: list[tuple[int, int]] = []
 
-    def max_length(self, state) -> int:
-        k = super().max_length(state)
+    def max_length(self, state, hint=None) -> int:
+        k = super().max_length(state, hint)
         self.asked.append(k)
         return k
 
-    def observe(self, draft, result) -> None:
+    def observe(self, state, draft, result) -> None:
         self.rounds.append((draft.length, result.accepted))
-        super().observe(draft, result)
+        super().observe(state, draft, result)
 
 
 def _decoder(adapter, length):
@@ -225,20 +226,20 @@ def test_in_decoder_follows_rule_and_stays_lossless(deep_adapters):
     assert res.strategy_summary["length"]["k"] == replay.max_length(None)
 
 
-# ---- never-lose fallback -------------------------------------------------------------------------
+# ---- under the draft gate -----------------------------------------------------------------------
 
 
-class TestFiniteStateFallbackContract(LengthControllerContract):
+class TestFiniteStateGatedContract(LengthControllerContract):
     def make(self):
-        return FiniteStateLength(FiniteStateLengthConfig(k_init=3, k_max=6, fallback=True, fallback_probe=2))
+        return GatedLength(
+            FiniteStateLength(FiniteStateLengthConfig(k_init=3, k_max=6)), GateConfig(enabled=True, probe=2)
+        )
 
 
 def test_declines_keep_k_and_probes_move_it():
-    from framework.testing import synthetic_cost_model
-
-    cfg = FiniteStateLengthConfig(k_init=4, fallback=True, fallback_probe=2, fallback_probe_max=2)
-    ctl = FiniteStateLength(cfg)
-    assert ctl.gate.lengths == "exact"  # FS drafts exactly K
+    inner = FiniteStateLength(FiniteStateLengthConfig(k_init=4))
+    ctl = GatedLength(inner, GateConfig(enabled=True, probe=2, probe_max=2))
+    assert FiniteStateLength.exact_length and ctl.gate.lengths == "exact"  # FS drafts exactly K
     ctl.gate.set_costs(synthetic_cost_model(4))
     cheap = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])
     got, ks = [], []
@@ -247,12 +248,13 @@ def test_declines_keep_k_and_probes_move_it():
         got.append(n)
         m = n if accepted_all else 0
         ctl.observe(
+            None,
             Draft(torch.zeros(1, n, dtype=torch.long), cheap),
             Verification(torch.tensor([m]), torch.zeros(1, m + 1, dtype=torch.long)),
         )
-        ks.append(ctl.k)
+        ks.append(inner.k)
     # K=4 rejected -> 3; two declines keep 3; a 1-token probe rejected -> 2; declines; probe accepted -> 3
     assert got == [4, 0, 0, 1, 0, 0, 1]
     assert ks == [3, 3, 3, 2, 2, 2, 3]
-    assert ctl.summary()["fallback"]["probes"] == 2
+    assert ctl.summary()["gate"]["probes"] == 2
     assert ctl.summary()["rounds_observed"] == 3

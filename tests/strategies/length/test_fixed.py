@@ -7,6 +7,7 @@ import torch
 
 from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError
+from framework.policies.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, synthetic_cost_model
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -42,12 +43,12 @@ def test_constant_k_and_never_stops_early(k):
     assert FixedLength().config.k == 4
 
 
-# ---- never-lose fallback -------------------------------------------------------------------------
+# ---- under the draft gate -----------------------------------------------------------------------
 
 
-class TestFixedFallbackContract(LengthControllerContract):
+class TestFixedGatedContract(LengthControllerContract):
     def make(self):
-        return FixedLength(FixedLengthConfig(k=3, fallback=True, fallback_probe=2))
+        return GatedLength(FixedLength(FixedLengthConfig(k=3)), GateConfig(enabled=True, probe=2))
 
 
 _CHEAP = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])  # 0.55 steps on the synthetic costs
@@ -55,18 +56,21 @@ _CHEAP = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])  # 0.55 steps on the
 
 def _observe(ctl, k: int, m: int) -> None:
     ctl.observe(
+        None,
         Draft(torch.zeros(1, k, dtype=torch.long), _CHEAP),
         Verification(torch.tensor([m]), torch.zeros(1, m + 1, dtype=torch.long)),
     )
 
 
-def test_fallback_off_by_default_and_summary_empty():
+def test_fixed_drafts_exactly_k_and_has_no_gate_of_its_own():
     ctl = FixedLength()
-    assert ctl.config.fallback is False and ctl.gate is None and ctl.summary() == {}
+    assert FixedLength.exact_length is True
+    assert not hasattr(ctl, "gate") and ctl.summary() == {}
+    assert not any(f.startswith(("fallback", "gate")) for f in FixedLengthConfig.__dataclass_fields__)
 
 
-def test_fallback_declines_probes_and_reports():
-    ctl = FixedLength(FixedLengthConfig(k=3, fallback=True, fallback_probe=2, fallback_probe_max=2))
+def test_gate_declines_probes_and_reports():
+    ctl = GatedLength(FixedLength(FixedLengthConfig(k=3)), GateConfig(enabled=True, probe=2, probe_max=2))
     ctl.gate.set_costs(synthetic_cost_model(4))
     ctl.reset()
     got = []
@@ -75,26 +79,20 @@ def test_fallback_declines_probes_and_reports():
         got.append(k)
         _observe(ctl, k, 0)
     assert got == [3, 0, 0, 1, 0, 0, 1]
-    s = ctl.summary()["fallback"]
+    s = ctl.summary()["gate"]
     assert (s["rounds"], s["declined"], s["probes"], s["alpha"]) == (7, 4, 2, 0.0)
 
 
-def test_fallback_values_k_itself_unlike_a_controller_that_stops_early():
+def test_gate_values_k_itself_unlike_a_controller_that_stops_early():
     """alpha 0.7: drafting 1 token pays (1.7 / 1.65), drafting 3 does not (2.533 / 2.95)."""
     costs = synthetic_cost_model(4)
     assert costs.expected_speedup(0.7, 1, _CHEAP) > 1 > costs.expected_speedup(0.7, 3, _CHEAP)
-    fixed = FixedLength(FixedLengthConfig(k=3, fallback=True))
-    conf = ConfidenceLength(ConfidenceLengthConfig(max_length=3, fallback=True))
+    on = GateConfig(enabled=True)
+    fixed = GatedLength(FixedLength(FixedLengthConfig(k=3)), on)
+    conf = GatedLength(ConfidenceLength(ConfidenceLengthConfig(max_length=3)), on)
     for ctl in (fixed, conf):
         ctl.gate.set_costs(costs)
         ctl.gate.plan = _CHEAP
         ctl.gate.acc, ctl.gate.rej = 7.0, 3.0
     assert fixed.max_length(None) == 0
     assert conf.max_length(None) == 3
-
-
-def test_bad_fallback_option_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"^fallback_probe must be an integer in \[1, 1024\], got 0$"):
-        FixedLengthConfig(fallback=True, fallback_probe=0)
-    with pytest.raises(ConfigError, match=r"^fallback_margin must be in \[-0.5, 0.5\], got 0.9$"):
-        FixedLengthConfig(fallback=True, fallback_margin=0.9)

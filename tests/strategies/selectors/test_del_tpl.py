@@ -174,14 +174,14 @@ def test_threshold_midpoint_and_guards():
 
 def _round(state, sel, drafter, length, k_max=18):
     plan = sel.plan(state)
-    k = max(0, min(length.max_length(state), k_max))
+    k = max(0, min(length.max_length(state, sel.length_hint(state)), k_max))
     from framework import Draft
 
     draft = drafter.draft(state, plan, length, k) if k else Draft.empty(1, plan)
     res = GreedyVerifier().verify(state, draft)
     state.commit(res)
     sel.observe(state, draft, res)
-    length.observe(draft, res)
+    length.observe(state, draft, res)
     return plan, draft, res
 
 
@@ -215,7 +215,7 @@ def test_prompt_initialisation(init_tokens, reference):
     torch.testing.assert_close(sel.statistics.alpha(torch.arange(1, 6)), want)
     assert sel.summary()["init_positions"] == w
     e, d, _ = choose_exit(want, torch.arange(1, 6), 6, 18)
-    assert plan == LayerPlan.from_indices(6, exit_layer=e) and state.length_hint.max_length == (
+    assert plan == LayerPlan.from_indices(6, exit_layer=e) and sel.length_hint(state).max_length == (
         18 if d else 0
     )
 
@@ -228,7 +228,7 @@ def test_no_prompt_statistics_means_no_draft_first():
         sel.setup(adapter.info())
         sel.plan(state)
         # no statistics: alpha = 0 everywhere; the threshold guards give (1 + 0) / 2
-        assert state.length_hint == LengthHint(max_length=0, threshold=0.5, source="del_tpl")
+        assert sel.length_hint(state) == LengthHint(max_length=0, threshold=0.5, source="del_tpl")
         assert sel.summary()["init_positions"] == 0
 
 

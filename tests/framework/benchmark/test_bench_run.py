@@ -1,6 +1,6 @@
-"""The Spec-Bench-style benchmark (framework/benchmark/bench.py, experiments/bench.py) on a tiny random
-model: the table, the ratio of means, mismatches, HF generate against our vanilla, repeats,
-incremental output and bad input."""
+"""The benchmark's interleaved run (framework/benchmark/run.py) on a tiny random model: the table,
+the ratio of means, mismatches, HF generate against our vanilla, the rotating method order,
+incremental output and a failing HF method."""
 
 from __future__ import annotations
 
@@ -9,34 +9,15 @@ import statistics
 
 import pytest
 
-from framework.benchmark.bench import BenchConfig, HFGenerateDecoder, main, run_benchmark
-from framework.config import ConfigError
+from framework.benchmark import BenchConfig, HFGenerateDecoder, run_benchmark
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
+from framework.experiment.config import RunConfig
 from framework.experiment.metrics import cost_model_prediction, rounds_prediction
-from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
+from framework.testing import synthetic_cost_model
 
-VOCAB = 128
+VOCAB = 128  # the tiny model of conftest.py
 METHODS = ("vanilla", "hf_generate", "hf_prompt_lookup", "hf_early_exit", "static_confidence")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256)
-    return model, tiny_tokenizer(VOCAB)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    rows = [
-        {"question_id": 1, "category": "writing", "turns": ["w1 w2 w3 w4", "w5 w6"]},
-        {"question_id": 2, "category": "qa", "turns": ["w7 w8 w9 w7 w8 w9"]},
-        {"question_id": 3, "category": "qa", "turns": ["w10 w11 w12 w13 w14"]},
-        {"question_id": 4, "category": "rag", "turns": ["w20 w21 w22"]},
-    ]
-    p = tmp_path_factory.mktemp("data") / "question.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return p
 
 
 class Broken:
@@ -59,11 +40,9 @@ def bench(tiny, data, tmp_path_factory):
     cm.write_text(json.dumps({"cost_model": synthetic_cost_model(4).to_dict()}))
     cfg = BenchConfig(
         methods=METHODS,
-        data=str(data),
-        max_new_tokens=10,
+        run=RunConfig(data=str(data), max_new_tokens=10, dtype="float64"),
         repeats=2,
         out=str(out),
-        dtype="float64",
         cost_model=str(cm),
         command="python experiments/bench.py --test",
     )
@@ -181,12 +160,9 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
     monkeypatch.setattr(HFGenerateDecoder, "generate", flaky)
     cfg = BenchConfig(
         methods=("vanilla", "hf_generate"),
-        data=str(data),
-        max_new_tokens=6,
-        warmup=0,
+        run=RunConfig(data=str(data), max_new_tokens=6, warmup=0, plots=False),
         out=str(tmp_path),
         cost_model="none",
-        plots=False,
     )
     with pytest.raises(KeyboardInterrupt):
         run_benchmark(cfg, model, tok, log=lambda s: None)
@@ -205,10 +181,10 @@ def test_hf_error_is_reported_in_its_row(tiny, data, tmp_path, monkeypatch):
         return real(self, ids, stop)
 
     monkeypatch.setattr(HFGenerateDecoder, "generate", fails)
-    cfg = BenchConfig(
+    cfg = BenchConfig.from_overrides(
         methods=("vanilla", "hf_generate", "hf_early_exit"),
         data=str(data),
-        categories=("qa",),
+        categories="qa",
         max_new_tokens=6,
         out=str(tmp_path),
         cost_model="none",
@@ -221,92 +197,3 @@ def test_hf_error_is_reported_in_its_row(tiny, data, tmp_path, monkeypatch):
     assert res["summary"]["methods"]["hf_generate"]["prompts"] == 2
     errs = [r for r in res["records"] if r.get("error")]
     assert [r["method"] for r in errs] == ["hf_early_exit"]
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (
-            ["--methods", "vanilla,warp_drive"],
-            "--methods must be a comma-separated list of vanilla, hf_generate",
-        ),
-        (["--methods", "vanilla,clasp,clasp"], "each method once"),
-        (["--methods", "vanilla"], "at least one method besides vanilla"),
-        (["--methods", "vanilla,selfsd_sampling"], "a greedy preset"),
-        (["--categories", "poetry"], "--categories: unknown 'poetry'; available: mt_bench, qa, rag"),
-        (["--repeats", "0"], "--repeats must be an integer >= 1"),
-        (["--preset-args", "swift=--selector.skip_ratio 0.3"], "--preset-args must be a preset among"),
-        (["--preset-args", "static_confidence=--no-such-flag 1"], "run.py flags"),
-        (["--cost-model", "missing.json"], "--cost-model must be 'measure', 'none' or a CostModel"),
-        (["--early-exit-layer", "4"], "--early-exit-layer must be in [1, 3]"),
-    ],
-)
-def test_bad_input_exits_2_with_a_clear_message(tiny, data, tmp_path, capsys, argv, message):
-    model, tok = tiny
-    base = ["--data", str(data), "--out", str(tmp_path / "o"), "--max-new-tokens", "4", "--warmup", "0"]
-    base += ["--methods", "vanilla,hf_generate,hf_early_exit,static_confidence", "--cost-model", "none"]
-    code = main(base + argv, model=model, tokenizer=tok)
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.startswith("error: ") and message in err, err
-    assert not (tmp_path / "o" / "records.jsonl").exists()
-
-
-def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
-    from framework.benchmark.bench import MethodSpec, _preset_run_config
-
-    cfg = BenchConfig(
-        methods=("vanilla", "static_confidence", "selfsd"),
-        preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),),
-        skip_set=str(tmp_path / "s.skipset.json"),
-    )
-    rc = _preset_run_config(MethodSpec("static_confidence", "preset", "static_confidence"), cfg)
-    assert rc.selector.config.skip_ratio == 0.5 and rc.length.config.threshold == 0.9
-    assert rc.method_name == "static_confidence"
-    rc = _preset_run_config(MethodSpec("selfsd", "preset", "selfsd"), cfg)
-    assert rc.selector.config.skip_set == str(tmp_path / "s.skipset.json")
-    with pytest.raises(ConfigError, match="records.jsonl exists"):
-        (tmp_path / "records.jsonl").write_text("{}\n")
-        run_benchmark(BenchConfig(methods=("vanilla", "hf_generate"), out=str(tmp_path)), object(), None)
-
-
-def test_plan_plots_come_from_the_first_repeat(tmp_path):
-    from framework.benchmark.bench import make_plots
-
-    def rec(method, plans, exits, repeat=0):
-        turn = {"plans": plans, "exit_layers": exits}
-        return {
-            "method": method,
-            "kind": "preset",
-            "repeat": repeat,
-            "drafted": 2,
-            "accept_lengths": [2, 1],
-            "turns": [turn],
-        }
-
-    records = [
-        rec("dyn", ["10000000", "01000001"], [None, None]),
-        rec("static", ["10000000", "10000000"], [None, None]),
-        rec("early", ["00011111", "00111111"], [3, 2]),
-        rec("dyn2", ["10000000", "10000000"], [None, None]),
-        rec("dyn2", ["01000000"], [None], repeat=1),  # later repeats are not drawn
-    ]
-    summary = {"methods": {"dyn": {"speedup": {"overall": 1.1}}, "vanilla": {"speedup": {"overall": 1.0}}}}
-    out = make_plots(tmp_path, summary, records, num_layers=4)
-    names = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert names == ["accept_lengths.png", "exit_layer_early.png", "skip_dyn.png", "speedup_by_category.png"]
-    assert set(out) == {
-        "speedup by category",
-        "accepted tokens per round",
-        "dyn: skip set per round",
-        "early: exit layer per round",
-    }
-
-
-def test_cost_model_of_another_model_is_refused(tiny, data, tmp_path, capsys):
-    model, tok = tiny
-    cm = tmp_path / "cm.json"
-    cm.write_text(json.dumps(synthetic_cost_model(10).to_dict()))
-    argv = ["--data", str(data), "--out", str(tmp_path / "o"), "--methods", "vanilla,hf_generate"]
-    assert main(argv + ["--cost-model", str(cm)], model=model, tokenizer=tok) == 2
-    assert "a cost model of a 4-layer model, not 10" in capsys.readouterr().err

@@ -1,0 +1,221 @@
+"""The benchmark's configuration: the methods to compare and the benchmark's own knobs, around one
+`RunConfig` that holds everything a run shares (model, dtype, device, data, categories, limit,
+max_new_tokens, seed, warm-up, threads, kernels, plots).
+
+A method is ``vanilla`` (our autoregressive baseline, always run), one of the Hugging Face
+``generate`` methods (`HF_METHODS`), a shipped preset, or a preset YAML file (`parse_methods`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from framework.benchmark.hf import HF_METHODS
+from framework.config import ConfigError, check_range, param, parse_value
+from framework.experiment.config import RunConfig
+from framework.experiment.flags import flag_of
+from framework.experiment.plugins import load_builtin_strategies
+from framework.experiment.presets import list_presets, load_preset
+
+BASELINE = "vanilla"
+DEFAULT_METHODS = ("vanilla", "hf_generate", "hf_prompt_lookup", "hf_early_exit", "static_confidence")
+#: The `RunConfig` fields the benchmark exposes (``--model``, ``--max-new-tokens``, ...): they apply
+#: to the vanilla baseline and are shared by every preset method.
+SHARED_RUN_FIELDS = (
+    "model",
+    "dtype",
+    "device",
+    "data",
+    "categories",
+    "limit",
+    "max_new_tokens",
+    "seed",
+    "warmup",
+    "threads",
+    "kernels",
+    "plots",
+)
+
+
+def allowed_methods() -> list[str]:
+    """Every method name `parse_methods` accepts (besides preset YAML files)."""
+    return [BASELINE, *HF_METHODS, *(p for p in list_presets() if p != BASELINE)]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method of the benchmark: ``kind`` is ``baseline``, ``hf``, ``preset`` or ``custom``."""
+
+    label: str
+    kind: str
+    source: str = ""  # the preset name or YAML path
+
+
+def parse_methods(methods: Sequence[str]) -> list[MethodSpec]:
+    """Resolve method names; vanilla is added first when missing.
+
+    Raises:
+        ConfigError: an unknown name (the message lists the allowed ones), a duplicate, or a
+            baseline-only preset file.
+    """
+    load_builtin_strategies()
+    shipped = set(list_presets())
+    out: list[MethodSpec] = []
+    for raw in methods:
+        name = raw.strip()
+        if not name:
+            continue
+        if name == BASELINE:
+            spec = MethodSpec(BASELINE, "baseline")
+        elif name in HF_METHODS:
+            spec = MethodSpec(name, "hf")
+        elif name in shipped:
+            spec = MethodSpec(name, "preset", name)
+        elif Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
+            label = Path(name).stem
+            if label == BASELINE or label in HF_METHODS:
+                raise ConfigError("--methods", name, f"a preset file whose name is not {label!r} (reserved)")
+            spec = MethodSpec(label, "preset", name)
+            if load_preset(name)["baseline_only"]:
+                raise ConfigError("--methods", name, "a preset with strategies (vanilla is always run)")
+        else:
+            raise ConfigError(
+                "--methods",
+                name,
+                f"a comma-separated list of {', '.join(allowed_methods())}, or preset YAML files",
+            )
+        if any(s.label == spec.label for s in out):
+            raise ConfigError("--methods", name, "each method once (two methods share the name)")
+        out.append(spec)
+    if not any(s.kind == "baseline" for s in out):
+        out.insert(0, MethodSpec(BASELINE, "baseline"))
+    if len(out) < 2:
+        raise ConfigError("--methods", ",".join(methods), "at least one method besides vanilla")
+    return out
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything one benchmark needs (built by `framework.benchmark.cli.main`, or directly in Python).
+
+    ``run`` holds what every method shares (only its `SHARED_RUN_FIELDS` matter: the strategies of
+    the preset methods come from their presets); the other fields are the benchmark's own.
+
+    Example:
+        ``BenchConfig(methods=("vanilla", "swift"), run=RunConfig(max_new_tokens=64, limit=1), repeats=2)``
+    """
+
+    run: RunConfig = field(
+        default_factory=RunConfig,
+        metadata={"help": "the run options every method shares (model, data, max_new_tokens, ...)"},
+    )
+    methods: tuple[str, ...] = param(
+        DEFAULT_METHODS,
+        help="comma-separated: vanilla, hf_generate, hf_prompt_lookup, hf_early_exit, any preset, or "
+        "preset YAML files",
+    )
+    repeats: int = param(1, help="repetitions of the whole interleaved run")
+    out: str | None = param(None, help="output directory (default runs/bench-<time>)")
+    prompt_lookup_num_tokens: int = param(10, help="hf_prompt_lookup's candidate tokens per lookup")
+    max_matching_ngram_size: int | None = param(None, help="hf_prompt_lookup's n-gram size (HF default 2)")
+    early_exit_layer: int | None = param(None, help="hf_early_exit's layer E (default round(0.8 L))")
+    hf_kernels: bool = param(
+        False,
+        help="run the HF methods with this framework's CPU kernels too (default: stock PyTorch, as users "
+        "run them)",
+    )
+    cost_model: str = param(
+        "measure",
+        help="'measure' (~15 s; saved as <out>/cost_model.json), 'none', or a CostModel / selfsd skip-set "
+        "JSON file",
+    )
+    skip_set: str | None = param(None, help="skip-set file for presets whose selector takes one (selfsd)")
+    preset_args: tuple[tuple[str, str], ...] = param(
+        (),
+        help="(method, extra run.py flags) pairs; on the command line METHOD=FLAGS, e.g. "
+        "'swift=--selector.skip_ratio 0.3' (repeatable)",
+    )
+    command: str = param("", help="the command line, for the report")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run, RunConfig):
+            raise ConfigError("run", self.run, "a RunConfig")
+        check_range("--repeats", self.repeats, 1, integer=True)
+        check_range("--prompt-lookup-num-tokens", self.prompt_lookup_num_tokens, 1, integer=True)
+        for flag, val in (
+            ("--max-matching-ngram-size", self.max_matching_ngram_size),
+            ("--early-exit-layer", self.early_exit_layer),
+        ):
+            if val is not None:
+                check_range(flag, val, 1, integer=True)
+        specs = parse_methods(self.methods)
+        labels = {s.label for s in specs}
+        for method, _ in self.preset_args:
+            spec = next((s for s in specs if s.label == method), None)
+            if spec is None or spec.kind != "preset":
+                raise ConfigError(
+                    "--preset-args", method, f"a preset among --methods ({', '.join(sorted(labels))})"
+                )
+
+    @classmethod
+    def from_overrides(cls, **overrides: Any) -> BenchConfig:
+        """A config from flat overrides, as the command line gives them: `BenchConfig` fields by
+        name, everything else a `RunConfig` override (``max_new_tokens``, ``data``, ...; see
+        `RunConfig.from_preset`) applied to ``run`` (given, or the defaults). String values are
+        parsed with the field's type (``repeats="3"``, ``methods="vanilla,swift"``).
+
+        Raises:
+            ConfigError: a bad value; the message names the flag (``--repeats``).
+        """
+        own = {f.name for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key not in own:
+                rest[key] = value
+            elif isinstance(value, str) and key != "run":
+                kwargs[key] = parse_value(value, hints[key], flag_of(cls, key))
+            else:
+                kwargs[key] = tuple(value) if isinstance(value, list) else value
+        run = kwargs.pop("run", None)
+        run = run.replace(**rest) if run is not None else RunConfig.from_preset(None, **rest)
+        return cls(run=run, **kwargs)
+
+    @property
+    def method_specs(self) -> list[MethodSpec]:
+        """The resolved methods, vanilla first when it was not named."""
+        return parse_methods(self.methods)
+
+    def shared(self) -> dict[str, Any]:
+        """The run options every preset method takes from ``run`` (`SHARED_RUN_FIELDS`)."""
+        return {name: getattr(self.run, name) for name in SHARED_RUN_FIELDS}
+
+    def replace(self, **changes: Any) -> BenchConfig:
+        """A copy with ``changes`` (BenchConfig fields), validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready view (``meta.json``): the benchmark's fields, the shared run options flat."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
+        d.update(self.shared())
+        d["methods"] = [s.label for s in self.method_specs]
+        d["categories"] = list(self.run.categories)
+        d["preset_args"] = [list(p) for p in self.preset_args]
+        return d
+
+
+__all__ = [
+    "BASELINE",
+    "DEFAULT_METHODS",
+    "SHARED_RUN_FIELDS",
+    "BenchConfig",
+    "MethodSpec",
+    "allowed_methods",
+    "parse_methods",
+]

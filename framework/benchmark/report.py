@@ -1,0 +1,249 @@
+"""The benchmark's numbers and report: per-method summaries from the JSONL records, the markdown
+tables, ``bench.md`` and the PNG plots."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from framework.benchmark.config import BASELINE, BenchConfig
+from framework.experiment import plots
+from framework.experiment.metrics import aggregate, cost_model_prediction, rounds_prediction
+
+#: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.
+MAX_TRACE_ROUNDS = 5000
+
+
+def _speedups(records: list[dict[str, Any]], method: str) -> dict[str, float]:
+    """``{category: tok/s of method / tok/s of vanilla}`` (ratio of means) over ``records``."""
+    out = {}
+    for cat, by_method in aggregate(records).items():
+        b, m = by_method.get(BASELINE), by_method.get(method)
+        if b is None or m is None:
+            continue
+        out[cat] = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
+    return out
+
+
+def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any = None) -> dict[str, Any]:
+    """The numbers of the report, per method, from the JSONL records.
+
+    Returns:
+        ``{"categories": [...], "methods": {label: {...}}}`` where a method's entry has
+        ``speedup`` ({category: mean over repeats of the ratio of means}), ``overall_by_repeat``,
+        ``std`` / ``min`` / ``max`` of the overall speedup over repeats (None with one repeat),
+        ``tokens_per_s`` ({category: mean tok/s over all repeats}), ``M``, ``alpha``,
+        ``skip_ratio``, ``drafted``, ``prompts``, ``mismatches`` (distinct prompts that differ from
+        vanilla in any repeat), ``mismatched`` (their ids), ``error`` and ``cost_model`` (the
+        prediction at the measured alpha, for methods that drafted with our decoders).
+    """
+    ok = [r for r in records if not r.get("error")]
+    errors = {r["method"]: r["error"] for r in records if r.get("error")}
+    repeats = sorted({r["repeat"] for r in ok})
+    agg = aggregate(ok)
+    cats = list(agg)
+    out: dict[str, Any] = {}
+    for method in methods:
+        per_rep = [_speedups([r for r in ok if r["repeat"] == rep], method) for rep in repeats]
+        speed = {}
+        for cat in cats:
+            vals = [s[cat] for s in per_rep if cat in s]
+            if vals:
+                speed[cat] = sum(vals) / len(vals)
+        overall = [s["overall"] for s in per_rep if "overall" in s]
+        stats = agg.get("overall", {}).get(method)
+        mine = [r for r in ok if r["method"] == method]
+        bad = sorted({str(r["question_id"]) for r in mine if not r.get("lossless", True)})
+        entry: dict[str, Any] = {
+            "speedup": speed,
+            "overall_by_repeat": overall,
+            "std": statistics.stdev(overall) if len(overall) > 1 else None,
+            "min": min(overall) if overall else None,
+            "max": max(overall) if overall else None,
+            "tokens_per_s": {c: agg[c][method].mean_tokens_per_s for c in cats if method in agg[c]},
+            "M": stats.mean_accepted_length if stats else None,
+            "alpha": stats.acceptance_rate if stats and stats.drafted else None,
+            "skip_ratio": stats.skip_ratio if stats and stats.skip_rounds else None,
+            "drafted": stats.drafted if stats else 0,
+            "prompts": len({str(r["question_id"]) for r in mine}),
+            "mismatches": len(bad),
+            "mismatched": bad,
+            "error": errors.get(method),
+            "cost_model": None,
+        }
+        kind = mine[0].get("kind") if mine else None
+        if cost is not None and stats and stats.drafted and kind == "preset":
+            entry["cost_model"] = cost_model_prediction(
+                cost, stats.acceptance_rate, stats.skip_ratio, stats.forwards_per_draft_token
+            )
+            entry["cost_model"]["rounds"] = rounds_prediction(cost, mine)
+        out[method] = entry
+    return {"categories": cats, "methods": out, "repeats": len(repeats)}
+
+
+def _x(v: float | None) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}x"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def results_markdown(summary: dict[str, Any]) -> str:
+    """The main table: per-category speedups, overall ± spread, tok/s, M, alpha, mismatches and the
+    cost model's prediction."""
+    cats = [c for c in summary["categories"] if c != "overall"]
+    head = ["method", *cats, "**overall**", "spread (std; min-max)", "tok/s", "M", "alpha", "mismatches"] + [
+        "cost model: ceiling / best drafting / its rounds"
+    ]
+    rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for method, e in summary["methods"].items():
+        if e["error"] and not e["prompts"]:
+            cells = ["error"] * (len(cats) + 1) + [_cell(f"ERROR: {e['error'][:160]}")] + ["n/a"] * 5
+            rows.append(f"| {method} | " + " | ".join(cells) + " |")
+            continue
+        cells = [_x(e["speedup"].get(c)) for c in cats] + [f"**{_x(e['speedup'].get('overall'))}**"]
+        if method == BASELINE:
+            cells.append("n/a (baseline)")
+        elif e["std"] is not None:
+            cells.append(f"± {e['std']:.3f} ({e['min']:.3f}-{e['max']:.3f})")
+        else:
+            cells.append("n/a (1 run)")
+        if e["error"]:
+            cells[-1] += _cell(f"; ERROR after {e['prompts']} prompts: {e['error'][:120]}")
+        tps = e["tokens_per_s"].get("overall")
+        cells.append(f"{tps:.2f}" if tps is not None else "n/a")
+        cells.append(f"{e['M']:.2f}" if e["M"] is not None else "n/a")
+        cells.append(f"{e['alpha']:.3f}" if e["alpha"] is not None else "n/a")
+        cells.append("baseline" if method == BASELINE else f"{e['mismatches']}/{e['prompts']}")
+        cm = e["cost_model"]
+        if cm:
+            rounds = cm.get("rounds")
+            cells.append(
+                f"{cm['ceiling']:.3f}x (k={cm['ceiling_k']}) / {cm['drafting']:.3f}x (k={cm['drafting_k']})"
+                + (f" / {rounds:.3f}x" if rounds is not None else "")
+            )
+        else:
+            cells.append("n/a")
+        rows.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def tokens_per_s_markdown(summary: dict[str, Any]) -> str:
+    cats = summary["categories"]
+    rows = ["| method | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
+    for method, e in summary["methods"].items():
+        vals = [e["tokens_per_s"].get(c) for c in cats]
+        rows.append(f"| {method} | " + " | ".join("n/a" if v is None else f"{v:.2f}" for v in vals) + " |")
+    return "\n".join(rows)
+
+
+def render_report(
+    cfg: BenchConfig,
+    summary: dict[str, Any],
+    env: dict[str, Any],
+    n_prompts: int,
+    elapsed: float,
+    plots: dict[str, str],
+    hf: dict[str, str],
+    cost: Any,
+) -> str:
+    gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
+    run = cfg.run
+    lines = [
+        "# Benchmark",
+        "",
+        f"- command: `{cfg.command or '(called from Python)'}`",
+        f"- machine: {env['cpu']}, {env['cpu_count']} cores, torch threads {env['torch_threads']}{gpu}",
+        f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
+        f"- data: {run.data or 'built-in suite'}; {n_prompts} prompts"
+        + (f" (at most {run.limit} per category)" if run.limit else "")
+        + f"; max_new_tokens {run.max_new_tokens}; dtype {run.dtype}; greedy, batch 1; warm-up {run.warmup} "
+        f"generation(s) per method; {cfg.repeats} repeat(s); {elapsed:.0f} s timed",
+    ]
+    if hf:
+        lines.append("- HF methods: " + "; ".join(f"{k}: {v}" for k, v in hf.items()))
+    if cost is not None:
+        lines.append(f"- cost model ({cost.device}, context {cost.context}): {cost.describe()}")
+    lines += [
+        "",
+        "Speedup = mean tokens/s of the method / mean tokens/s of our vanilla baseline (ratio of means), "
+        "interleaved on the same prompts; with several repeats, the mean over repeats of each repeat's "
+        "ratio. M = tokens per verification round, bonus included. Mismatches = prompts whose tokens "
+        "differ from vanilla greedy decoding. The cost model column: the best speedup the measured cost "
+        "model predicts at the method's measured alpha and skip ratio (ceiling over k = 0..16, and the "
+        "best with drafting, k >= 1), then what it predicts for the rounds the method actually ran (its "
+        "draft lengths, plans and verified blocks; measured / this = the engine's efficiency).",
+        "",
+        results_markdown(summary),
+        "",
+        "Tokens/s by category (mean over prompts and repeats):",
+        "",
+        tokens_per_s_markdown(summary),
+    ]
+    notes = []
+    for method, e in summary["methods"].items():
+        if e["error"]:
+            notes.append(f"- **{method} failed**: `{_cell(e['error'])}`")
+        if e["mismatches"] and method != BASELINE:
+            ids = ", ".join(e["mismatched"][:20])
+            notes.append(f"- {method}: {e['mismatches']} prompt(s) differ from vanilla (question ids {ids})")
+    if notes:
+        lines += ["", *notes]
+    if plots:
+        lines += ["", "Plots:", ""] + [f"![{name}]({Path(p).name})" for name, p in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def make_plots(
+    out_dir: Path, summary: dict[str, Any], records: list[dict[str, Any]], num_layers: int
+) -> dict[str, str]:
+    """The benchmark's PNGs: speedup by category, accepted tokens per round, and for our methods
+    the draft's plan over the rounds of the first repeat (`GenerationResult.plans` /
+    ``exit_layers``): the exit layer per round for early-exit drafting, else the skip set per round
+    when it changes (dynamic selectors such as swift and clasp_dp)."""
+    out: dict[str, str] = {}
+    rows = {m: e["speedup"] for m, e in summary["methods"].items() if m != BASELINE and e["speedup"]}
+    out["speedup by category"] = str(plots.speedup_by_category(rows, out_dir / "speedup_by_category.png"))
+    lengths: dict[str, list[int]] = {}
+    codes: dict[str, list[str]] = {}
+    exits: dict[str, list[int | None]] = {}
+    for r in records:
+        if r.get("error"):
+            continue
+        if r.get("drafted"):
+            lengths.setdefault(r["method"], []).extend(r["accept_lengths"])
+        if r.get("kind") == "preset" and r["repeat"] == 0:
+            for t in r["turns"]:
+                codes.setdefault(r["method"], []).extend(t.get("plans") or [])
+                exits.setdefault(r["method"], []).extend(t.get("exit_layers") or [])
+    out["accepted tokens per round"] = str(
+        plots.accept_length_histogram(lengths, out_dir / "accept_lengths.png")
+    )
+    for method, plan_codes in codes.items():
+        if not plan_codes:
+            continue
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in method)
+        exit_layers = exits.get(method, [])[:MAX_TRACE_ROUNDS]
+        if any(e is not None for e in exit_layers):
+            p = plots.exit_layer_over_time(exit_layers, num_layers, out_dir / f"exit_layer_{safe}.png")
+            out[f"{method}: exit layer per round"] = str(p)
+        elif len(set(plan_codes)) > 1:
+            rows_bits = [[int(c) for c in code] for code in plan_codes[:MAX_TRACE_ROUNDS]]
+            p = plots.skip_heatmap(rows_bits, num_layers, out_dir / f"skip_{safe}.png", title=method)
+            out[f"{method}: skip set per round"] = str(p)
+    return out
+
+
+__all__ = [
+    "make_plots",
+    "render_report",
+    "results_markdown",
+    "summarize",
+    "tokens_per_s_markdown",
+]

@@ -1,0 +1,237 @@
+"""A local sweep: every trial of a sweep file validated up front, then run one after the other
+through `framework.sweep.trial.train` (W&B offline by default), with ``trials.jsonl`` and a
+``results.md`` table sorted by the metric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from framework.experiment.cli import USER_ERRORS
+from framework.sweep.spec import Sweep, SweepError, expand_trials, load_sweep
+from framework.sweep.trial import (
+    command_line,
+    describe_params,
+    format_value,
+    smoke_setup,
+    train,
+    validate_trials,
+    wandb_mode,
+)
+
+TABLE_METRICS = (
+    ("speedup", "speedup", "{:.3f}x"),
+    ("M", "mean_accepted_tokens", "{:.2f}"),
+    ("alpha", "alpha", "{:.3f}"),
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("vanilla tok/s", "vanilla_tokens_per_s", "{:.1f}"),
+)
+
+
+def _cell(v: Any, fmt: str = "{:.4g}") -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "nan" if v != v else fmt.format(v)
+    return format_value(v)
+
+
+def _sort_key(sweep: Sweep, row: dict[str, Any]) -> tuple[int, float]:
+    v = row.get("metrics", {}).get(sweep.metric)
+    if row["status"] != "ok" or not isinstance(v, (int, float)) or v != v:
+        return (1, 0.0)
+    return (0, -v if sweep.goal == "maximize" else v)
+
+
+def results_table(sweep: Sweep, rows: list[dict[str, Any]], *, sort: bool = True) -> str:
+    """Markdown: one row per trial (its swept parameters, then the metrics), best first when ``sort``."""
+    if sort:
+        rows = sorted(rows, key=lambda r: _sort_key(sweep, r))
+    cols = list(TABLE_METRICS)
+    if sweep.metric not in [key for _, key, _ in cols]:
+        cols.insert(0, (sweep.metric, sweep.metric, "{:.4g}"))
+    head = ["trial", *sweep.swept, *(h for h, _, _ in cols), "lossless", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (len(head) - 1) + "---|"]
+    for r in rows:
+        m = r.get("metrics") or {}
+        cells = [str(r["trial"]), *(_cell(r["params"].get(p)) for p in sweep.swept)]
+        cells += [_cell(m.get(key), fmt) for _, key, fmt in cols]
+        cells.append(
+            f"{m['lossless']}/{m['lossless_checked']}" if m.get("lossless_checked") else "n/a" if m else ""
+        )
+        cells.append("ok" if r["status"] == "ok" else f"failed: {r.get('error', '')}".replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _header(sweep: Sweep, n: int, seed: int, overrides: dict[str, Any] | None = None) -> str:
+    how = sweep.method if sweep.method == "grid" else f"{sweep.method} (seed {seed})"
+    if sweep.method == "bayes":
+        how = f"bayes, run locally as random (seed {seed})"
+    return (
+        f"# Sweep {sweep.name}: {n} trials, {how}, metric {sweep.metric} ({sweep.goal})\n\n"
+        f"File: {sweep.path}. Fixed: {describe_params(sweep.constants) or 'none'}."
+        + (f" Smoke mode (tiny random model): {describe_params(overrides)}." if overrides else "")
+        + "\n"
+    )
+
+
+@dataclass
+class SweepResult:
+    """What `run_sweep` did: the trials' rows (as in ``trials.jsonl``) and the sorted table."""
+
+    sweep: Sweep
+    out_dir: Path
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    table: str = ""
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> int:
+        return sum(r["status"] != "ok" for r in self.rows)
+
+
+def run_sweep(
+    sweep: Sweep | str | Path,
+    *,
+    out_dir: str | Path | None = None,
+    count: int | None = None,
+    seed: int = 0,
+    mode: str = "offline",
+    dry_run: bool = False,
+    smoke: bool = False,
+    model: Any = None,
+    tokenizer: Any = None,
+    log: Callable[[str], None] = print,
+) -> SweepResult:
+    """Run a sweep file locally, trial after trial, through `train`.
+
+    Every trial is validated first (`validate_trials`); the model is loaded once (or ``model`` is
+    used) and shared by the trials. Each finished trial appends a row to ``trials.jsonl`` and
+    ``results.md`` at once; at the end (or on Ctrl-C) ``results.md`` is rewritten sorted by the
+    metric, and the table is logged.
+
+    Args:
+        sweep: a sweep file or a `load_sweep` result.
+        out_dir: where ``trials.jsonl``, ``results.md``, each trial's results (``trial-NNN.*``) and,
+            unless ``WANDB_DIR`` is set, the W&B runs (``wandb/``) go; default
+            ``runs/sweeps/<name>-<time>``. Must not hold an earlier sweep.
+        count: trials to run (grid: the first N points; random / bayes: N draws, default run_cap).
+        seed: the random search's seed.
+        mode: W&B mode of the trials: ``offline`` (default), ``online`` or ``disabled``.
+        dry_run: validate and list the trials; run nothing, write nothing.
+        smoke: a tiny random model and prompt file instead of the configured model and data.
+        model: an already loaded model for every trial (tests pass a tiny one).
+        tokenizer: its tokenizer.
+        log: progress lines.
+
+    Raises:
+        SweepError: bad sweep file or parameters (before any trial runs).
+    """
+    if not isinstance(sweep, Sweep):
+        sweep = load_sweep(sweep)
+    for notice in sweep.notices:
+        log(f"note: {notice}")
+    if sweep.method == "bayes":
+        log(
+            "note: method bayes runs locally as random search (Bayesian search needs the W&B server: wandb agent)"
+        )
+    trials = expand_trials(sweep, count, seed)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(out_dir) if out_dir else Path("runs") / "sweeps" / f"{sweep.name}-{stamp}"
+    if not dry_run and (out / "trials.jsonl").exists():
+        raise SweepError(f"--out {out} already holds a sweep (trials.jsonl): choose another directory")
+    overrides: dict[str, Any] = {}
+    if smoke:
+        # The prompt file goes to a temporary directory: nothing is written before validation.
+        model, tokenizer, overrides = smoke_setup(Path(tempfile.mkdtemp(prefix="selfspec-smoke-")))
+        log(
+            f"smoke mode: a tiny random 4-block model, prompts {overrides['data']}, max_new_tokens "
+            f"{overrides['max_new_tokens']}: this checks the machinery, the numbers mean nothing"
+        )
+    validate_trials(sweep, trials, overrides=overrides)
+    mode, notice = wandb_mode(mode)
+    result = SweepResult(sweep, out, trials=trials)
+    if dry_run:
+        log(_header(sweep, len(trials), seed, overrides))
+        for i, params in enumerate(trials, 1):
+            log(f"trial {i}: {command_line(params)}")
+        log(f"\n{len(trials)} trials validated; nothing was run (--dry-run)")
+        return result
+    if notice:
+        log(notice)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl, md = out / "trials.jsonl", out / "results.md"
+    md.write_text(
+        _header(sweep, len(trials), seed, overrides) + "\n" + results_table(sweep, []) + "\n",
+        encoding="utf-8",
+    )
+    init: dict[str, Any] = {"project": sweep.project, "group": f"{sweep.name}-{stamp}", "tags": [sweep.name]}
+    if sweep.entity:
+        init["entity"] = sweep.entity
+    if mode != "disabled":
+        import wandb as wb
+
+        if not os.environ.get("WANDB_DIR"):
+            init["dir"] = str(out)
+        init["settings"] = wb.Settings(console="off", silent=True)
+    log(
+        f"sweep {sweep.name}: {len(trials)} trials -> {out}"
+        + (f" (W&B {mode})" if mode != "disabled" else "")
+    )
+    try:
+        for i, params in enumerate(trials, 1):
+            tag = f"[trial {i}/{len(trials)}]"
+            log(f"{tag} {describe_params(params, sweep.swept or list(params))}")
+            row: dict[str, Any] = {"trial": i, "params": params, "status": "ok", "metrics": {}}
+            t0 = time.perf_counter()
+            try:
+                res = train(
+                    params,
+                    model=model,
+                    tokenizer=tokenizer,
+                    output=str(out / f"trial-{i:03d}.jsonl"),
+                    mode=mode,
+                    init={**init, "name": f"{sweep.name}-{i:03d}"},
+                    overrides=overrides,
+                    log=lambda s, tag=tag: log(f"{tag} {s}"),
+                )
+                row.update(metrics=res["metrics"], output=res["output"], wandb=res["wandb_dir"])
+            except (SweepError, *USER_ERRORS) as err:  # what only the model can reject (a skip set)
+                row.update(status="failed", error=str(err))
+                log(f"{tag} failed: {err}")
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            result.rows.append(row)
+            with jsonl.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row, default=str) + "\n")
+            with md.open("a", encoding="utf-8") as fh:
+                fh.write(results_table(sweep, [row]).splitlines()[-1] + "\n")
+            if row["status"] == "ok":
+                log(
+                    f"{tag} {sweep.metric} {_cell(row['metrics'].get(sweep.metric))} ({row['seconds']:.0f} s)"
+                )
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.table = results_table(sweep, result.rows)
+    done = f"{len(result.rows)} of {len(trials)} trials" + (" (interrupted)" if result.interrupted else "")
+    md.write_text(
+        _header(sweep, len(trials), seed, overrides) + f"\n{done}, best first:\n\n{result.table}\n",
+        encoding="utf-8",
+    )
+    log(f"\n## Sweep {sweep.name}: {done}, best {sweep.metric} first\n\n{result.table}\n")
+    log(f"results: {md} and {jsonl}")
+    if mode == "offline":
+        runs = Path(os.environ.get("WANDB_DIR") or out) / "wandb"
+        log(f"W&B offline runs: {runs}/offline-run-*; upload them with `wandb sync {runs}/offline-run-*`")
+    return result
+
+
+__all__ = ["SweepResult", "results_table", "run_sweep"]

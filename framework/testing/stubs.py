@@ -1,0 +1,212 @@
+"""Stub strategies and helpers for tests: strategies with a known outcome (drafts that are always
+or never accepted, a verifier that rejects everything, a controller that never drafts), a fake
+clock, random prompts, a synthetic cost model and a test `PrepareContext`.
+
+Everything here runs on CPU in seconds and never downloads anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from framework.config import build_config
+from framework.engine.context import PrepareContext
+from framework.engine.cost_model import CostModel
+from framework.experiment.data import calibration_texts
+from framework.experiment.plugins import load_builtin_strategies
+from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
+from framework.types import Draft, LayerPlan, LengthHint, Verification
+
+#: The strategy `default_strategy_instance` picks for a kind when no name is given.
+DEFAULT_NAMES: dict[str, str] = {
+    "selector": "static",
+    "length": "fixed",
+    "drafter": "layer_skip",
+    "verifier": "greedy",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Clocks and prompts
+# --------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A clock for tests of time budgets (`framework.policies.budget.WorkBudget`): seconds move only when
+    the test says so (`advance`, or by setting ``t``); ``reads`` counts how often it was read."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def random_prompt(length: int = 6, vocab_size: int = 128, seed: int = 0) -> torch.Tensor:
+    """LongTensor (1, length) of random token ids (reproducible, independent of the global RNG)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (1, length), generator=g)
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------------
+
+
+#: Config overrides that shrink a strategy's offline search for tests (``fast=True``). The lossless
+#: invariant holds for whatever skip set a search returns; these only make it cheaper to find one.
+FAST_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
+    ("selector", "selfsd_bo"): {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 8},
+}
+
+
+def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
+    """A deterministic `CostModel` in units of one step: the LM head and embedding 0.1, attention
+    0.5 / L and MLP 0.4 / L per sub-layer, a verification of T tokens 1 + 0.1 (T - 1)."""
+    return CostModel(
+        num_layers=num_layers,
+        base=0.1,
+        attn=0.5 / num_layers,
+        mlp=0.4 / num_layers,
+        verify_costs=tuple(1.0 + 0.1 * (t - 1) for t in range(1, max_tokens + 1)),
+    )
+
+
+def prepare_context(
+    adapter: Any, *, store: dict[str, Any] | None = None, measure: bool = False
+) -> PrepareContext:
+    """A `PrepareContext` for tests: a deterministic byte-level ``encode`` (no tokenizer), no files,
+    no log output, and (unless ``measure``) a `synthetic_cost_model` instead of timing the model."""
+    info = adapter.info()
+    vocab = info.vocab_size
+
+    def encode(text: str) -> list[int]:
+        return [1 + b % (vocab - 1) for b in text.encode()[:16]] or [1]
+
+    ctx = PrepareContext(
+        adapter=adapter,
+        encode=encode,
+        log=lambda msg: None,
+        store={} if store is None else store,
+        load_prompts=calibration_texts,
+    )
+    if not measure:
+        ctx.store.setdefault("cost_model", synthetic_cost_model(info.num_layers))
+    return ctx
+
+
+def default_strategy_instance(kind: str, name: str | None = None, *, fast: bool = False) -> Strategy:
+    """Construct the registered strategy ``name`` of ``kind`` with its default config.
+
+    Args:
+        kind: ``"selector"``, ``"length"``, ``"drafter"`` or ``"verifier"``.
+        name: registered name; ``None`` takes :data:`DEFAULT_NAMES` (or the first registered).
+        fast: apply :data:`FAST_OVERRIDES` (a cheaper offline search) when there are any.
+    """
+    if kind not in REGISTRIES:
+        raise ValueError(f"unknown strategy kind {kind!r}; choose from {', '.join(REGISTRIES)}")
+    reg = REGISTRIES[kind]
+    load_builtin_strategies()  # idempotent: the defaults are built-in strategies
+    if name is None:
+        name = DEFAULT_NAMES.get(kind)
+        if name not in reg:
+            name = reg.names()[0]
+    entry = reg.entry(name)
+    if fast and (kind, name) in FAST_OVERRIDES:
+        return entry.cls(build_config(entry.config, FAST_OVERRIDES[kind, name]))
+    return entry.cls(entry.config())
+
+
+@dataclass(frozen=True)
+class NoConfig:
+    """The config of an unregistered stub strategy (no fields)."""
+
+
+class AlwaysAcceptDrafter(Drafter):
+    """Stub drafter (unregistered) that drafts with the full model, ignoring the plan.
+
+    Its tokens are the target's own greedy continuation, so a greedy verifier accepts all of them
+    (litgpt's "always accepts" stub).
+    """
+
+    Config = NoConfig
+
+    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+        full = LayerPlan.full(state.info.num_layers)
+        x, toks = state.pending, []
+        for _ in range(max_tokens):
+            tok = state.forward_draft(x, full).logits[:, -1].argmax(-1)
+            toks.append(tok)
+            x = tok[:, None]
+        return Draft(torch.stack(toks, dim=1), full)
+
+
+class NeverAcceptDrafter(Drafter):
+    """Stub drafter (unregistered) whose first token is never the target's greedy choice.
+
+    It runs the full model and proposes the runner-up token, so a greedy verifier accepts nothing
+    (litgpt's "never accepts" stub).
+    """
+
+    Config = NoConfig
+
+    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+        full = LayerPlan.full(state.info.num_layers)
+        x, toks = state.pending, []
+        for _ in range(max_tokens):
+            logits = state.forward_draft(x, full).logits[:, -1]
+            tok = logits.topk(2, dim=-1).indices[:, 1]  # the runner-up: never the argmax
+            toks.append(tok)
+            x = tok[:, None]
+        return Draft(torch.stack(toks, dim=1), full)
+
+
+class RejectAllVerifier(Verifier):
+    """Stub verifier (unregistered) that accepts nothing and commits the target's own next token.
+
+    Still lossless for greedy decoding: every round commits exactly one target token.
+    """
+
+    Config = NoConfig
+
+    def verify(self, state, draft: Draft) -> Verification:
+        block = torch.cat([state.pending, draft.tokens], dim=1)
+        target = state.forward_verify(block, logits_at="all").logits.argmax(-1)
+        return Verification(
+            num_accepted=torch.zeros(block.shape[0], dtype=torch.long, device=block.device),
+            new_tokens=target[:, :1],
+            target_tokens=target,
+        )
+
+
+class ZeroLength(LengthController):
+    """Stub length controller (unregistered) that always declines to draft."""
+
+    Config = NoConfig
+
+    def max_length(self, state, hint: LengthHint | None = None) -> int:
+        return 0
+
+
+__all__ = [
+    "DEFAULT_NAMES",
+    "FAST_OVERRIDES",
+    "AlwaysAcceptDrafter",
+    "FakeClock",
+    "NeverAcceptDrafter",
+    "NoConfig",
+    "RejectAllVerifier",
+    "ZeroLength",
+    "default_strategy_instance",
+    "prepare_context",
+    "random_prompt",
+    "synthetic_cost_model",
+]

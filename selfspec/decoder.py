@@ -1,0 +1,341 @@
+"""`Decoder`: self-speculative decoding from Python, without the command line.
+
+The CLI (``experiments/run.py``), the benchmark and sweeps build the same objects this class
+builds: a `RunConfig` (from a preset and overrides), an `Experiment` (the model, its tokenizer and
+both decoders) and, for a comparison, the interleaved timing protocol of
+`framework.experiment.timing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from framework.engine.decoding import GenerationResult
+from framework.experiment.config import RunConfig
+from framework.experiment.data import encode_chat
+from framework.experiment.experiment import Experiment
+from framework.experiment.plugins import load_builtin_strategies
+from framework.experiment.timing import decode_interleaved, first_mismatch, warm_up
+from framework.interfaces import Strategy
+from framework.types import LayerPlan
+
+#: What a prompt may be: a user message, a chat (a list of ``{"role", "content"}`` messages), or
+#: the token ids of an already formatted prompt.
+PromptLike = str | Sequence[Mapping[str, str]] | Sequence[int] | torch.Tensor
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one generation did, in the papers' terms.
+
+    Attributes:
+        new_tokens: tokens generated.
+        wall_time: seconds, prefill included.
+        tokens_per_s: ``new_tokens / wall_time``.
+        mean_accepted_length: M, tokens committed per target forward (bonus included).
+        acceptance_rate: alpha, accepted draft tokens / drafted tokens.
+        rounds: verification rounds.
+        drafted: draft tokens proposed; ``accepted`` of them were accepted.
+        phase_times: seconds per phase (prefill, select, draft, verify, length, commit, lm_head).
+        plans: per drafting round, the `LayerPlan` the draft ran.
+        draft_lengths: tokens drafted per round (0: the round declined to draft).
+        accept_lengths: tokens committed per round.
+        stop_reason: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
+        strategies: each strategy's own summary (``Strategy.summary()``), by kind.
+    """
+
+    new_tokens: int
+    wall_time: float
+    tokens_per_s: float
+    mean_accepted_length: float
+    acceptance_rate: float
+    rounds: int
+    drafted: int
+    accepted: int
+    phase_times: dict[str, float]
+    plans: tuple[LayerPlan, ...]
+    draft_lengths: tuple[int, ...]
+    accept_lengths: tuple[int, ...]
+    stop_reason: str
+    strategies: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, res: GenerationResult) -> GenerationStats:
+        codes: dict[str, LayerPlan] = {}
+        plans = tuple(codes.setdefault(c, LayerPlan.from_code(c)) for c in res.plans)
+        return cls(
+            new_tokens=res.new_tokens,
+            wall_time=res.wall_time,
+            tokens_per_s=res.tokens_per_second,
+            mean_accepted_length=res.mean_accepted_length,
+            acceptance_rate=res.acceptance_rate,
+            rounds=len(res.accept_lengths),
+            drafted=res.drafted,
+            accepted=res.accepted,
+            phase_times=dict(res.timings),
+            plans=plans,
+            draft_lengths=tuple(res.draft_lengths),
+            accept_lengths=tuple(res.accept_lengths),
+            stop_reason=res.stop_reason,
+            strategies=dict(res.strategy_summary),
+        )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The output of `Decoder.generate`.
+
+    Attributes:
+        text: the decoded new text (special tokens removed).
+        tokens: the new token ids.
+        stats: what the decode did (`GenerationStats`).
+        result: the engine's raw `GenerationResult`.
+    """
+
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The output of `Decoder.compare`: one prompt through vanilla decoding and the method.
+
+    Attributes:
+        vanilla: the baseline's generation (the last repeat).
+        method: the method's generation (the last repeat).
+        speedup: mean tokens/s of the method over mean tokens/s of vanilla, over the repeats
+            (Spec-Bench's ratio of means).
+        lossless: the method's tokens equal vanilla's in every repeat (greedy verifiers), or
+            ``None`` for a verifier that is lossless in distribution only (sampling).
+        first_mismatch: where the tokens first differed (``{"turn", "position"}``), or ``None``.
+        repeats: timed repeats, interleaved.
+    """
+
+    vanilla: Generation
+    method: Generation
+    speedup: float
+    lossless: bool | None
+    first_mismatch: dict[str, int] | None
+    repeats: int
+
+    def __str__(self) -> str:
+        m, v = self.method.stats, self.vanilla.stats
+        ok = {True: "token-identical", False: "MISMATCH", None: "sampling"}[self.lossless]
+        return (
+            f"speedup {self.speedup:.3f}x ({m.tokens_per_s:.1f} vs {v.tokens_per_s:.1f} tok/s), "
+            f"M {m.mean_accepted_length:.2f}, alpha {m.acceptance_rate:.3f}, {ok}"
+        )
+
+
+StrategyLike = str | type[Strategy] | Strategy
+
+
+class Decoder:
+    """A loaded model and a self-speculative method, ready to generate.
+
+    Build one from a preset (`from_preset`), from strategy names, classes or instances
+    (`from_strategies`), or from a `RunConfig`; pass ``model`` and ``tokenizer`` to use an already
+    loaded Hugging Face model instead of loading ``config.model``.
+
+    Example:
+        >>> import selfspec
+        >>> dec = selfspec.Decoder.from_preset("swift", max_new_tokens=64)   # doctest: +SKIP
+        >>> out = dec.generate("Explain KV caches in one paragraph.")        # doctest: +SKIP
+        >>> out.text, out.stats.mean_accepted_length, out.stats.acceptance_rate  # doctest: +SKIP
+        >>> print(dec.compare("Explain KV caches in one paragraph."))        # doctest: +SKIP
+
+    Args:
+        config: the run configuration (model, dtype, device, the four strategies, the gate, ...).
+        model, tokenizer: an already loaded HF causal LM and its tokenizer (both or neither).
+        strategies: per kind (``"selector"``, ``"length"``, ``"drafter"``, ``"verifier"``), a
+            strategy instance or class to use instead of the config's (a researcher's own
+            subclass, registered or not).
+        log: progress messages (``None``: silent).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
+        *,
+        strategies: Mapping[str, type[Strategy] | Strategy] | None = None,
+        log: Any = print,
+    ) -> None:
+        load_builtin_strategies()
+        if (model is None) != (tokenizer is None):
+            raise ValueError("pass both model and tokenizer (an already loaded model), or neither")
+        self.config = config if config is not None else RunConfig()
+        self.experiment = Experiment(
+            self.config, model, tokenizer, log=log or (lambda _msg: None), strategies=strategies
+        )
+
+    # ---- constructors -------------------------------------------------------------------------
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str | None = None,
+        /,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        strategies: Mapping[str, type[Strategy] | Strategy] | None = None,
+        log: Any = print,
+        **overrides: Any,
+    ) -> Decoder:
+        """A published method by its preset name (``"swift"``, ``"clasp"``, ...; see
+        ``experiments/run.py --list``) or a preset YAML path, with config overrides.
+
+        Args:
+            preset: the preset (``None``: the framework's defaults).
+            model: a model name or path (``"smollm2-135m-instruct"``, an HF directory or hub id),
+                or an already loaded HF model (then pass ``tokenizer`` too).
+            tokenizer: the loaded model's tokenizer.
+            strategies: strategy instances or classes that replace the preset's (see `Decoder`).
+            log: progress messages (``None``: silent).
+            **overrides: `RunConfig.from_preset` overrides: run fields (``max_new_tokens=64``,
+                ``dtype="bfloat16"``), strategies by name (``selector="static"``), strategy fields
+                (``selector={"skip_ratio": 0.3}`` or ``**{"length.threshold": 0.7}``), the gate
+                (``gate={"enabled": False}``).
+        """
+        if model is not None and not isinstance(model, str):
+            cfg = RunConfig.from_preset(preset, **overrides)
+            return cls(cfg, model, tokenizer, strategies=strategies, log=log)
+        if model is not None:
+            overrides["model"] = model
+        return cls(RunConfig.from_preset(preset, **overrides), strategies=strategies, log=log)
+
+    @classmethod
+    def from_strategies(
+        cls,
+        selector: StrategyLike = "static",
+        length: StrategyLike = "confidence",
+        drafter: StrategyLike = "layer_skip",
+        verifier: StrategyLike = "greedy",
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        log: Any = print,
+        **overrides: Any,
+    ) -> Decoder:
+        """A method composed of four strategies, each a registered name, a class or an instance.
+
+        Names go into the config (and their fields can be overridden as in `from_preset`:
+        ``**{"selector.skip_ratio": 0.3}``); classes are instantiated with their default config;
+        instances are used as they are.
+        """
+        named, given = {}, {}
+        for kind, s in (
+            ("selector", selector),
+            ("length", length),
+            ("drafter", drafter),
+            ("verifier", verifier),
+        ):
+            if isinstance(s, str):
+                named[kind] = s
+            else:
+                given[kind] = s
+        return cls.from_preset(
+            None, model=model, tokenizer=tokenizer, strategies=given or None, log=log, **named, **overrides
+        )
+
+    # ---- use ----------------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        return self.experiment.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.experiment.tokenizer
+
+    @property
+    def strategies(self) -> dict[str, Strategy]:
+        """The four strategy instances in use, by kind."""
+        return self.experiment.spec.strategies()
+
+    def encode(self, prompt: PromptLike) -> torch.Tensor:
+        """LongTensor (1, T) of prompt ids: a user message or a chat goes through the tokenizer's
+        chat template; token ids are taken as they are."""
+        if isinstance(prompt, torch.Tensor):
+            ids = prompt.reshape(1, -1).tolist()[0]
+        elif isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt: an empty prompt has nothing to continue")
+            ids = encode_chat(self.tokenizer, [{"role": "user", "content": prompt}])
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)  # type: ignore[arg-type]
+        elif prompt and all(isinstance(m, Mapping) for m in prompt):
+            ids = encode_chat(self.tokenizer, [dict(m) for m in prompt])  # type: ignore[misc]
+        else:
+            raise ValueError(
+                "prompt must be a non-empty string, a list of {'role', 'content'} messages or a list of "
+                f"token ids, got {type(prompt).__name__}"
+            )
+        return torch.tensor([ids], dtype=torch.long, device=self.experiment.adapter.device)
+
+    def _run(self, decoder: Any, ids: torch.Tensor, max_new_tokens: int | None) -> Generation:
+        res = decoder.generate(ids, self.experiment.stop(max_new_tokens))
+        return Generation(self.experiment.text(res.tokens), list(res.tokens), GenerationStats.of(res), res)
+
+    def generate(self, prompt: PromptLike, max_new_tokens: int | None = None) -> Generation:
+        """Generate with the method (self-speculative decoding).
+
+        Args:
+            prompt: a user message, a chat, or prompt token ids.
+            max_new_tokens: the budget (default: the config's ``max_new_tokens``).
+        """
+        return self._run(self.experiment.spec, self.encode(prompt), max_new_tokens)
+
+    def generate_vanilla(self, prompt: PromptLike, max_new_tokens: int | None = None) -> Generation:
+        """Generate with plain autoregressive decoding through the same adapter and cache (the
+        baseline every speedup is measured against)."""
+        return self._run(self.experiment.vanilla, self.encode(prompt), max_new_tokens)
+
+    def compare(
+        self, prompt: PromptLike, max_new_tokens: int | None = None, *, repeats: int = 1, warmup: bool = True
+    ) -> Comparison:
+        """The same prompt through vanilla decoding and the method, interleaved (the order rotates
+        every repeat), after a short warm-up: speedup, and whether the tokens are identical.
+
+        Args:
+            prompt: a user message, a chat, or prompt token ids.
+            max_new_tokens: the budget (default: the config's).
+            repeats: timed repeats (>= 1); the speedup is the ratio of mean tokens/s.
+            warmup: decode a few tokens with both first (kernels compiled, caches sized).
+        """
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        ids = self.encode(prompt)
+        methods = {"vanilla": self.experiment.vanilla, "method": self.experiment.spec}
+        if warmup:
+            warm_up(methods, lambda name: self._run(methods[name], ids, min(16, max_new_tokens or 16)))
+        tok_s: dict[str, list[float]] = {"vanilla": [], "method": []}
+        runs: dict[str, Generation] = {}
+        mismatch = None
+        for turn in range(repeats):
+            runs = decode_interleaved(
+                list(methods), lambda name: self._run(methods[name], ids, max_new_tokens), turn
+            )
+            for name, gen in runs.items():
+                tok_s[name].append(gen.stats.tokens_per_s)
+            mismatch = mismatch or first_mismatch([runs["method"].tokens], [runs["vanilla"].tokens])
+        greedy = self.experiment.spec.verifier.lossless == "greedy"
+        mean = {k: sum(v) / len(v) for k, v in tok_s.items()}
+        return Comparison(
+            vanilla=runs["vanilla"],
+            method=runs["method"],
+            speedup=mean["method"] / mean["vanilla"] if mean["vanilla"] > 0 else float("nan"),
+            lossless=(mismatch is None) if greedy else None,
+            first_mismatch=mismatch if greedy else None,
+            repeats=repeats,
+        )
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())
+        return f"Decoder({self.config.method_name}: {parts}; model {self.experiment.adapter.info().name})"

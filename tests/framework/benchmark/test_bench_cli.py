@@ -1,0 +1,99 @@
+"""The benchmark's command line (framework/benchmark/cli.py, experiments/bench.py): flags generated
+from `RunConfig` and `BenchConfig` keep their meaning, and bad input exits with status 2 and a
+clear message before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from framework.benchmark.cli import build_parser, config_from_args, main
+from framework.experiment.plugins import load_builtin_strategies
+from framework.testing import synthetic_cost_model
+
+
+def _config(argv):
+    load_builtin_strategies()
+    return config_from_args(build_parser().parse_args(argv), "cmd")
+
+
+def test_flags_keep_their_meaning():
+    cfg = _config(
+        [
+            "--methods", "vanilla,hf_prompt_lookup,swift",
+            "--data", "q.jsonl", "--categories", "qa,rag", "--limit", "2", "--max-new-tokens", "64",
+            "--threads", "2", "--warmup", "0", "--repeats", "3", "--out", "runs/b", "--model", "m",
+            "--dtype", "float64", "--device", "cpu", "--seed", "7", "--prompt-lookup-num-tokens", "5",
+            "--max-matching-ngram-size", "3", "--early-exit-layer", "2", "--hf-kernels",
+            "--cost-model", "none", "--skip-set", "s.json", "--no-plots",
+            "--preset-args", "swift=--selector.skip_ratio 0.3",
+        ]
+    )  # fmt: skip
+    run = cfg.run
+    assert cfg.methods == ("vanilla", "hf_prompt_lookup", "swift") and cfg.command == "cmd"
+    assert (run.data, run.categories, run.limit, run.max_new_tokens) == ("q.jsonl", ("qa", "rag"), 2, 64)
+    assert (run.threads, run.warmup, run.model, run.dtype, run.device, run.seed) == (
+        2, 0, "m", "float64", "cpu", 7
+    )  # fmt: skip
+    assert run.plots is False and run.kernels is True
+    assert (cfg.repeats, cfg.out, cfg.cost_model, cfg.skip_set) == (3, "runs/b", "none", "s.json")
+    assert (cfg.prompt_lookup_num_tokens, cfg.max_matching_ngram_size, cfg.early_exit_layer) == (5, 3, 2)
+    assert cfg.hf_kernels is True
+    assert cfg.preset_args == (("swift", "--selector.skip_ratio 0.3"),)
+    default = _config([])
+    assert default.methods == (
+        "vanilla",
+        "hf_generate",
+        "hf_prompt_lookup",
+        "hf_early_exit",
+        "static_confidence",
+    )
+    assert (default.run.max_new_tokens, default.run.dtype, default.run.warmup, default.repeats) == (
+        128, "float32", 1, 1
+    )  # fmt: skip
+    assert default.run.plots and not default.hf_kernels and default.cost_model == "measure"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--methods", "vanilla,warp_drive"],
+            "--methods must be a comma-separated list of vanilla, hf_generate",
+        ),
+        (["--methods", "vanilla,clasp,clasp"], "each method once"),
+        (["--methods", "vanilla"], "at least one method besides vanilla"),
+        (["--methods", "vanilla,selfsd_sampling"], "a greedy preset"),
+        (["--categories", "poetry"], "--categories: unknown 'poetry'; available: mt_bench, qa, rag"),
+        (["--repeats", "0"], "--repeats must be an integer >= 1"),
+        (["--preset-args", "swift=--selector.skip_ratio 0.3"], "--preset-args must be a preset among"),
+        (["--preset-args", "static_confidence=--no-such-flag 1"], "run.py flags"),
+        (
+            ["--preset-args", "static_confidence=--selector.skip_ratio 1.5"],
+            "--selector.skip_ratio must be in [0, 1)",
+        ),
+        (["--preset-args", "static_confidence"], "--preset-args must be METHOD=FLAGS"),
+        (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16, float64"),
+        (["--cost-model", "missing.json"], "--cost-model must be 'measure', 'none' or a CostModel"),
+        (["--early-exit-layer", "4"], "--early-exit-layer must be in [1, 3]"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(tiny, data, tmp_path, capsys, argv, message):
+    model, tok = tiny
+    base = ["--data", str(data), "--out", str(tmp_path / "o"), "--max-new-tokens", "4", "--warmup", "0"]
+    base += ["--methods", "vanilla,hf_generate,hf_early_exit,static_confidence", "--cost-model", "none"]
+    code = main(base + argv, model=model, tokenizer=tok)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "o" / "records.jsonl").exists()
+
+
+def test_cost_model_of_another_model_is_refused(tiny, data, tmp_path, capsys):
+    model, tok = tiny
+    cm = tmp_path / "cm.json"
+    cm.write_text(json.dumps(synthetic_cost_model(10).to_dict()))
+    argv = ["--data", str(data), "--out", str(tmp_path / "o"), "--methods", "vanilla,hf_generate"]
+    assert main(argv + ["--cost-model", str(cm)], model=model, tokenizer=tok) == 2
+    assert "a cost model of a 4-layer model, not 10" in capsys.readouterr().err

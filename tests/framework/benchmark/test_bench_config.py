@@ -1,0 +1,62 @@
+"""The benchmark's configuration (framework/benchmark/config.py) and how a preset method's
+`RunConfig` is built (framework/benchmark/run.py: no command-line round trip)."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.benchmark import BenchConfig, MethodSpec, parse_methods, preset_run_config, run_benchmark
+from framework.config import ConfigError
+from framework.experiment.config import RunConfig
+
+
+def test_methods_resolve_with_vanilla_first():
+    specs = parse_methods(["hf_generate", "static_confidence"])
+    assert [(s.label, s.kind) for s in specs] == [
+        ("vanilla", "baseline"),
+        ("hf_generate", "hf"),
+        ("static_confidence", "preset"),
+    ]
+
+
+def test_preset_file_is_a_method(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("selector: {name: static, skip_ratio: 0.3}\nlength: {name: fixed}\n")
+    cfg = BenchConfig(methods=("vanilla", str(path)))
+    (spec,) = [s for s in cfg.method_specs if s.kind == "preset"]
+    assert (spec.label, spec.source) == ("mine", str(path))
+    rc = preset_run_config(spec, cfg)
+    assert rc.selector.config.skip_ratio == 0.3 and rc.length.name == "fixed" and rc.name == "mine"
+
+
+def test_from_overrides_splits_benchmark_and_run_options():
+    cfg = BenchConfig.from_overrides(
+        methods="vanilla,hf_generate", repeats="3", max_new_tokens="16", categories="qa,rag", plots=False
+    )
+    assert cfg.methods == ("vanilla", "hf_generate") and cfg.repeats == 3
+    assert cfg.run.max_new_tokens == 16 and cfg.run.categories == ("qa", "rag") and cfg.run.plots is False
+    assert cfg.describe()["max_new_tokens"] == 16 and cfg.describe()["methods"] == ["vanilla", "hf_generate"]
+    with pytest.raises(ConfigError, match="--repeats must be a number"):
+        BenchConfig.from_overrides(repeats="many")
+    with pytest.raises(ConfigError, match="--max-new-tokens must be an integer >= 1"):
+        BenchConfig.from_overrides(max_new_tokens="0")
+    with pytest.raises(ConfigError, match="--no-such-option must be a RunConfig field"):
+        BenchConfig.from_overrides(no_such_option=1)
+
+
+def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
+    cfg = BenchConfig(
+        methods=("vanilla", "static_confidence", "selfsd"),
+        run=RunConfig(max_new_tokens=32, dtype="float64"),
+        preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),),
+        skip_set=str(tmp_path / "s.skipset.json"),
+    )
+    rc = preset_run_config(MethodSpec("static_confidence", "preset", "static_confidence"), cfg)
+    assert rc.selector.config.skip_ratio == 0.5 and rc.length.config.threshold == 0.9
+    assert rc.method_name == "static_confidence"
+    assert (rc.max_new_tokens, rc.dtype) == (32, "float64"), "the shared run options reach the preset"
+    rc = preset_run_config(MethodSpec("selfsd", "preset", "selfsd"), cfg)
+    assert rc.selector.config.skip_set == str(tmp_path / "s.skipset.json")
+    with pytest.raises(ConfigError, match="records.jsonl exists"):
+        (tmp_path / "records.jsonl").write_text("{}\n")
+        run_benchmark(BenchConfig(methods=("vanilla", "hf_generate"), out=str(tmp_path)), object(), None)

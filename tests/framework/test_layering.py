@@ -1,0 +1,233 @@
+"""The import graph: the API and the engine never import tooling or strategies; no cycles.
+
+Layers, bottom up (a module may import its own layer and the layers below it):
+
+1. API: ``framework`` (the package), ``framework.types``, ``framework.registry``,
+   ``framework.config``, ``framework.interfaces``, ``framework.utils``;
+2. engine: ``framework.engine``, ``framework.kernels``;
+3. policies: ``framework.policies`` (what strategies compose: gate, work budget, Bayesian
+   optimisation);
+4. tooling: ``framework.experiment``, ``framework.benchmark``, ``framework.sweep``,
+   ``framework.testing``, and the ``selfspec`` Python API.
+
+``strategies`` sit beside the tooling: they import the API, the engine and the policies, never the
+tooling; the framework reaches them only through the registries (the composition root,
+``framework.experiment.plugins``, imports the package by name).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("framework", "strategies", "selfspec")
+
+API = {"framework", "framework.types", "framework.registry", "framework.config", "framework.interfaces"}
+API.add("framework.utils")
+TOOLING = ("framework.experiment", "framework.benchmark", "framework.sweep", "framework.testing", "selfspec")
+
+
+def layer(module: str) -> int:
+    """1 API, 2 engine, 3 policies, 4 tooling, 5 strategies."""
+    if module in API:
+        return 1
+    if module.startswith(("framework.engine", "framework.kernels")):
+        return 2
+    if module.startswith("framework.policies"):
+        return 3
+    if module.startswith(TOOLING):
+        return 4
+    if module.startswith("strategies"):
+        return 5
+    raise AssertionError(f"{module} belongs to no layer: add it to test_layering")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an import names (``a.b.c`` may be a module or a name in ``a.b``)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _in_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def _in_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return True
+    return False
+
+
+def imports(module: str) -> Iterator[tuple[str, int, bool]]:
+    """``(imported project module, line, at function level)`` of the runtime imports of ``module``
+    (``if TYPE_CHECKING:`` blocks excluded)."""
+    tree = ast.parse(MODULES[module].read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or _in_type_checking(node, parents):
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif node.level:
+            continue  # the project uses absolute imports only (checked below)
+        else:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                yield target, node.lineno, _in_function(node, parents)
+
+
+GRAPH = {m: sorted({t for t, _, _ in imports(m)}) for m in MODULES}
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        layer(m)
+
+
+def test_no_relative_imports():
+    bad = []
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                bad.append(f"{m}:{node.lineno}")
+    assert not bad, f"relative imports: {bad}"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if layer(m) <= 3])
+def test_api_engine_and_policies_import_only_lower_layers(module):
+    """The API imports only the API, the engine the API and itself, the policies both. The
+    package root ``framework`` is the facade of the author API: it re-exports names of the engine
+    (``PrepareContext``) too, never of the tooling."""
+    here = 3 if module == "framework" else layer(module)
+    bad = [t for t in GRAPH[module] if layer(t) > here]
+    assert not bad, f"{module} (layer {here}) imports higher layers: {bad}"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
+def test_strategies_never_import_tooling(module):
+    bad = [t for t in GRAPH[module] if layer(t) == 4]
+    assert not bad, f"{module} imports tooling: {bad}"
+
+
+def test_framework_never_imports_strategies_directly():
+    bad = {m: [t for t in GRAPH[m] if layer(t) == 5] for m in MODULES if layer(m) < 5}
+    assert not {m: t for m, t in bad.items() if t}
+
+
+def test_no_function_level_imports_of_project_modules():
+    """A function-level import of a project module hides a cycle or a layering break."""
+    bad = [f"{m}:{line} imports {t}" for m in MODULES for t, line, fn in imports(m) if fn]
+    assert not bad, "\n".join(bad)
+
+
+def test_framework_modules_do_not_import_names_from_the_package_root():
+    """Inside ``framework``, import from the defining module: ``from framework import X`` there
+    would run the package's ``__init__`` half-way through its own import."""
+    bad = []
+    for m, path in MODULES.items():
+        if not m.startswith("framework"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "framework" and node.level == 0:
+                bad.append(f"{m}:{node.lineno}")
+    assert not bad, bad
+
+
+def test_no_import_cycles():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            # a package __init__ that re-exports its own submodules is not a cycle of design
+            pkgs = {c for c in comp if any(o.startswith(c + ".") for o in comp)}
+            if len(comp) > 1 and len(set(comp) - pkgs) > 1:
+                cycles.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+FORBIDDEN_AFTER_ENGINE = (
+    "framework.experiment",
+    "framework.benchmark",
+    "framework.sweep",
+    "framework.testing",
+    "strategies",
+    "selfspec",
+    "pytorch_lightning",
+    "lightning",
+    "wandb",
+)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["framework", "framework.engine.decoding", "framework.engine.state", "framework.policies.gate"],
+)
+def test_importing_the_api_or_the_engine_loads_no_tooling(module):
+    """In a fresh interpreter: what importing ``module`` actually loads (the static check above
+    cannot see imports made by third-party code or at run time)."""
+    code = (
+        f"import sys, {module}\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({FORBIDDEN_AFTER_ENGINE!r}))\n"
+        "print('\\n'.join(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [], f"importing {module} loads tooling: {out}"
