@@ -338,4 +338,5 @@ class Decoder:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())
-        return f"Decoder({self.config.method_name}: {parts}; model {self.experiment.adapter.info().name})"
+        model = self.experiment.adapter.info().name or self.config.model or "(a loaded model)"
+        return f"Decoder({self.config.method_name}: {parts}; model {model})"

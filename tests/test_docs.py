@@ -65,6 +65,7 @@ DOC_SCRIPTS = (
     "docs/howto/olmo2_adapter.py",
     "docs/tutorials/compare_methods.py",
     "docs/tutorials/custom_length.py",
+    "docs/tutorials/python_api.py",
 )
 
 #: The line each script prints last when it finished (``ok`` unless listed here).
