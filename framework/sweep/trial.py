@@ -17,7 +17,6 @@ parameters from ``wandb.config``, runs `framework.experiment.runner.run` and log
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import time
@@ -33,7 +32,7 @@ from framework.experiment.data import load_prompts
 from framework.experiment.flags import flag_name
 from framework.experiment.metrics import aggregate
 from framework.experiment.models import load_model
-from framework.experiment.plugins import load_builtin_strategies
+from framework.experiment.plugins import import_user_modules, load_builtin_strategies
 from framework.experiment.runner import run as run_experiment
 from framework.experiment.tiny import tiny_model, tiny_tokenizer
 from framework.experiment.tracking import has_wandb_credentials
@@ -163,11 +162,12 @@ def _unknown_name(key: str, table: dict[str, RunOption]) -> SweepError:
 
 def _import_modules(params: dict[str, Any]) -> None:
     mods = params.get("import", params.get("imports", []))
-    for mod in [mods] if isinstance(mods, str) else list(mods or []):
-        try:
-            importlib.import_module(mod)
-        except ImportError as err:
-            raise SweepError(f"sweep parameter 'import': cannot import {mod!r} ({err})") from None
+    try:
+        import_user_modules(
+            [mods] if isinstance(mods, str) else list(mods or []), flag="sweep parameter 'import'"
+        )
+    except ConfigError as err:
+        raise SweepError(str(err)) from None
 
 
 def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
