@@ -105,3 +105,34 @@ def test_list_shows_presets(capsys):
     assert "presets (--method):" in out
     for name in PRESETS:
         assert f"  {name} " in out
+
+
+# Presets must not hard-code the default model's depth: exit layers and skip counts are fractions
+# of it (an absolute value, e.g. --drafter.exit_layer 24, is still accepted on the command line).
+DEPTHS = (4, 7)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_runs_on_models_of_two_depths(name, depth):
+    from framework.experiment.config import RunConfig
+    from framework.experiment.experiment import Experiment
+    from framework.experiment.presets import load_preset
+    from framework.testing import FAST_OVERRIDES, random_prompt, tiny_model, tiny_tokenizer
+
+    preset = load_preset(name)
+    fast = {
+        f"{kind}.{field}": value
+        for (kind, strategy), fields in FAST_OVERRIDES.items()
+        if preset.get(kind, {}).get("name") == strategy
+        for field, value in fields.items()
+    }
+    cfg = RunConfig.from_preset(name, max_new_tokens=12, **fast)
+    model = tiny_model("llama", num_layers=depth, seed=depth)
+    exp = Experiment(cfg, model, tiny_tokenizer(), log=lambda _msg: None)
+    ids = random_prompt(6, 128, seed=depth)
+    want = exp.vanilla.generate(ids, exp.stop()).tokens
+    got = exp.spec.generate(ids, exp.stop()).tokens
+    assert len(got) == len(want) == 12
+    if exp.spec.verifier.lossless == "greedy":
+        assert got == want, f"{name} on a {depth}-block model is not lossless"
