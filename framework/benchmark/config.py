@@ -54,10 +54,18 @@ class MethodSpec:
     label: str
     kind: str
     source: str = ""  # the preset name or YAML path
+    #: a ``RAW_SUFFIX`` companion of a gated preset: the same method with the draft gate off
+    raw: bool = False
 
 
-def parse_methods(methods: Sequence[str]) -> list[MethodSpec]:
-    """Resolve method names; vanilla is added first when missing.
+#: The label suffix of a preset's gate-off companion row (``--raw``).
+RAW_SUFFIX = ":raw"
+
+
+def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[MethodSpec]:
+    """Resolve method names; vanilla is added first when missing. Optionally, every preset whose
+    draft gate is on is followed by its gate-off companion ``<label>:raw`` (``with_raw``; the method as
+    published: its own alpha, M and speedup, also where the gate would decline).
 
     Raises:
         ConfigError: an unknown name (the message lists the allowed ones), a duplicate, or a
@@ -92,6 +100,13 @@ def parse_methods(methods: Sequence[str]) -> list[MethodSpec]:
         if any(s.label == spec.label for s in out):
             raise ConfigError("--methods", name, "each method once (two methods share the name)")
         out.append(spec)
+    if with_raw:
+        paired: list[MethodSpec] = []
+        for s in out:
+            paired.append(s)
+            if s.kind == "preset" and RunConfig.from_preset(s.source).gate.enabled:
+                paired.append(MethodSpec(s.label + RAW_SUFFIX, "preset", s.source, raw=True))
+        out = paired
     if not any(s.kind == "baseline" for s in out):
         out.insert(0, MethodSpec(BASELINE, "baseline"))
     if len(out) < 2:
@@ -140,6 +155,11 @@ class BenchConfig:
         help="(method, extra run.py flags) pairs; on the command line METHOD=FLAGS, e.g. "
         "'swift=--selector.skip_ratio 0.3' (repeatable)",
     )
+    raw: bool = param(
+        False,
+        help="also run every preset whose draft gate is on with the gate off, as a '<method>:raw' row: "
+        "the method's own alpha, M and speedup where the gate would decline",
+    )
     command: str = param("", help="the command line, for the report")
 
     def __post_init__(self) -> None:
@@ -153,7 +173,7 @@ class BenchConfig:
         ):
             if val is not None:
                 check_range(flag, val, 1, integer=True)
-        specs = parse_methods(self.methods)
+        specs = parse_methods(self.methods, self.raw)
         labels = {s.label for s in specs}
         for method, _ in self.preset_args:
             spec = next((s for s in specs if s.label == method), None)
@@ -189,8 +209,8 @@ class BenchConfig:
 
     @property
     def method_specs(self) -> list[MethodSpec]:
-        """The resolved methods, vanilla first when it was not named."""
-        return parse_methods(self.methods)
+        """The resolved methods, vanilla first when it was not named (and the ``--raw`` companions)."""
+        return parse_methods(self.methods, self.raw)
 
     def shared(self) -> dict[str, Any]:
         """The run options every preset method takes from ``run`` (`SHARED_RUN_FIELDS`)."""

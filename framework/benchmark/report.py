@@ -29,6 +29,39 @@ def _speedups(records: list[dict[str, Any]], method: str) -> dict[str, float]:
     return out
 
 
+def gate_counts(records: Sequence[dict[str, Any]]) -> dict[str, int] | None:
+    """The draft gate's rounds and declined rounds summed over the turns of ``records`` (each turn
+    records its generation's counters under ``strategy_summary.length.gate``), or ``None`` when
+    no turn ran with a gate."""
+    rounds = declined = 0
+    seen = False
+    for rec in records:
+        for turn in rec.get("turns", []):
+            gate = (turn.get("strategy_summary") or {}).get("length", {}).get("gate")
+            if gate:
+                seen = True
+                rounds += int(gate.get("rounds", 0))
+                declined += int(gate.get("declined", 0))
+    return {"rounds": rounds, "declined": declined} if seen else None
+
+
+def _alpha_cell(e: dict[str, Any]) -> str:
+    """alpha, or why there is none: a gate that declined every round is not an acceptance of 0."""
+    if e["alpha"] is not None:
+        return f"{e['alpha']:.3f}"
+    gate = e.get("gate")
+    if gate and gate["rounds"] and gate["declined"] == gate["rounds"]:
+        return "n/a (gate declined every round)"
+    return "n/a"
+
+
+def _gate_cell(e: dict[str, Any]) -> str:
+    gate = e.get("gate")
+    if not gate:
+        return "off"
+    return f"{gate['declined'] / gate['rounds']:.1%}" if gate["rounds"] else "n/a"
+
+
 def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any = None) -> dict[str, Any]:
     """The numbers of the report, per method, from the JSONL records.
 
@@ -38,7 +71,8 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         ``std`` / ``min`` / ``max`` of the overall speedup over repeats (None with one repeat),
         ``tokens_per_s`` ({category: mean tok/s over all repeats}), ``M``, ``alpha``,
         ``skip_ratio``, ``drafted``, ``prompts``, ``mismatches`` (distinct prompts that differ from
-        vanilla in any repeat), ``mismatched`` (their ids), ``error`` and ``cost_model`` (the
+        vanilla in any repeat), ``mismatched`` (their ids), ``error``, ``gate`` (`gate_counts`:
+        rounds and declined rounds of the draft gate, ``None`` without one) and ``cost_model`` (the
         prediction at the measured alpha, for methods that drafted with our decoders).
     """
     ok = [r for r in records if not r.get("error")]
@@ -73,6 +107,7 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             "mismatches": len(bad),
             "mismatched": bad,
             "error": errors.get(method),
+            "gate": gate_counts(mine),
             "cost_model": None,
         }
         kind = mine[0].get("kind") if mine else None
@@ -97,13 +132,12 @@ def results_markdown(summary: dict[str, Any]) -> str:
     """The main table: per-category speedups, overall ± spread, tok/s, M, alpha, mismatches and the
     cost model's prediction."""
     cats = [c for c in summary["categories"] if c != "overall"]
-    head = ["method", *cats, "**overall**", "spread (std; min-max)", "tok/s", "M", "alpha", "mismatches"] + [
-        "cost model: ceiling / best drafting / its rounds"
-    ]
+    head = ["method", *cats, "**overall**", "spread (std; min-max)", "tok/s", "M", "alpha", "gate declined"]
+    head += ["mismatches", "cost model: ceiling / best drafting / its rounds"]
     rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for method, e in summary["methods"].items():
         if e["error"] and not e["prompts"]:
-            cells = ["error"] * (len(cats) + 1) + [_cell(f"ERROR: {e['error'][:160]}")] + ["n/a"] * 5
+            cells = ["error"] * (len(cats) + 1) + [_cell(f"ERROR: {e['error'][:160]}")] + ["n/a"] * 6
             rows.append(f"| {method} | " + " | ".join(cells) + " |")
             continue
         cells = [_x(e["speedup"].get(c)) for c in cats] + [f"**{_x(e['speedup'].get('overall'))}**"]
@@ -118,7 +152,8 @@ def results_markdown(summary: dict[str, Any]) -> str:
         tps = e["tokens_per_s"].get("overall")
         cells.append(f"{tps:.2f}" if tps is not None else "n/a")
         cells.append(f"{e['M']:.2f}" if e["M"] is not None else "n/a")
-        cells.append(f"{e['alpha']:.3f}" if e["alpha"] is not None else "n/a")
+        cells.append(_alpha_cell(e))
+        cells.append("n/a" if method == BASELINE else _gate_cell(e))
         cells.append("baseline" if method == BASELINE else f"{e['mismatches']}/{e['prompts']}")
         cm = e["cost_model"]
         if cm:
@@ -174,7 +209,9 @@ def render_report(
         "",
         "Speedup = mean tokens/s of the method / mean tokens/s of our vanilla baseline (ratio of means), "
         "interleaved on the same prompts; with several repeats, the mean over repeats of each repeat's "
-        "ratio. M = tokens per verification round, bonus included. Mismatches = prompts whose tokens "
+        "ratio. M = tokens per verification round, bonus included. Gate declined = share of rounds the "
+        "draft gate turned into plain steps ('off': no gate; a ':raw' row is its method with the gate off, "
+        "`--raw`). Mismatches = prompts whose tokens "
         "differ from vanilla greedy decoding. The cost model column: the best speedup the measured cost "
         "model predicts at the method's measured alpha and skip ratio (ceiling over k = 0..16, and the "
         "best with drafting, k >= 1), then what it predicts for the rounds the method actually ran (its "

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from framework.benchmark.config import BASELINE, BenchConfig, MethodSpec
+from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.config import ConfigError
@@ -92,13 +92,14 @@ def parse_preset_flags(label: str, flags: str) -> dict[str, Any]:
 
 def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
     """The `RunConfig` of a preset method: the preset with the benchmark's shared run options
-    (`BenchConfig.shared`), ``--skip-set`` when the preset's selector takes one, then the method's
-    ``--preset-args``; named after the method.
+    (`BenchConfig.shared`), the gate off for a ``--raw`` companion, ``--skip-set`` when the
+    preset's selector takes one, then the method's ``--preset-args``; named after the method.
 
     Raises:
         ConfigError: a bad ``--preset-args`` flag or value, or a preset whose verifier samples.
     """
-    run_cfg = RunConfig.from_preset(spec.source, **cfg.shared(), name=spec.label)
+    gate_off = {"gate": {"enabled": False}} if spec.raw else {}
+    run_cfg = RunConfig.from_preset(spec.source, **cfg.shared(), **gate_off, name=spec.label)
     overrides: dict[str, Any] = {}
     selector_cfg = run_cfg.selector.config
     if (
@@ -107,8 +108,8 @@ def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
         and "skip_set" in {f.name for f in dataclasses.fields(selector_cfg)}
     ):
         overrides["selector.skip_set"] = cfg.skip_set
-    for method, flags in cfg.preset_args:
-        if method == spec.label:
+    for method, flags in cfg.preset_args:  # a raw companion takes its method's flags too
+        if method == spec.label or (spec.raw and method + RAW_SUFFIX == spec.label):
             overrides.update(parse_preset_flags(spec.label, flags))
     if overrides:
         run_cfg = run_cfg.replace(**overrides)

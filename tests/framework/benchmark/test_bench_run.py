@@ -197,3 +197,51 @@ def test_hf_error_is_reported_in_its_row(tiny, data, tmp_path, monkeypatch):
     assert res["summary"]["methods"]["hf_generate"]["prompts"] == 2
     errs = [r for r in res["records"] if r.get("error")]
     assert [r["method"] for r in errs] == ["hf_early_exit"]
+
+
+def test_raw_runs_each_gated_preset_with_the_gate_off_too(tiny, data, tmp_path):
+    """``--raw``: a gated preset gets a '<name>:raw' companion row decoded with the gate off (its
+    own alpha and M even where the gate declines); ungated presets get none; the gate column says
+    how often the gate declined, and an alpha that does not exist says why."""
+    from framework.benchmark.config import parse_methods
+    from framework.benchmark.report import _alpha_cell, _gate_cell
+
+    specs = parse_methods(["static_confidence", "hybrid"], with_raw=True)
+    assert [(s.label, s.raw) for s in specs] == [
+        ("vanilla", False),
+        ("static_confidence", False),
+        ("static_confidence:raw", True),
+        ("hybrid", False),  # its preset has no controller gate: nothing to compare
+    ]
+    model, tok = tiny
+    cfg = BenchConfig(
+        methods=("vanilla", "static_confidence"),
+        run=RunConfig(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
+        out=str(tmp_path / "out"),
+        cost_model="none",
+        raw=True,
+        preset_args=(("static_confidence", "--selector.skip_ratio 0.5"),),
+    )
+    res = run_benchmark(cfg, model, tok, log=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    raw = [r for r in records if r["method"] == "static_confidence:raw"]
+    gated = [r for r in records if r["method"] == "static_confidence"]
+    assert raw and gated and all(r["lossless"] for r in raw + gated)
+    for rec in raw:  # the gate is off: no gate summary, and every round drafted
+        for turn in rec["turns"]:
+            assert "gate" not in turn["strategy_summary"].get("length", {})
+            assert all(k > 0 for k in turn["draft_lengths"][:-1])
+    assert all("gate" in t["strategy_summary"]["length"] for r in gated for t in r["turns"])
+    methods = res["summary"]["methods"]
+    assert methods["static_confidence:raw"]["gate"] is None
+    assert methods["static_confidence:raw"]["alpha"] is not None
+    gate = methods["static_confidence"]["gate"]
+    assert gate["rounds"] > 0 and 0 <= gate["declined"] <= gate["rounds"]
+    assert "| static_confidence:raw |" in res["report"] and "gate declined" in res["report"]
+    # the cells, on made-up entries
+    assert _gate_cell({"gate": None}) == "off"
+    assert _gate_cell({"gate": {"rounds": 8, "declined": 6}}) == "75.0%"
+    every = {"alpha": None, "M": 1.0, "gate": {"rounds": 8, "declined": 8}}
+    assert _alpha_cell(every) == "n/a (gate declined every round)"
+    assert _alpha_cell({"alpha": None, "M": 1.0, "gate": None}) == "n/a"
+    assert _alpha_cell({"alpha": 0.25, "M": 1.3, "gate": None}) == "0.250"
