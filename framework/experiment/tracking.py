@@ -83,9 +83,8 @@ def make_logger(kind: str, run_dir: Path, name: str, project: str, config: dict[
 
         logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
     elif kind == "wandb":
-        from pytorch_lightning.loggers import WandbLogger
-
         import wandb
+        from pytorch_lightning.loggers import WandbLogger
 
         if wandb.run is not None:  # inside a sweep agent / the user's own wandb.init: theirs to finish
             logger = WandbLogger(experiment=wandb.run)
