@@ -36,6 +36,7 @@ from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verificatio
 
 if TYPE_CHECKING:
     from framework.engine.context import PrepareContext
+    from framework.engine.draft_head import DraftHead
     from framework.engine.state import DecodeState
 
 
@@ -139,6 +140,14 @@ class LengthController(Strategy):
 
 class Drafter(Strategy):
     """Produces draft tokens with the target model's own (partial) layers."""
+
+    def draft_head(self) -> DraftHead | None:
+        """The reduced LM head this drafter scores tokens with, once prepared
+        (`framework.engine.draft_head.DraftHead`; see `framework.policies.draft_vocab`); ``None``
+        (the default): the full vocabulary. The decoder gives it to the decode state
+        (``DecodeState.draft_head``, used by every draft pass) and to the other strategies'
+        preparation (``PrepareContext.draft_head``)."""
+        return None
 
     @abstractmethod
     def draft(self, state: DecodeState, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:

@@ -152,7 +152,8 @@ class Decoder:
 
     Args:
         config: the run configuration (model, dtype, device, the four strategies, the gate, ...).
-        model, tokenizer: an already loaded HF causal LM and its tokenizer (both or neither).
+        model: an already loaded HF causal LM (with ``tokenizer``; both or neither).
+        tokenizer: its tokenizer.
         strategies: per kind (``"selector"``, ``"length"``, ``"drafter"``, ``"verifier"``), a
             strategy instance or class to use instead of the config's (a researcher's own
             subclass, registered or not).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,9 @@ def _gate_cell(e: dict[str, Any]) -> str:
 def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any = None) -> dict[str, Any]:
     """The numbers of the report, per method, from the JSONL records.
 
+    ``cost``: a `CostModel`, or ``{method: CostModel}`` (each method priced with its own draft
+    head, `CostModel.with_head`); ``None``: no prediction.
+
     Returns:
         ``{"categories": [...], "methods": {label: {...}}}`` where a method's entry has
         ``speedup`` ({category: mean over repeats of the ratio of means}), ``overall_by_repeat``,
@@ -111,11 +114,12 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             "cost_model": None,
         }
         kind = mine[0].get("kind") if mine else None
-        if cost is not None and stats and stats.drafted and kind == "preset":
+        mcost = cost.get(method) if isinstance(cost, Mapping) else cost
+        if mcost is not None and stats and stats.drafted and kind == "preset":
             entry["cost_model"] = cost_model_prediction(
-                cost, stats.acceptance_rate, stats.skip_ratio, stats.forwards_per_draft_token
+                mcost, stats.acceptance_rate, stats.skip_ratio, stats.forwards_per_draft_token
             )
-            entry["cost_model"]["rounds"] = rounds_prediction(cost, mine)
+            entry["cost_model"]["rounds"] = rounds_prediction(mcost, mine)
         out[method] = entry
     return {"categories": cats, "methods": out, "repeats": len(repeats)}
 
@@ -186,7 +190,10 @@ def render_report(
     plots: dict[str, str],
     hf: dict[str, str],
     cost: Any,
+    heads: Mapping[str, Any] | None = None,
 ) -> str:
+    """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
+    reduced head (`CostModel.with_head`), described under the full one."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg.run
     lines = [
@@ -205,6 +212,12 @@ def render_report(
         lines.append("- HF methods: " + "; ".join(f"{k}: {v}" for k, v in hf.items()))
     if cost is not None:
         lines.append(f"- cost model ({cost.device}, context {cost.context}): {cost.describe()}")
+    for method, mcost in (heads or {}).items():
+        lines.append(
+            f"- {method} drafts with a {mcost.draft_vocab}-token head: its draft step costs "
+            f"{mcost.base * 1e3:.2f} ms before any sub-layer (final norm + head {mcost.head * 1e3:.2f} ms, the "
+            f"full head {mcost.full_head * 1e3:.2f} ms)"
+        )
     lines += [
         "",
         "Speedup = mean tokens/s of the method / mean tokens/s of our vanilla baseline (ratio of means), "

@@ -150,6 +150,20 @@ def bench_record(
     }
 
 
+def head_costs(
+    cost: CostModel, specs: list[MethodSpec], decoders: dict[str, Any], adapter: Any
+) -> dict[str, CostModel]:
+    """``{label: cost model}`` of the preset methods whose drafter scores a reduced vocabulary:
+    ``cost`` with its draft steps priced for that head (`CostModel.with_head`)."""
+    out = {}
+    for s in specs:
+        drafter = getattr(decoders.get(s.label), "drafter", None)
+        head = drafter.draft_head() if s.kind == "preset" and drafter is not None else None
+        if head is not None:
+            out[s.label] = cost.with_head(adapter, head)
+    return out
+
+
 def load_cost_model(path: str) -> CostModel:
     """A `CostModel` from a JSON file (``{"cost_model": ...}`` as saved, or a skip-set file).
 
@@ -327,9 +341,10 @@ def run_benchmark(
                 )
     elapsed = time.perf_counter() - t_start
 
-    summary = summarize(records, [s.label for s in specs], cost)
+    heads = head_costs(cost, specs, decoders, base.adapter) if cost is not None else {}
+    summary = summarize(records, [s.label for s in specs], {s.label: heads.get(s.label, cost) for s in specs})
     plots = make_plots(out_dir, summary, records, info.num_layers) if run.plots else {}
-    report = render_report(cfg, summary, env, len(prompts), elapsed, plots, meta["hf"], cost)
+    report = render_report(cfg, summary, env, len(prompts), elapsed, plots, meta["hf"], cost, heads)
     (out_dir / "bench.md").write_text(report)
     log("\n" + report)
     return {"out": str(out_dir), "report": report, "summary": summary, "records": records, "plots": plots}

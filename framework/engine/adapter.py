@@ -15,11 +15,13 @@ and one MLP branch. `LlamaFamilyAdapter` covers Llama, Mistral, Qwen2, Qwen3 and
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -28,6 +30,9 @@ from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import FusedBlocks
 from framework.types import LayerPlan, ModelInfo
+
+if TYPE_CHECKING:
+    from framework.engine.draft_head import DraftHead
 
 _ADAPTERS: dict[str, type[ModelAdapter]] = {}
 
@@ -81,15 +86,26 @@ class ForwardOutput:
     """What one adapter forward returns.
 
     Attributes:
-        logits: FloatTensor (B, T', V) at the requested positions, or ``None``.
+        logits: FloatTensor (B, T', V) at the requested positions, or ``None``; (B, T', K) over
+            ``head.ids`` when the pass ran a reduced draft head.
         hidden_states: FloatTensor (L'+1, B, T, d) pre-norm residuals after each block run (index 0
             is the embedding; only when ``capture_hidden``; L' = blocks run).
         last_hidden: FloatTensor (B, T, d), the residual stream where the pass stopped (pre-norm).
+        head: the reduced draft head the logits come from (`framework.engine.draft_head.DraftHead`;
+            column j scores token ``head.ids[j]``), or ``None``: the full LM head.
     """
 
     logits: torch.Tensor | None
     hidden_states: torch.Tensor | None
     last_hidden: torch.Tensor
+    head: DraftHead | None = None
+
+    def top1(self) -> torch.Tensor:
+        """LongTensor (B, T'): the argmax token ids of `logits` (mapped through `head`)."""
+        if self.logits is None:
+            raise ValueError("this forward computed no logits")
+        idx = self.logits.argmax(dim=-1)
+        return idx if self.head is None else self.head.tokens(idx)
 
 
 class ModelAdapter(ABC):
@@ -152,6 +168,29 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def head_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight (V, d), bias (V,) or None)`` of the LM head, for a reduced draft head
+        (`framework.engine.draft_head.DraftHead`). Default: the HF model's output embeddings."""
+        head = self.model.get_output_embeddings()
+        if head is None or not hasattr(head, "weight"):
+            raise ValueError(f"{type(self.model).__name__} exposes no output embeddings (LM head weight)")
+        return head.weight, getattr(head, "bias", None)
+
+    def fingerprint(self) -> str:
+        """A short hash of the model's shape and a slice of its embedding: what is saved for one
+        model (a searched skip set, a token ranking) is only valid for the weights it was computed
+        on, whatever path they were loaded from."""
+        info = self.info()
+        emb = self.model.get_input_embeddings().weight[:4, :64].detach().float().cpu()
+        h = hashlib.sha256()
+        h.update(
+            json.dumps(
+                [getattr(self.config, "model_type", ""), info.num_layers, info.hidden_size, info.vocab_size]
+            ).encode()
+        )
+        h.update(emb.numpy().tobytes())
+        return h.hexdigest()[:16]
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -252,6 +291,7 @@ class ModelAdapter(ABC):
         visible: int | None = None,
         tree_mask: torch.Tensor | None = None,
         persist: bool = True,
+        head: DraftHead | None = None,
     ) -> ForwardOutput:
         """Run the (partial) model over new tokens, reading and writing ``cache``.
 
@@ -264,6 +304,7 @@ class ModelAdapter(ABC):
             logits_at: ``"all"``, ``"last"``, a LongTensor of positions in ``[0, T)``, or ``None``
                 (no LM head at all).
             capture_hidden: also return every block's output (pre-norm).
+            head: a reduced draft head for the logits (``None``: the full LM head).
 
         Returns:
             ForwardOutput.
@@ -280,6 +321,7 @@ class ModelAdapter(ABC):
             visible=visible,
             tree_mask=tree_mask,
             persist=persist,
+            head=head,
         )
 
     @torch.inference_mode()
@@ -298,6 +340,7 @@ class ModelAdapter(ABC):
         visible: int | None = None,
         tree_mask: torch.Tensor | None = None,
         persist: bool = True,
+        head: DraftHead | None = None,
     ) -> ForwardOutput:
         """Run blocks ``start .. stop-1`` on residuals that already went through blocks ``< start``.
 
@@ -315,6 +358,7 @@ class ModelAdapter(ABC):
             stop: one past the last block; default ``plan.blocks_run`` (L without a plan).
             logits_at: as in `forward` (default ``None``: no LM head).
             capture_hidden: also return the residual after each block run; index 0 is ``hidden``.
+            head: a reduced draft head for the logits (``None``: the full LM head).
 
         Returns:
             ForwardOutput whose ``hidden_states`` are (stop - start + 1, B, T, d).
@@ -368,9 +412,11 @@ class ModelAdapter(ABC):
                     raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {logits_at!r}")
             else:
                 sel = h.index_select(1, logits_at.to(h.device))
-            logits = self.lm_head(self.final_norm(sel))
+            normed = self.final_norm(sel)
+            logits = self.lm_head(normed) if head is None else head.logits(normed)
             self.lm_head_seconds += time.perf_counter() - t0
-        return ForwardOutput(logits, torch.stack(captured) if captured is not None else None, h)
+        hidden_states = torch.stack(captured) if captured is not None else None
+        return ForwardOutput(logits, hidden_states, h, head if logits is not None else None)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on pre-norm residuals of any shape (..., d) (shadow predictions)."""
@@ -378,7 +424,9 @@ class ModelAdapter(ABC):
             return self.lm_head(self.final_norm(hidden))
 
     @torch.inference_mode()
-    def top1_from_hidden(self, hidden: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    def top1_from_hidden(
+        self, hidden: torch.Tensor, chunk: int = 256, head: DraftHead | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The LM head's greedy token and its probability for each pre-norm residual.
 
         DEL's "shadow tokens": what an exit after each layer would predict. Rows go through the
@@ -388,6 +436,9 @@ class ModelAdapter(ABC):
 
         Args:
             hidden: FloatTensor (..., d).
+            chunk: rows per head call.
+            head: a reduced draft head (the token and probability among its K tokens, as a draft
+                with that head would see them); ``None``: the full LM head.
 
         Returns:
             (tokens LongTensor (...), probs FloatTensor (...) in float32): argmax and top-1
@@ -396,9 +447,10 @@ class ModelAdapter(ABC):
         flat = hidden.reshape(-1, hidden.shape[-1])
         toks, probs = [], []
         for lo in range(0, flat.shape[0], chunk):
-            logits = self.lm_head(self.final_norm(flat[lo : lo + chunk])).float()  # (n, V)
+            normed = self.final_norm(flat[lo : lo + chunk])
+            logits = (self.lm_head(normed) if head is None else head.logits(normed)).float()  # (n, V or K)
             top, idx = logits.max(dim=-1)
-            toks.append(idx)
+            toks.append(idx if head is None else head.tokens(idx))
             probs.append(torch.exp(top - torch.logsumexp(logits, dim=-1)))
         shape = hidden.shape[:-1]
         if not toks:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from framework.engine.cost_model import CostModel
+
+if TYPE_CHECKING:
+    from framework.engine.draft_head import DraftHead
 
 
 @dataclass
@@ -29,6 +32,10 @@ class PrepareContext:
             filtered by category; raises ``ValueError`` naming the file and line of bad input.
             Supplied by the runner, so that strategies need no data-loading code of their own
             (see `calibration_prompts`).
+        draft_head: the reduced LM head the run's drafter scores draft tokens with
+            (`framework.engine.draft_head.DraftHead`), ``None`` for the full head. Set by
+            `SpeculativeDecoder.prepare` after the drafter's own preparation (which builds it), so
+            that selectors searching draft-like passes and the cost model use the draft that runs.
     """
 
     adapter: Any
@@ -39,6 +46,7 @@ class PrepareContext:
     store: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
     load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None
+    draft_head: DraftHead | None = None
 
     def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
         """Calibration prompts (user messages) for an offline search: the first turns of
@@ -53,8 +61,14 @@ class PrepareContext:
         return self.load_prompts(source, tuple(categories))
 
     def cost_model(self) -> CostModel:
-        """The measured `framework.engine.cost_model.CostModel` of this model on this machine, measured
-        on first use (about 15 s on a 2-core CPU for the default model) and shared through ``store``."""
-        if "cost_model" not in self.store:
-            self.store["cost_model"] = CostModel.measure(self.adapter)
-        return self.store["cost_model"]
+        """The measured `framework.engine.cost_model.CostModel` of this model on this machine, its
+        draft steps priced with `draft_head`; measured on first use (about 15 s on a 2-core CPU for
+        the default model) and shared through ``store`` (one per draft head)."""
+        key = "cost_model" if self.draft_head is None else f"cost_model:{self.draft_head.key}"
+        if key not in self.store:
+            full = self.store.get("cost_model")
+            if full is not None and self.draft_head is not None:
+                self.store[key] = full.with_head(self.adapter, self.draft_head)
+            else:
+                self.store[key] = CostModel.measure(self.adapter, draft_head=self.draft_head)
+        return self.store[key]

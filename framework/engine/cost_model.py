@@ -7,7 +7,11 @@ than one plain step per committed token. The model here is measured, not assumed
   + mlp * (MLP sub-layers run)``, where ``base`` is the embedding, final norm and LM head; the three
   coefficients come from timing four plans (full, no attention, no MLP, nothing) on a warm cache;
 - a full forward over T new tokens (verification, T = 1 is a plain decoding step) is timed for
-  every T up to ``max_tokens`` and extrapolated linearly beyond.
+  every T up to ``max_tokens`` and extrapolated linearly beyond;
+- ``head``, the final norm and LM head of one token, is timed on its own (it is part of ``base``);
+  drafts that score a reduced vocabulary (`framework.engine.draft_head.DraftHead`) are priced with
+  their own head: `CostModel.measure` with ``draft_head``, or `CostModel.with_head` from the
+  full-head model.
 
 Used by ``selfsd_bo``'s deterministic objective (modelled time per token of a decode whose rounds
 are counted, not timed) and by reports that put a measured speedup next to what the cost model
@@ -19,13 +23,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.engine.state import DecodeState
 from framework.types import LayerPlan
+
+if TYPE_CHECKING:
+    from framework.engine.draft_head import DraftHead
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,19 @@ class CostModel:
 
     Attributes:
         num_layers: L, the blocks of the model measured.
-        base: a one-token forward that skips every sub-layer (embedding, final norm, LM head).
+        base: a one-token draft forward that skips every sub-layer (embedding, final norm and the
+            draft's LM head: the full head, or the reduced head of ``draft_vocab`` tokens).
         attn: one attention sub-layer, one token.
         mlp: one MLP sub-layer, one token.
         verify_costs: ``verify_costs[T - 1]`` = a full forward over T new tokens (T = 1: one plain step).
         context: the cache length the costs were measured at.
         device: where they were measured.
+        head: the final norm and the draft's LM head of one token (part of ``base``; 0: not
+            measured).
+        full_head: the final norm and the full LM head of one token (what a verification pays per
+            position; 0: not measured).
+        draft_vocab: K of the reduced draft head ``base`` and ``head`` were priced with; 0: the
+            full vocabulary.
     """
 
     num_layers: int
@@ -49,6 +63,9 @@ class CostModel:
     verify_costs: tuple[float, ...]
     context: int = 0
     device: str = "cpu"
+    head: float = 0.0
+    full_head: float = 0.0
+    draft_vocab: int = 0
 
     def __post_init__(self) -> None:
         if not self.verify_costs:
@@ -160,21 +177,49 @@ class CostModel:
 
     def describe(self) -> str:
         ms = 1e3
+        head = f"the {self.draft_vocab}-token draft head" if self.draft_vocab else "the full LM head"
         return (
-            f"step {self.step * ms:.2f} ms; draft step = {self.base * ms:.2f} ms + {self.attn * ms:.3f} ms per "
-            f"attention + {self.mlp * ms:.3f} ms per MLP sub-layer; verify of 4 tokens "
-            f"{self.verify(4) / self.step:.2f} steps, of 8 tokens {self.verify(8) / self.step:.2f} steps"
+            f"step {self.step * ms:.2f} ms; draft step = {self.base * ms:.2f} ms (embedding, {head}) + "
+            f"{self.attn * ms:.3f} ms per attention + {self.mlp * ms:.3f} ms per MLP sub-layer; verify of 4 "
+            f"tokens {self.verify(4) / self.step:.2f} steps, of 8 tokens {self.verify(8) / self.step:.2f} steps"
+        )
+
+    def with_head(self, adapter: Any, head: DraftHead | None, *, reps: int = 31) -> CostModel:
+        """This cost model with draft steps priced for ``head`` (``None``: the full LM head).
+
+        Times the final norm + LM head of one token with the full head and with ``head``
+        (interleaved, medians) and replaces the head's share of ``base`` in proportion, so that a
+        cost model in any unit (a synthetic one of tests) keeps its unit.
+        """
+        full_s, draft_s = head_seconds(adapter, head, reps=reps)
+        ratio = draft_s / full_s if full_s > 0 else 1.0
+        full_part = self.full_head or self.head or full_s
+        new_head = full_part * ratio
+        return replace(
+            self,
+            base=max(0.0, self.base - (self.head or full_part) + new_head),
+            head=new_head,
+            full_head=full_part,
+            draft_vocab=0 if head is None else head.size,
         )
 
     # ---- measurement --------------------------------------------------------------------------
     @classmethod
     @torch.inference_mode()
-    def measure(cls, adapter: Any, *, max_tokens: int = 16, context: int = 128, reps: int = 7) -> CostModel:
+    def measure(
+        cls,
+        adapter: Any,
+        *,
+        max_tokens: int = 16,
+        context: int = 128,
+        reps: int = 7,
+        draft_head: DraftHead | None = None,
+    ) -> CostModel:
         """Time the model through ``adapter`` on a random prompt of ``context`` tokens.
 
         The measurements are interleaved (every rep times every plan and every T once), after one
         warm-up pass, and the median of ``reps`` is kept, so slow drift on a shared machine hits
-        every quantity alike.
+        every quantity alike. Draft steps run with ``draft_head`` (``None``: the full LM head).
         """
         if max_tokens < 2 or context < 1 or reps < 1:
             raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
@@ -185,6 +230,7 @@ class CostModel:
         prompt = torch.randint(0, info.vocab_size, (1, context), generator=gen).to(adapter.device)
         state = DecodeState(adapter, prompt, context + max_tokens + 8)
         state.append(state.prefill().argmax(-1)[:, None])
+        state.draft_head = draft_head
         all_idx = range(n)
         plans = {
             "full": LayerPlan.full(n),
@@ -218,6 +264,7 @@ class CostModel:
                     samples[t_len].append(t)
         state.discard_draft()
         med = {k: statistics.median(v) for k, v in samples.items()}
+        full_head, head = head_seconds(adapter, draft_head, reps=4 * reps + 3)
         return cls(
             num_layers=n,
             base=med["none"],
@@ -226,4 +273,31 @@ class CostModel:
             verify_costs=tuple(med[t] for t in range(1, max_tokens + 1)),
             context=context,
             device=str(adapter.device),
+            head=head,
+            full_head=full_head,
+            draft_vocab=0 if draft_head is None else draft_head.size,
         )
+
+
+@torch.inference_mode()
+def head_seconds(adapter: Any, head: DraftHead | None = None, *, reps: int = 31) -> tuple[float, float]:
+    """Seconds of the final norm + LM head on one token: ``(full head, head)`` (``head`` ``None``:
+    both are the full head). Interleaved, after a warm-up, medians of ``reps``."""
+    d = adapter.info().hidden_size
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, d, generator=gen).to(device=adapter.device, dtype=adapter.dtype)
+    sync = torch.cuda.synchronize if adapter.device.type == "cuda" else (lambda: None)
+    fns = [lambda: adapter.lm_head(adapter.final_norm(x))]
+    if head is not None:
+        fns.append(lambda: head.logits(adapter.final_norm(x)))
+    samples: list[list[float]] = [[] for _ in fns]
+    for rep in range(reps + 1):
+        for fn, out in zip(fns, samples, strict=True):
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            if rep:
+                out.append(time.perf_counter() - t)
+    meds = [statistics.median(v) for v in samples]
+    return meds[0], meds[-1]

@@ -6,6 +6,7 @@ logic, so a speedup compares like with like. The speculative loop knows only the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -270,8 +271,16 @@ class SpeculativeDecoder:
             s.setup(info)
 
     def prepare(self, ctx: PrepareContext) -> None:
-        """Run every strategy's one-time `Strategy.prepare` (offline searches)."""
-        for s in self.strategies().values():
+        """Run every strategy's one-time `Strategy.prepare` (offline searches).
+
+        The drafter goes first: it builds the head drafts score tokens with (``Drafter.draft_head``,
+        a reduced vocabulary or ``None``), which the other strategies then find in
+        ``ctx.draft_head`` (a copy of ``ctx``; the store is shared) so that what they search or
+        price is the draft that runs.
+        """
+        self.drafter.prepare(ctx)
+        ctx = dataclasses.replace(ctx, draft_head=self.drafter.draft_head())
+        for s in (self.selector, self.length, self.verifier):
             s.prepare(ctx)
 
     def strategies(self) -> dict[str, Any]:
@@ -295,6 +304,7 @@ class SpeculativeDecoder:
             self.selector,
             self.length,
             self.verifier,
+            self.drafter,
         )
         timings = state.stats.timings
         lm0 = adapter.lm_head_seconds

@@ -13,11 +13,15 @@ and `copy_draft` (a copied draft with the extras the strategies asked for).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan
+
+if TYPE_CHECKING:
+    from framework.engine.draft_head import DraftHead
 
 
 class DraftBuilder:
@@ -44,27 +48,38 @@ class DraftBuilder:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, logits: torch.Tensor) -> tuple[torch.Tensor, float | None]:
-        """Choose the next draft token from ``logits`` (B, V).
+    def add(self, logits: torch.Tensor, head: DraftHead | None = None) -> tuple[torch.Tensor, float | None]:
+        """Choose the next draft token from ``logits`` (B, V), or (B, K) over ``head.ids`` when the
+        forward ran a reduced draft head (pass its ``ForwardOutput.head``).
+
+        With a head the draft distribution is q over the head's K tokens (zero elsewhere): the
+        sampler warps the logits with ``-inf`` outside the head, greedy takes the argmax among the
+        K tokens, and confidences are top-1 probabilities renormalised over them.
 
         Returns:
             ``(token (B,), confidence)``: the confidence is the top-1 draft probability of batch
             row 0 (``None`` when no strategy asked for probabilities).
         """
         if self.sampler is not None:  # sampling: the same warping as the verifier's target
-            tok, p = self.sampler(logits)  # p: the warped draft distribution q (B, V)
+            full = logits if head is None else head.expand(logits)  # q is 0 outside the head
+            tok, p = self.sampler(full)  # p: the warped draft distribution q (B, V)
             top_p = p.max(dim=-1).values  # Draft & Verify Alg. 4: max_x q(x)
+            to_vocab = None  # p is over the vocabulary already
         elif self.want_extras:
             p = torch.softmax(logits.float(), dim=-1)
             top_p, tok = p.max(dim=-1)
+            to_vocab = head
         else:
-            self.tokens.append(logits.argmax(dim=-1))
+            idx = logits.argmax(dim=-1)
+            self.tokens.append(idx if head is None else head.tokens(idx))
             return self.tokens[-1], None
+        if to_vocab is not None:
+            tok = to_vocab.tokens(tok)
         if self.want_probs:
-            self.probs.append(p)
+            self.probs.append(p if to_vocab is None else to_vocab.expand(p, 0.0))
         if self.top_k:
-            vals, idx = p.topk(self.top_k, dim=-1)  # (B, k), sorted; idx[:, 0] is the argmax
-            self.top_tokens.append(idx)
+            vals, idx = p.topk(min(self.top_k, p.shape[-1]), dim=-1)  # (B, k <= the head), sorted by p
+            self.top_tokens.append(idx if to_vocab is None else to_vocab.tokens(idx))
             self.top_probs.append(vals)
         self.confs.append(top_p)
         self.tokens.append(tok)

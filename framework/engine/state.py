@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from framework.engine.adapter import ForwardOutput, ModelAdapter
+from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
 from framework.types import LayerPlan, ModelInfo, Verification
 
@@ -133,6 +134,10 @@ class DecodeState:
         self.draft_sampler = None
         #: Set by the decoder from ``Verifier.draft_top_k()``; 0 = keep no top-k candidates.
         self.draft_top_k = 0
+        #: Set by the decoder from ``Drafter.draft_head()`` (this generation's `LiveDraftHead`):
+        #: the reduced LM head every draft pass (`forward_draft`, `forward_scratch`) scores tokens
+        #: with; ``None`` = the full head. `commit` shows it the committed tokens.
+        self.draft_head: DraftHead | None = None
         self.draft_len = 0  # tokens fed to the draft model in the current round
         self.round = 0
         self.stats = DecodeStats()
@@ -152,11 +157,13 @@ class DecodeState:
         selector: Any,
         length: Any,
         verifier: Any,
+        drafter: Any = None,
     ) -> DecodeState:
         """A state whose flags and hooks come from the strategies' capability declarations.
 
         The one place that wires ``needs_hidden_states``, ``needs_confidence``,
-        ``needs_draft_probs``, ``draft_sampler()`` and ``draft_top_k()`` into the state.
+        ``needs_draft_probs``, ``draft_sampler()``, ``draft_top_k()`` and ``draft_head()`` into the
+        state.
         """
         state = cls(
             adapter,
@@ -168,6 +175,9 @@ class DecodeState:
         )
         state.draft_sampler = verifier.draft_sampler()
         state.draft_top_k = verifier.draft_top_k()
+        head = drafter.draft_head() if drafter is not None else None
+        if head is not None:
+            state.draft_head = head.start(prompt_ids)
         return state
 
     # ------------------------------------------------------------------ token views
@@ -238,7 +248,8 @@ class DecodeState:
         """Feed the next draft token(s) (B, T) through the draft model ``plan``.
 
         Positions continue after the committed prefix and the tokens already drafted this round;
-        KV is appended only in the layers whose attention the plan runs.
+        KV is appended only in the layers whose attention the plan runs. Logits come from
+        `draft_head` (``ForwardOutput.head`` says which).
 
         Args:
             input_ids: LongTensor (B, T).
@@ -276,6 +287,7 @@ class DecodeState:
             plan,
             logits_at=logits_at,
             capture_hidden=capture,
+            head=self.draft_head,
         )
         if reusable and self._prefix is not None:
             self._prefix.ids.append(input_ids)
@@ -376,7 +388,8 @@ class DecodeState:
 
         Token ``start`` attends to the committed KV of ``[0, start)`` and to the block's own KV, which
         is written beyond every layer's end pointer and forgotten afterwards; the committed cache
-        is untouched. ``logits[:, j]`` predicts token ``start + j + 1``.
+        is untouched. ``logits[:, j]`` predicts token ``start + j + 1``; a draft pass, so they come
+        from `draft_head` (``ForwardOutput.top1`` maps them to token ids).
 
         Args:
             start: first token fed.
@@ -402,6 +415,7 @@ class DecodeState:
             base=base,
             visible=start,
             persist=False,
+            head=self.draft_head,
         )
 
     def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor:
@@ -463,6 +477,8 @@ class DecodeState:
         self.cache.commit(n, keep=result.kv_keep)
         if self.capture_hidden and result.hidden_states is None:
             result.hidden_states = self.last_hidden_states
+        if isinstance(self.draft_head, LiveDraftHead):
+            self.draft_head.observe(new)  # coverage; a context head adds the new tokens
         self.append(new)
         self.draft_len = 0
         self._prefix = None

@@ -76,7 +76,8 @@ class Experiment:
 
     Args:
         cfg: the run configuration (model, dtype, device, strategies, gate, stop strings).
-        model, tokenizer: an already loaded model; ``None`` loads ``cfg.model``.
+        model: an already loaded model; ``None`` loads ``cfg.model``.
+        tokenizer: its tokenizer (with ``model``).
         artifact_stem: where strategies keep artefacts (an offline search's skip set).
         log: where preparation messages go.
         prompts: checked against the model's context before any (possibly long) preparation.

@@ -69,14 +69,17 @@ FAST_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
 
 
 def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
-    """A deterministic `CostModel` in units of one step: the LM head and embedding 0.1, attention
-    0.5 / L and MLP 0.4 / L per sub-layer, a verification of T tokens 1 + 0.1 (T - 1)."""
+    """A deterministic `CostModel` in units of one step: the LM head and embedding 0.1 (of which
+    the final norm and LM head 0.08), attention 0.5 / L and MLP 0.4 / L per sub-layer, a
+    verification of T tokens 1 + 0.1 (T - 1)."""
     return CostModel(
         num_layers=num_layers,
         base=0.1,
         attn=0.5 / num_layers,
         mlp=0.4 / num_layers,
         verify_costs=tuple(1.0 + 0.1 * (t - 1) for t in range(1, max_tokens + 1)),
+        head=0.08,
+        full_head=0.08,
     )
 
 

@@ -8,10 +8,11 @@ from typing import Any, Literal
 from framework import Draft, Drafter, LayerPlan, LengthController, ModelInfo, Verification, register_drafter
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.engine.drafting import DraftBuilder
+from framework.policies.draft_vocab import DraftVocab, DraftVocabConfig
 
 
 @dataclass(frozen=True)
-class EarlyExitDrafterConfig:
+class EarlyExitDrafterConfig(DraftVocabConfig):
     exit_layer: int | None = param(
         None,
         help="exit layer E used when the plan sets none (a selector such as static); in [1, L-1]. "
@@ -35,6 +36,7 @@ class EarlyExitDrafterConfig:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.exit_layer is not None:
             check_range("exit_layer", self.exit_layer, 1, None, integer=True)
         check_range("exit_ratio", self.exit_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -50,7 +52,7 @@ def default_exit_layer(num_layers: int, exit_layer: int | None, exit_ratio: floa
 
 
 @register_drafter("early_exit", config=EarlyExitDrafterConfig)
-class EarlyExitDrafter(Drafter):
+class EarlyExitDrafter(DraftVocab, Drafter):
     """Draft with the first E blocks of the target, then its final norm and LM head.
 
     LayerSkip's self-speculation (Elhoushi et al., ACL 2024) and the drafting of DEL (Entezari
@@ -61,7 +63,8 @@ class EarlyExitDrafter(Drafter):
     With ``reuse_kv`` the draft steps are declared reusable (``DecodeState.forward_draft``): the
     chain verification keeps the draft's KV and hidden states of blocks ``0..E-1`` for the drafted
     positions and runs blocks ``E..L-1`` only there (all blocks for a position never fed to the
-    draft, usually the last draft token). Tree verification always recomputes.
+    draft, usually the last draft token). Tree verification always recomputes. With ``draft_vocab``
+    K the draft scores only the model's K most frequent tokens (`framework.policies.draft_vocab`).
     """
 
     def __init__(self, config: EarlyExitDrafterConfig | None = None) -> None:
@@ -107,9 +110,9 @@ class EarlyExitDrafter(Drafter):
         self._counts["rounds"] += 1
         x = state.pending
         for step in range(max_tokens):
-            logits = state.forward_draft(x, prefix, logits_at="last", reusable=reuse).logits[:, -1]  # (B, V)
+            fwd = state.forward_draft(x, prefix, logits_at="last", reusable=reuse)
             self._counts["draft_steps"] += 1
-            tok, conf = out.add(logits)
+            tok, conf = out.add(fwd.logits[:, -1], fwd.head)  # logits (B, V), or (B, K) over the head
             if step + 1 >= max_tokens:
                 break
             if not length.should_continue(step + 1, conf):
@@ -123,6 +126,7 @@ class EarlyExitDrafter(Drafter):
         return out.build(prefix)
 
     def observe(self, state, draft: Draft, result: Verification) -> None:
+        self.follow_head(state)
         stats = state.stats
         self._reuse = {
             "verify_blocks_saved": stats.verify_blocks_saved,
@@ -130,4 +134,9 @@ class EarlyExitDrafter(Drafter):
         }
 
     def summary(self) -> dict[str, Any]:
-        return {"default_exit_layer": self._default_exit, **self._counts, **(self._reuse or {})}
+        return {
+            "default_exit_layer": self._default_exit,
+            **self._counts,
+            **(self._reuse or {}),
+            **self.head_summary(),
+        }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from framework import (
@@ -16,8 +16,10 @@ from framework import (
     register_drafter,
 )
 from framework.config import check_choice, check_range, param
+from framework.engine.draft_head import DraftHead
+from framework.policies.draft_vocab import DraftVocabConfig
 from framework.policies.gate import DraftGate, GateConfig
-from strategies.drafters.layer_skip import LayerSkipDrafter
+from strategies.drafters.layer_skip import LayerSkipDrafter, LayerSkipDrafterConfig
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 
 SOURCES = ("lookup", "layer_skip")
@@ -26,7 +28,7 @@ LETTERS = {"lookup": "L", "layer_skip": "S", "declined": "-"}
 
 
 @dataclass(frozen=True)
-class HybridDrafterConfig:
+class HybridDrafterConfig(DraftVocabConfig):
     max_ngram: int = param(
         3, help="longest n-gram (ending at the last committed token) searched for in the context; in [1, 32]"
     )
@@ -49,6 +51,7 @@ class HybridDrafterConfig:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_range("max_ngram", self.max_ngram, 1, MAX_NGRAM, integer=True)
         check_range("min_match", self.min_match, 1, self.max_ngram, integer=True)
         check_range("confidence", self.confidence, 0.0, 1.0)
@@ -88,7 +91,9 @@ class HybridDrafter(Drafter):
         self.lookup = PromptLookupDrafter(
             PromptLookupDrafterConfig(max_ngram=c.max_ngram, min_ngram=c.min_match, confidence=c.confidence)
         )
-        self.layer_skip = LayerSkipDrafter()
+        self.layer_skip = LayerSkipDrafter(
+            LayerSkipDrafterConfig(draft_vocab=c.draft_vocab, vocab_file=c.vocab_file)
+        )
         # Statistics carry across generations (the same model and plan accept alike), as the run's
         # gate; the default margin, probe interval and decay are the run gate's defaults.
         self.gate = DraftGate(GateConfig(enabled=True)) if c.skip_gate else None
@@ -99,8 +104,13 @@ class HybridDrafter(Drafter):
         self.layer_skip.setup(info)
 
     def prepare(self, ctx: PrepareContext) -> None:
-        if self.gate is not None:
-            self.gate.prepare(ctx)
+        self.layer_skip.prepare(ctx)  # the reduced draft head, when draft_vocab is set
+        if self.gate is not None:  # prices the layer-skip source with the head it drafts with
+            self.gate.prepare(replace(ctx, draft_head=self.layer_skip.draft_head()))
+
+    def draft_head(self) -> DraftHead | None:
+        """The layer-skip source's head (copies score no tokens)."""
+        return self.layer_skip.draft_head()
 
     def reset(self) -> None:
         self.lookup.reset()
@@ -130,6 +140,7 @@ class HybridDrafter(Drafter):
 
     def observe(self, state, draft: Draft, result: Verification) -> None:
         source = draft.extras.get("source")
+        self.layer_skip.observe(state, draft, result)  # coverage of the head, all rounds
         if source in self._accepted:
             self._accepted[source] += result.accepted
         # The gate learns from the rounds it decided: layer-skip drafts and declined rounds (whose
@@ -146,6 +157,7 @@ class HybridDrafter(Drafter):
         out["layer_skip"]["declined"] = sum(s == "declined" for s, _ in self._log)
         out["sources"] = "".join(LETTERS[s] for s, _ in self._log)
         out["search_ms"] = self.lookup.summary()["search_ms"]
+        out.update(self.layer_skip.summary())
         if self.gate is not None:
             out["skip_gate"] = self.gate.summary()
         return out

@@ -267,11 +267,14 @@ class DelTplSelector(BudgetedWork, LayerSelector):
 
     # ------------------------------------------------------------------ statistics
     def _shadow(
-        self, adapter, hidden: torch.Tensor, layers: torch.Tensor
+        self, state, hidden: torch.Tensor, layers: torch.Tensor, *, target: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shadow tokens and confidences (k, n) of ``hidden`` (L+1, n, d) at ``layers`` (k,)."""
+        """Shadow tokens and confidences (k, n) of ``hidden`` (L+1, n, d) at ``layers`` (k,): what
+        a draft exiting there predicts, through the draft's head (``state.draft_head``), or with
+        ``target`` what the target predicts (the full LM head)."""
         self._rows += int(len(layers) * hidden.shape[1])
-        return adapter.top1_from_hidden(hidden[layers.to(hidden.device)])
+        head = None if target else state.draft_head
+        return state.adapter.top1_from_hidden(hidden[layers.to(hidden.device)], head=head)
 
     def _choose(self) -> None:
         c = self.config
@@ -298,11 +301,11 @@ class DelTplSelector(BudgetedWork, LayerSelector):
             with self.budget.unit() as unit:
                 h = hs[:, 0, p - w : p]  # (L+1, w, d)
                 if self.config.init_reference == "target":
-                    ref, _ = self._shadow(state.adapter, h, torch.tensor([self._L]))
+                    ref, _ = self._shadow(state, h, torch.tensor([self._L]), target=True)
                     ref = ref[0]
                 else:
                     ref = state.tokens[0, p - w + 1 : p + 1]  # the next token of each position
-                toks, conf = self._shadow(state.adapter, h, self._layers)
+                toks, conf = self._shadow(state, h, self._layers)
                 self._stats.update(self._layers, (toks == ref.to(toks.device)[None]).cpu(), conf.cpu(), w)
                 self._init_positions = w
             self._seconds += unit.seconds
@@ -352,8 +355,13 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         (`Verification.path_hidden`), in the valid window, then next round's choice."""
         h = hs[:, 0]  # (L+1, n, d)
         e, L = self._exit, self._L
-        ends, end_conf = self._shadow(state.adapter, h, torch.tensor([e, L]))
-        x_e, x_l = ends[0], ends[1]
+        if state.draft_head is None:  # one head call for both rows
+            ends, end_conf = self._shadow(state, h, torch.tensor([e, L]))
+            x_e, x_l = ends[0], ends[1]
+        else:  # the draft's head at E, the target's full head at L
+            x_e, end_conf = self._shadow(state, h, torch.tensor([e]))
+            x_e = x_e[0]
+            x_l = self._shadow(state, h, torch.tensor([L]), target=True)[0][0]
         diff = (x_e != x_l).nonzero()
         u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
         if self.config.window == "accepted":
@@ -366,7 +374,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         conf = torch.empty(len(self._layers), n, dtype=torch.float32, device=h.device)
         mask_e = is_e.to(h.device)
         if len(others):
-            ot, oc = self._shadow(state.adapter, h[:, :n], others)
+            ot, oc = self._shadow(state, h[:, :n], others)
             toks[~mask_e], conf[~mask_e] = ot, oc
         if bool(is_e.any()):
             toks[mask_e], conf[mask_e] = x_e[:n], end_conf[0, :n]

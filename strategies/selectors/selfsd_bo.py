@@ -23,7 +23,6 @@ Both are recorded for every candidate in the trace.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -112,19 +111,9 @@ class SelfSDConfig:
 
 
 def model_fingerprint(adapter: Any) -> str:
-    """A short hash of the model's shape and a slice of its embedding: a saved skip set is only
-    valid for the weights it was searched on (the path may differ between machines)."""
-    info = adapter.info()
-    cfg = adapter.config
-    emb = adapter.model.get_input_embeddings().weight[:4, :64].detach().float().cpu()
-    h = hashlib.sha256()
-    h.update(
-        json.dumps(
-            [getattr(cfg, "model_type", ""), info.num_layers, info.hidden_size, info.vocab_size]
-        ).encode()
-    )
-    h.update(emb.numpy().tobytes())
-    return h.hexdigest()[:16]
+    """The model's weight fingerprint (`ModelAdapter.fingerprint`): a saved skip set is only valid
+    for the weights it was searched on."""
+    return adapter.fingerprint()
 
 
 @dataclass(frozen=True)
@@ -189,7 +178,8 @@ class SelfSDSelector(LayerSelector):
                     f"this run uses {ctx.dtype}"
                 )
             return
-        key = "selfsd_bo:" + json.dumps(asdict(c), sort_keys=True, default=str)
+        head = ctx.draft_head.key if ctx.draft_head is not None else ""
+        key = f"selfsd_bo:{head}:" + json.dumps(asdict(c), sort_keys=True, default=str)
         if key not in ctx.store:
             ctx.store[key] = search(ctx, c)
         self._result = ctx.store[key]
@@ -246,6 +236,7 @@ def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
         )
     )
     drafter = REGISTRIES["drafter"].get("layer_skip")()
+    drafter.use_head(ctx.draft_head)  # search the draft that runs: the run's drafter's head
     verifier = REGISTRIES["verifier"].get("greedy")()
     return SpeculativeDecoder(
         ctx.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=c.search_max_length
@@ -325,6 +316,7 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
         "format": FORMAT,
         "model": adapter.info().name,
         "fingerprint": model_fingerprint(adapter),
+        "draft_vocab": ctx.draft_head.size if ctx.draft_head is not None else 0,
         "dtype": ctx.dtype,
         "num_layers": n,
         "bits": list(best_bits),

@@ -201,11 +201,12 @@ class SwiftSelector(BudgetedWork, LayerSelector):
 
     def matchness(self, state, plan: LayerPlan) -> float:
         """Fraction of the window's next tokens the draft ``plan`` predicts (argmax), teacher forced
-        on the committed cache (``DecodeState.forward_scratch``; the committed KV is not touched)."""
+        on the committed cache (``DecodeState.forward_scratch``; the committed KV is not touched),
+        scored with the draft's head (``state.draft_head``), as the draft would propose them."""
         start, end = self.window_span(state)
-        logits = state.forward_scratch(start, plan, end=end, logits_at="all").logits
+        predicted = state.forward_scratch(start, plan, end=end, logits_at="all").top1()
         target = state.tokens[:, start + 1 : end + 1]
-        return float((logits.argmax(-1) == target).float().mean())
+        return float((predicted == target).float().mean())
 
     def _bits_to_plan(self, x: tuple[int, ...]) -> LayerPlan:
         n = self.num_layers

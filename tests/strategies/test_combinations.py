@@ -13,7 +13,9 @@ import itertools
 import pytest
 
 from framework import REGISTRIES
+from framework.config import build_config
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.policies.draft_vocab import DraftVocabConfig
 from framework.testing import default_strategy_instance, prepare_context, random_prompt
 
 KINDS = ("selector", "length", "drafter", "verifier")
@@ -61,6 +63,44 @@ def test_speculative_equals_vanilla(deep_adapters, arch, combo):
         assert 1 + sum(res.accept_lengths) == MAX_NEW
         assert res.accepted == sum(res.accept_lengths) - len(res.accept_lengths)
         assert all(0.0 <= r < 1.0 for r in res.skip_ratios)
+
+
+# Every drafter that runs the LM head offers a reduced draft head (draft_vocab): the output must not
+# change, whatever selector, length controller and greedy verifier it drafts with. K = 32 of the
+# tiny vocabulary's 128 tokens, so that many target tokens lie outside the head (and enter it as
+# context tokens once they were committed).
+HEAD_DRAFTERS = [
+    n
+    for n in REGISTRIES["drafter"].names()
+    if issubclass(REGISTRIES["drafter"].entry(n).config, DraftVocabConfig)
+]
+HEAD_COMBOS = list(
+    itertools.product(
+        REGISTRIES["selector"].names(), REGISTRIES["length"].names(), HEAD_DRAFTERS, GREEDY_VERIFIERS
+    )
+)
+
+
+@pytest.mark.parametrize("combo", HEAD_COMBOS, ids=lambda c: "-".join(c))
+def test_speculative_equals_vanilla_with_a_reduced_draft_head(
+    deep_adapters, combo, tmp_path_factory, monkeypatch
+):
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "selfspec-cache"))
+    arch = "llama"
+    adapter = deep_adapters[arch]
+    s = {k: default_strategy_instance(k, name, fast=True) for k, name in zip(KINDS, combo, strict=True)}
+    entry = REGISTRIES["drafter"].entry(combo[2])
+    s["drafter"] = entry.cls(build_config(entry.config, {"draft_vocab": 32}))
+    dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
+    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault(f"{arch}-head", {})))
+    assert dec.drafter.draft_head().size == 32
+    for seed, plen in PROMPTS:
+        want = _vanilla(adapter, arch, seed, plen)
+        res = dec.generate(random_prompt(plen, 128, seed), StopCondition(MAX_NEW))
+        assert res.tokens == want, (
+            f"{combo} with draft_vocab 32, prompt seed {seed}: output differs from vanilla"
+        )
+        assert 0 <= res.accepted <= res.drafted
 
 
 def test_default_static_plan_skips_on_deep_model(deep_adapters):

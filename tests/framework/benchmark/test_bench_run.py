@@ -245,3 +245,30 @@ def test_raw_runs_each_gated_preset_with_the_gate_off_too(tiny, data, tmp_path):
     assert _alpha_cell(every) == "n/a (gate declined every round)"
     assert _alpha_cell({"alpha": None, "M": 1.0, "gate": None}) == "n/a"
     assert _alpha_cell({"alpha": 0.25, "M": 1.3, "gate": None}) == "0.250"
+
+
+def test_a_method_with_a_reduced_draft_head_is_priced_with_it(tiny, data, tmp_path, monkeypatch):
+    """A preset drafting with ``draft_vocab`` gets its own cost model (`CostModel.with_head`): the
+    cost-model column predicts with it and the report names the head."""
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "cache"))
+    model, tok = tiny
+    cm = tmp_path / "cost.json"
+    cm.write_text(json.dumps({"cost_model": synthetic_cost_model(4).to_dict()}))
+    cfg = BenchConfig(
+        methods=("vanilla", "static_confidence"),
+        run=RunConfig(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
+        out=str(tmp_path / "out"),
+        cost_model=str(cm),
+        preset_args=(
+            ("static_confidence", "--selector.skip_ratio 0.5 --drafter.draft_vocab 32 --gate.enabled false"),
+        ),
+    )
+    res = run_benchmark(cfg, model, tok, log=lambda s: None)
+    e = res["summary"]["methods"]["static_confidence"]
+    assert e["mismatches"] == 0 and e["cost_model"] is not None
+    line = next(
+        x
+        for x in res["report"].splitlines()
+        if x.startswith("- static_confidence drafts with a 32-token head")
+    )
+    assert "before any sub-layer" in line and "full head" in line

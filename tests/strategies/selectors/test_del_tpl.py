@@ -232,23 +232,28 @@ def test_no_prompt_statistics_means_no_draft_first():
         assert sel.summary()["init_positions"] == 0
 
 
-def test_statistics_update_is_free_and_matches_a_hand_count():
-    """observe() runs no transformer block (only the LM head on stored states), and its counts
-    equal the shadow tokens recomputed by hand from the verify pass's hidden states."""
+def _first_early_exit_round():
+    """One verified round of a 4-token early-exit draft with no prompt statistics (every alpha is 0,
+    so E is the smallest candidate, 2); the selector has not observed it yet."""
     adapter = _early_exit_friendly()
     state = _new_state(adapter, seed=2)
-    # no prompt statistics: every alpha is 0 and E is the smallest candidate, 2
     sel = DelTplSelector(DelTplConfig(decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False))
     sel.setup(adapter.info())
     drafter = EarlyExitDrafter()
     drafter.setup(adapter.info())
-    length = FixedLength(FixedLengthConfig(k=4))
     plan = sel.plan(state)
-    e = plan.exit_layer
-    assert e == 2
-    draft = drafter.draft(state, plan, length, 4)
+    draft = drafter.draft(state, plan, FixedLength(FixedLengthConfig(k=4)), 4)
     res = GreedyVerifier().verify(state, draft)
     state.commit(res)
+    return adapter, state, sel, draft, res
+
+
+def test_statistics_update_is_free_and_matches_a_hand_count():
+    """observe() runs no transformer block (only the LM head on stored states), and its counts
+    equal the shadow tokens recomputed by hand from the verify pass's hidden states."""
+    adapter, state, sel, draft, res = _first_early_exit_round()
+    e = draft.plan.exit_layer
+    assert e == 2
     assert 0 < res.accepted < 4  # a window that ends at a rejection
     evals, loads = adapter.block_evals, adapter.layer_loads
     sel.observe(state, draft, res)
@@ -485,3 +490,23 @@ def test_the_budget_spans_generations_and_covers_the_prompt_initialisation(monke
 def test_bad_work_budget(value):
     with pytest.raises(ConfigError, match=r"^--selector\.work_budget must be in \[0, 1\), got "):
         build_config(DelTplConfig, {"work_budget": value}, flag_prefix="--selector.")
+
+
+def test_shadow_tokens_use_the_draft_head_and_the_reference_the_full_head():
+    """With a reduced draft head, the candidate exits' shadow tokens are what a draft with that head
+    proposes, while the reference (layer L: what the target emits) keeps the full LM head."""
+    from framework.engine.draft_head import DraftHead
+
+    adapter, state, sel, draft, res = _first_early_exit_round()
+    e = draft.plan.exit_layer
+    h = res.hidden_states[:, 0]
+    x_l = _shadow(adapter, h[6])[0]
+    head = DraftHead(adapter, sorted(set(x_l[::2].tolist()) | set(range(0, 128, 3))))
+    state.draft_head = head
+    sel.observe(state, draft, res)
+    x_e = adapter.top1_from_hidden(h[e], head=head)[0]
+    diff = (x_e != x_l).nonzero()
+    u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
+    toks = adapter.top1_from_hidden(h[2:6, : u + 1], head=head)[0]
+    want = (toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)
+    torch.testing.assert_close(sel.statistics.alpha(torch.arange(2, 6)), want)

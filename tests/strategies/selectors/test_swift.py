@@ -304,3 +304,21 @@ def test_work_budget_lives_as_long_as_the_optimisation_state(adapter, monkeypatc
 def test_bad_work_budget(value):
     with pytest.raises(ConfigError, match=r"^--selector\.work_budget must be in \[0, 1\), got "):
         build_config(SwiftConfig, {"work_budget": value}, flag_prefix="--selector.")
+
+
+def test_matchness_scores_with_the_draft_head(adapter):
+    """With a reduced draft head the window's predictions are the argmax among the head's tokens
+    (what the draft would propose), mapped to token ids."""
+    from framework.engine.draft_head import DraftHead
+
+    state = greedy_state(adapter)
+    sel = make(context_window=8)
+    sel.setup(adapter.info())
+    plan = LayerPlan.from_indices(L, attn=[2, 5], mlp=[3])
+    start, end = sel.window_span(state)
+    target = state.tokens[:, start + 1 : end + 1]
+    full = state.forward_scratch(start, plan, end=end).logits  # (1, T, V)
+    ids = sorted(set(target[0, ::2].tolist()) | set(range(0, 128, 5)))  # some targets outside the head
+    state.draft_head = DraftHead(adapter, ids)
+    want = (torch.tensor(ids)[full[..., ids].argmax(-1)] == target).float().mean().item()
+    assert sel.matchness(state, plan) == pytest.approx(want)

@@ -13,6 +13,7 @@ from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.draft_head import DraftHead
 from framework.testing import VerifierContract, random_prompt, tiny_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -331,10 +332,20 @@ def _pvalues(samples: torch.Tensor, cfg: SamplingVerifierConfig) -> list[float]:
     ]
 
 
-def _speculative_samples(verifier: SamplingVerifier, k: int, budget: int, n: int = N) -> torch.Tensor:
+def _speculative_samples(
+    verifier: SamplingVerifier,
+    k: int,
+    budget: int,
+    n: int = N,
+    head_ids: list[int] | None = None,
+    context: bool = False,
+) -> torch.Tensor:
     adapter = adapter_for(_model())
+    drafter = LayerSkipDrafter()
+    if head_ids is not None:  # a reduced draft head: q is the warped draft distribution over its tokens
+        drafter.use_head(DraftHead(adapter, head_ids, context=context))
     dec = SpeculativeDecoder(
-        adapter, StaticSelector(SKIP), FixedLength(FixedLengthConfig(k=k)), LayerSkipDrafter(), verifier
+        adapter, StaticSelector(SKIP), FixedLength(FixedLengthConfig(k=k)), drafter, verifier
     )
     stop, prompt = _FirstTokens(budget, 3), _prompt()
     rows = []
@@ -357,6 +368,24 @@ def test_speculative_sampling_matches_target_distribution(case):
     pvals = _pvalues(samples, cfg)
     print(f"\n{case}: per-position chi-square p-values {[round(p, 4) for p in pvals]}")
     assert min(pvals) > ALPHA, f"{case}: speculative sampling does not match the target: p = {pvals}"
+
+
+#: The reduced draft head of the statistical tests: half of the 16 tokens, so that the target often
+#: samples a token the draft cannot propose (only the residual distribution produces it).
+HEAD_IDS = [0, 2, 3, 5, 8, 9, 12, 14]
+
+
+@pytest.mark.parametrize("context", [False, True], ids=["static", "context"])
+def test_speculative_sampling_with_a_reduced_draft_head_matches_target_distribution(context):
+    """q = the warped draft distribution over the head's tokens (zero elsewhere): still exact; with
+    ``context`` the set grows with the prompt's and the committed tokens between rounds."""
+    cfg, k, budget = CASES["t0.7_p0.9_k3"]
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, head_ids=HEAD_IDS, context=context)
+    pvals = _pvalues(samples, cfg)
+    print(f"\nreduced head ({'context' if context else 'static'}): p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"sampling with a reduced draft head does not match the target: p = {pvals}"
+    outside = ~torch.isin(samples, torch.tensor(HEAD_IDS))
+    assert outside.any(), "no sampled token lies outside the head: the case does not test the residual"
 
 
 def test_vanilla_sampling_matches_target_distribution():

@@ -1,0 +1,244 @@
+"""A reduced-vocabulary LM head for drafts: score only the K most frequent tokens.
+
+Why: a draft step pays the embedding, the final norm and the whole LM head (``V x d``) before any
+decoder block runs. On SmolLM2-135M (V = 49,152, d = 576) the head costs as much as several of
+its 30 blocks, on Qwen2.5-0.5B (V = 151,936, d = 896) a quarter of a step: skipping layers cannot
+make a draft cheap while every draft token pays the full head. The verifier needs the full head
+(it decides which token the target emits), the draft does not: it only has to propose likely
+tokens, and most generated tokens come from a small part of the vocabulary. This is the idea of
+frequency-ranked drafting (FR-Spec, Zhao et al., 2025); the code here is our own.
+
+What:
+
+- `DraftHead`: rows ``ids`` (K token ids) of the LM head's weight, copied once into a contiguous
+  ``(K, d)`` matrix. ``logits(normed)`` costs ``K / V`` of the full head; the drafted token is
+  ``ids[argmax]``. Verification keeps the full head, so greedy decoding stays token-identical to
+  plain greedy decoding (a token outside the set is simply never proposed), and speculative
+  sampling stays exact with the draft distribution defined over the subset:
+  ``q(x) = warp(l)_x`` for ``x`` in ``ids``, ``q(x) = 0`` elsewhere, where ``l`` is the draft's
+  logits with ``-inf`` outside ``ids`` (the verifier's warping restricted to the subset:
+  temperature, top-k, top-p, then renormalised over the K tokens). The sampling rule is exact for
+  any q that is the distribution the draft token was drawn from, and ``Draft.probs`` is that q.
+  Draft confidences (``Draft.confidences``, the length controllers' stopping signal) are top-1
+  probabilities of this q, renormalised over the K tokens.
+- `LiveDraftHead`: one generation's head (`DraftHead.start`): the shared K rows plus, with
+  ``context``, the tokens of this generation's prompt and answer so far (an extension beyond
+  FR-Spec: most tokens a static ranking misses are names, numbers and words the context already
+  holds). It counts how many committed tokens it covered.
+
+Which K tokens: `framework.engine.token_ranking` (built from the model's own output, cached per
+model). The drafters that run the LM head (``layer_skip``, ``early_exit``, ``hybrid``'s layer-skip
+source) take the head as the option ``draft_vocab`` (`framework.policies.draft_vocab`); the
+decoder hands the drafter's head to the decode state (``DecodeState.draft_head``, the generation's
+`LiveDraftHead`: every ``forward_draft`` and ``forward_scratch`` uses it) and to the other
+strategies' preparation (``PrepareContext.draft_head``), so that selectors that score draft-like
+passes (SWIFT's matchness, DEL's shadow tokens, Self-SD's search) optimise the draft that actually
+runs, and the cost model prices drafts with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from framework.kernels import cpu as kernels
+
+#: The smallest reduced head `DraftHead` accepts (the drafters' ``draft_vocab`` option asks for at
+#: least `framework.policies.draft_vocab.MIN_DRAFT_VOCAB`).
+MIN_SIZE = 2
+
+
+class DraftHead:
+    """The LM head restricted to ``ids``: draft logits over K tokens instead of V.
+
+    Shared by every generation of a run and never changed after construction; a generation drafts
+    with `start`'s `LiveDraftHead`, which adds the tokens of its own context when ``context``.
+
+    Args:
+        adapter: the model adapter (`ModelAdapter`): its final norm and LM head weights.
+        ids: the K token ids the draft may propose (distinct, in ``[0, V)``), any order.
+        name: a short description for logs and records (e.g. ``"top-8192 of calibration counts"``).
+        context: each generation's head also scores the tokens of its context: the prompt's and
+            every committed token's (`LiveDraftHead`; an extension beyond FR-Spec's static set).
+
+    Attributes:
+        ids: LongTensor (K,) on the model's device.
+        mask: BoolTensor (V,), ``True`` at the ids.
+        weight: FloatTensor (K, d), the LM head's rows of the ids (a contiguous copy).
+        bias: FloatTensor (K,) or ``None``.
+
+    Raises:
+        ValueError: ids out of range or repeated, fewer than `MIN_SIZE`, or an adapter whose LM
+            head is not a plain linear map of the final norm's output (soft-capping, scaling: the
+            restricted rows would not reproduce its logits).
+    """
+
+    def __init__(
+        self, adapter: Any, ids: Sequence[int] | torch.Tensor, *, name: str = "", context: bool = False
+    ) -> None:
+        weight, bias = adapter.head_parameters()
+        vocab = int(weight.shape[0])
+        ids_t = torch.as_tensor(ids, dtype=torch.long).flatten().cpu()
+        k = int(ids_t.numel())
+        if not MIN_SIZE <= k <= vocab:
+            raise ValueError(f"a draft head needs between {MIN_SIZE} and V = {vocab} token ids, got {k}")
+        if int(ids_t.min()) < 0 or int(ids_t.max()) >= vocab:
+            raise ValueError(
+                f"draft head token ids must be in [0, {vocab}), got {int(ids_t.min())}..{int(ids_t.max())}"
+            )
+        if int(torch.unique(ids_t).numel()) != k:
+            raise ValueError("draft head token ids must be distinct")
+        device = weight.device
+        self.vocab_size = vocab
+        self.context = context
+        self.name = name or f"{k} of {vocab} tokens"
+        with torch.inference_mode(False), torch.no_grad():
+            self.head_weight, self.head_bias = weight, bias  # the full head's (for context rows)
+            self.ids = ids_t.to(device)
+            self.weight = weight.detach().index_select(0, self.ids).contiguous()
+            self.bias = None if bias is None else bias.detach().index_select(0, self.ids).contiguous()
+            self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self.mask[self.ids] = True
+        self._check(adapter)
+
+    @property
+    def size(self) -> int:
+        """K, the number of tokens the draft scores (now)."""
+        return int(self.ids.numel())
+
+    @property
+    def key(self) -> str:
+        """Identifies the head among others of the same model (cache keys)."""
+        return f"{self.size}:{int(self.context)}:{self.name}"
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """(..., d) final-norm outputs -> (..., K) logits over `ids` (column j scores ``ids[j]``)."""
+        return kernels.linear(normed, self.weight, self.bias)
+
+    def tokens(self, index: torch.Tensor) -> torch.Tensor:
+        """Column indices into the K logits -> vocabulary token ids (same shape)."""
+        return self.ids[index]
+
+    def expand(self, values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """(..., K) values over `ids` -> (..., V), ``fill`` elsewhere (``-inf`` for logits, 0 for
+        probabilities): what a sampler that works on the whole vocabulary needs."""
+        out = torch.full(
+            (*values.shape[:-1], self.vocab_size), fill, dtype=values.dtype, device=values.device
+        )
+        out[..., self.ids] = values
+        return out
+
+    def coverage(self, tokens: torch.Tensor | Iterable[int]) -> float:
+        """Share of ``tokens`` that the head can propose (0.0 for no tokens)."""
+        t = torch.as_tensor(
+            list(tokens) if not isinstance(tokens, torch.Tensor) else tokens, dtype=torch.long
+        )
+        if t.numel() == 0:
+            return 0.0
+        return float(self.mask[t.to(self.mask.device)].float().mean())
+
+    def start(self, prompt: torch.Tensor) -> LiveDraftHead:
+        """The head of one generation over ``prompt`` (LongTensor (B, P)): see `LiveDraftHead`."""
+        return LiveDraftHead(self, prompt)
+
+    def _check(self, adapter: Any) -> None:
+        """The restricted rows must reproduce the adapter's own head on those columns."""
+        d = self.weight.shape[1]
+        gen = torch.Generator().manual_seed(0)
+        with torch.inference_mode():
+            x = torch.randn(1, 1, d, generator=gen).to(device=self.weight.device, dtype=self.weight.dtype)
+            full = adapter.lm_head(x)[..., self.ids].float()
+            mine = F.linear(x, self.weight, self.bias).float()
+        tol = 1e-3 * (1.0 + float(full.abs().max()))
+        if not torch.allclose(full, mine, atol=tol, rtol=1e-3):
+            raise ValueError(
+                f"{type(adapter).__name__}'s LM head is not a plain linear map of the final norm's output "
+                "(e.g. logit soft-capping or scaling), so a reduced draft head cannot reproduce it; "
+                "use the full vocabulary (draft_vocab 0)"
+            )
+
+
+class LiveDraftHead(DraftHead):
+    """One generation's draft head: the shared head's K tokens, plus (when ``base.context``) every
+    token of this generation's context that is not among them.
+
+    The context rows start with the prompt's tokens and grow with each committed token
+    (`observe`, called by ``DecodeState.commit``): a name, a number or an identifier that the
+    prompt or the answer so far contains is likely to recur, and most tokens the static ranking
+    misses are such words. Logits are the shared head's K columns followed by the context rows'
+    (two matrix products; the context rows are copied from the LM head once each). The set changes
+    only between rounds, so a draft's distribution q is well defined at every draft step.
+
+    Also counts how many committed tokens the head could have proposed when they were committed
+    (`committed`, `covered`).
+    """
+
+    @torch.inference_mode()
+    def __init__(self, base: DraftHead, prompt: torch.Tensor) -> None:
+        self.base = base
+        self.vocab_size = base.vocab_size
+        self.context = base.context
+        self.name = base.name
+        self.committed = 0
+        self.covered = 0
+        self._n = 0
+        device = base.ids.device
+        self._extra_ids = torch.empty(0, dtype=torch.long, device=device)
+        self._extra_w = base.weight.new_empty(0, base.weight.shape[1])
+        self._extra_b = None if base.bias is None else base.bias.new_empty(0)
+        self.ids = base.ids
+        self.mask = base.mask
+        self.weight, self.bias = base.weight, base.bias
+        if self.context:
+            self.mask = base.mask.clone()
+            self._add(prompt.reshape(-1))
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        head = self.base.logits(normed)
+        if not self._n:
+            return head
+        n = self._n
+        bias = None if self._extra_b is None else self._extra_b[:n]
+        return torch.cat([head, kernels.linear(normed, self._extra_w[:n], bias)], dim=-1)
+
+    def start(self, prompt: torch.Tensor) -> LiveDraftHead:
+        return self.base.start(prompt)
+
+    @torch.inference_mode()
+    def observe(self, tokens: torch.Tensor) -> None:
+        """Committed tokens (any shape): count how many the head covered, then add the new ones
+        to the context rows (with ``context``)."""
+        flat = tokens.reshape(-1).to(self.mask.device)
+        inside = self.mask[flat]
+        self.committed += int(flat.numel())
+        self.covered += int(inside.sum())
+        if self.context and not bool(inside.all()):
+            self._add(flat[~inside])
+
+    @torch.inference_mode()
+    def _add(self, tokens: torch.Tensor) -> None:
+        new = torch.unique(tokens[~self.mask[tokens]])
+        if not new.numel():
+            return
+        n, m = self._n, int(new.numel())
+        if n + m > self._extra_ids.numel():  # grow the buffers (doubling)
+            cap = max(2 * self._extra_ids.numel(), n + m, 64)
+            ids = self._extra_ids.new_empty(cap)
+            ids[:n] = self._extra_ids[:n]
+            w = self._extra_w.new_empty(cap, self._extra_w.shape[1])
+            w[:n] = self._extra_w[:n]
+            self._extra_ids, self._extra_w = ids, w
+            if self._extra_b is not None:
+                b = self._extra_b.new_empty(cap)
+                b[:n] = self._extra_b[:n]
+                self._extra_b = b
+        self._extra_ids[n : n + m] = new
+        self._extra_w[n : n + m] = self.base.head_weight.detach().index_select(0, new)
+        if self._extra_b is not None:
+            self._extra_b[n : n + m] = self.base.head_bias.detach().index_select(0, new)
+        self._n = n + m
+        self.mask[new] = True
+        self.ids = torch.cat([self.base.ids, self._extra_ids[: self._n]])

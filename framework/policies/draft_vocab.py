@@ -1,0 +1,128 @@
+"""The reduced-vocabulary draft head as an option of any drafter that runs the LM head.
+
+A drafter offers the option by deriving its config from `DraftVocabConfig` (the fields
+``draft_vocab`` and ``vocab_file``) and mixing in `DraftVocab` (before `Drafter` in the bases),
+which builds the head in ``prepare`` (`framework.engine.draft_head.draft_head_for`: once per
+experiment, the token ranking once per model), returns it from ``draft_head()`` so that the decoder
+hands it to the decode state and to the other strategies, and reports how many committed tokens the
+head could have proposed (``summary()["vocab_coverage"]``). The drafter itself only passes the
+``head`` of each forward to `framework.engine.drafting.DraftBuilder.add`::
+
+    @dataclass(frozen=True)
+    class MyDrafterConfig(DraftVocabConfig):
+        ...
+
+    class MyDrafter(DraftVocab, Drafter):
+        def draft(self, state, plan, length, max_tokens):
+            out = state.forward_draft(x, plan, logits_at="last")     # the state's draft head
+            tok, conf = builder.add(out.logits[:, -1], out.head)
+
+See `framework.engine.draft_head` for what the head is and why greedy and sampling stay exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from framework.config import ConfigError, check_choice, check_range, param
+from framework.engine.draft_head import DraftHead, LiveDraftHead
+from framework.engine.token_ranking import draft_head_for
+
+#: The smallest ``draft_vocab`` (K) accepted: tree verification keeps up to 10 candidates per step.
+MIN_DRAFT_VOCAB = 16
+
+
+@dataclass(frozen=True)
+class DraftVocabConfig:
+    """Config base of drafters that run the LM head: the reduced draft head's two fields."""
+
+    draft_vocab: int = param(
+        0,
+        help=f"K: drafts score only the K most frequent tokens of the model's own output (a reduced "
+        f"LM head, FR-Spec's frequency-ranked drafting; verification keeps the full head, output "
+        f"unchanged); 0 (or K >= V) = the whole vocabulary; else >= {MIN_DRAFT_VOCAB}",
+    )
+    vocab_file: str = param(
+        "",
+        help="token ranking used instead of the one built from the model's own tokens: a saved ranking "
+        "(JSON), a JSON list of token ids or one id per line, most frequent first; needs draft_vocab",
+    )
+    vocab_context: bool = param(
+        True,
+        help="the reduced head also scores every token of the generation's context (prompt and answer "
+        "so far), added as they appear (an extension beyond FR-Spec: names, numbers and identifiers "
+        "recur); needs draft_vocab",
+    )
+
+    def __post_init__(self) -> None:
+        check_range("draft_vocab", self.draft_vocab, 0, None, integer=True)
+        check_choice("vocab_context", self.vocab_context, (True, False))
+        if 0 < self.draft_vocab < MIN_DRAFT_VOCAB:
+            raise ConfigError(
+                "draft_vocab", self.draft_vocab, f"0 (the whole vocabulary) or >= {MIN_DRAFT_VOCAB}"
+            )
+        if self.vocab_file and not self.draft_vocab:
+            raise ConfigError("vocab_file", self.vocab_file, "empty unless draft_vocab is set (K > 0)")
+
+
+class DraftVocab:
+    """Mixin of a `Drafter` whose config derives from `DraftVocabConfig` (see the module docstring)."""
+
+    config: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head: DraftHead | None = None
+        self._prepared = False
+        self._live: LiveDraftHead | None = None  # the last generation's head (its coverage counts)
+
+    def prepare(self, ctx: Any) -> None:
+        """Build (or reuse) the head of ``draft_vocab`` tokens; none when K >= V (the whole
+        vocabulary: a preset's K works on a model of any vocabulary)."""
+        c = self.config
+        self._head = None
+        self._prepared = True
+        if c.draft_vocab and c.draft_vocab < ctx.adapter.info().vocab_size:
+            try:
+                self._head = draft_head_for(ctx, c.draft_vocab, c.vocab_file, context=c.vocab_context)
+            except ValueError as err:
+                raise ConfigError(
+                    "--drafter.vocab_file", c.vocab_file or "(built)", f"usable: {err}"
+                ) from None
+
+    def use_head(self, head: DraftHead | None) -> None:
+        """Draft with ``head`` (e.g. a search that must draft as the run's drafter does)."""
+        self._head = head
+        self._prepared = True
+
+    def draft_head(self) -> DraftHead | None:
+        """The head drafts score tokens with; ``None``: the full vocabulary.
+
+        Raises:
+            RuntimeError: ``draft_vocab`` is set but ``prepare`` has not built the head.
+        """
+        if self._head is None and self.config.draft_vocab and not self._prepared:
+            raise RuntimeError(
+                f"{type(self).__name__} with draft_vocab={self.config.draft_vocab} builds its head in "
+                "prepare(ctx): call SpeculativeDecoder.prepare (Experiment and selfspec.Decoder do)"
+            )
+        return self._head
+
+    def follow_head(self, state: Any) -> None:
+        """Remember the generation's head (``state.draft_head``) for `head_summary` (call from
+        ``observe``)."""
+        head = state.draft_head
+        self._live = head if isinstance(head, LiveDraftHead) else None
+
+    def head_summary(self) -> dict[str, Any]:
+        """``draft_vocab`` (K), ``draft_vocab_now`` (K plus the context tokens added) and
+        ``vocab_coverage`` (share of the committed tokens the head could propose when committed)."""
+        if self._head is None:
+            return {}
+        live = self._live
+        out: dict[str, Any] = {"draft_vocab": self._head.size}
+        if live is not None:
+            out["draft_vocab_now"] = live.size
+            out["vocab_coverage"] = round(live.covered / live.committed, 4) if live.committed else None
+        return out
