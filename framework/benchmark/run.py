@@ -223,6 +223,9 @@ def run_benchmark(
     base = Experiment(run.replace(baseline_only=True), model, tokenizer, log=log, prompts=prompts)
     exps: dict[str, Any] = {}
     decoders: dict[str, Any] = {}
+    # One preparation store for every method: an offline search (a preset and its ':raw' companion
+    # search the same skip set), the cost model and the token ranking are computed once.
+    store: dict[str, Any] = {}
     for s in specs:
         if s.kind == "baseline":
             exps[s.label], decoders[s.label] = base, base.vanilla
@@ -242,7 +245,7 @@ def run_benchmark(
             out_dir.mkdir(parents=True, exist_ok=True)  # a search may save its skip set here
             log(f"[bench] preparing {s.label} ...")
             exps[s.label] = Experiment(
-                preset_cfgs[s.label], model, tokenizer, artifact_stem=out_dir / s.label, log=log
+                preset_cfgs[s.label], model, tokenizer, artifact_stem=out_dir / s.label, log=log, store=store
             )
             decoders[s.label] = exps[s.label].spec
     info = base.adapter.info()
@@ -279,8 +282,7 @@ def run_benchmark(
 
     warm_up(specs, lambda s: decode(s, prompts[0], min(WARMUP_TOKENS, run.max_new_tokens)), run.warmup)
     if cfg.cost_model == "measure":
-        stored = [e.prepare_ctx.store.get("cost_model") for e in exps.values()]
-        cost = next((c for c in stored if c is not None), None)
+        cost = store.get("cost_model")
         if cost is None:
             log("[bench] measuring the cost model (draft and verification costs) ...")
             cost = CostModel.measure(base.adapter)

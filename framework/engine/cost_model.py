@@ -188,16 +188,20 @@ class CostModel:
         """This cost model with draft steps priced for ``head`` (``None``: the full LM head).
 
         Times the final norm + LM head of one token with the full head and with ``head``
-        (interleaved, medians) and replaces the head's share of ``base`` in proportion, so that a
-        cost model in any unit (a synthetic one of tests) keeps its unit.
+        (interleaved, medians) and scales the full head's share of ``base`` by their ratio, so that
+        a cost model in any unit (a synthetic one of tests) keeps its unit. The share is the
+        measured ``full_head`` (or this timing), never more than ``base`` itself (the two are
+        separate measurements).
         """
         full_s, draft_s = head_seconds(adapter, head, reps=reps)
         ratio = draft_s / full_s if full_s > 0 else 1.0
         full_part = self.full_head or self.head or full_s
+        base_full = self.base - self.head + full_part if self.draft_vocab else self.base
+        full_part = min(full_part, base_full)
         new_head = full_part * ratio
         return replace(
             self,
-            base=max(0.0, self.base - (self.head or full_part) + new_head),
+            base=base_full - full_part + new_head,
             head=new_head,
             full_head=full_part,
             draft_vocab=0 if head is None else head.size,

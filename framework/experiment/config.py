@@ -111,8 +111,9 @@ class RunConfig:
 
     model: str | None = param(
         None,
-        help="HF model directory or hub id; tiny-random: a tiny random Llama (smoke runs); "
-        "default: embedded SmolLM2-135M-Instruct",
+        help="a named model (smollm2-135m-instruct, qwen2.5-coder-0.5b: see --list), a local .gguf file, an "
+        "HF model directory or hub id; tiny-random: a tiny random Llama (smoke runs); default: "
+        "smollm2-135m-instruct",
     )
     dtype: Literal["float32", "float16", "bfloat16", "float64"] = param(
         "float32", help="float32 (exact greedy equality), float16, bfloat16, float64"

@@ -83,6 +83,9 @@ class Experiment:
         prompts: checked against the model's context before any (possibly long) preparation.
         strategies: strategy instances or classes that replace the configured ones (see
             `build_decoder`); an instance is reused by `rebuild`, a class is built afresh.
+        store: the preparation store (`PrepareContext.store`) to share with other experiments on
+            the same model (a benchmark's methods: one offline search, one cost model, one token
+            ranking for all); ``None``: this experiment's own.
 
     Raises:
         ConfigError: a prompt that does not fit, or a strategy config rejected by the model.
@@ -99,6 +102,7 @@ class Experiment:
         log: Callable[[str], None] = print,
         prompts: list[Prompt] | None = None,
         strategies: StrategyOverrides | None = None,
+        store: dict[str, Any] | None = None,
     ) -> None:
         load_builtin_strategies()
         self.cfg = cfg
@@ -116,6 +120,7 @@ class Experiment:
             log=log,
             dtype=cfg.dtype,
             load_prompts=calibration_texts,
+            store={} if store is None else store,
         )
         if prompts is not None:  # before any (possibly long) preparation
             self.check_prompts(prompts)

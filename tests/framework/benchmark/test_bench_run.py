@@ -272,3 +272,26 @@ def test_a_method_with_a_reduced_draft_head_is_priced_with_it(tiny, data, tmp_pa
         if x.startswith("- static_confidence drafts with a 32-token head")
     )
     assert "before any sub-layer" in line and "full head" in line
+
+
+def test_methods_share_one_preparation_store(tiny, data, tmp_path, monkeypatch):
+    """A preset and its ':raw' companion search Self-SD's skip set once (one store for all methods)."""
+    import strategies.selectors.selfsd_bo as selfsd_bo
+
+    calls = []
+    real = selfsd_bo.search
+    monkeypatch.setattr(selfsd_bo, "search", lambda ctx, c: calls.append(1) or real(ctx, c))
+    model, tok = tiny
+    cfg = BenchConfig(
+        methods=("vanilla", "selfsd"),
+        run=RunConfig(data=str(data), max_new_tokens=4, dtype="float64", limit=1, categories=("qa",)),
+        out=str(tmp_path / "out"),
+        cost_model="none",
+        raw=True,
+        preset_args=(
+            ("selfsd", "--selector.iterations 2 --selector.calib_limit 1 --selector.calib_max_new_tokens 4"),
+        ),
+    )
+    res = run_benchmark(cfg, model, tok, log=lambda s: None)
+    assert {"selfsd", "selfsd:raw"} <= set(res["summary"]["methods"])
+    assert len(calls) == 1

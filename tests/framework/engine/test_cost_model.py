@@ -85,3 +85,23 @@ def test_measure_on_a_tiny_model():
     assert cm.attn >= 0 and cm.mlp >= 0
     with pytest.raises(ValueError, match="max_tokens"):
         CostModel.measure(adapter, max_tokens=1)
+
+
+def test_with_head_scales_the_heads_share_of_base(monkeypatch):
+    """A reduced head replaces the full head's share of ``base`` in proportion to the measured
+    head timings; the share never exceeds ``base`` (separate measurements can disagree)."""
+    import dataclasses
+
+    from framework.engine import cost_model as cm_mod
+
+    class Head:
+        size = 7
+
+    cm = CostModel(num_layers=2, base=10.0, attn=1.0, mlp=2.0, verify_costs=(20.0,), head=8.0, full_head=8.0)
+    monkeypatch.setattr(cm_mod, "head_seconds", lambda adapter, head, reps=31: (4.0, 1.0))
+    priced = cm.with_head(None, Head())
+    assert (priced.base, priced.head, priced.full_head, priced.draft_vocab) == (4.0, 2.0, 8.0, 7)
+    again = priced.with_head(None, Head())  # from a priced model: the same result
+    assert (again.base, again.head) == (4.0, 2.0)
+    noisy = dataclasses.replace(cm, head=12.0, full_head=12.0)  # head measured above base
+    assert noisy.with_head(None, Head()).base == pytest.approx(2.5)
