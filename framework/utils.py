@@ -1,9 +1,11 @@
-"""Small shared helpers: the user cache directory and optional-dependency imports with install hints."""
+"""Small shared helpers: the user cache directory, optional-dependency imports with install hints, and
+aligned markdown tables."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -40,3 +42,70 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "selfspec"
     )
     return Path(root)
+
+
+_CELL_SEP = re.compile(r"(?<!\\)\|")
+
+
+def align_markdown(table: str) -> str:
+    """Pad the cells of a markdown table so that its columns line up in a terminal; a markdown
+    renderer shows it exactly as before (the cells' text and the alignment row's colons are kept).
+
+    Lines that are not table rows (not starting with ``|``) pass through unchanged; escaped pipes
+    (``\\|``) stay inside their cell. Right-aligned columns (``---:``) are padded on the left.
+    """
+    lines = table.split("\n")
+    rows = [i for i, line in enumerate(lines) if line.startswith("|")]
+    if len(rows) < 2:
+        return table
+    cells = {i: [c.strip() for c in _CELL_SEP.split(lines[i].strip())[1:-1]] for i in rows}
+    ncol = max(len(c) for c in cells.values())
+    sep = next((i for i in rows if all(re.fullmatch(r":?-+:?", c) for c in cells[i])), None)
+    marks = [("", "")] * ncol  # (left colon, right colon) of each column's alignment cell
+    if sep is not None:
+        for j, c in enumerate(cells[sep]):
+            marks[j] = (":" if c.startswith(":") else "", ":" if c.endswith(":") else "")
+    right = [m == ("", ":") for m in marks]
+    widths = [3] * ncol
+    for i in rows:
+        if i != sep:
+            for j, c in enumerate(cells[i]):
+                widths[j] = max(widths[j], len(c))
+    for i in rows:
+        row = cells[i] + [""] * (ncol - len(cells[i]))
+        if i == sep:
+            out = [m[0] + "-" * (widths[j] - len(m[0]) - len(m[1])) + m[1] for j, m in enumerate(marks)]
+        else:
+            out = [c.rjust(widths[j]) if right[j] else c.ljust(widths[j]) for j, c in enumerate(row)]
+        lines[i] = "| " + " | ".join(out) + " |"
+    return "\n".join(lines)
+
+
+def device_sync(device: object) -> None:
+    """Wait for the work queued on ``device`` (a `torch.device` or its name) before a clock is read:
+    CUDA runs kernels asynchronously, so ``time.perf_counter()`` after a launch measures the launch,
+    not the work. A no-op on CPU (and any synchronous device), where nothing is queued: CUDA is not
+    touched there."""
+    import torch
+
+    dev = torch.device(device) if isinstance(device, str) else device
+    if getattr(dev, "type", None) == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def synced_clock(device: object):
+    """``time.perf_counter`` for ``device``: itself on CPU (no overhead), and on CUDA a clock that
+    calls `device_sync` first, so that a phase timer measures the work, not its launch."""
+    import time
+
+    import torch
+
+    dev = torch.device(device) if isinstance(device, str) else device
+    if getattr(dev, "type", None) != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        device_sync(dev)
+        return time.perf_counter()
+
+    return clock

@@ -94,6 +94,7 @@ def _script_outputs(stdout: str) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_doc_scripts_run():
     """The tutorial and how-to scripts run and exit 0 (one interpreter, to pay the imports once).
 
@@ -126,6 +127,7 @@ def test_doc_scripts_run():
 _SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"\s*$', re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_reproduction_script_smoke_mode():
     """experiments/reproduce.py (the numbers of docs/reproduction.md) runs every claim's code path
     on a tiny random model."""

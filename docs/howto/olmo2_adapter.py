@@ -9,7 +9,7 @@ repository root (a few seconds on a CPU, nothing is downloaded):
 # --8<-- [start:adapter]
 from __future__ import annotations
 
-from framework.engine.adapter import ModelAdapter, register_adapter
+from framework.engine.adapter import ModelAdapter, cache_kwarg, register_adapter
 
 
 @register_adapter("olmo2")
@@ -28,6 +28,8 @@ class Olmo2Adapter(ModelAdapter):
         self._norm = inner.norm
         self._rotary = inner.rotary_emb
         self._head = model.lm_head
+        # "cache" from transformers 5.24 ("past_key_values" before, deprecated there).
+        self._cache_kwarg = cache_kwarg(self._blocks[0].self_attn)
 
     @property
     def blocks(self):
@@ -44,7 +46,10 @@ class Olmo2Adapter(ModelAdapter):
         # K/V into `cache` through cache.update(), so no cache code is needed here.
         blk = self._blocks[i]
         out = blk.self_attn(
-            hidden_states=hidden, position_embeddings=pos_emb, attention_mask=mask, past_key_values=cache
+            hidden_states=hidden,
+            position_embeddings=pos_emb,
+            attention_mask=mask,
+            **{self._cache_kwarg: cache},
         )[0]
         return blk.post_attention_layernorm(out)
 

@@ -43,8 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bench.py",
         description="Spec-Bench-style benchmark: our vanilla baseline, Hugging Face generate (greedy, prompt "
         "lookup, early exit) and any of our presets, interleaved on the same prompts with one model load.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Methods: vanilla, {', '.join(HF_METHODS)}, the presets {', '.join(presets)}, or preset YAML "
-        f"files (default {','.join(DEFAULT_METHODS)}). See docs/benchmarks.md.",
+        f"files (default {','.join(DEFAULT_METHODS)}). See docs/benchmarks.md.\n\n"
+        "examples:\n"
+        "  python experiments/bench.py --limit 1 --max-new-tokens 64     # the default methods, 1 prompt per category\n"
+        "  python experiments/bench.py --methods vanilla,swift,swift_safe,clasp_safe --raw --repeats 2\n"
+        "  python experiments/bench.py --data ../shared/data/spec_bench/question.jsonl --limit 1 "
+        "--model qwen2.5-coder-0.5b",
     )
     add_config_flags(
         p,

@@ -23,7 +23,10 @@ from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.presets import list_presets, load_preset
 
 BASELINE = "vanilla"
-DEFAULT_METHODS = ("vanilla", "hf_generate", "hf_prompt_lookup", "hf_early_exit", "static_confidence")
+#: What a first run shows (README command 1): this framework's default layer-skip method with its
+#: draft gate, the same with the gate off (what drafting by layer skipping does on this model), and
+#: the hybrid drafter (copies from the context where it can). Hugging Face's methods: ``--methods``.
+DEFAULT_METHODS = ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
 #: The `RunConfig` fields the benchmark exposes (``--model``, ``--max-new-tokens``, ...): they apply
 #: to the vanilla baseline and are shared by every preset method.
 SHARED_RUN_FIELDS = (
@@ -84,6 +87,13 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
             spec = MethodSpec(name, "hf")
         elif name in shipped:
             spec = MethodSpec(name, "preset", name)
+        elif name.endswith(RAW_SUFFIX) and name[: -len(RAW_SUFFIX)] in shipped:
+            base = name[: -len(RAW_SUFFIX)]
+            if not RunConfig.from_preset(base).gate.enabled:
+                raise ConfigError(
+                    "--methods", name, f"{base} without {RAW_SUFFIX}: its draft gate is already off"
+                )
+            spec = MethodSpec(name, "preset", base, raw=True)
         elif Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
             label = Path(name).stem
             if label == BASELINE or label in HF_METHODS:
@@ -95,17 +105,25 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
             raise ConfigError(
                 "--methods",
                 name,
-                f"a comma-separated list of {', '.join(allowed_methods())}, or preset YAML files",
+                f"a comma-separated list of {', '.join(allowed_methods())}, '<preset>{RAW_SUFFIX}' (a "
+                "gated preset with its gate off), or preset YAML files",
             )
         if any(s.label == spec.label for s in out):
             raise ConfigError("--methods", name, "each method once (two methods share the name)")
         out.append(spec)
     if with_raw:
         paired: list[MethodSpec] = []
+        labels = {s.label for s in out}
         for s in out:
             paired.append(s)
-            if s.kind == "preset" and RunConfig.from_preset(s.source).gate.enabled:
-                paired.append(MethodSpec(s.label + RAW_SUFFIX, "preset", s.source, raw=True))
+            raw_label = s.label + RAW_SUFFIX
+            if (
+                s.kind == "preset"
+                and not s.raw
+                and raw_label not in labels
+                and RunConfig.from_preset(s.source).gate.enabled
+            ):
+                paired.append(MethodSpec(raw_label, "preset", s.source, raw=True))
         out = paired
     if not any(s.kind == "baseline" for s in out):
         out.insert(0, MethodSpec(BASELINE, "baseline"))
@@ -131,8 +149,8 @@ class BenchConfig:
     )
     methods: tuple[str, ...] = param(
         DEFAULT_METHODS,
-        help="comma-separated: vanilla, hf_generate, hf_prompt_lookup, hf_early_exit, any preset, or "
-        "preset YAML files",
+        help="comma-separated: vanilla, hf_generate, hf_prompt_lookup, hf_early_exit, any preset, a gated "
+        "preset with ':raw' (its gate off), or preset YAML files",
     )
     repeats: int = param(1, help="repetitions of the whole interleaved run")
     out: str | None = param(None, help="output directory (default runs/bench-<time>)")
@@ -160,6 +178,12 @@ class BenchConfig:
         help="also run every preset whose draft gate is on with the gate off, as a '<method>:raw' row: "
         "the method's own alpha, M and speedup where the gate would decline",
     )
+    specbench_answers: str = param(
+        "",
+        help="also write Spec-Bench answer files (one per method, vanilla.jsonl the baseline; run_<r>/ per "
+        "repeat) into DIR, for Spec-Bench's evaluation/speed.py and equal.py; default: off",
+        metavar="DIR",
+    )
     command: str = param("", help="the command line, for the report")
 
     def __post_init__(self) -> None:
@@ -173,6 +197,10 @@ class BenchConfig:
         ):
             if val is not None:
                 check_range(flag, val, 1, integer=True)
+        if not isinstance(self.specbench_answers, str) or (
+            self.specbench_answers and not self.specbench_answers.strip()
+        ):
+            raise ConfigError("--specbench-answers", self.specbench_answers, "a directory path, or '' (off)")
         specs = parse_methods(self.methods, self.raw)
         labels = {s.label for s in specs}
         for method, _ in self.preset_args:

@@ -11,6 +11,7 @@ and a neutral generation config (`neutral_generation_config`: the model's own
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,29 @@ HF_METHODS: dict[str, str] = {
     "hf_prompt_lookup": "model.generate with prompt_lookup_num_tokens (prompt lookup decoding)",
     "hf_early_exit": "model.generate with assistant_early_exit (the first E layers draft)",
 }
+
+
+#: Messages Hugging Face logs from inside its own assisted generation (its early-exit assistant
+#: calls ``generate`` with a config and keyword arguments together), not about anything we pass.
+_HF_INTERNAL_NOISE = ("Passing `generation_config` together with generation-related arguments",)
+
+
+class _DropHFInternalNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_HF_INTERNAL_NOISE)
+
+
+@contextlib.contextmanager
+def _quiet_hf_internals() -> Any:
+    """Drop `_HF_INTERNAL_NOISE` from transformers' generation logger for the duration (every other
+    message still reaches the terminal)."""
+    log = logging.getLogger("transformers.generation.utils")
+    filt = _DropHFInternalNoise()
+    log.addFilter(filt)
+    try:
+        yield
+    finally:
+        log.removeFilter(filt)
 
 
 def neutral_generation_config(**overrides: Any) -> Any:
@@ -132,7 +156,10 @@ class HFGenerateDecoder:
         model.generation_config = neutral_generation_config()
         sync = torch.cuda.synchronize if prompt_ids.device.type == "cuda" else (lambda: None)
         try:
-            with contextlib.nullcontext() if self.kernels else fast_kernels.stock(model):
+            with (
+                contextlib.nullcontext() if self.kernels else fast_kernels.stock(model),
+                _quiet_hf_internals(),
+            ):
                 sync()
                 t0 = time.perf_counter()
                 out = model.generate(

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from framework.benchmark.config import BASELINE, BenchConfig
+from framework.benchmark.story import what_happened
 from framework.experiment import plots
 from framework.experiment.metrics import aggregate, cost_model_prediction, rounds_prediction
+from framework.utils import align_markdown
 
 #: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.
 MAX_TRACE_ROUNDS = 5000
@@ -74,7 +76,8 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         ``std`` / ``min`` / ``max`` of the overall speedup over repeats (None with one repeat),
         ``tokens_per_s`` ({category: mean tok/s over all repeats}), ``M``, ``alpha``,
         ``skip_ratio``, ``drafted``, ``prompts``, ``mismatches`` (distinct prompts that differ from
-        vanilla in any repeat), ``mismatched`` (their ids), ``error``, ``gate`` (`gate_counts`:
+        vanilla in any repeat), ``mismatched`` (their ids), ``mismatch_at`` ({id: its first
+        mismatch, with the target's top-1/top-2 margin there: `mismatch_note`}), ``error``, ``gate`` (`gate_counts`:
         rounds and declined rounds of the draft gate, ``None`` without one) and ``cost_model`` (the
         prediction at the measured alpha, for methods that drafted with our decoders).
     """
@@ -95,6 +98,10 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         stats = agg.get("overall", {}).get(method)
         mine = [r for r in ok if r["method"] == method]
         bad = sorted({str(r["question_id"]) for r in mine if not r.get("lossless", True)})
+        where: dict[str, Any] = {}  # question id -> its first mismatch (first repeat that has one)
+        for r in mine:
+            if not r.get("lossless", True) and r.get("first_mismatch"):
+                where.setdefault(str(r["question_id"]), r["first_mismatch"])
         entry: dict[str, Any] = {
             "speedup": speed,
             "overall_by_repeat": overall,
@@ -105,10 +112,12 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             "M": stats.mean_accepted_length if stats else None,
             "alpha": stats.acceptance_rate if stats and stats.drafted else None,
             "skip_ratio": stats.skip_ratio if stats and stats.skip_rounds else None,
+            "forwards_per_draft_token": stats.forwards_per_draft_token if stats else None,
             "drafted": stats.drafted if stats else 0,
             "prompts": len({str(r["question_id"]) for r in mine}),
             "mismatches": len(bad),
             "mismatched": bad,
+            "mismatch_at": where,
             "error": errors.get(method),
             "gate": gate_counts(mine),
             "cost_model": None,
@@ -122,6 +131,21 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             entry["cost_model"]["rounds"] = rounds_prediction(mcost, mine)
         out[method] = entry
     return {"categories": cats, "methods": out, "repeats": len(repeats)}
+
+
+def mismatch_note(qid: str, where: dict[str, Any] | None) -> str:
+    """``q3 (turn 0, pos 17, top-1/top-2 margin 0.0012 in bfloat16: a near-tie)``: where a prompt
+    first differs from vanilla and the target's logit margin there. A near-tie (the margin within
+    `framework.experiment.timing.NEAR_TIE_ULPS` ulps of the top-1 logit in the run's dtype) is a
+    rounding flip, expected in reduced precision or on a GPU; a wide margin points at a bug."""
+    if not where:
+        return f"q{qid}"
+    text = f"q{qid} (turn {where.get('turn')}, pos {where.get('position')}"
+    margin = where.get("margin")
+    if margin is not None:
+        verdict = "a near-tie" if where.get("near_tie") else "not a near-tie: a bug?"
+        text += f", top-1/top-2 margin {margin:.3g} in {where.get('dtype')}: {verdict}"
+    return text + ")"
 
 
 def _x(v: float | None) -> str:
@@ -169,7 +193,7 @@ def results_markdown(summary: dict[str, Any]) -> str:
         else:
             cells.append("n/a")
         rows.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return align_markdown("\n".join(rows))
 
 
 def tokens_per_s_markdown(summary: dict[str, Any]) -> str:
@@ -178,7 +202,7 @@ def tokens_per_s_markdown(summary: dict[str, Any]) -> str:
     for method, e in summary["methods"].items():
         vals = [e["tokens_per_s"].get(c) for c in cats]
         rows.append(f"| {method} | " + " | ".join("n/a" if v is None else f"{v:.2f}" for v in vals) + " |")
-    return "\n".join(rows)
+    return align_markdown("\n".join(rows))
 
 
 def render_report(
@@ -191,9 +215,12 @@ def render_report(
     hf: dict[str, str],
     cost: Any,
     heads: Mapping[str, Any] | None = None,
+    method_costs: Mapping[str, Any] | None = None,
 ) -> str:
     """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
-    reduced head (`CostModel.with_head`), described under the full one."""
+    reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
+    model each method was priced with, for the plain-language reading under the table
+    (`framework.benchmark.story.what_happened`)."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg.run
     lines = [
@@ -232,6 +259,10 @@ def render_report(
         "",
         results_markdown(summary),
         "",
+        "What happened:",
+        "",
+        what_happened(summary, method_costs),
+        "",
         "Tokens/s by category (mean over prompts and repeats):",
         "",
         tokens_per_s_markdown(summary),
@@ -241,8 +272,13 @@ def render_report(
         if e["error"]:
             notes.append(f"- **{method} failed**: `{_cell(e['error'])}`")
         if e["mismatches"] and method != BASELINE:
-            ids = ", ".join(e["mismatched"][:20])
-            notes.append(f"- {method}: {e['mismatches']} prompt(s) differ from vanilla (question ids {ids})")
+            at = e.get("mismatch_at") or {}
+            ids = ", ".join(mismatch_note(q, at.get(q)) for q in e["mismatched"][:20])
+            rate = e["mismatches"] / max(1, e["prompts"])
+            notes.append(
+                f"- {method}: {e['mismatches']} prompt(s) differ from vanilla ({e['mismatches']}/{e['prompts']}, "
+                f"mismatch rate {rate:.0%}): {ids}"
+            )
     if notes:
         lines += ["", *notes]
     if plots:

@@ -25,12 +25,18 @@ from framework.config import ConfigError
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import GenerationResult
 from framework.experiment.config import RunConfig
-from framework.experiment.data import Prompt, load_prompts
+from framework.experiment.data import Prompt, encode_chat, load_prompts
 from framework.experiment.experiment import Experiment
 from framework.experiment.flags import add_config_flags, config_overrides_from_args
 from framework.experiment.models import load_model
 from framework.experiment.records import turn_record
-from framework.experiment.timing import first_mismatch, rotated, warm_up
+from framework.experiment.specbench import (
+    check_answer_dir,
+    model_name,
+    write_answer_files,
+    written_on_interrupt,
+)
+from framework.experiment.timing import first_mismatch, mismatch_details, rotated, warm_up
 from framework.interfaces import REGISTRIES
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
@@ -187,7 +193,9 @@ def run_benchmark(
     log: Callable[[str], None] = print,
     custom: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns ``{"out", "report", "summary", "records", "plots"}``.
+    """Run the benchmark; returns ``{"out", "report", "summary", "records", "plots",
+    "specbench_answers"}`` (the Spec-Bench answer files of ``cfg.specbench_answers``, also written
+    when the run is interrupted; `framework.experiment.specbench`).
 
     Args:
         cfg: the configuration.
@@ -215,6 +223,7 @@ def run_benchmark(
     records_path = out_dir / "records.jsonl"
     if records_path.exists() and records_path.stat().st_size:
         raise ConfigError("--out", str(out_dir), "a new or empty directory (records.jsonl exists)")
+    check_answer_dir(cfg.specbench_answers, [s.label for s in specs], [records_path])
     preset_cfgs = {s.label: preset_run_config(s, cfg) for s in specs if s.kind == "preset"}
     cost = load_cost_model(cfg.cost_model) if cfg.cost_model not in ("none", "measure") else None
 
@@ -290,9 +299,23 @@ def run_benchmark(
         (out_dir / "cost_model.json").write_text(json.dumps({"cost_model": cost.to_dict()}, indent=2))
 
     records: list[dict[str, Any]] = []
+
+    def write_answers() -> dict[str, Path]:  # Spec-Bench's answer files, rewritten from the records
+        if not cfg.specbench_answers:
+            return {}
+        paths = write_answer_files(
+            records,
+            cfg.specbench_answers,
+            model=model_name(run.model, model),
+            repeats=cfg.repeats,
+            protect=[records_path],
+        )
+        log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
+        return paths
+
     turn = 0
     t_start = time.perf_counter()
-    with records_path.open("a", encoding="utf-8") as fh:
+    with records_path.open("a", encoding="utf-8") as fh, written_on_interrupt(write_answers):
 
         def write(rec: dict[str, Any]) -> None:
             fh.write(json.dumps(rec, default=str) + "\n")
@@ -320,8 +343,18 @@ def run_benchmark(
                     if s.label not in results:
                         continue
                     rec = bench_record(prompt, s, rep, order.index(s), results[s.label])
-                    rec["first_mismatch"] = first_mismatch([t["tokens"] for t in rec["turns"]], want)
+                    got = [t["tokens"] for t in rec["turns"]]
+                    rec["first_mismatch"] = first_mismatch(got, want)
                     rec["lossless"] = rec["first_mismatch"] is None
+                    if not rec["lossless"]:  # the target's top-1/top-2 margin there: near-tie or bug?
+                        rec["first_mismatch"] = mismatch_details(
+                            base.adapter,
+                            lambda messages: encode_chat(base.tokenizer, messages),
+                            prompt.turns,
+                            [(r.tokens, text) for r, text in results[BASELINE]],
+                            got,
+                            rec["first_mismatch"],
+                        )
                     write(rec)
                     mark = "" if rec["lossless"] else " MISMATCH"
                     line.append(f"{s.label} {rec['tokens_per_s']:.1f} tok/s{mark}")
@@ -344,12 +377,23 @@ def run_benchmark(
     elapsed = time.perf_counter() - t_start
 
     heads = head_costs(cost, specs, decoders, base.adapter) if cost is not None else {}
-    summary = summarize(records, [s.label for s in specs], {s.label: heads.get(s.label, cost) for s in specs})
+    method_costs = {s.label: heads.get(s.label, cost) for s in specs}
+    summary = summarize(records, [s.label for s in specs], method_costs)
     plots = make_plots(out_dir, summary, records, info.num_layers) if run.plots else {}
-    report = render_report(cfg, summary, env, len(prompts), elapsed, plots, meta["hf"], cost, heads)
+    report = render_report(
+        cfg, summary, env, len(prompts), elapsed, plots, meta["hf"], cost, heads, method_costs
+    )
     (out_dir / "bench.md").write_text(report)
     log("\n" + report)
-    return {"out": str(out_dir), "report": report, "summary": summary, "records": records, "plots": plots}
+    answers = write_answers()
+    return {
+        "out": str(out_dir),
+        "report": report,
+        "summary": summary,
+        "records": records,
+        "plots": plots,
+        "specbench_answers": [str(p) for p in answers.values()],
+    }
 
 
 __all__ = [

@@ -16,8 +16,8 @@ and one MLP branch. `LlamaFamilyAdapter` covers Llama, Mistral, Qwen2, Qwen3 and
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +30,7 @@ from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import FusedBlocks
 from framework.types import LayerPlan, ModelInfo
+from framework.utils import synced_clock
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -51,6 +52,14 @@ def register_adapter(*model_types: str) -> Callable[[type[ModelAdapter]], type[M
         return cls
 
     return decorator
+
+
+def cache_kwarg(attention: nn.Module) -> str:
+    """The name under which this transformers release's attention module takes its KV cache:
+    ``cache`` from transformers 5.24 (``past_key_values`` is deprecated there, removed in 5.40),
+    ``past_key_values`` before."""
+    params = inspect.signature(attention.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def supported_model_types() -> list[str]:
@@ -403,7 +412,8 @@ class ModelAdapter(ABC):
         self.layer_loads += stop - start
         logits = None
         if logits_at is not None:
-            t0 = time.perf_counter()
+            clock = synced_clock(self.device)
+            t0 = clock()
             sel = h
             if isinstance(logits_at, str):
                 if logits_at == "last":
@@ -414,7 +424,7 @@ class ModelAdapter(ABC):
                 sel = h.index_select(1, logits_at.to(h.device))
             normed = self.final_norm(sel)
             logits = self.lm_head(normed) if head is None else head.logits(normed)
-            self.lm_head_seconds += time.perf_counter() - t0
+            self.lm_head_seconds += clock() - t0
         hidden_states = torch.stack(captured) if captured is not None else None
         return ForwardOutput(logits, hidden_states, h, head if logits is not None else None)
 
@@ -485,6 +495,7 @@ class LlamaFamilyAdapter(ModelAdapter):
                     raise ValueError(
                         f"block {i} of {type(model).__name__} has no {attr}: not a Llama-family layout"
                     )
+        self._cache_kwarg = cache_kwarg(self._blocks[0].self_attn) if self._blocks else "past_key_values"
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -505,7 +516,7 @@ class LlamaFamilyAdapter(ModelAdapter):
             hidden_states=blk.input_layernorm(hidden),
             position_embeddings=pos_emb,
             attention_mask=mask,
-            past_key_values=cache,
+            **{self._cache_kwarg: cache},
         )
         return out[0]
 

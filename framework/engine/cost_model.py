@@ -30,6 +30,7 @@ import torch
 
 from framework.engine.state import DecodeState
 from framework.types import LayerPlan
+from framework.utils import device_sync
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -243,7 +244,9 @@ class CostModel:
             "none": LayerPlan.from_indices(n, attn=all_idx, mlp=all_idx),
         }
         block = torch.randint(0, info.vocab_size, (1, max_tokens), generator=gen).to(adapter.device)
-        sync = torch.cuda.synchronize if adapter.device.type == "cuda" else (lambda: None)
+
+        def sync() -> None:
+            device_sync(adapter.device)
 
         def timed(fn) -> float:
             sync()
@@ -290,7 +293,10 @@ def head_seconds(adapter: Any, head: DraftHead | None = None, *, reps: int = 31)
     d = adapter.info().hidden_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, d, generator=gen).to(device=adapter.device, dtype=adapter.dtype)
-    sync = torch.cuda.synchronize if adapter.device.type == "cuda" else (lambda: None)
+
+    def sync() -> None:
+        device_sync(adapter.device)
+
     fns = [lambda: adapter.lm_head(adapter.final_norm(x))]
     if head is not None:
         fns.append(lambda: head.logits(adapter.final_norm(x)))

@@ -7,7 +7,6 @@ logic, so a speedup compares like with like. The speculative loop knows only the
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from framework.engine.context import PrepareContext
 from framework.engine.state import DecodeState, RoundRecord
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.types import Draft, LayerPlan
+from framework.utils import synced_clock
 
 
 class StopCondition:
@@ -150,10 +150,11 @@ def _prefill(
     state: DecodeState, choose: Any, stop: StopCondition
 ) -> tuple[float, list[int], tuple[int, str] | None]:
     """Prefill, choose the first new token, start the clock; returns (t0, new tokens, cut)."""
-    t0 = time.perf_counter()
+    clock = synced_clock(state.adapter.device)  # waits for CUDA's queued work; perf_counter on CPU
+    t0 = clock()
     logits = state.prefill()
     state.append(choose(logits)[:, None])
-    state.stats.timings["prefill"] = time.perf_counter() - t0
+    state.stats.timings["prefill"] = clock() - t0
     new = [int(state.pending.item())]
     return t0, new, stop.find_cut(new, 0)
 
@@ -172,7 +173,7 @@ def _finish(
 
     ``decode_phase`` names the phase that gets all time after prefill (vanilla: ``"verify"``).
     """
-    wall = time.perf_counter() - t0
+    wall = synced_clock(state.adapter.device)() - t0
     timings = dict(state.stats.timings)
     if decode_phase is not None:
         timings[decode_phase] = wall - timings["prefill"]
@@ -308,7 +309,7 @@ class SpeculativeDecoder:
         )
         timings = state.stats.timings
         lm0 = adapter.lm_head_seconds
-        clock = time.perf_counter
+        clock = synced_clock(adapter.device)
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
         drafted = accepted = 0
         accept_lengths: list[int] = []

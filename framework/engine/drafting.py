@@ -24,6 +24,39 @@ if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
 
 
+class DraftConfidence(float):
+    """The confidence `DraftBuilder.add` reports: a float, the top-1 draft probability (what
+    ``LengthController.should_continue`` documents), that also knows the probability of the token
+    actually drafted under the draft's unwarped softmax (`sampled`).
+
+    ``sampled`` is what Draft & Verify's released code compares with its threshold when it samples
+    (``decoding.py``, ``self_speculative_sample``: the temperature-1 softmax of the draft logits,
+    without top-k / top-p, at the sampled token); the threshold controllers offer it as
+    ``stop_on="sampled"``. Under greedy drafting the drafted token is the argmax, so ``sampled``
+    is the float itself; when sampling it costs one softmax, on first access only.
+    """
+
+    def __new__(cls, top1: float, logits: torch.Tensor | None = None, token: torch.Tensor | None = None):
+        """A confidence of value ``top1`` (the top-1 draft probability, of the warped q when
+        sampling); ``logits`` are the draft logits of batch row 0 (V,) and ``token`` the token
+        drafted there (a 0-d tensor) when sampling, else ``None``."""
+        self = super().__new__(cls, top1)
+        self._logits, self._token = logits, token
+        self._sampled = float(top1) if logits is None else None
+        #: ``sampled`` was read (a stop rule depended on the drafted token itself).
+        self.read_sampled = False
+        return self
+
+    @property
+    def sampled(self) -> float:
+        """The probability of the drafted token under the unwarped draft softmax (batch row 0)."""
+        self.read_sampled = True
+        if self._sampled is None:
+            self._sampled = float(torch.softmax(self._logits.float(), dim=-1)[self._token])
+            self._logits = self._token = None
+        return self._sampled
+
+
 class DraftBuilder:
     """Collects one round's draft tokens.
 
@@ -48,7 +81,9 @@ class DraftBuilder:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, logits: torch.Tensor, head: DraftHead | None = None) -> tuple[torch.Tensor, float | None]:
+    def add(
+        self, logits: torch.Tensor, head: DraftHead | None = None
+    ) -> tuple[torch.Tensor, DraftConfidence | None]:
         """Choose the next draft token from ``logits`` (B, V), or (B, K) over ``head.ids`` when the
         forward ran a reduced draft head (pass its ``ForwardOutput.head``).
 
@@ -58,7 +93,8 @@ class DraftBuilder:
 
         Returns:
             ``(token (B,), confidence)``: the confidence is the top-1 draft probability of batch
-            row 0 (``None`` when no strategy asked for probabilities).
+            row 0, a `DraftConfidence` that also gives the drafted token's unwarped probability
+            (``None`` when no strategy asked for probabilities).
         """
         if self.sampler is not None:  # sampling: the same warping as the verifier's target
             full = logits if head is None else head.expand(logits)  # q is 0 outside the head
@@ -83,10 +119,23 @@ class DraftBuilder:
             self.top_probs.append(vals)
         self.confs.append(top_p)
         self.tokens.append(tok)
-        return tok, float(top_p[0])
+        if self.sampler is not None:
+            return tok, DraftConfidence(float(top_p[0]), full[0], tok[0])
+        return tok, DraftConfidence(float(top_p[0]))  # greedy: the drafted token is the argmax
 
-    def drop_last(self) -> None:
-        """Forget the last token (a drafter that breaks before appending, as DEL does)."""
+    def drop_last(self, conf: float | None = None) -> None:
+        """Forget the last token (a drafter that breaks before appending, as DEL does).
+
+        ``conf``: the confidence the stop decision read (`add`'s). Dropping a *sampled* token
+        because of its own probability (a stop rule that read `DraftConfidence.sampled`) would leave
+        the kept tokens distributed as q restricted to the likely ones, not as q, and speculative
+        sampling would no longer sample the target's distribution: that raises ValueError.
+        """
+        if self.sampler is not None and getattr(conf, "read_sampled", False):
+            raise ValueError(
+                "on_stop='drop' with a stop rule that reads the drafted token's own probability "
+                "(stop_on='sampled') biases speculative sampling; use on_stop='keep' or stop_on='top1'"
+            )
         for lst in (self.tokens, self.confs, self.probs, self.top_tokens, self.top_probs):
             if lst:
                 lst.pop()

@@ -46,7 +46,18 @@ GROUPS = {
     **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),
     "gate": "draft gate (framework.policies.gate)",
     **dict.fromkeys(
-        ("output", "name", "seed", "warmup", "resume", "logger", "wandb_project", "plots"), "output"
+        (
+            "output",
+            "name",
+            "seed",
+            "warmup",
+            "resume",
+            "logger",
+            "wandb_project",
+            "plots",
+            "specbench_answers",
+        ),
+        "output",
     ),
     **dict.fromkeys(("devices", "num_nodes"), "devices"),
 }
@@ -94,7 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Self-speculative decoding experiment: decode every prompt with vanilla greedy decoding and "
         "with the chosen strategies, interleaved, and print speedup, M, alpha and the lossless check.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Strategy hyper-parameters: --<kind>.<field> VALUE (see --list for every field and default).",
+        epilog="Strategy hyper-parameters: --<kind>.<field> VALUE (see --list for every field and default).\n\n"
+        "examples:\n"
+        "  python experiments/run.py --limit 1                      # the default strategies, 1 prompt per category\n"
+        "  python experiments/run.py --method swift --limit 2       # a published method (a preset)\n"
+        "  python experiments/run.py --selector clasp_dp --length fixed --length.k 4\n"
+        "  python experiments/run.py --list                         # every strategy, flag and preset",
     )
     p.add_argument(
         "--list", action="store_true", help="list every registered strategy with its config fields and exit"

@@ -44,7 +44,9 @@ from framework.registry import UnknownNameError
 #: Values of ``--logger``.
 LOGGERS = ("wandb", "csv", "none")
 #: Values of ``--dtype`` (``framework.experiment.models.DTYPES`` maps them to torch dtypes).
-DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
+#: ``auto`` is resolved where the device is (`framework.experiment.models.resolve_dtype`): bfloat16 on
+#: CUDA, float32 on CPU.
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "auto")
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ class RunConfig:
         "HF model directory or hub id; tiny-random: a tiny random Llama (smoke runs); default: "
         "smollm2-135m-instruct",
     )
-    dtype: Literal["float32", "float16", "bfloat16", "float64"] = param(
-        "float32", help="float32 (exact greedy equality), float16, bfloat16, float64"
+    dtype: Literal["float32", "float16", "bfloat16", "float64", "auto"] = param(
+        "float32",
+        help="float32 (exact greedy equality on CPU), float16, bfloat16, float64, or auto (bfloat16 on CUDA, "
+        "float32 on CPU)",
     )
     device: str = param("auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     data: str | None = param(None, help="Spec-Bench-format JSONL; default: the built-in suite")
@@ -141,6 +145,12 @@ class RunConfig:
         metadata={"help": "the draft gate around the length controller (framework.policies.gate)"},
     )
     output: str | None = param(None, help="results JSONL (appended); default runs/<method>-<time>.jsonl")
+    specbench_answers: str = param(
+        "",
+        help="also write Spec-Bench answer files (one per method, vanilla.jsonl the baseline) into DIR at "
+        "the end, for Spec-Bench's evaluation/speed.py and equal.py; default: off",
+        metavar="DIR",
+    )
     seed: int = param(0, help="torch seed")
     warmup: int = param(1, help="warm-up generations per method before timing")
     threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
@@ -183,6 +193,10 @@ class RunConfig:
         ):
             if not isinstance(value, bool):
                 raise ConfigError(flag, value, "a boolean (true/false)")
+        if not isinstance(self.specbench_answers, str) or (
+            self.specbench_answers and not self.specbench_answers.strip()
+        ):
+            raise ConfigError("--specbench-answers", self.specbench_answers, "a directory path, or '' (off)")
         for flag, value in (("--categories", self.categories), ("--stop", self.stop_strings)):
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(flag, value, "a tuple of strings")
@@ -200,6 +214,18 @@ class RunConfig:
                 raise ConfigError(f"--{kind}", spec, "a StrategySpec")
         if not isinstance(self.gate, GateConfig):
             raise ConfigError("--gate", self.gate, "a GateConfig")
+
+    def for_rank(self, device: str, dtype: str | None = None) -> RunConfig:
+        """This process's own configuration in a run of several (``--devices``/``--num-nodes``):
+        the device the trainer gave the rank (``cuda:r``, or ``cpu``), one process, and the dtype
+        ``auto`` resolved for that device (``dtype``, from
+        `framework.experiment.models.resolve_dtype`; ``None`` keeps the configured one).
+
+        The user's ``--device cuda:N`` with ``--devices > 1`` is refused (one GPU cannot host
+        several processes); a rank's ``cuda:r`` comes from the trainer, not from the user, and is
+        valid because the rank's configuration describes that one process.
+        """
+        return dataclasses.replace(self, device=device, dtype=dtype or self.dtype, devices=1, num_nodes=1)
 
     # ---- building ---------------------------------------------------------------------------
     @classmethod

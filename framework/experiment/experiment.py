@@ -20,7 +20,7 @@ from framework.engine.context import PrepareContext
 from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.experiment.config import RunConfig
 from framework.experiment.data import Prompt, calibration_texts, encode_chat, stop_token_ids
-from framework.experiment.models import load_model
+from framework.experiment.models import dtype_name, load_model
 from framework.experiment.plugins import load_builtin_strategies
 from framework.interfaces import REGISTRIES, Strategy
 from framework.policies.gate import gated
@@ -118,7 +118,8 @@ class Experiment:
             eos_token_ids=frozenset(self.eos),
             artifact_stem=artifact_stem,
             log=log,
-            dtype=cfg.dtype,
+            # --dtype auto resolved for the device (artefacts such as a saved skip set are keyed by it)
+            dtype=dtype_name(self.adapter.dtype) if cfg.dtype == "auto" else cfg.dtype,
             load_prompts=calibration_texts,
             store={} if store is None else store,
         )

@@ -18,7 +18,6 @@ sub-module: Lightning never wraps, moves or trains it.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
@@ -33,10 +32,11 @@ from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.utils.data import DataLoader
 
 from framework.experiment.config import RunConfig
-from framework.experiment.data import Prompt
+from framework.experiment.data import Prompt, encode_chat
 from framework.experiment.experiment import Experiment
+from framework.experiment.models import dtype_name, resolve_dtype
 from framework.experiment.records import prompt_key, prompt_record
-from framework.experiment.timing import first_mismatch, rotated, warm_up
+from framework.experiment.timing import first_mismatch, mismatch_details, rotated, warm_up
 from framework.interfaces import REGISTRIES
 
 __all__ = [
@@ -104,8 +104,11 @@ class DecodeModule(pl.LightningModule):
             per_node = max(1, world // max(1, self.trainer.num_nodes))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
         model, tokenizer = self.__dict__["_given"]
-        if model is None:
-            cfg = dataclasses.replace(cfg, device=str(self.trainer.strategy.root_device))
+        if model is None and self.exp is None:
+            # Each rank on its own device (``cuda:r`` from the trainer; the user's flag was
+            # validated already), ``--dtype auto`` resolved for it.
+            root = self.trainer.strategy.root_device
+            cfg = cfg.for_rank(str(root), dtype_name(resolve_dtype(cfg.dtype, root)))
         mine = self.shard()
         if self.exp is None:
             self.exp = Experiment(
@@ -117,6 +120,8 @@ class DecodeModule(pl.LightningModule):
                 prompts=self.prompts,
             )
         self.methods = self._methods()
+        self.model_dtype = dtype_name(self.exp.adapter.dtype)  # the resolved dtype (``--dtype auto``)
+        self.meta.setdefault("dtype_resolved", self.model_dtype)
         if self.trainer.global_rank == 0:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
             meta_path = self.out_path.with_suffix(".meta.json")
@@ -127,7 +132,7 @@ class DecodeModule(pl.LightningModule):
             exp = self.exp
             self.log_fn(
                 f"[selfspec] {len(self.prompts)} prompts to decode on {world} process(es), {len(mine)} here | "
-                f"model {exp.adapter.info().name} ({cfg.dtype}, {exp.adapter.device}) | {cfg.method_name}: "
+                f"model {exp.adapter.info().name} ({self.model_dtype}, {exp.adapter.device}) | {cfg.method_name}: "
                 + " ".join(f"{k}={getattr(cfg, k).name}" for k in REGISTRIES)
                 + f" | max_new_tokens={cfg.max_new_tokens} | output {self.out_path}"
             )
@@ -174,8 +179,18 @@ class DecodeModule(pl.LightningModule):
         van_tokens = [r.tokens for r, _ in turns["vanilla"]]
         recs = []
         for name, _dec in self.methods:
-            same = first_mismatch([r.tokens for r, _ in turns[name]], van_tokens) is None
-            rec = prompt_record(prompt, name, turns[name], same if greedy else None)
+            got = [r.tokens for r, _ in turns[name]]
+            where = first_mismatch(got, van_tokens) if greedy else None
+            if where is not None:  # the target's top-1/top-2 margin there: a near-tie flip, or a bug?
+                where = mismatch_details(
+                    exp.adapter,
+                    lambda messages: encode_chat(exp.tokenizer, messages),
+                    prompt.turns,
+                    [(r.tokens, text) for r, text in turns["vanilla"]],
+                    got,
+                    where,
+                )
+            rec = prompt_record(prompt, name, turns[name], (where is None) if greedy else None, where)
             if name != "vanilla":
                 rec["strategies"] = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
             rec["rank"] = self.trainer.global_rank

@@ -20,6 +20,7 @@ from typing import Any
 
 from framework.experiment.data import category_sort_key
 from framework.types import LayerPlan
+from framework.utils import align_markdown
 
 PHASES = ("prefill", "draft", "verify", "select", "length", "commit")
 
@@ -114,7 +115,7 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
             rows.append(
                 f"| {name} | {b.prompts} | {b.mean_tokens_per_s:.2f} | {b.new_tokens} | {b.wall_time:.1f} |"
             )
-        return "\n".join(rows)
+        return align_markdown("\n".join(rows))
     head = (
         "| category | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | lossless |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -131,7 +132,7 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
             f"| {name} | {m.prompts} | {b.mean_tokens_per_s:.2f} | {m.mean_tokens_per_s:.2f} | {speed:.3f}x | "
             f"{m.mean_accepted_length:.2f} | {m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {lossless} |"
         )
-    return "\n".join(rows)
+    return align_markdown("\n".join(rows))
 
 
 def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str:
@@ -152,7 +153,14 @@ def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str
         cells += [f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%" for p in ("select", "length", "commit")]
         cells.append(f"{100 * other / s.wall_time:.1f}%")
         rows.append(f"| {name} | {s.wall_time:.1f} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return align_markdown("\n".join(rows))
+
+
+def plan_for_skip_ratio(num_layers: int, skip_ratio: float) -> LayerPlan:
+    """A plan skipping ``skip_ratio`` of the ``2 * num_layers`` sub-layers (only the count matters to
+    the cost model): how a measured mean skip ratio is priced."""
+    skipped = round(skip_ratio * 2 * num_layers)
+    return LayerPlan.from_indices(num_layers, attn=range((skipped + 1) // 2), mlp=range(skipped // 2))
 
 
 def cost_model_prediction(
@@ -170,9 +178,7 @@ def cost_model_prediction(
         speedup over draft lengths ``k = 0..16`` (`CostModel.ceiling`; ``k = 0`` is plain decoding,
         1.0) and the best over ``k = 1..16`` (what drafting at all can reach).
     """
-    n = cost.num_layers
-    skipped = round(skip_ratio * 2 * n)
-    plan = LayerPlan.from_indices(n, attn=range((skipped + 1) // 2), mlp=range(skipped // 2))
+    plan = plan_for_skip_ratio(cost.num_layers, skip_ratio)
     f = max(0.0, forwards_per_token)
     alpha = min(1.0, acceptance_rate)
     ceiling, k = cost.ceiling(alpha, plan, draft_scale=f)
@@ -251,4 +257,4 @@ def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overal
                 f"{m.mean_tokens_per_s:.2f} | {speed:.3f}x | {m.mean_accepted_length:.2f} | "
                 f"{m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {100 * select:.1f}% | {lossless} |"
             )
-    return "\n".join(rows)
+    return align_markdown("\n".join(rows))

@@ -57,12 +57,15 @@ __all__ = [
     "TINY_MODEL",
     "ModelLoadError",
     "NamedModel",
+    "check_fits",
     "convert_gguf",
     "default_model_dir",
     "describe_models",
+    "dtype_name",
     "gguf_file_dir",
     "load_model",
     "model_dir",
+    "parameter_count",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -189,10 +192,74 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """The torch dtype of ``--dtype`` on ``device``: ``auto`` is bfloat16 on CUDA (half the memory
+    and the tensor cores; greedy equality with vanilla is then not guaranteed, and runs report
+    their mismatch statistics) and float32 elsewhere (exact greedy equality on CPU).
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)} or auto, got {dtype!r}")
     return DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The ``--dtype`` name of a torch dtype (``torch.bfloat16`` -> ``"bfloat16"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parameter_count(config) -> int | None:
+    """The number of a model's parameters, from a Hugging Face config of the LLaMA family
+    (embeddings, attention and MLP of every block, norms, the LM head unless tied; biases, as
+    Qwen2's, are left out); ``None`` when the config lacks the sizes. Times the dtype's item size:
+    the bytes of its weights."""
+    try:
+        h = int(config.hidden_size)
+        n = int(config.num_hidden_layers)
+        v = int(config.vocab_size)
+        inter = int(config.intermediate_size)
+    except (AttributeError, TypeError):
+        return None
+    heads = int(getattr(config, "num_attention_heads", 0) or 1)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or h // heads)
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    block = attn + 3 * h * inter + 2 * h
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return v * h * (1 if tied else 2) + n * block + h
+
+
+def check_fits(config, dtype: torch.dtype, device: torch.device, name: str) -> None:
+    """Refuse, before loading, a model whose parameters cannot fit the free memory of the GPU
+    ``device`` (nothing to check on CPU, or when the config does not give the sizes).
+
+    Raises:
+        ModelLoadError: naming the parameter bytes, the GPU's free memory and what to do.
+    """
+    if device.type != "cuda":
+        return
+    per = parameter_count(config)
+    if per is None:
+        return
+    need = per * torch.tensor([], dtype=dtype).element_size()
+    free, total = torch.cuda.mem_get_info(device)
+    if need > free:
+        raise ModelLoadError(fit_message(name, need, free, total, device, dtype))
+
+
+def fit_message(name: str, need: int, free: int, total: int, device: torch.device, dtype: torch.dtype) -> str:
+    gib = 1024**3
+    return (
+        f"--model {name!r} does not fit one GPU: its parameters take {need / gib:.1f} GiB in "
+        f"{dtype_name(dtype)}, {device} has {free / gib:.1f} GiB free of {total / gib:.1f} GiB (before the KV "
+        "cache and activations). Use a smaller --dtype (bfloat16 halves float32), a GPU with more "
+        "memory, or a smaller model; one model is not split across GPUs (--devices runs one whole copy "
+        "per GPU)."
+    )
 
 
 def _complete(directory: Path) -> bool:
@@ -372,17 +439,21 @@ def load_model(model: str | None = None, dtype: str = "float32", device: str = "
         model: ``None`` for the default model, a name of `MODELS` (``"tiny-random"``: a tiny random
             Llama built in-process, for smoke runs), a local ``.gguf`` file, a local HF directory,
             or a hub id (online only).
-        dtype: one of float32, float16, bfloat16, float64.
+        dtype: one of float32, float16, bfloat16, float64, or ``auto`` (`resolve_dtype`: bfloat16
+            on CUDA, float32 on CPU).
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:N``.
 
+    On CUDA the weights are loaded straight onto the GPU (``device_map``), never staged whole in
+    host memory, after a check that they fit its free memory (`check_fits`).
+
     Raises:
-        ModelLoadError: the model cannot be fetched or loaded, or is not a causal LM (the message
-            says why).
+        ModelLoadError: the model cannot be fetched or loaded, is not a causal LM, or does not fit
+            the GPU (the message says why).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_dtype(dtype)
     dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
     name = model or DEFAULT_MODEL
     if name == TINY_MODEL:
         net = tiny_model("llama", num_layers=4, dtype=torch_dtype).to(dev).eval()
@@ -413,6 +484,13 @@ def load_model(model: str | None = None, dtype: str = "float32", device: str = "
         raise ModelLoadError(
             f"--model {str(src)!r} is a {config.model_type!r} model, not a causal language model"
         )
-    net = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype).to(dev).eval()
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        check_fits(config, torch_dtype, dev, name)
+        # Straight onto the GPU: no full host copy of the weights (needs accelerate).
+        net = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, device_map={"": dev}).eval()
+    else:
+        net = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype).to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(src)
     return net, tokenizer

@@ -26,6 +26,7 @@ from framework.policies.gate import GateConfig
 RESUMABLE_FIELDS = frozenset(
     {
         "output",
+        "specbench_answers",
         "resume",
         "warmup",
         "threads",
@@ -64,10 +65,16 @@ def turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
 
 
 def prompt_record(
-    prompt: Prompt, name: str, results: list[tuple[GenerationResult, str]], lossless: bool | None
+    prompt: Prompt,
+    name: str,
+    results: list[tuple[GenerationResult, str]],
+    lossless: bool | None,
+    first_mismatch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One JSONL line: ``prompt`` decoded by the method ``name`` (all turns, as ``(result, text)``);
-    ``lossless`` is the check against the baseline (``None`` where it does not apply)."""
+    ``lossless`` is the check against the baseline (``None`` where it does not apply);
+    ``first_mismatch`` where a greedy method first differs from it, with the target's top-1/top-2
+    logit margin there (`framework.experiment.timing.mismatch_details`; ``None``: no mismatch)."""
     return {
         "question_id": prompt.question_id,
         "category": prompt.category,
@@ -81,6 +88,7 @@ def prompt_record(
         "accepted": sum(r.accepted for r, _ in results),
         "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings},
         "lossless": lossless,
+        "first_mismatch": first_mismatch,
     }
 
 

@@ -42,6 +42,7 @@ from framework.experiment.experiment import Experiment
 from framework.experiment.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.experiment.metrics import results_table, time_breakdown
 from framework.experiment.records import prompt_key, read_records, resume_state
+from framework.experiment.specbench import check_answer_dir, model_name, write_answer_files
 from framework.experiment.tracking import TrackingCallback, make_logger, summary_metrics
 
 
@@ -67,7 +68,9 @@ def run(
     cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, tokenizer: Any = None
 ) -> dict[str, Any]:
     """Run one experiment as a Lightning predict loop; returns ``{"output", "table", "breakdown",
-    "records", "summary", "plots", "run_dir"}`` (on rank 0; other ranks get ``{}``).
+    "records", "summary", "plots", "run_dir", "specbench_answers"}`` (on rank 0; other ranks get
+    ``{}``). With ``cfg.specbench_answers`` the Spec-Bench answer files are written from the
+    results at the end, and when the run is interrupted (`framework.experiment.specbench`).
 
     Every prompt's records are appended to ``cfg.output`` as soon as the prompt is done. With
     ``cfg.resume`` the prompts already in the file are skipped (the file must come from the same
@@ -86,6 +89,20 @@ def run(
     method = cfg.method_name
     names = ["vanilla"] + ([] if cfg.baseline_only else [method])
     rank0 = launch_rank(cfg) == 0
+    check_answer_dir(cfg.specbench_answers, names, [out_path])
+
+    def write_answers() -> dict[str, Path]:  # Spec-Bench's answer files, rewritten from the results
+        if not cfg.specbench_answers:
+            return {}
+        paths = write_answer_files(
+            read_records(out_path),
+            cfg.specbench_answers,
+            model=model_name(cfg.model, model),
+            protect=[out_path],
+        )
+        log(f"[selfspec] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
+        return paths
+
     done = resume_state(cfg, out_path, names, log if rank0 else (lambda _m: None)) if cfg.resume else set()
     todo = [p for p in prompts if prompt_key(p) not in done]
     if done and rank0:
@@ -131,6 +148,8 @@ def run(
             # further SIGINTs); give the caller the interruption back, with the usual handler.
             signal.signal(signal.SIGINT, sigint)
             if trainer.interrupted:
+                if trainer.global_rank == 0:
+                    write_answers()
                 raise KeyboardInterrupt from None
             raise
     if trainer.global_rank != 0:
@@ -149,6 +168,7 @@ def run(
     )
     out_path.with_suffix(".md").write_text(report)
     log("\n" + report)
+    answers = write_answers()
     if logger is not None:
         _close_logger(logger, log)
     return {
@@ -159,6 +179,7 @@ def run(
         "summary": summary_metrics(records, method),
         "plots": [str(p) for p in plot_paths],
         "run_dir": str(run_dir),
+        "specbench_answers": [str(p) for p in answers.values()],
     }
 
 

@@ -99,6 +99,12 @@ def make_logger(kind: str, run_dir: Path, name: str, project: str, config: dict[
                 mode=mode,
                 settings=wandb.Settings(silent=True, init_timeout=60),
             )
+            # Lightning always hands wandb.init ``anonymous=None``, which wandb >= 0.19 answers with
+            # "WARNING The anonymous setting has no effect..." on the user's terminal; an unset
+            # value is what Lightning means.
+            init_args = getattr(logger, "_wandb_init", None)
+            if isinstance(init_args, dict) and init_args.get("anonymous", False) is None:
+                del init_args["anonymous"]
             logger.selfspec_owned = True
     else:
         raise ConfigError("--logger", kind, "one of wandb, csv, none")

@@ -26,8 +26,13 @@ def build_sweep_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="Run a W&B sweep file (experiments/sweeps/*.yaml) locally, trial after trial, with the "
         "W&B runs written offline; or run one trial from wandb.config (--trial, what `wandb agent` calls).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="With a W&B server: wandb sweep FILE, then wandb agent ENTITY/PROJECT/SWEEP_ID (or "
-        "python experiments/sweep.py --agent ENTITY/PROJECT/SWEEP_ID). See docs/howto/sweeps.md.",
+        "python experiments/sweep.py --agent ENTITY/PROJECT/SWEEP_ID). See docs/howto/sweeps.md.\n\n"
+        "examples:\n"
+        "  python experiments/sweep.py experiments/sweeps/static.yaml --dry-run   # list the trials\n"
+        "  python experiments/sweep.py experiments/sweeps/static.yaml --count 4   # 4 trials, W&B offline\n"
+        "  wandb sweep experiments/sweeps/swift.yaml && wandb agent ENTITY/PROJECT/SWEEP_ID",
     )
     p.add_argument("file", nargs="?", metavar="FILE", help="a sweep YAML (W&B's sweep configuration format)")
     p.add_argument(

@@ -39,8 +39,9 @@ from framework.experiment.tracking import has_wandb_credentials
 from framework.interfaces import REGISTRIES
 from framework.sweep.spec import Sweep, SweepError
 
-#: Run options a sweep may not set: the sweep owns the output files, and these only print.
-FORBIDDEN_OPTIONS = ("help", "list", "print_config", "output")
+#: Run options a sweep may not set: the sweep owns the output files (answer files included), and
+#: these only print.
+FORBIDDEN_OPTIONS = ("help", "list", "print_config", "output", "specbench_answers")
 #: Parameters naming modules to import before the config is built (``--import``).
 IMPORT_OPTIONS = ("import", "imports")
 #: Set to 1 to run `--trial` (what `wandb agent` calls) in smoke mode: the agent passes no flags.

@@ -2,6 +2,8 @@
 (`framework.testing.stubs`) and the contract test mixins a researcher's own tests inherit
 (`framework.testing.contracts`)."""
 
+import re
+
 from framework.experiment.tiny import ARCHS, cached_tiny_model, tiny_model, tiny_tokenizer
 from framework.testing.contracts import (
     CONTRACT_PARTNERS,
@@ -24,7 +26,15 @@ from framework.testing.stubs import (
     synthetic_cost_model,
 )
 
+
+def plain_table(text: str) -> str:
+    """``text`` with the padding of its aligned markdown tables (`framework.utils.align_markdown`)
+    removed: ``"| qa     |  2.000x |"`` -> ``"| qa | 2.000x |"``, for substring checks in tests."""
+    return re.sub(r" {2,}", " ", text)
+
+
 __all__ = [
+    "plain_table",
     "ARCHS",
     "CONTRACT_PARTNERS",
     "DEFAULT_NAMES",

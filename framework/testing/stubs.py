@@ -64,7 +64,8 @@ def random_prompt(length: int = 6, vocab_size: int = 128, seed: int = 0) -> torc
 #: Config overrides that shrink a strategy's offline search for tests (``fast=True``). The lossless
 #: invariant holds for whatever skip set a search returns; these only make it cheaper to find one.
 FAST_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
-    ("selector", "selfsd_bo"): {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 8},
+    # cache off: a test searches (and never writes into the user's cache).
+    ("selector", "selfsd_bo"): {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 8, "cache": False},
 }
 
 

@@ -119,7 +119,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
                 if self.config.on_stop == "drop":
                     # DEL: break before appending. The step's blocks < E ran on the last kept
                     # token, so the verification still reuses them for that position.
-                    out.drop_last()
+                    out.drop_last(conf)  # raises for a sampled token dropped by its own probability
                     self._counts["dropped"] += 1
                 break
             x = tok[:, None]

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from framework import Draft, Drafter, LayerPlan, LengthController, Verification, register_drafter
+from framework.config import check_choice, param
 from framework.engine.drafting import DraftBuilder
 from framework.policies.draft_vocab import DraftVocab, DraftVocabConfig
 
 
 @dataclass(frozen=True)
 class LayerSkipDrafterConfig(DraftVocabConfig):
-    pass
+    on_stop: Literal["keep", "drop"] = param(
+        "keep",
+        help="'keep': the token after which the length controller stopped drafting is verified "
+        "(Draft & Verify's and SWIFT's released code, this framework's convention); 'drop': it is "
+        "discarded, breaking before appending (the CLaSp reference's reading of CLaSp's draft-exiting "
+        "threshold, which the paper leaves open; as early_exit's 'drop'); a round may then draft nothing",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("on_stop", self.on_stop, ("keep", "drop"))
 
 
 @register_drafter("layer_skip", config=LayerSkipDrafterConfig)
@@ -26,7 +37,17 @@ class LayerSkipDrafter(DraftVocab, Drafter):
     is discarded by verification. An early-exit plan (``exit_layer``) also works here. With
     ``draft_vocab`` K the draft scores only the model's K most frequent tokens
     (`framework.policies.draft_vocab`).
+
+    With ``on_stop="drop"`` the token after which the length controller stopped (below a
+    confidence threshold) is discarded instead of verified; the token at the cap is always kept.
     """
+
+    def __init__(self, config: LayerSkipDrafterConfig | None = None) -> None:
+        super().__init__(config)
+        self._dropped = 0
+
+    def reset(self) -> None:
+        self._dropped = 0
 
     def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         out = DraftBuilder(state)
@@ -34,13 +55,23 @@ class LayerSkipDrafter(DraftVocab, Drafter):
         for step in range(max_tokens):
             fwd = state.forward_draft(x, plan, logits_at="last")
             tok, conf = out.add(fwd.logits[:, -1], fwd.head)  # logits (B, V), or (B, K) over the head
-            if step + 1 >= max_tokens or not length.should_continue(step + 1, conf):
+            if step + 1 >= max_tokens:
+                break
+            if not length.should_continue(step + 1, conf):
+                if self.config.on_stop == "drop":
+                    self._drop(state, out, conf)
                 break
             x = tok[:, None]
         return out.build(plan)
+
+    def _drop(self, state, out: DraftBuilder, conf) -> None:
+        out.drop_last(conf)  # raises for a sampled token dropped by its own probability
+        self._dropped += 1
 
     def observe(self, state, draft: Draft, result: Verification) -> None:
         self.follow_head(state)
 
     def summary(self) -> dict[str, Any]:
+        if self.config.on_stop == "drop":
+            return {"dropped": self._dropped, **self.head_summary()}
         return self.head_summary()

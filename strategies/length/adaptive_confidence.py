@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from framework import Draft, LengthController, LengthHint, Verification, register_length
 from framework.config import check_choice, check_range, param
-from strategies.length.confidence import continue_above
+from strategies.length.confidence import STOP_ON, STOP_ON_HELP, continue_above
 
 #: The threshold is kept within [GAMMA_MIN, GAMMA_MAX], inside (0, 1).
 GAMMA_MIN, GAMMA_MAX = 1e-3, 1.0 - 1e-3
@@ -42,6 +42,7 @@ class AdaptiveConfidenceLengthConfig:
         help="keep gamma from one generation to the next, as the paper's code does (AR always restarts); "
         "false restarts gamma at exit_threshold",
     )
+    stop_on: Literal["top1", "sampled"] = param("top1", help=STOP_ON_HELP)
 
     def __post_init__(self) -> None:
         check_range("exit_threshold", self.exit_threshold, GAMMA_MIN, GAMMA_MAX)
@@ -53,6 +54,7 @@ class AdaptiveConfidenceLengthConfig:
         check_choice("first_update", self.first_update, ("paper", "code"))
         check_choice("no_decrease_at_cap", self.no_decrease_at_cap, (True, False))
         check_choice("carry_across_prompts", self.carry_across_prompts, (True, False))
+        check_choice("stop_on", self.stop_on, STOP_ON)
 
 
 @register_length("adaptive_confidence", config=AdaptiveConfidenceLengthConfig)
@@ -74,7 +76,10 @@ class AdaptiveConfidenceLength(LengthController):
     released code does; ``no_decrease_at_cap`` adds the code's rule that keeps gamma when
     ``AR > target_accept_rate`` and the round drafted ``max_length`` tokens. The running AR
     restarts at every generation; gamma carries over (``carry_across_prompts``, as in the code,
-    which passes each instance's final gamma to the next).
+    which passes each instance's final gamma to the next). ``stop_on="sampled"`` compares the
+    drafted token's probability under the unwarped draft softmax with gamma instead of the top-1
+    probability, as the released code does when it samples (``decoding.py``,
+    ``self_speculative_sample``); under greedy drafting the two are the same.
 
     Under the draft gate (``gate.enabled``) rounds are declined (plain steps) while no draft
     length up to ``max_length`` is expected to beat plain decoding with the current plan;
@@ -109,7 +114,10 @@ class AdaptiveConfidenceLength(LengthController):
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
-        return continue_above(self._gamma, drafted, confidence, self.config.max_length, "adaptive_confidence")
+        c = self.config
+        return continue_above(
+            self._gamma, drafted, confidence, c.max_length, "adaptive_confidence", c.stop_on
+        )
 
     def observe(self, state, draft: Draft, result: Verification) -> None:
         cfg = self.config

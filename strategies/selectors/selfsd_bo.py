@@ -23,6 +23,7 @@ Both are recorded for every candidate in the trace.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ from framework.config import ConfigError, build_config, check_choice, check_rang
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
 from framework.policies.bayesopt import BinaryBayesOpt
+from framework.utils import cache_dir
 from strategies.selectors.static import uniform_plan
 
 #: Version tag of the saved-result format.
@@ -93,6 +95,12 @@ class SelfSDConfig:
         0.9, help="target acceptance rate of the threshold while searching (the code: 0.9); in [0, 1]"
     )
     seed: int = param(1, help="seeds the GP's random starts and random sets (the code: random_state=1)")
+    cache: bool = param(
+        False,
+        help="keep every search in <cache>/skipsets/ (the cache directory: $SELFSPEC_CACHE, else "
+        "~/.cache/selfspec) and reuse it for the same weights, dtype, device, draft head and search "
+        "settings, so a model is searched once (the Self-SD presets turn it on)",
+    )
 
     def __post_init__(self) -> None:
         check_range("calib_limit", self.calib_limit, 1, 64, integer=True)
@@ -151,7 +159,7 @@ class SelfSDSelector(LayerSelector):
         super().__init__(config)
         self._result: _SearchResult | None = None
         self._info: ModelInfo | None = None
-        self.source = ""  # "file" or "search"
+        self.source = ""  # "file", "search" or "cache"
 
     # ---- lifecycle -------------------------------------------------------------------------
     def setup(self, info: ModelInfo) -> None:
@@ -181,9 +189,15 @@ class SelfSDSelector(LayerSelector):
         head = ctx.draft_head.key if ctx.draft_head is not None else ""
         key = f"selfsd_bo:{head}:" + json.dumps(asdict(c), sort_keys=True, default=str)
         if key not in ctx.store:
-            ctx.store[key] = search(ctx, c)
+            cached = cached_search(ctx, c) if c.cache else None
+            if cached is not None:
+                ctx.log(
+                    f"[selfsd_bo] reusing the search of {cached.data['created']} ({len(cached.data['trace'])} "
+                    f"candidates, {cached.data['search_seconds']:.0f} s) from {cached.data['path']}"
+                )
+            ctx.store[key] = cached if cached is not None else search(ctx, c)
         self._result = ctx.store[key]
-        self.source = "search"
+        self.source = "cache" if self._result.data.get("from_cache") else "search"
 
     def plan(self, state) -> LayerPlan:
         if self._result is None:
@@ -338,6 +352,16 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
         if c.save_to
         else (Path(f"{ctx.artifact_stem}.skipset.json") if ctx.artifact_stem else None)
     )
+    if c.cache:
+        cached = cache_path(ctx, c)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data | {"path": str(cached)}, indent=1))
+            tmp.replace(cached)  # whole or not at all
+            data["path"] = str(cached)
+        except OSError as err:  # a read-only cache is not fatal: the next run searches again
+            ctx.log(f"[selfsd_bo] could not cache the search in {cached}: {err}")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data["path"] = str(path)
@@ -349,6 +373,40 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
         + (f"; saved to {path}: reuse with --skip-set {path}" if path else "")
     )
     return _SearchResult(plan, best_val, data)
+
+
+#: Config fields that say where a search is read or written, not what it searches.
+_NOT_SEARCH_SETTINGS = ("skip_set", "save_to", "cache")
+
+
+def cache_path(ctx: PrepareContext, c: SelfSDConfig) -> Path:
+    """Where the search of ``c`` on ``ctx``'s model is cached: one file per weights fingerprint,
+    dtype, device, draft head and search settings (the calibration file by path)."""
+    settings = {k: v for k, v in asdict(c).items() if k not in _NOT_SEARCH_SETTINGS}
+    ident = {
+        "fingerprint": model_fingerprint(ctx.adapter),
+        "dtype": ctx.dtype,
+        "device": str(ctx.adapter.device),
+        "draft_head": ctx.draft_head.key if ctx.draft_head is not None else "",
+        "settings": settings,
+    }
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_dir() / "skipsets" / f"{ident['fingerprint'][:12]}-{digest}.json"
+
+
+def cached_search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult | None:
+    """The cached search of ``c`` on this model (`cache_path`), or ``None`` (none, or unreadable)."""
+    path = cache_path(ctx, c)
+    if not path.exists():
+        return None
+    try:
+        result = load_skip_set(path, ctx.adapter.info().num_layers)
+    except ConfigError:
+        return None
+    if result.data.get("fingerprint") != model_fingerprint(ctx.adapter):
+        return None
+    result.data["from_cache"] = True
+    return result
 
 
 def load_skip_set(path: str | Path, num_layers: int) -> _SearchResult:

@@ -10,6 +10,13 @@ Optimisation stops for good once matchness exceeds ``matchness_stop``, after ``p
 without improvement, or after ``max_opt_steps`` steps; decoding then continues with the best set
 (the acceleration phase). The optimisation state carries across prompts as in the paper.
 
+With ``adaptive_r_below`` > 0, r adapts as in the later revision's App. C.2 footnote (LLaMA-3-70B: r
+"automatically adjusted from 0.5 to 0.4 as the token acceptance rate remained below the tolerance
+threshold of 0.7" during optimisation; not in the released code): while optimising, once the
+acceptance rate over the last ``adaptive_r_window`` drafting rounds is below ``adaptive_r_below``,
+r drops by ``adaptive_r_step`` (not below ``adaptive_r_min``) and the search restarts at the new
+cardinality.
+
 Timeline of one generation: after each verification, once the generation has more than
 ``context_window + 1`` new tokens, run one optimisation step (every ``opt_interval`` rounds),
 unless ``work_budget`` (an extension, `framework.policies.budget.WorkBudget`) says the steps already took
@@ -80,6 +87,24 @@ class SwiftConfig:
         "rate over the last retrigger_window drafting rounds falls below this; 0 disables; in [0, 1)",
     )
     retrigger_window: int = param(50, help="rounds in the rolling acceptance rate of retrigger_below; >= 1")
+    adaptive_r_below: float = param(
+        0.0,
+        help="SWIFT's adaptive r (the later revision's App. C.2 footnote; not in the released code): "
+        "while optimising, when the acceptance rate over the last adaptive_r_window drafting rounds is "
+        "below this, lower r by adaptive_r_step and restart the search at the new cardinality; the "
+        "footnote's tolerance is 0.7; 0 disables (the paper's main method, fixed r); in [0, 1)",
+    )
+    adaptive_r_step: float = param(
+        0.1, help="how much one adjustment lowers r (the footnote: 0.5 -> 0.4); in (0, 1)"
+    )
+    adaptive_r_window: int = param(
+        50, help="drafting rounds in the acceptance rate of adaptive_r_below (not in the paper); >= 1"
+    )
+    adaptive_r_min: float = param(
+        0.2,
+        help="adaptive r never goes below this (not in the paper); in (0, 1), at most skip_ratio when "
+        "adaptive_r_below is on",
+    )
     work_budget: float = budget_param(
         "skip a due optimisation step (the best set keeps drafting; wall time counts from the start "
         "of the optimisation state)"
@@ -104,6 +129,16 @@ class SwiftConfig:
         check_choice("persist_across_prompts", self.persist_across_prompts, (True, False))
         check_range("retrigger_below", self.retrigger_below, 0.0, 1.0, hi_open=True)
         check_range("retrigger_window", self.retrigger_window, 1, integer=True)
+        check_range("adaptive_r_below", self.adaptive_r_below, 0.0, 1.0, hi_open=True)
+        check_range("adaptive_r_step", self.adaptive_r_step, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_range("adaptive_r_window", self.adaptive_r_window, 1, integer=True)
+        check_range("adaptive_r_min", self.adaptive_r_min, 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.adaptive_r_below > 0 and self.adaptive_r_min > self.skip_ratio:
+            raise ConfigError(
+                "adaptive_r_min",
+                self.adaptive_r_min,
+                f"at most skip_ratio ({self.skip_ratio:g}) when adaptive_r_below is on",
+            )
         check_budget(self)
         check_range("kappa", self.kappa, 0.0, lo_open=True)
         check_range("gp_noise", self.gp_noise, 0.0, lo_open=True)
@@ -119,13 +154,13 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         blocks = list(range(1, n - 1)) if c.keep_first_last and n > 2 else list(range(n))
         #: eligible sub-layers in the 2L bit convention (attention of block i: i; its MLP: L + i)
         self.eligible = blocks + [n + b for b in blocks]
-        self.n_skip = int(c.skip_ratio * len(self.eligible))
-        if self.n_skip < 1 or self.n_skip >= len(self.eligible):
+        n_skip = int(c.skip_ratio * len(self.eligible))
+        if n_skip < 1 or n_skip >= len(self.eligible):
             raise ConfigError(
                 "--selector.skip_ratio",
                 c.skip_ratio,
                 f"a ratio that skips between 1 and {len(self.eligible) - 1} of the {len(self.eligible)} eligible "
-                f"sub-layers of this {n}-block model (floor(r * {len(self.eligible)}) = {self.n_skip})",
+                f"sub-layers of this {n}-block model (floor(r * {len(self.eligible)}) = {n_skip})",
             )
         self.num_layers = n
         # ``self.budget`` (BudgetedWork) caps the steps' share of wall time; it lives as long as the
@@ -135,6 +170,9 @@ class SwiftSelector(BudgetedWork, LayerSelector):
 
     def _init_state(self) -> None:
         c, n = self.config, self.num_layers
+        #: r and the cardinality floor(r * L_eff) of the candidates (adaptive r lowers them)
+        self.ratio = c.skip_ratio
+        self.n_skip = int(c.skip_ratio * len(self.eligible))
         if c.initial_set == "odd_blocks":
             odd = [b for b in range(1, n - 2 + (not c.keep_first_last), 2)]
             self.current = LayerPlan.from_indices(n, attn=odd, mlp=odd)
@@ -145,11 +183,14 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         self.stale = 0  # steps without improvement
         self.optimising = True
         self.rescore = False  # re-baseline the best set on a new window (after a retrigger)
+        self.rebase = False  # the next candidate replaces the current set (after r was lowered)
         self.bo = BinaryBayesOpt(
             len(self.eligible), cardinality=self.n_skip, kappa=c.kappa, noise=c.gp_noise, seed=c.seed
         )
         self.generator = torch.Generator().manual_seed(c.seed)
         self.recent = deque(maxlen=c.retrigger_window)  # (drafted, accepted) after optimisation
+        self.recent_opt = deque(maxlen=c.adaptive_r_window)  # (drafted, accepted) while optimising
+        self.r_adjustments = 0
         self.total_seconds = 0.0
         self.retriggers = 0
         self.stop_reason = ""
@@ -180,6 +221,7 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         if not self.optimising:
             self._maybe_retrigger(draft, result)
             return
+        self._maybe_lower_r(draft, result)
         c = self.config
         if state.num_new <= c.context_window + 1 or self.rounds % c.opt_interval:
             return
@@ -235,8 +277,9 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         s = self.matchness(state, plan)
         self.bo.observe(x, s)
         self.gen_matchness.append(round(s, 4))
-        if s > self.best:  # strict, as the released code
+        if s > self.best or self.rebase:  # strict, as the released code (rebase: r was lowered)
             self.current, self.best, self.stale = plan, s, 0
+            self.rebase = False
             self.gen_improvements += 1
             if s > c.matchness_stop:
                 self._stop("matchness")
@@ -251,6 +294,48 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         self.optimising = False
         self.stop_reason = reason
         self.recent.clear()
+        self.recent_opt.clear()
+
+    # ---- adaptive r (the later revision's App. C.2 footnote) -----------------------------------
+    def _maybe_lower_r(self, draft: Draft, result: Verification) -> None:
+        """While optimising: lower r once the rolling acceptance rate is below ``adaptive_r_below``."""
+        c = self.config
+        if c.adaptive_r_below <= 0 or not draft.length:
+            return
+        self.recent_opt.append((draft.length, result.accepted))
+        if len(self.recent_opt) < c.adaptive_r_window:
+            return
+        drafted = sum(d for d, _ in self.recent_opt)
+        if sum(a for _, a in self.recent_opt) / drafted >= c.adaptive_r_below:
+            return
+        ratio = round(self.ratio - c.adaptive_r_step, 9)
+        n_skip = int(ratio * len(self.eligible))
+        if ratio < c.adaptive_r_min - 1e-9 or n_skip < 1:
+            return  # at the floor: r stays
+        self.set_ratio(ratio)
+
+    def set_ratio(self, ratio: float) -> None:
+        """Candidates skip ``floor(ratio * L_eff)`` sub-layers from now on; the search restarts there.
+
+        The step and patience counters restart, the rolling acceptance rate empties, and the next
+        candidate replaces the current set whatever its matchness (the current set has the old
+        cardinality). The GP keeps its observations (they are matchness values of real sets) and
+        proposes sets of the new cardinality.
+        """
+        c = self.config
+        self.ratio = ratio
+        self.n_skip = int(ratio * len(self.eligible))
+        old = self.bo
+        self.bo = BinaryBayesOpt(
+            len(self.eligible), cardinality=self.n_skip, kappa=c.kappa, noise=c.gp_noise, seed=c.seed
+        )
+        for x, y in zip(old.X, old.Y, strict=True):
+            self.bo.observe(x, y)
+        self.bo.num_fits, self.bo.fit_seconds = old.num_fits, old.fit_seconds
+        self.rebase = True
+        self.steps = self.stale = 0
+        self.recent_opt.clear()
+        self.r_adjustments += 1
 
     def _maybe_retrigger(self, draft: Draft, result: Verification) -> None:
         c = self.config
@@ -281,6 +366,8 @@ class SwiftSelector(BudgetedWork, LayerSelector):
             "best_matchness": round(self.best, 4),
             "matchness": list(self.gen_matchness),
             "retriggers": self.retriggers,
+            "r": self.ratio,
+            "r_adjustments": self.r_adjustments,
             **self.budget.summary(),
             "plan": self.current.describe(),
         }

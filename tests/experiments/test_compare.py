@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from framework.testing import plain_table
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,7 +41,7 @@ def test_table_and_details(tmp_path, monkeypatch, capsys):
     path.write_text("\n".join(json.dumps(r) for r in (_rec("vanilla", 1.0), _rec("swift", 0.5, summary))))
     monkeypatch.setattr("sys.argv", ["compare.py", str(path), "--details"])
     assert _compare().main() == 0
-    out = capsys.readouterr().out
+    out = plain_table(capsys.readouterr().out)
     assert "| swift | 1 | 10.00 | 20.00 | 2.000x | 3.00 | 0.667 | 0.200 | 50.0% | 1/1 |" in out
     # scalars only: the plan and the matchness list stay in the JSONL
     assert "- swift: opt_steps=5, best_matchness=0.5" in out and "plan" not in out.split("- swift:")[1]

@@ -136,3 +136,52 @@ def test_every_preset_runs_on_models_of_two_depths(name, depth):
     assert len(got) == len(want) == 12
     if exp.spec.verifier.lossless == "greedy":
         assert got == want, f"{name} on a {depth}-block model is not lossless"
+
+
+# The presets named after a paper run the method as published: no draft gate, no cap on the
+# selector's own work, the full LM head for drafts. What this framework adds lives in the `_safe`
+# variants, which must change nothing else (besides the documented search budgets).
+PAPER_PRESETS = (
+    "selfsd",
+    "selfsd_sampling",
+    "swift",
+    "clasp",
+    "del",
+    "layerskip_static",
+    "layerskip_fs",
+    "layerskip_dv",
+)
+SAFE_ALSO_CHANGES = {
+    "selfsd": {("selector", "iterations")},  # the paper's search budget vs the default 16
+    "del": {("selector", "init_tokens")},  # the paper's 32 prompt positions vs 8
+}
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_paper_presets_run_the_method_as_published(name):
+    from framework.experiment.config import RunConfig
+
+    cfg = RunConfig.from_preset(name)
+    assert cfg.gate.enabled is False, f"{name}: the draft gate is not part of the paper"
+    assert getattr(cfg.selector.config, "work_budget", 0.0) == 0.0, f"{name}: the selector's work is capped"
+    assert getattr(cfg.drafter.config, "draft_vocab", 0) == 0, f"{name}: drafts with a reduced head"
+
+
+@pytest.mark.parametrize("name", [n for n in PAPER_PRESETS if n + "_safe" in PRESETS])
+def test_safe_variants_add_only_the_gate_the_cap_and_the_head(name):
+    from framework.experiment.config import RunConfig
+
+    paper, safe = RunConfig.from_preset(name), RunConfig.from_preset(name + "_safe")
+    assert safe.gate.enabled is True
+    assert getattr(safe.drafter.config, "draft_vocab", 0) > 0
+    allowed = {("drafter", "draft_vocab"), ("selector", "work_budget")} | SAFE_ALSO_CHANGES.get(name, set())
+    for kind in REGISTRIES:
+        a, b = getattr(paper, kind), getattr(safe, kind)
+        assert a.name == b.name, (name, kind)
+        for f in dataclasses.fields(a.config):
+            if (kind, f.name) not in allowed:
+                assert getattr(a.config, f.name) == getattr(b.config, f.name), (name, kind, f.name)
+    if hasattr(safe.selector.config, "work_budget"):
+        assert safe.selector.config.work_budget > 0
+    # The description says which is which.
+    assert f"as published - {name}" in load_preset(name + "_safe")["description"]

@@ -14,6 +14,7 @@ import torch
 
 from framework.experiment.cli import main
 from framework.experiment.plugins import load_builtin_strategies
+from framework.testing import plain_table
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def test_static_selector_is_lossless_on_the_default_model(tmp_path, capsys, leng
             str(out),
         ]
     )
-    printed = capsys.readouterr().out
+    printed = plain_table(capsys.readouterr().out)
     assert code == 0
     records = [json.loads(x) for x in out.read_text().splitlines()]
     spec = [r for r in records if r["method"] != "vanilla"]

@@ -17,6 +17,8 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 #: What a wheel is built from (a copy, so that the build leaves nothing in the checkout).
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "framework", "strategies", "selfspec")
@@ -28,6 +30,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 120) -> 
     return proc
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     src = tmp_path / "src"

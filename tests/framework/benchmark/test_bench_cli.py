@@ -42,13 +42,8 @@ def test_flags_keep_their_meaning():
     assert cfg.hf_kernels is True
     assert cfg.preset_args == (("swift", "--selector.skip_ratio 0.3"),)
     default = _config([])
-    assert default.methods == (
-        "vanilla",
-        "hf_generate",
-        "hf_prompt_lookup",
-        "hf_early_exit",
-        "static_confidence",
-    )
+    # The first run's story: the gated default, the same ungated, and the hybrid drafter.
+    assert default.methods == ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
     assert (default.run.max_new_tokens, default.run.dtype, default.run.warmup, default.repeats) == (
         128, "float32", 1, 1
     )  # fmt: skip

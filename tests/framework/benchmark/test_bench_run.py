@@ -14,7 +14,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
 from framework.experiment.config import RunConfig
 from framework.experiment.metrics import cost_model_prediction, rounds_prediction
-from framework.testing import synthetic_cost_model
+from framework.testing import plain_table, synthetic_cost_model
 
 VOCAB = 128  # the tiny model of conftest.py
 METHODS = ("vanilla", "hf_generate", "hf_prompt_lookup", "hf_early_exit", "static_confidence")
@@ -55,10 +55,10 @@ def test_table_has_every_method_and_category(bench):
     res, _, out = bench
     report = (out / "bench.md").read_text()
     assert report == res["report"]
-    header = next(line for line in report.splitlines() if line.startswith("| method | mt_bench"))
+    header = next(line for line in plain_table(report).splitlines() if line.startswith("| method | mt_bench"))
     assert header.startswith("| method | mt_bench | qa | rag | **overall** | spread")
     for m in (*METHODS, "broken"):
-        assert any(line.startswith(f"| {m} | ") for line in report.splitlines()), m
+        assert any(line.startswith(f"| {m} | ") for line in plain_table(report).splitlines()), m
     assert "command: `python experiments/bench.py --test`" in report
     assert "torch threads" in report and "transformers" in report
     for png in ("speedup_by_category.png", "accept_lengths.png"):
@@ -90,7 +90,9 @@ def test_speedup_is_the_ratio_of_means_averaged_over_repeats(bench):
     overall = [by_rep[0]["overall"], by_rep[1]["overall"]]
     assert entry["std"] == pytest.approx(statistics.stdev(overall))
     assert entry["min"] == pytest.approx(min(overall)) and entry["max"] == pytest.approx(max(overall))
-    row = next(line for line in res["report"].splitlines() if line.startswith("| static_confidence |"))
+    row = next(
+        line for line in plain_table(res["report"]).splitlines() if line.startswith("| static_confidence |")
+    )
     assert f"**{entry['speedup']['overall']:.3f}x**" in row
     assert f"± {entry['std']:.3f} ({entry['min']:.3f}-{entry['max']:.3f})" in row
 
@@ -100,7 +102,9 @@ def test_mismatches_are_counted(bench):
     methods = res["summary"]["methods"]
     assert methods["broken"]["mismatches"] == 4
     assert all(not r["lossless"] for r in records if r["method"] == "broken")
-    assert "| 4/4 |" in next(line for line in res["report"].splitlines() if line.startswith("| broken |"))
+    assert "| 4/4 |" in next(
+        line for line in plain_table(res["report"]).splitlines() if line.startswith("| broken |")
+    )
     # float64 tiny model: our speculative decoding and HF's generate agree with vanilla exactly
     for m in METHODS[1:]:
         assert methods[m]["mismatches"] == 0, m
@@ -140,7 +144,9 @@ def test_cost_model_column_is_the_prediction_at_the_measured_alpha(bench):
     mine = [r for r in records if r["method"] == "static_confidence"]
     rounds = rounds_prediction(synthetic_cost_model(4), mine)
     assert e["cost_model"] == dict(pred, rounds=rounds) and rounds is not None
-    row = next(line for line in res["report"].splitlines() if line.startswith("| static_confidence |"))
+    row = next(
+        line for line in plain_table(res["report"]).splitlines() if line.startswith("| static_confidence |")
+    )
     assert f"{pred['ceiling']:.3f}x (k={pred['ceiling_k']}) / {pred['drafting']:.3f}x" in row
     assert row.split(" | ")[-1].startswith(f"{pred['ceiling']:.3f}x") and f" / {rounds:.3f}x |" in row
     assert res["summary"]["methods"]["hf_prompt_lookup"]["cost_model"] is None
@@ -191,7 +197,9 @@ def test_hf_error_is_reported_in_its_row(tiny, data, tmp_path, monkeypatch):
         plots=False,
     )
     res = run_benchmark(cfg, model, tok, log=lambda s: None)
-    row = next(line for line in res["report"].splitlines() if line.startswith("| hf_early_exit |"))
+    row = next(
+        line for line in plain_table(res["report"]).splitlines() if line.startswith("| hf_early_exit |")
+    )
     assert "ERROR: RuntimeError: early exit is not supported here" in row
     assert "**hf_early_exit failed**" in res["report"]
     assert res["summary"]["methods"]["hf_generate"]["prompts"] == 2
@@ -268,7 +276,7 @@ def test_a_method_with_a_reduced_draft_head_is_priced_with_it(tiny, data, tmp_pa
     assert e["mismatches"] == 0 and e["cost_model"] is not None
     line = next(
         x
-        for x in res["report"].splitlines()
+        for x in plain_table(res["report"]).splitlines()
         if x.startswith("- static_confidence drafts with a 32-token head")
     )
     assert "before any sub-layer" in line and "full head" in line
@@ -283,15 +291,52 @@ def test_methods_share_one_preparation_store(tiny, data, tmp_path, monkeypatch):
     monkeypatch.setattr(selfsd_bo, "search", lambda ctx, c: calls.append(1) or real(ctx, c))
     model, tok = tiny
     cfg = BenchConfig(
-        methods=("vanilla", "selfsd"),
+        methods=("vanilla", "selfsd_safe"),
         run=RunConfig(data=str(data), max_new_tokens=4, dtype="float64", limit=1, categories=("qa",)),
         out=str(tmp_path / "out"),
         cost_model="none",
         raw=True,
         preset_args=(
-            ("selfsd", "--selector.iterations 2 --selector.calib_limit 1 --selector.calib_max_new_tokens 4"),
+            (
+                "selfsd_safe",
+                "--selector.iterations 2 --selector.calib_limit 1 --selector.calib_max_new_tokens 4 "
+                "--selector.cache false --drafter.draft_vocab 0",
+            ),
         ),
     )
     res = run_benchmark(cfg, model, tok, log=lambda s: None)
-    assert {"selfsd", "selfsd:raw"} <= set(res["summary"]["methods"])
+    assert {"selfsd_safe", "selfsd_safe:raw"} <= set(res["summary"]["methods"])
     assert len(calls) == 1
+
+
+def test_a_mismatch_records_the_targets_margin_and_the_report_names_it(bench):
+    """At a method's first mismatch the record keeps the target's top-1/top-2 logit margin (one
+    extra forward after the fact), and the notes under the table tell a near-tie from a bug."""
+    res, records, _ = bench
+    broken = [r for r in records if r["method"] == "broken"]
+    for r in broken:
+        fm = r["first_mismatch"]
+        last = len(r["turns"][0]["tokens"]) - 1  # Broken changes the last token of every turn
+        assert (fm["turn"], fm["position"]) == (0, last)
+        assert fm["method_token"] == r["turns"][0]["tokens"][last] != fm["vanilla_token"]
+        assert fm["margin"] > 0 and fm["dtype"] == "float64"
+        assert fm["near_tie"] is False  # float64: a flip this wide is no rounding
+    assert all(r["first_mismatch"] is None for r in records if r["method"] == "static_confidence")
+    entry = res["summary"]["methods"]["broken"]
+    assert set(entry["mismatch_at"]) == set(entry["mismatched"])
+    note = next(line for line in res["report"].splitlines() if line.startswith("- broken:"))
+    assert "(4/4, mismatch rate 100%)" in note
+    assert "top-1/top-2 margin" in note and "in float64: not a near-tie: a bug?" in note
+    q = entry["mismatched"][0]
+    assert f"q{q} (turn 0, pos {entry['mismatch_at'][q]['position']}, " in note
+
+
+def test_mismatch_note_format():
+    from framework.benchmark.report import mismatch_note
+
+    near = {"turn": 1, "position": 17, "margin": 0.0012, "dtype": "bfloat16", "near_tie": True}
+    assert (
+        mismatch_note("3", near) == "q3 (turn 1, pos 17, top-1/top-2 margin 0.0012 in bfloat16: a near-tie)"
+    )
+    assert mismatch_note("4", {"turn": 0, "position": 2, "margin": None}) == "q4 (turn 0, pos 2)"
+    assert mismatch_note("5", None) == "q5"

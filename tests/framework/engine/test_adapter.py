@@ -3,6 +3,8 @@ reference written here from HF's decoder modules."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -46,7 +48,6 @@ def reference_forward(model, ids: torch.Tensor, plan: LayerPlan | None = None) -
                     hidden_states=blk.input_layernorm(h),
                     position_embeddings=pos_emb,
                     attention_mask=mask,
-                    past_key_values=None,
                 )[0]
             )
         if plan is None or not plan.mlp_skip[i]:
@@ -330,3 +331,18 @@ def test_top1_from_hidden(llama_adapter):
     torch.testing.assert_close(prob, p.max(-1).values, atol=1e-6, rtol=0)
     empty_tok, empty_prob = llama_adapter.top1_from_hidden(h[:0])
     assert empty_tok.shape == (0, 5) and empty_prob.shape == (0, 5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_is_called_without_deprecated_keywords(arch, tiny_models):
+    """The adapter calls HF's attention with the cache keyword the installed release takes
+    (``cache`` from transformers 5.24, ``past_key_values`` before), so no deprecation warning
+    reaches a user's terminal."""
+    adapter = adapter_for(tiny_models[arch], fast_kernels=False)
+    ids = random_prompt(5, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        cache = adapter.new_cache(12)
+        adapter.forward(ids, _pos(0, 5), cache)
+        adapter.forward(ids[:, :1], _pos(5, 1), cache)

@@ -105,3 +105,57 @@ def test_with_head_scales_the_heads_share_of_base(monkeypatch):
     assert (again.base, again.head) == (4.0, 2.0)
     noisy = dataclasses.replace(cm, head=12.0, full_head=12.0)  # head measured above base
     assert noisy.with_head(None, Head()).base == pytest.approx(2.5)
+
+
+def test_device_sync_is_a_no_op_on_cpu_and_synchronises_cuda(monkeypatch):
+    """Timers read the clock after `device_sync`: CUDA queues kernels, so the clock must wait for
+    them; on CPU nothing is queued and CUDA is never touched."""
+    from framework.utils import device_sync
+
+    def boom(*a, **k):
+        raise AssertionError("torch.cuda touched on CPU")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", boom)
+    device_sync("cpu")
+    device_sync(torch.device("cpu"))
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(dev))
+    device_sync(torch.device("cuda", 1))
+    device_sync("cuda:0")
+    assert calls == [torch.device("cuda", 1), torch.device("cuda", 0)]
+
+
+def test_head_seconds_on_cpu_never_synchronises(monkeypatch):
+    from framework.engine.cost_model import head_seconds
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (_ for _ in ()).throw(AssertionError("sync")))
+    full, head = head_seconds(adapter_for(tiny_model("llama", num_layers=2)), reps=2)
+    assert full > 0 and head == full
+
+
+def test_measurements_synchronise_a_cuda_device(monkeypatch):
+    """`head_seconds` brackets every timed call with `device_sync` of the adapter's device (which
+    waits on CUDA and does nothing on CPU)."""
+    import framework.engine.cost_model as cost_model
+    from framework.engine.cost_model import head_seconds
+
+    adapter = adapter_for(tiny_model("llama", num_layers=2))
+    calls = []
+    monkeypatch.setattr(cost_model, "device_sync", lambda dev: calls.append(dev))
+    reps = 3
+    head_seconds(adapter, reps=reps)
+    assert len(calls) == 2 * (reps + 1) and all(c == adapter.device for c in calls)
+
+
+def test_synced_clock_is_perf_counter_on_cpu_and_syncs_on_cuda(monkeypatch):
+    import time
+
+    from framework.utils import synced_clock
+
+    assert synced_clock("cpu") is time.perf_counter
+    assert synced_clock(torch.device("cpu")) is time.perf_counter
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(dev))
+    clock = synced_clock(torch.device("cuda", 0))
+    t0 = clock()
+    assert clock() >= t0 and calls == [torch.device("cuda", 0)] * 2

@@ -136,7 +136,10 @@ def test_print_config_file_then_config_file_reproduces_the_config(capsys, tmp_pa
             "--length.threshold must be a field of FixedLengthConfig",
         ),
         (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
-        (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16, float64, got 'float8'"),
+        (
+            ["--dtype", "float8"],
+            "--dtype must be one of float32, float16, bfloat16, float64, auto, got 'float8'",
+        ),
         (["--logger", "tensorboard"], "--logger must be one of wandb, csv, none, got 'tensorboard'"),
         (["--limit", "abc"], "--limit must be a number (int), got 'abc'"),
         (["--gate.margin", "0.9"], "--gate.margin must be in [-0.5, 0.5], got 0.9"),

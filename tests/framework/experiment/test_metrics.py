@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from framework.experiment.metrics import aggregate, compare_table, results_table, time_breakdown
+from framework.testing import plain_table
 
 
 def rec(qid, cat, method, new, wall, accept=(), drafted=0, accepted=0, lossless=True, skips=(), timings=None):
@@ -55,7 +56,7 @@ def test_aggregate_pools_rounds_and_averages_speed_per_prompt():
 
 
 def test_results_table_is_the_ratio_of_means():
-    table = results_table(RECORDS, "m")
+    table = plain_table(results_table(RECORDS, "m"))
     qa = next(line for line in table.splitlines() if line.startswith("| qa "))
     assert "| 10.00 | 20.00 | 2.000x | 3.00 | 0.667 | 0.267 | 1/1 |" in qa
     overall = next(line for line in table.splitlines() if "overall" in line)
@@ -65,8 +66,8 @@ def test_results_table_is_the_ratio_of_means():
 
 def test_sampling_records_show_na_and_baseline_only_table():
     sampled = [dict(r, lossless=None) if r["method"] == "m" else r for r in RECORDS]
-    assert "| n/a |" in results_table(sampled, "m")
-    only = results_table([r for r in RECORDS if r["method"] == "vanilla"], "vanilla")
+    assert "| n/a |" in plain_table(results_table(sampled, "m"))
+    only = plain_table(results_table([r for r in RECORDS if r["method"] == "vanilla"], "vanilla"))
     assert only.splitlines()[0] == "| category | prompts | vanilla tok/s | new tokens | wall s |"
     assert "| **overall** | 2 | 15.00 | 30 | 2.0 |" in only
 
@@ -75,18 +76,18 @@ def test_compare_table_uses_each_runs_own_baseline():
     other = [
         dict(r, method="n") if r["method"] == "m" else dict(r, wall_time=r["wall_time"] * 2) for r in RECORDS
     ]
-    table = compare_table({"m": RECORDS, "n": other})
+    table = plain_table(compare_table({"m": RECORDS, "n": other}))
     rows = table.splitlines()[2:]
     assert rows[0].startswith("| m | 2 | 15.00 | 12.50 | 0.833x")
     assert rows[1].startswith("| n | 2 | 7.50 | 12.50 | 1.667x")
     assert rows[0].split(" | ")[-2] == "0.0%"  # no selector time recorded
     slow = [dict(r, timings={**r["timings"], "select": 0.5}) if r["method"] == "m" else r for r in RECORDS]
     # 2 x 0.5 s of selector time in the method's wall time of 0.5 + 4.0 s
-    assert compare_table({"m": slow}).splitlines()[2].split(" | ")[-2] == "22.2%"
+    assert plain_table(compare_table({"m": slow})).splitlines()[2].split(" | ")[-2] == "22.2%"
 
 
 def test_time_breakdown_shares():
-    table = time_breakdown(RECORDS, ["vanilla", "m"])
+    table = plain_table(time_breakdown(RECORDS, ["vanilla", "m"]))
     van = next(line for line in table.splitlines() if line.startswith("| vanilla"))
     assert "| 2.0 | 5.0% | 0.0% | 45.0% | 10.0% |" in van  # 0.1 / 2.0 prefill, 0.9 / 2.0 verify
 

@@ -124,7 +124,10 @@ def test_replace_starts_from_self():
         ({"max_new_tokens": "x"}, "--max-new-tokens must be a number (int), got 'x'"),
         ({"num_nodes": 0}, "--num-nodes must be an integer >= 1, got 0"),
         ({"stop_strings": 3}, "--stop must be a tuple of strings, got 3"),
-        ({"dtype": "float8"}, "--dtype must be one of float32, float16, bfloat16, float64, got 'float8'"),
+        (
+            {"dtype": "float8"},
+            "--dtype must be one of float32, float16, bfloat16, float64, auto, got 'float8'",
+        ),
         ({"logger": "tensorboard"}, "--logger must be one of wandb, csv, none, got 'tensorboard'"),
         ({"gate.margin": 0.9}, "--gate.margin must be in [-0.5, 0.5], got 0.9"),
         ({"gate": {"nope": 1}}, "--gate.nope must be a field of GateConfig"),

@@ -173,3 +173,16 @@ def test_round_rows_align_plans_with_drafting_rounds():
         [7, "qa", 0, 1, 0, 1, None, None],
         [7, "qa", 0, 2, 2, 2, "0011", 1],
     ]
+
+
+def test_wandb_logger_does_not_pass_the_deprecated_anonymous_setting(tmp_path, no_wandb_account):
+    """Lightning hands wandb.init ``anonymous=None``; wandb >= 0.19 prints "WARNING The anonymous
+    setting has no effect ..." for any value it is given, so the logger must not pass it."""
+    from framework.experiment.tracking import make_logger
+
+    logger = make_logger("wandb", tmp_path / "run", "run", "selfspec-test", {"a": 1})
+    try:
+        assert "anonymous" not in logger._wandb_init
+        assert logger._wandb_init["project"] == "selfspec-test"
+    finally:
+        logger.experiment.finish()

@@ -213,3 +213,23 @@ def test_sampling_verifier_with_reuse_runs(llama_adapter):
     )
     res = dec.generate(random_prompt(6, 128, 0), StopCondition(20))
     assert len(res.tokens) == 20 and res.strategy_summary["drafter"]["verify_blocks_saved"] > 0
+
+
+def test_drop_refuses_a_stop_rule_on_the_sampled_token_under_speculative_sampling(llama_adapter):
+    """As for layer_skip: dropping a sampled token because of its own probability would bias
+    speculative sampling (`DraftBuilder.drop_last`); the top-1 rule does not depend on the sample."""
+    verifier = SamplingVerifier(SamplingVerifierConfig(seed=0))
+    for stop_on, ok in (("top1", True), ("sampled", False)):
+        state = DecodeState(
+            llama_adapter, random_prompt(6, 128, 0), 64, need_confidence=True, need_draft_probs=True
+        )
+        state.append(state.prefill().argmax(-1)[:, None])
+        state.draft_sampler = verifier.draft_sampler()
+        length = ConfidenceLength(ConfidenceLengthConfig(threshold=0.999, stop_on=stop_on))
+        drafter = EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=2, on_stop="drop"))
+        drafter.setup(llama_adapter.info())
+        if ok:
+            assert drafter.draft(state, LayerPlan.full(L), length, 8).length == 0
+        else:
+            with pytest.raises(ValueError, match="biases speculative sampling"):
+                drafter.draft(state, LayerPlan.full(L), length, 8)

@@ -9,6 +9,7 @@ import torch
 from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.drafting import DraftConfidence
 from framework.engine.state import DecodeState
 from framework.policies.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
@@ -380,3 +381,60 @@ def test_declined_rounds_leave_the_threshold_and_rate_alone():
     assert ctl.summary()["updates"] == 2
     s = ctl.summary()["gate"]
     assert (s["declined"], s["probes"], s["rounds"]) == (3, 1, 5)
+
+
+# ---- stop_on: the top-1 probability (the paper) or the drafted token's (the released code) -------
+
+
+def test_stop_on_default_and_validation():
+    assert Cfg().stop_on == "top1"
+    with pytest.raises(ConfigError, match=r"^stop_on must be one of 'top1', 'sampled', got 'code'$"):
+        Cfg(stop_on="code")
+    with pytest.raises(ConfigError, match=r"^--length\.stop_on must be one of top1, sampled"):
+        build_config(Cfg, {"stop_on": "warped"}, flag_prefix="--length.")
+
+
+def test_stop_on_sampled_compares_the_drafted_tokens_probability_with_gamma():
+    # top-1 .9; the drafted token's unwarped probability exp(-1.5) / (1 + exp(-1.5)) ~ .18
+    conf = DraftConfidence(0.9, torch.tensor([0.0, -1.5]), torch.tensor(1))
+    top1 = AdaptiveConfidenceLength(Cfg(exit_threshold=0.5, step=0.5, beta2=0.0))
+    sampled = AdaptiveConfidenceLength(Cfg(exit_threshold=0.5, step=0.5, beta2=0.0, stop_on="sampled"))
+    assert top1.should_continue(1, conf) is True and sampled.should_continue(1, conf) is False
+    # the threshold it compares with is the current gamma: lowered to .001, the token passes
+    for ctl in (top1, sampled):
+        ctl.observe(None, *_round(4, 4))
+    assert sampled.gamma == pytest.approx(0.001) and sampled.should_continue(1, conf) is True
+
+
+def test_stop_on_sampled_is_greedy_lossless_and_changes_nothing_under_greedy(deep_adapters):
+    """Under greedy drafting the drafted token is the argmax: 'sampled' drafts, stops and adapts
+    exactly as 'top1', and the output is vanilla greedy's."""
+    adapter = deep_adapters["llama"]
+    runs = {}
+    for stop_on in ("top1", "sampled"):
+        spy = _Spy(
+            Cfg(
+                exit_threshold=0.05,
+                target_accept_rate=0.3,
+                step=0.02,
+                beta2=0.5,
+                max_length=6,
+                stop_on=stop_on,
+            )
+        )
+        dec = SpeculativeDecoder(
+            adapter,
+            StaticSelector(StaticSelectorConfig(skip_ratio=0.2)),
+            spy,
+            LayerSkipDrafter(),
+            GreedyVerifier(),
+        )
+        out = []
+        for seed in (0, 1):
+            prompt = random_prompt(6, 128, seed)
+            res = dec.generate(prompt, StopCondition(32))
+            assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(32)).tokens
+            out.append((res.draft_lengths, list(spy.gammas)))
+        runs[stop_on] = out
+    assert runs["top1"] == runs["sampled"]
+    assert len({d for lengths, _ in runs["top1"] for d in lengths}) > 2, "the draft length never varied"

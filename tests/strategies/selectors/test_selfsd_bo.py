@@ -159,3 +159,43 @@ def test_cli_short_flags():
     )
     cfg = config_from_args(args).selector.config
     assert (cfg.skip_set, cfg.calib_data, cfg.calib_limit) == ("s.json", "c.jsonl", 3)
+
+
+def test_cache_searches_a_model_once_across_runs(adapter, tmp_path, monkeypatch):
+    """cache=True: the first run searches and keeps the result in <cache>/skipsets/; a later run
+    (a new context, as a new process would have) reuses it; other settings or weights search again."""
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = selfsd.search
+    monkeypatch.setattr(selfsd, "search", lambda ctx, c: calls.append(1) or real(ctx, c))
+
+    def run(model_adapter, **kw):
+        sel = make(cache=True, **kw)
+        sel.setup(model_adapter.info())
+        sel.prepare(prepare_context(model_adapter))
+        return sel
+
+    first = run(adapter)
+    assert len(calls) == 1 and first.summary()["source"] == "search"
+    files = list((tmp_path / "cache" / "skipsets").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["bits"] == list(first.plan(None).to_bits())
+    again = run(adapter)
+    assert len(calls) == 1, "the cached search must be reused"
+    assert again.plan(None) == first.plan(None) and again.summary()["source"] == "cache"
+    run(adapter, seed=2)  # other search settings: another search, another file
+    assert len(calls) == 2 and len(list((tmp_path / "cache" / "skipsets").glob("*.json"))) == 2
+    other = adapter_for(tiny_model("llama", num_layers=6, seed=7))  # other weights
+    run(other)
+    assert len(calls) == 3
+    # A corrupt cache file is searched again, not trusted.
+    files[0].write_text("{not json")
+    run(adapter)
+    assert len(calls) == 4
+
+
+def test_cache_is_off_by_default_and_on_in_the_self_sd_presets():
+    from framework.experiment.config import RunConfig
+
+    assert SelfSDConfig().cache is False
+    for name in ("selfsd", "selfsd_safe", "selfsd_sampling"):
+        assert RunConfig.from_preset(name).selector.config.cache is True, name

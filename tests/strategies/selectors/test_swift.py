@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from framework import LayerPlan, ModelInfo
+from framework import Draft, LayerPlan, ModelInfo, Verification
 from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
@@ -322,3 +323,132 @@ def test_matchness_scores_with_the_draft_head(adapter):
     state.draft_head = DraftHead(adapter, ids)
     want = (torch.tensor(ids)[full[..., ids].argmax(-1)] == target).float().mean().item()
     assert sel.matchness(state, plan) == pytest.approx(want)
+
+
+# ---- adaptive r (the later revision's App. C.2 footnote) ----------------------------------------
+
+ADAPT = {"skip_ratio": 0.5, "adaptive_r_below": 0.7, "adaptive_r_window": 3}
+NOT_YET = SimpleNamespace(num_new=0)  # a state before the context window: observe runs no step
+
+
+def _round(drafted: int, accepted: int) -> tuple[Draft, Verification]:
+    tokens = torch.zeros(1, drafted, dtype=torch.long)
+    new = torch.zeros(1, accepted + 1, dtype=torch.long)
+    return Draft(tokens, LayerPlan.full(L)), Verification(torch.tensor([accepted]), new)
+
+
+def _drive(sel: SwiftSelector, outcomes) -> list[float]:
+    """r after each scripted (drafted, accepted) round."""
+    rs = []
+    for drafted, accepted in outcomes:
+        sel.observe(NOT_YET, *_round(drafted, accepted))
+        rs.append(sel.ratio)
+    return rs
+
+
+def test_adaptive_r_defaults_and_validation():
+    c = SwiftConfig()
+    assert (c.adaptive_r_below, c.adaptive_r_step, c.adaptive_r_window, c.adaptive_r_min) == (
+        0.0,
+        0.1,
+        50,
+        0.2,
+    )
+    for field, value, match in [
+        ("adaptive_r_below", 1.0, r"^adaptive_r_below must be in \[0, 1\), got 1\.0$"),
+        ("adaptive_r_below", -0.1, r"^adaptive_r_below must be in \[0, 1\)"),
+        ("adaptive_r_step", 0.0, r"^adaptive_r_step must be in \(0, 1\)"),
+        ("adaptive_r_window", 0, r"^adaptive_r_window must be an integer >= 1"),
+        ("adaptive_r_min", 0.0, r"^adaptive_r_min must be in \(0, 1\)"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_config(SwiftConfig, {field: value})
+    with pytest.raises(
+        ConfigError, match=r"^adaptive_r_min must be at most skip_ratio \(0\.3\) when adaptive"
+    ):
+        build_config(SwiftConfig, {"skip_ratio": 0.3, "adaptive_r_below": 0.7, "adaptive_r_min": 0.35})
+    build_config(SwiftConfig, {"skip_ratio": 0.15})  # off: the floor is not checked
+
+
+def test_adaptive_r_follows_the_rule_on_scripted_rounds(adapter):
+    """While optimising, r drops by adaptive_r_step once the acceptance rate of the last
+    adaptive_r_window drafting rounds is below adaptive_r_below (0.5 -> 0.4 as in the footnote),
+    and never below adaptive_r_min."""
+    sel = make(**ADAPT)
+    sel.setup(adapter.info())  # L_eff = 2 * 6 = 12
+    assert (sel.ratio, sel.n_skip) == (0.5, 6)
+    x = sel._random_candidate()
+    sel.bo.observe(x, 0.5)
+    sel.steps, sel.stale = 7, 3
+    # not yet 3 drafting rounds (an empty round does not count); then 6 of 12 accepted: 0.5 < 0.7
+    assert _drive(sel, [(4, 4), (4, 1), (0, 0), (4, 1)]) == [0.5, 0.5, 0.5, 0.4]
+    assert (sel.n_skip, sel.bo.cardinality, sel.r_adjustments) == (4, 4, 1)
+    assert sel.rebase and sel.steps == sel.stale == 0 and len(sel.recent_opt) == 0
+    assert sel.bo.X == [x] and sel.bo.Y == [0.5]  # the GP keeps what it observed
+    # a fresh window at the new r: 7 of 10 accepted is not below 0.7 (strict), 8 of 10 neither, 7 of 11 is
+    assert _drive(sel, [(4, 3), (3, 2), (3, 2), (4, 4), (4, 1)]) == [0.4, 0.4, 0.4, 0.4, 0.3]
+    assert sel.n_skip == 3
+    assert _drive(sel, [(2, 0), (2, 0), (2, 0)]) == [0.3, 0.3, 0.2]
+    assert _drive(sel, [(2, 0)] * 6) == [0.2] * 6  # the floor: 0.2 - 0.1 < adaptive_r_min
+    assert sel.r_adjustments == 3
+    s = sel.summary()
+    assert (s["r"], s["r_adjustments"]) == (0.2, 3)
+
+
+def test_adaptive_r_only_while_optimising_and_only_when_on(adapter):
+    off = make(skip_ratio=0.5)
+    off.setup(adapter.info())
+    assert _drive(off, [(4, 0)] * 60) == [0.5] * 60 and off.r_adjustments == 0
+    done = make(**ADAPT)
+    done.setup(adapter.info())
+    done._stop("patience")
+    assert _drive(done, [(4, 0)] * 6) == [0.5] * 6  # the acceleration phase keeps r
+
+
+@pytest.mark.parametrize("persist", [True, False])
+def test_adaptive_r_lives_as_long_as_the_optimisation_state(adapter, persist):
+    sel = make(**ADAPT, persist_across_prompts=persist)
+    sel.setup(adapter.info())
+    _drive(sel, [(4, 0)] * 3)
+    assert sel.ratio == 0.4
+    sel.reset()
+    assert (sel.ratio, sel.n_skip) == ((0.4, 4) if persist else (0.5, 6))
+
+
+def test_after_lowering_r_the_next_candidate_replaces_the_current_set(adapter):
+    """The current set has the old cardinality: the first candidate at the new r drafts next,
+    whatever its matchness; later candidates must improve strictly, as before."""
+    state = greedy_state(adapter)
+    sel = make(**ADAPT, matchness_stop=1.0)
+    sel.setup(adapter.info())
+    sel.best = 2.0  # nothing can beat it
+    sel._step(state)
+    assert sel.current.num_skipped == 6 and sel.gen_improvements == 0  # odd blocks: not replaced
+    sel.set_ratio(0.25)
+    sel._step(state)
+    assert sel.current.num_skipped == sel.n_skip == 3 and not sel.rebase
+    assert sel.best == sel.bo.Y[-1] < 2.0  # replaced though it did not beat the best
+    first = sel.current
+    sel.best = 2.0
+    sel._step(state)
+    assert sel.current == first  # strict improvement again
+
+
+def test_adaptive_r_in_the_decoder_is_lossless_and_proposes_the_new_cardinality(adapter, monkeypatch):
+    sel = make(skip_ratio=0.5, adaptive_r_below=0.99, adaptive_r_window=2, matchness_stop=1.0)
+    proposed = []
+    real = sel.matchness
+    monkeypatch.setattr(
+        sel,
+        "matchness",
+        lambda state, plan: proposed.append((plan.num_skipped, sel.n_skip)) or real(state, plan),
+    )
+    dec = decoder(adapter, sel)
+    for seed in range(3):
+        prompt = random_prompt(6, 128, seed)
+        res = dec.generate(prompt, StopCondition(48))
+        assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(48)).tokens
+    s = res.strategy_summary["selector"]
+    assert s["r_adjustments"] >= 1 and s["r"] < 0.5
+    assert all(k == n for k, n in proposed)  # every candidate has the cardinality of its time
+    assert any(n < 6 for _, n in proposed), "no candidate was proposed at a lowered r: vacuous"

@@ -1,10 +1,14 @@
 """strategies/verifiers/sampling.py: the contract, the acceptance rule, the warping, and losslessness
-in distribution (a chi-square test against the exact target distribution, with a negative control).
+in distribution (chi-square tests against the exact target distribution, with negative controls).
+
+The rule alone, against its exact law on 10^6 rows and with planted subtle bugs, is tested in
+``test_sampling_rule.py``; here the engine end to end (drafters, selectors, length controllers).
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import pytest
 import torch
@@ -15,8 +19,11 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
 from framework.testing import VerifierContract, random_prompt, tiny_model
+from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter
+from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
+from strategies.selectors.clasp_dp import ClaspDPConfig, ClaspDPSelector
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
 from strategies.verifiers.sampling import (
     SamplingVerifier,
@@ -288,9 +295,14 @@ def _prompt() -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=8)
-def _target_marginals(cfg: SamplingVerifierConfig, n_tokens: int = 3) -> list[torch.Tensor]:
-    """Exact marginal distribution of each of the first ``n_tokens`` sampled tokens (V,) each."""
-    model, prompt = _model(), _prompt()
+def _target_marginals(
+    cfg: SamplingVerifierConfig, n_tokens: int = 3, small: bool = False
+) -> list[torch.Tensor]:
+    """Exact marginal distribution of each of the first ``n_tokens`` sampled tokens ((V,) each), by
+    enumerating every context with batched full forwards of the unmodified model (``small``: the
+    power tests' model and prompt)."""
+    model, prompt = (_small_model(), _small_prompt()) if small else (_model(), _prompt())
+    vocab = model.config.vocab_size
     joint = torch.ones(1, dtype=torch.float64)  # over the contexts enumerated so far
     ctx = torch.empty(1, 0, dtype=torch.long)
     out = []
@@ -302,7 +314,7 @@ def _target_marginals(cfg: SamplingVerifierConfig, n_tokens: int = 3) -> list[to
             out.append(step.sum(0))
             joint = step.reshape(-1)
             ctx = torch.cat(
-                [ctx.repeat_interleave(V, dim=0), torch.arange(V).repeat(ctx.shape[0])[:, None]], 1
+                [ctx.repeat_interleave(vocab, dim=0), torch.arange(vocab).repeat(ctx.shape[0])[:, None]], 1
             )
     return out
 
@@ -325,10 +337,11 @@ def _chi2_gof(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 1
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
-def _pvalues(samples: torch.Tensor, cfg: SamplingVerifierConfig) -> list[float]:
+def _pvalues(samples: torch.Tensor, cfg: SamplingVerifierConfig, small: bool = False) -> list[float]:
+    """Per-position chi-square p-values of ``samples`` (n, T) against the exact target marginals."""
     return [
-        _chi2_gof(torch.bincount(samples[:, j], minlength=V), want)
-        for j, want in enumerate(_target_marginals(cfg))
+        _chi2_gof(torch.bincount(samples[:, j], minlength=want.numel()), want)
+        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small))
     ]
 
 
@@ -405,3 +418,122 @@ def test_negative_control_always_accept_fails():
     pvals = _pvalues(samples, cfg)
     print(f"\nalways-accept control: per-position chi-square p-values {pvals}")
     assert min(pvals) < ALPHA, f"the broken verifier passed the losslessness test: p = {pvals}"
+
+
+# ------------------------------------------------------------------------------ losslessness with power
+#
+# The tests above run N = 200 generations on a 16-token vocabulary: they catch gross errors only, and
+# their three positions never reach the bonus token at K = 3. The tests below are sized to catch a
+# total-variation error of 0.02 in the marginal distribution of any of the first five tokens, on a
+# model small enough to make that affordable: a 2-layer float64 random Llama with a 4-token vocabulary
+# (temperature 0.8, top-k 3), one fixed prompt, 5 new tokens per run, the exact marginals enumerated
+# as above. At K = 3 the first round drafts positions 2-4 and its bonus token is position 5; all three
+# drafts are accepted in most runs (asserted), so the bonus is part of the distribution checked.
+#
+# How N follows from TV 0.02: when the tokens at a position follow P instead of the exact P0, Pearson's
+# statistic over c <= 4 cells (df <= 3; asserted) is approximately noncentral chi-square with
+# noncentrality lambda = N * sum (P - P0)^2 / P0 >= N * (sum |P - P0|)^2 = 4 N TV^2 (Cauchy-Schwarz
+# with sum P0 = 1). The false-alarm rate is 0.01 for the 5 positions together (alpha = 0.002 per
+# position, critical value 14.8 at df 3); lambda >= 12.8 puts the median of the statistic above it
+# (power >= 1/2; lambda >= 24, i.e. TV >= 0.027, gives power 0.9). So N = 12.8 / (4 * 0.02^2) = 8000.
+# (Central and noncentral chi-square quantiles computed once with scipy.) The cases that each
+# exercise one more engine feature run fewer generations, N = 12.8 / (4 TV^2): N_FEATURE = 1500 for
+# early exit (power >= 1/2 against TV 0.046), N_REPLAN = 1000 for clasp_dp, whose DP after every round
+# costs more than the rest of the round (TV 0.057).
+
+V_SMALL = 4
+N_POWER = 8000
+N_FEATURE = 1500
+N_REPLAN = 1000
+POWER_TOKENS = 5
+ALPHA_POSITION = 0.01 / POWER_TOKENS
+POWER_CFG = SamplingVerifierConfig(temperature=0.8, top_k=3, seed=21)
+
+
+@functools.lru_cache(maxsize=1)
+def _small_model():
+    return tiny_model("llama", num_layers=2, seed=1, vocab_size=V_SMALL)
+
+
+def _small_prompt() -> torch.Tensor:
+    return random_prompt(5, V_SMALL, seed=1)
+
+
+def _power_run(selector, length, drafter, n: int, budget: int = POWER_TOKENS) -> tuple[torch.Tensor, dict]:
+    """n generations cut at POWER_TOKENS tokens (``budget`` bounds the drafts) with one sampling
+    verifier (its stream advances from run to run): the tokens (n, POWER_TOKENS) and what the engine
+    did (first-round commits, runs whose rounds drafted with different plans, the drafter's summary
+    counters, summed)."""
+    dec = SpeculativeDecoder(
+        adapter_for(_small_model()), selector, length, drafter, SamplingVerifier(POWER_CFG)
+    )
+    stop, prompt = _FirstTokens(budget, POWER_TOKENS), _small_prompt()
+    rows, first, replanned = [], [], 0
+    drafter_counts: Counter[str] = Counter()
+    for _ in range(n):
+        res = dec.generate(prompt, stop)
+        rows.append(res.tokens)
+        first.append(res.accept_lengths[0])
+        replanned += len(set(res.plans)) > 1
+        for key, val in res.strategy_summary.get("drafter", {}).items():
+            if isinstance(val, int | float):
+                drafter_counts[key] += val
+    return torch.tensor(rows), {
+        "first_commits": torch.bincount(torch.tensor(first), minlength=5),
+        "replanned": replanned,
+        "drafter": drafter_counts,
+    }
+
+
+def _assert_lossless(case: str, samples: torch.Tensor) -> None:
+    want = _target_marginals(POWER_CFG, POWER_TOKENS, small=True)
+    assert max(int(w.count_nonzero()) for w in want) <= 4, "N was derived for at most 4 cells (df 3)"
+    pvals = _pvalues(samples, POWER_CFG, small=True)
+    print(f"\n{case}: per-position chi-square p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA_POSITION, f"{case}: speculative sampling does not match the target: p = {pvals}"
+
+
+def test_speculative_sampling_with_power_including_the_bonus():
+    """K = 3, static layer skip (block 1 skipped): N_POWER runs; the bonus (position 5) in most."""
+    samples, seen = _power_run(
+        StaticSelector(StaticSelectorConfig(skip_attn=(1,), skip_mlp=(1,))),
+        FixedLength(FixedLengthConfig(k=3)),
+        LayerSkipDrafter(),
+        N_POWER,
+    )
+    first = seen["first_commits"]  # first round commits m + 1 tokens; 4 = all three accepted + bonus
+    assert int(first[4]) >= N_POWER // 2, f"the bonus is reached too rarely to be tested: {first.tolist()}"
+    assert int(first[1:4].sum()) >= N_POWER // 10, (
+        f"too few rejections to test the residual: {first.tolist()}"
+    )
+    _assert_lossless("static K=3", samples)
+
+
+def test_speculative_sampling_with_early_exit_reuse_and_drop_on_stop():
+    """early_exit (E = 1 of 2) reusing the draft's KV and hidden states in verification, stopped by
+    the confidence controller with the stopping token dropped (DEL's Algorithm 1)."""
+    samples, seen = _power_run(
+        StaticSelector(),
+        ConfidenceLength(ConfidenceLengthConfig(threshold=0.7, max_length=3)),
+        EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=1, reuse_kv=True, on_stop="drop")),
+        N_FEATURE,
+    )
+    counts = seen["drafter"]
+    assert counts["reused_positions"] > 0 and counts["verify_blocks_saved"] > 0, counts
+    assert N_FEATURE // 20 <= counts["dropped"] < counts["rounds"], counts  # some rounds drop, not all
+    _assert_lossless("early_exit reuse + drop", samples)
+
+
+def test_speculative_sampling_with_a_plan_changing_selector():
+    """clasp_dp re-running its DP after every round (interval 1): the plan of a generation's second
+    round depends on its first round's tokens. K = 2 and a budget of 7 tokens, so that the second
+    round drafts too (position 5 is then always drafted or corrected with the new plan)."""
+    samples, seen = _power_run(
+        ClaspDPSelector(ClaspDPConfig(num_skip=1, interval=1, init="uniform")),
+        FixedLength(FixedLengthConfig(k=2)),
+        LayerSkipDrafter(),
+        N_REPLAN,
+        budget=POWER_TOKENS + 2,
+    )
+    assert seen["replanned"] >= N_REPLAN // 2, f"the plan changed within only {seen['replanned']} runs"
+    _assert_lossless("clasp_dp replanning", samples)

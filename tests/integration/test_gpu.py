@@ -1,0 +1,163 @@
+"""On a CUDA device (issue 17): every preset on a tiny model, loading straight onto the GPU,
+synchronised timers and ``--devices 2``. Skipped without CUDA (``-m gpu`` selects these).
+
+On CUDA greedy equality with vanilla is not guaranteed by construction (a verification over k + 1
+tokens and a one-token step may use different kernels, which round differently), so a mismatch
+is accepted only where the target's top-1/top-2 margin at that position is a near-tie
+(`framework.experiment.timing.near_tie`); in bfloat16 the mismatch statistics are reported, and
+the test asserts only that every preset runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB = 128
+
+
+def _presets() -> list[str]:
+    from framework.experiment.presets import list_presets
+
+    return list_presets()
+
+
+def _experiment(name: str, dtype: torch.dtype, depth: int = 6):
+    from framework.experiment.config import RunConfig
+    from framework.experiment.experiment import Experiment
+    from framework.experiment.presets import load_preset
+    from framework.testing import FAST_OVERRIDES, tiny_model, tiny_tokenizer
+
+    preset = load_preset(name)
+    fast = {
+        f"{kind}.{field}": value
+        for (kind, strategy), fields in FAST_OVERRIDES.items()
+        if preset.get(kind, {}).get("name") == strategy
+        for field, value in fields.items()
+    }
+    dtype_name = str(dtype).removeprefix("torch.")
+    cfg = RunConfig.from_preset(name, max_new_tokens=24, dtype=dtype_name, device="cuda", **fast)
+    model = tiny_model("llama", num_layers=depth, seed=depth, dtype=dtype, max_position_embeddings=256)
+    model = model.to("cuda")
+    return Experiment(cfg, model, tiny_tokenizer(VOCAB), log=lambda _msg: None)
+
+
+def _decode_all(exp, turns_list):
+    """(vanilla turns, method turns, first mismatch with its margin or None) per prompt."""
+    from framework.experiment.data import Prompt, encode_chat
+    from framework.experiment.timing import first_mismatch, mismatch_details
+
+    out = []
+    for i, turns in enumerate(turns_list):
+        prompt = Prompt(question_id=i, category="qa", subcategory="", turns=tuple(turns))
+        van = exp.decode_prompt(exp.vanilla, prompt)
+        spec = exp.decode_prompt(exp.spec, prompt)
+        got = [r.tokens for r, _ in spec]
+        where = first_mismatch(got, [r.tokens for r, _ in van])
+        if where is not None:
+            where = mismatch_details(
+                exp.adapter,
+                lambda m: encode_chat(exp.tokenizer, m),
+                prompt.turns,
+                [(r.tokens, t) for r, t in van],
+                got,
+                where,
+            )
+        out.append((van, spec, where))
+    return out
+
+
+PROMPTS = [["w7 w8 w9 w10"], ["w3 w4 w5", "w11 w12"], ["w20 w21 w22 w23 w24 w25"]]
+
+
+@pytest.mark.parametrize("name", _presets())
+def test_every_preset_on_cuda_in_float32_is_lossless_up_to_near_ties(name):
+    exp = _experiment(name, torch.float32)
+    assert exp.adapter.device.type == "cuda"
+    for _van, spec, where in _decode_all(exp, PROMPTS):
+        assert all(r.new_tokens > 0 for r, _ in spec)
+        if exp.spec.verifier.lossless != "greedy":
+            continue
+        # exact where it holds; a flip is accepted only at a near-tie of the target's logits
+        assert where is None or where["near_tie"], f"{name}: {where} is not a near-tie flip"
+
+
+@pytest.mark.parametrize("name", _presets())
+def test_every_preset_on_cuda_in_bfloat16_runs_and_reports_mismatches(name):
+    exp = _experiment(name, torch.bfloat16)
+    results = _decode_all(exp, PROMPTS)
+    bad = [w for _v, _s, w in results if w is not None]
+    for w in bad:
+        assert w["dtype"] == "bfloat16" and w["margin"] is not None and w["margin"] >= 0
+    print(f"{name}: {len(bad)}/{len(results)} prompts differ from vanilla in bfloat16: {bad}")
+
+
+def test_load_model_puts_the_weights_on_the_gpu_in_bfloat16_for_auto(tmp_path):
+    from framework.experiment.models import load_model
+    from framework.testing import tiny_model, tiny_tokenizer
+
+    d = tmp_path / "tiny"
+    tiny_model("llama", num_layers=2, dtype=torch.float32).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    net, _tok = load_model(str(d), "auto", "cuda")
+    assert {p.device.type for p in net.parameters()} == {"cuda"}
+    assert {p.dtype for p in net.parameters()} == {torch.bfloat16}
+
+
+def test_device_sync_and_cost_model_on_cuda():
+    from framework.engine.adapter import adapter_for
+    from framework.engine.cost_model import CostModel
+    from framework.testing import tiny_model
+    from framework.utils import device_sync
+
+    device_sync(torch.device("cuda"))
+    adapter = adapter_for(tiny_model("llama", num_layers=2, dtype=torch.float32).to("cuda"))
+    cm = CostModel.measure(adapter, reps=2, max_tokens=4)
+    assert cm.device.startswith("cuda") and cm.step > 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_devices_2_runs_one_process_per_gpu(tmp_path):
+    from framework.experiment.records import read_records
+    from framework.testing import tiny_model, tiny_tokenizer
+
+    model_dir = tmp_path / "tiny"
+    tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256).save_pretrained(
+        model_dir
+    )
+    tiny_tokenizer().save_pretrained(model_dir)
+    data = tmp_path / "q.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": "qa", "turns": [f"w{i} w{i + 1}"]}) + "\n"
+            for i in range(1, 5)
+        )
+    )
+    out = tmp_path / "r.jsonl"
+    cmd = [
+        sys.executable,
+        str(ROOT / "experiments" / "run.py"),
+        *("--model", str(model_dir), "--data", str(data), "--devices", "2", "--dtype", "float32"),
+        *("--logger", "none", "--no-plots", "--max-new-tokens", "8", "--output", str(out)),
+        *("--selector", "static", "--selector.skip_ratio", "0.3", "--length", "fixed", "--length.k", "3"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = read_records(out)
+    assert {r["rank"] for r in recs} == {0, 1}
+    assert len(recs) == 8
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert meta["dtype_resolved"] == "float32"
