@@ -22,6 +22,8 @@ from framework.experiment.data import calibration_texts, encode_chat, load_promp
 from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.timing import first_mismatch
 
+from . import stats
+
 #: How the report prints the command that re-runs one claim.
 SCRIPT = "python experiments/reproduce.py"
 
@@ -42,6 +44,8 @@ class Decoded:
     lossless: int
     checked: int
     modelled_speedup: float | None
+    base: list[float] = field(default_factory=list)  # per prompt: plain-decoding seconds of its tokens
+    time: list[float] = field(default_factory=list)  # per prompt: the cost model's seconds of its rounds
 
     @property
     def drafted(self) -> int:
@@ -59,6 +63,17 @@ class Decoded:
     def M(self) -> float:
         rounds = sum(len(r.accept_lengths) for r in self.results)
         return sum(sum(r.accept_lengths) for r in self.results) / rounds if rounds else 0.0
+
+    def counts(self) -> dict[str, list]:
+        """Per-prompt counts (`stats.counts`): what the verdicts' bootstraps resample."""
+        return stats.counts(
+            [r.accepted for r in self.results],
+            [r.drafted for r in self.results],
+            self.base if self.time else None,
+            self.time if self.time else None,
+            [sum(r.accept_lengths) for r in self.results],
+            [len(r.accept_lengths) for r in self.results],
+        )
 
     def brief(self) -> dict[str, Any]:
         return {
@@ -93,6 +108,8 @@ class Ctx:
     _states: dict[tuple[int, bool], Any] = field(default_factory=dict)
     memo: dict[str, Any] = field(default_factory=dict)
     lossless_total: list[int] = field(default_factory=lambda: [0, 0])
+    repeats: int = 1  # timed (vanilla, method) pairs per prompt
+    n_random: int = 5  # random sets a "vs random sets" comparison decodes
 
     @property
     def L(self) -> int:
@@ -179,13 +196,13 @@ def decode(
         res = dec.generate(ctx.ids[i], ctx.stop())
         results.append(res)
         ok += first_mismatch([res.tokens], [ref.tokens]) is None
-    modelled = None
+    modelled, base, times = None, [], []
     if verifier[0] != "tree":
         cost = ctx.cost_model()
-        after = sum(r.new_tokens - 1 for r in results)
-        mt = sum(modelled_time(cost, r) for r in results)
-        modelled = after * cost.step / mt if mt > 0 else None
-    out = Decoded(label, results, ok, len(idx), modelled)
+        base = [(r.new_tokens - 1) * cost.step for r in results]
+        times = [modelled_time(cost, r) for r in results]
+        modelled = sum(base) / sum(times) if sum(times) > 0 else None
+    out = Decoded(label, results, ok, len(idx), modelled, base, times)
     ctx.lossless_total[0] += ok
     ctx.lossless_total[1] += len(idx)
     ctx._decoded[key] = out
@@ -222,10 +239,8 @@ def committed(ctx: Ctx, i: int, capture_hidden: bool = True) -> tuple[DecodeStat
 
 
 def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation of ``x`` and ``y``."""
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(x, y).statistic)
+    """Spearman's rank correlation of ``x`` and ``y`` (`stats.spearman`)."""
+    return stats.spearman(x, y)
 
 
 def fmt(x: float, nd: int = 3) -> str:
@@ -244,17 +259,43 @@ def unimodal(xs: list[float], tol: float = 0.0) -> bool:
     return monotone(xs[: k + 1], True, tol) and monotone(xs[k:], False, tol)
 
 
+#: The verdicts of an empirical claim, and of an implementation check.
+YES, PARTLY, NO, NOT_TESTABLE = "yes", "partly", "no", "not testable here"
+PASS, FAIL = "pass", "fail"
+
+#: How every rule reads (printed at the top of the report).
+POLICY = (
+    "yes: every part of the claim holds by its rule, each comparison with its 95% confidence interval "
+    "excluding the contrary; partly: some parts hold, not all; no: none holds. Intervals are "
+    "percentile bootstraps over prompts (2000 resamples, paired: every configuration of a comparison "
+    "is resampled with the same prompts; comparisons against random sets resample the sets too), "
+    "over tokens for per-token quantities, and over interleaved (vanilla, method) pairs for timed "
+    "speed ratios. Thresholds come from the paper's own numbers; where the paper gives only a "
+    "direction the rule asks for the direction, established by the interval."
+)
+
+
 @dataclass
 class Claim:
-    """One testable claim of a seed paper.
+    """One testable claim of a seed paper, or one check of this implementation.
 
     Attributes:
         id: the claim's id (``--claims``), unique over `experiments.claims.CLAIMS`.
         paper: which paper (or papers) make it.
         ref: where the reference notes number it (``R1``/``R2`` and the claim number).
         says: what the paper says, in one sentence.
-        run: measures it on the run's `Ctx` and returns a `verdict`; ``None`` when not testable here.
-        untestable: why not, when ``run`` is ``None``.
+        run: measures it on the run's `Ctx` and returns `measured` (what was measured and every
+            number behind it, no verdict); ``None`` when not testable here.
+        rule: the verdict rule, written from the paper's numbers before the run; `decide`
+            implements exactly this sentence.
+        decide: the rule as code: ``numbers -> (verdict, why)``, a pure function of the numbers
+            ``run`` returned (the unit tests feed it synthetic ones). ``None``: no verdict is
+            possible here (``untestable`` says why); the claim is measured for context only.
+        kind: ``"claim"``, an empirical claim of the paper (counted in the tally), or
+            ``"check"``, a check of this implementation's algebra or exactness (reported apart as
+            "pass" / "fail", never counted).
+        untestable: why not, when ``run`` or ``decide`` is ``None``.
+        test: for a check, the unit test(s) that cover the same property.
     """
 
     id: str
@@ -262,15 +303,57 @@ class Claim:
     ref: str
     says: str
     run: Callable[[Ctx], dict[str, Any]] | None = None
-    untestable: str = ""  # reason when run is None
+    untestable: str = ""  # reason when run (or decide) is None
+    rule: str = ""
+    decide: Callable[[dict[str, Any]], tuple[str, str]] | None = None
+    kind: str = "claim"
+    test: str = ""
+
+    @property
+    def tallied(self) -> bool:
+        """Whether its verdict counts in the report's tally (an empirical claim with a rule)."""
+        return self.kind == "claim" and self.run is not None and self.decide is not None
+
+
+def measured(text: str, numbers: dict[str, Any] | None = None, note: str = "") -> dict[str, Any]:
+    """What a claim's ``run`` returns: what was measured (one line), every number behind it (what
+    `Claim.decide` reads), and a note."""
+    return {"measured": text, "numbers": numbers or {}, "note": note}
 
 
 def verdict(
-    measured: str, holds: str, numbers: dict[str, Any] | None = None, note: str = ""
+    measured: str, holds: str, numbers: dict[str, Any] | None = None, note: str = "", why: str = ""
 ) -> dict[str, Any]:
-    """A claim's record: what was measured (one line), whether the claim holds ("yes", "partly",
-    "no", "not testable here"), every number behind it, and a note."""
-    return {"measured": measured, "holds": holds, "numbers": numbers or {}, "note": note}
+    """A claim's record: what was measured (one line), the verdict ("yes", "partly", "no", "not
+    testable here"; "pass" / "fail" for a check), why (which parts of the rule held), every number
+    behind it, and a note."""
+    return {"measured": measured, "holds": holds, "why": why, "numbers": numbers or {}, "note": note}
+
+
+def ternary(parts: dict[str, bool]) -> tuple[str, str]:
+    """The common rule: yes if every part holds, partly if some do, no if none; ``why`` names them."""
+    held = [k for k, v in parts.items() if v]
+    failed = [k for k, v in parts.items() if not v]
+    v = YES if not failed else (PARTLY if held else NO)
+    why = "; ".join(
+        ([f"holds: {', '.join(held)}"] if held else []) + ([f"fails: {', '.join(failed)}"] if failed else [])
+    )
+    return v, why
+
+
+def graded(established: bool, point: bool, what: str) -> tuple[str, str]:
+    """The rule of a one-part claim: yes if the interval establishes it, partly if only the point
+    estimate agrees (the interval includes the contrary), no if the point estimate contradicts it."""
+    if established:
+        return YES, f"{what}: established (95% CI)"
+    if point:
+        return PARTLY, f"{what}: point estimate agrees, 95% CI does not exclude the contrary"
+    return NO, f"{what}: the point estimate contradicts it"
+
+
+def check(ok: bool, why: str = "") -> tuple[str, str]:
+    """The verdict of an implementation check."""
+    return (PASS if ok else FAIL), why
 
 
 #: The adaptive exit threshold of Draft & Verify, as most claims decode with it.
@@ -281,7 +364,22 @@ SD, SW, CL, DE, BOTH = "Draft & Verify (Self-SD)", "SWIFT", "CLaSp", "DEL", "Sel
 R1, R2 = "seeds-selfsd-swift.md Part E", "seeds-clasp-del.md Part D"
 
 
-def load(mode: str, threads: int | None, skip_set: str | None, log) -> Ctx:
+#: Per mode: timed repeats per prompt and random sets per comparison (``--repeats``, ``--random-sets``).
+MODE_DEFAULTS = {
+    "smoke": {"repeats": 1, "n_random": 2},
+    "quick": {"repeats": 2, "n_random": 5},
+    "full": {"repeats": 3, "n_random": 8},
+}
+
+
+def load(
+    mode: str,
+    threads: int | None,
+    skip_set: str | None,
+    log,
+    repeats: int | None = None,
+    n_random: int | None = None,
+) -> Ctx:
     """The `Ctx` of a mode (`MODES`): the default model and the built-in prompts, or in ``smoke``
     mode an 8-block tiny random Llama, random prompts and a synthetic cost model."""
     load_builtin_strategies()
@@ -313,10 +411,32 @@ def load(mode: str, threads: int | None, skip_set: str | None, log) -> Ctx:
             log=log,
             load_prompts=calibration_texts,
         )
-    return Ctx(mode, model, tok, adapter, prompts, ids, p["max_new"], eos, skip_set, log, prepare_ctx=pctx)
+    d = MODE_DEFAULTS[mode]
+    return Ctx(
+        mode,
+        model,
+        tok,
+        adapter,
+        prompts,
+        ids,
+        p["max_new"],
+        eos,
+        skip_set,
+        log,
+        prepare_ctx=pctx,
+        repeats=repeats or d["repeats"],
+        n_random=n_random or d["n_random"],
+    )
 
 
-def command(mode: str, cid: str, threads: int | None, skip_set: str | None) -> str:
+def command(
+    mode: str,
+    cid: str,
+    threads: int | None,
+    skip_set: str | None,
+    repeats: int | None = None,
+    random_sets: int | None = None,
+) -> str:
     """The command line that re-runs claim ``cid`` alone (printed in the report)."""
     parts = [SCRIPT, f"--claims {cid}"]
     if mode in ("full", "smoke"):
@@ -325,6 +445,10 @@ def command(mode: str, cid: str, threads: int | None, skip_set: str | None) -> s
         parts.append(f"--threads {threads}")
     if skip_set:
         parts.append(f"--skip-set {skip_set}")
+    if repeats:
+        parts.append(f"--repeats {repeats}")
+    if random_sets:
+        parts.append(f"--random-sets {random_sets}")
     return " ".join(parts)
 
 
@@ -334,17 +458,62 @@ def row_md(c: Claim, rec: dict[str, Any]) -> str:
 
 
 def section_md(c: Claim, rec: dict[str, Any]) -> str:
-    """The claim's paragraph of the report (paper, measured, holds, command)."""
-    lines = [
-        f"**`{c.id}`** ({c.paper}; {c.ref}). *Paper:* {c.says}.",
-        "",
-        f"*Measured:* {rec['measured']}.",
-        "",
-        f"*Holds:* {rec['holds']}." + (f" {rec['note']}." if rec.get("note") else ""),
-    ]
+    """The claim's paragraph of the report (paper, rule, measured, verdict and why, command)."""
+    label = "Check" if c.kind == "check" else "Paper"
+    lines = [f"**`{c.id}`** ({c.paper}; {c.ref}). *{label}:* {c.says}.", ""]
+    if c.rule:
+        lines += [f"*Rule:* {c.rule}", ""]
+    lines += [f"*Measured:* {rec['measured']}.", ""]
+    verdict_line = f"*Verdict:* **{rec['holds']}**" + (f" ({rec['why']})" if rec.get("why") else "") + "."
+    if rec.get("note"):
+        note = rec["note"]
+        verdict_line += f" {note[:1].upper()}{note[1:]}."
+    lines.append(verdict_line)
+    if c.test:
+        lines += ["", f"*Unit test:* {c.test}."]
     if rec.get("command"):
         lines += ["", f"`{rec['command']}`"]
     return "\n".join(lines)
+
+
+def tally(claims: dict[str, Claim], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict counts of a run: empirical claims by verdict (tallied ones only), claims that
+    could not be tested, and implementation checks passed / run."""
+    counted = [r for r in records if claims[r["id"]].tallied and r["holds"] in (YES, PARTLY, NO)]
+    untested = [r for r in records if claims[r["id"]].kind == "claim" and r not in counted]
+    checks = [r for r in records if claims[r["id"]].kind == "check"]
+    by = {v: [r["id"] for r in counted if r["holds"] == v] for v in (YES, PARTLY, NO)}
+    return {
+        "claims": len(counted),
+        **by,
+        "untested": [r["id"] for r in untested],
+        "checks": len(checks),
+        "checks_passed": [r["id"] for r in checks if r["holds"] == PASS],
+        "checks_failed": [r["id"] for r in checks if r["holds"] != PASS],
+    }
+
+
+def headline(t: dict[str, Any], model: str, setting: str) -> str:
+    """The report's headline sentence, generated from `tally` (never written by hand)."""
+
+    def n(k: int, one: str, many: str) -> str:
+        return f"{k} {one if k == 1 else many}"
+
+    parts = [
+        f"Of {n(t['claims'], 'empirical claim', 'empirical claims')} tested on {model} ({setting}), "
+        f"{len(t[YES])} {'holds' if len(t[YES]) == 1 else 'hold'}, {len(t[PARTLY])} "
+        f"{'holds' if len(t[PARTLY]) == 1 else 'hold'} partly and {len(t[NO])} "
+        f"{'does' if len(t[NO]) == 1 else 'do'} not."
+    ]
+    if t["untested"]:
+        parts.append(f"{n(len(t['untested']), 'more claim', 'more claims')} could not be tested in this run.")
+    if t["checks"]:
+        failed = t["checks_failed"]
+        parts.append(
+            f"{len(t['checks_passed'])} of {n(t['checks'], 'implementation check', 'implementation checks')} "
+            f"(not claims, not counted) passed" + (f"; failed: {', '.join(failed)}." if failed else ".")
+        )
+    return " ".join(parts)
 
 
 def jsonable(x: Any) -> Any:

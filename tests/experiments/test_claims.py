@@ -6,6 +6,7 @@ The whole run on a tiny random model (`--smoke`) is `tests/test_docs.py::test_re
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -38,14 +39,36 @@ def test_claim_ids_are_unique_and_every_module_contributes():
     assert all(c.paper == common.BOTH for c in shared.CLAIMS)
     together = [c for mod in (selfsd, shared, swift, clasp, del_) for c in mod.CLAIMS]
     assert claims.CLAIMS == together
-    assert len(ids) == 38
+    assert len(ids) == 39
 
 
 def test_every_claim_runs_or_says_why_not():
     for c in claims.CLAIMS:
         assert c.says and c.ref and c.paper
-        assert (c.run is not None) != bool(c.untestable), c.id
+        assert c.run is not None or c.untestable, c.id
         assert c.ref.startswith((common.R1, common.R2)), c.id
+        assert c.kind in ("claim", "check"), c.id
+        # a verdict needs a rule written next to the claim, and the code that implements it
+        assert (c.decide is not None) == bool(c.rule), c.id
+        if c.run is not None and c.decide is None:
+            assert c.untestable, c.id  # measured for context only: says why no verdict
+        if c.kind == "check":
+            assert c.decide is not None and c.test, c.id
+
+
+def test_algebra_checks_are_not_claims():
+    """The checks of this implementation's algebra and exactness are reported apart, never tallied."""
+    checks = {c.id for c in claims.CLAIMS if c.kind == "check"}
+    assert checks == {
+        "de_tpl",
+        "de_off_by_one",
+        "de_vanilla_etpl",
+        "de_free",
+        "lossless",
+        "cl_parallel_exact",
+    }
+    assert not any(c.tallied for c in claims.CLAIMS if c.id in checks)
+    assert not next(c for c in claims.CLAIMS if c.id == "de_vs_static").tallied
 
 
 def test_default_order_names_known_claims():
@@ -69,7 +92,18 @@ def test_help_runs_from_the_repo_root():
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for flag in ("--quick", "--full", "--smoke", "--claims", "--threads", "--out", "--skip-set", "--list"):
+    for flag in (
+        "--quick",
+        "--full",
+        "--smoke",
+        "--claims",
+        "--threads",
+        "--out",
+        "--skip-set",
+        "--list",
+        "--repeats",
+        "--random-sets",
+    ):
         assert flag in proc.stdout
 
 
@@ -86,6 +120,9 @@ def test_command_reruns_one_claim():
     assert common.command("quick", "de_tpl", None, None) == "python experiments/reproduce.py --claims de_tpl"
     assert common.command("full", "cl_loi", 2, "s.json") == (
         "python experiments/reproduce.py --claims cl_loi --full --threads 2 --skip-set s.json"
+    )
+    assert common.command("quick", "sw_tree", 1, None, 3, 4) == (
+        "python experiments/reproduce.py --claims sw_tree --threads 1 --repeats 3 --random-sets 4"
     )
 
 
@@ -113,18 +150,59 @@ def test_monotone_and_unimodal():
 
 
 def test_verdict_fmt_and_markdown():
-    v = common.verdict("alpha 0.5", "partly", {"a": 1}, "a note")
-    assert v == {"measured": "alpha 0.5", "holds": "partly", "numbers": {"a": 1}, "note": "a note"}
-    assert common.verdict("m", "yes") == {"measured": "m", "holds": "yes", "numbers": {}, "note": ""}
+    v = common.verdict("alpha 0.5", "partly", {"a": 1}, "a note", why="holds: x")
+    assert v == {
+        "measured": "alpha 0.5",
+        "holds": "partly",
+        "why": "holds: x",
+        "numbers": {"a": 1},
+        "note": "a note",
+    }
+    assert common.measured("m") == {"measured": "m", "numbers": {}, "note": ""}
     assert common.fmt(0.12345) == "0.123" and common.fmt(2.0, 2) == "2.00"
-    c = next(c for c in claims.CLAIMS if c.id == "de_tpl")
-    rec = v | {"command": "python experiments/reproduce.py --claims de_tpl"}
-    assert common.row_md(c, rec) == f"| `de_tpl` | {c.says} | alpha 0.5 | partly |"
+    c = next(c for c in claims.CLAIMS if c.id == "sd_fixed_k")
+    rec = v | {"command": "python experiments/reproduce.py --claims sd_fixed_k"}
+    assert common.row_md(c, rec) == f"| `sd_fixed_k` | {c.says} | alpha 0.5 | partly |"
     md = common.section_md(c, rec)
-    assert md.startswith(f"**`de_tpl`** ({common.DE}; {c.ref}). *Paper:* {c.says}.")
-    assert "*Holds:* partly. a note." in md and md.endswith(
-        "`python experiments/reproduce.py --claims de_tpl`"
-    )
+    assert md.startswith(f"**`sd_fixed_k`** ({common.SD}; {c.ref}). *Paper:* {c.says}.")
+    assert f"*Rule:* {c.rule}" in md
+    assert "*Verdict:* **partly** (holds: x). A note." in md
+    assert md.endswith("`python experiments/reproduce.py --claims sd_fixed_k`")
+    chk = next(c for c in claims.CLAIMS if c.id == "de_tpl")
+    md = common.section_md(chk, common.verdict("m", "pass"))
+    assert "*Check:*" in md and f"*Unit test:* {chk.test}." in md
+
+
+def test_ternary_and_graded():
+    assert common.ternary({"a": True, "b": True}) == ("yes", "holds: a, b")
+    assert common.ternary({"a": True, "b": False}) == ("partly", "holds: a; fails: b")
+    assert common.ternary({"a": False, "b": False}) == ("no", "fails: a, b")
+    assert common.graded(True, True, "x")[0] == "yes"
+    assert common.graded(False, True, "x")[0] == "partly"
+    assert common.graded(False, False, "x")[0] == "no"
+
+
+def test_tally_and_headline_come_from_the_verdicts():
+    by_id = {c.id: c for c in claims.CLAIMS}
+    recs = [
+        {"id": "sd_fixed_k", "holds": "yes"},
+        {"id": "sd_threshold", "holds": "partly"},
+        {"id": "sd_searched", "holds": "no"},
+        {"id": "sd_pattern", "holds": "no"},
+        {"id": "sd_bo_budget", "holds": "not testable here"},
+        {"id": "de_vs_static", "holds": "not testable here"},
+        {"id": "de_tpl", "holds": "pass"},
+        {"id": "lossless", "holds": "fail"},
+    ]
+    t = common.tally(by_id, recs)
+    assert t["claims"] == 4 and t["yes"] == ["sd_fixed_k"] and t["partly"] == ["sd_threshold"]
+    assert t["no"] == ["sd_searched", "sd_pattern"]
+    assert t["untested"] == ["sd_bo_budget", "de_vs_static"]
+    assert t["checks"] == 2 and t["checks_passed"] == ["de_tpl"] and t["checks_failed"] == ["lossless"]
+    h = common.headline(t, "M", "quick")
+    assert h.startswith("Of 4 empirical claims tested on M (quick), 1 holds, 1 holds partly and 2 do not.")
+    assert "2 more claims could not be tested" in h
+    assert "1 of 2 implementation checks (not claims, not counted) passed; failed: lossless." in h
 
 
 def test_jsonable():
@@ -165,10 +243,48 @@ def test_clasp_m_is_a_fifth_of_the_blocks():
     assert clasp.clasp_m(SimpleNamespace(L=2)) == 1
 
 
-def test_model_free_del_claims_hold():
-    """The DEL claims that check the strategy's own algebra need no model at all."""
+def test_model_free_del_checks_pass():
+    """The DEL checks of the strategy's own algebra need no model at all."""
     tpl = del_.c_de_tpl(None)
-    assert tpl["holds"] == "yes", tpl["numbers"]["errors"]
+    assert del_.d_de_tpl(tpl["numbers"])[0] == "pass", tpl["numbers"]["errors"]
     off = del_.c_de_off_by_one(SimpleNamespace(full=False))
-    assert off["holds"] == "yes", off["measured"]
+    assert del_.d_de_off_by_one(off["numbers"])[0] == "pass", off["measured"]
     assert off["numbers"]["window_in_range"] and math.isfinite(off["numbers"]["literal_max"])
+
+
+def test_redecide_applies_the_current_rules_to_saved_numbers(tmp_path, capsys):
+    """--redecide re-derives every verdict from a saved run's numbers (the rules are pure functions
+    of them) and writes the report again; a stale verdict in the file is replaced."""
+    env = {"mode": "quick", "model": "M", "prompts": 7, "max_new_tokens": 40, "threads": 1}
+    recs = [
+        {
+            "id": "sd_pattern",
+            "holds": "yes",  # stale: the rule gives no
+            "measured": "m",
+            "note": "",
+            "numbers": {"sets": {"s": {"attn": 13, "mlp": 12, "second_half": 0.52}}},
+            "seconds": 1.0,
+            "command": "c",
+            "env": env,
+        },
+        {"id": "de_tpl", "holds": "pass", "measured": "m", "note": "", "numbers": {"errors": []}, "env": env},
+        {
+            "id": "sw_transfer",
+            "holds": "not testable here",
+            "measured": "not run",
+            "note": "n",
+            "numbers": {},
+        },
+    ]
+    f = tmp_path / "claims.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert claims.main(["--redecide", str(f)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith(
+        "**Of 1 empirical claim tested on M (quick mode: 7 prompts, 40 new tokens, CPU, 1 thread(s)), 0 hold, "
+        "0 hold partly and 1 does not."
+    )
+    assert "| `sd_pattern` |" in report and "| no |" in report and "*Verdict:* **no**" in report
+    assert "## Implementation checks (not claims, not counted)" in report and "| `de_tpl` |" in report
+    assert "## Not testable here" in report and "| `sw_transfer` |" in report
+    assert capsys.readouterr().out.rstrip().endswith("ok")
