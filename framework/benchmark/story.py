@@ -164,8 +164,16 @@ def what_happened(summary: Mapping[str, Any], costs: Mapping[str, Any] | None = 
         else:
             where += (
                 f" Layer skipping at this skip ratio needs about {_pct(need)} acceptance to be 5% faster "
-                f"than vanilla; {label} measured {_pct(e['alpha'])}."
+                f"than vanilla at its best draft length; {label} measured {_pct(e['alpha'])}."
             )
+            speed = e["speedup"].get("overall")
+            rounds = (e.get("cost_model") or {}).get("rounds")
+            if e["alpha"] >= need and speed is not None and speed < 1.0 and rounds is not None:
+                where += (
+                    f" That is enough in the cost model's ideal, but for the rounds {label} actually ran "
+                    f"(the draft lengths its controller chose) the cost model predicts {_x(rounds)}, and it "
+                    f"measured {_x(speed)}: the rest is the engine's own time per round."
+                )
         lines.append(where)
     return "\n".join(lines)
 

@@ -93,3 +93,12 @@ def test_the_verdict_names_the_fastest_and_what_layer_skipping_needs():
     assert len(text.splitlines()) == 4  # the two methods (not the baseline), the fastest, the time
     slower = what_happened({"methods": {"vanilla": entry(1.0), "a": entry(0.9)}})
     assert "No method was faster than vanilla here (best: a, 0.90x)" in slower
+
+
+def test_enough_acceptance_but_slower_is_explained_by_the_rounds_it_ran():
+    need = alpha_needed(COST, 0.2)
+    e = entry(0.9, alpha=min(1.0, need + 0.05), m=2.2, drafted=400, skip=0.2, cost=COST)
+    e["cost_model"]["rounds"] = 1.03
+    text = what_happened({"methods": {"vanilla": entry(1.0), "raw": e}}, {"raw": COST, "vanilla": COST})
+    assert "That is enough in the cost model's ideal" in text
+    assert "the cost model predicts 1.03x, and it measured 0.90x" in text
