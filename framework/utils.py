@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -96,8 +97,6 @@ def device_sync(device: object) -> None:
 def synced_clock(device: object):
     """``time.perf_counter`` for ``device``: itself on CPU (no overhead), and on CUDA a clock that
     calls `device_sync` first, so that a phase timer measures the work, not its launch."""
-    import time
-
     import torch
 
     dev = torch.device(device) if isinstance(device, str) else device

@@ -140,3 +140,50 @@ def test_tree_accepts_at_least_as_much_as_the_chain(deep_adapters):
             runs[type(ver).__name__] = dec.generate(prompt, StopCondition(30))
             assert runs[type(ver).__name__].tokens == want
         assert runs["TreeVerifier"].mean_accepted_length >= runs["GreedyVerifier"].mean_accepted_length
+
+
+def test_a_deep_tree_path_commits_its_kv_and_hands_its_hidden_states_to_the_selectors(llama_adapter):
+    """The chain is right at depth 1 and wrong at depth 2, where the target's token is the third
+    candidate hung off the chain node: the path root -> chain node -> depth-2 alternative is
+    accepted (m = 2). The committed KV equals a fresh prefill of the committed tokens, and
+    `Verification.path_hidden` (what CLaSp's DP and DEL's statistics read) holds, column by
+    column, the full model's states of exactly those committed positions: not the chain's
+    rejected node, not a neighbour in the tree's node order."""
+    prompt = random_prompt(6, 128, 7)
+    want = VanillaDecoder(llama_adapter).generate(prompt, StopCondition(6)).tokens
+    state = DecodeState(llama_adapter, prompt, 64, capture_hidden=True)
+    state.append(state.prefill().argmax(-1)[:, None])
+    start = state.cache.committed  # position of the pending token
+    wrong2, other2 = (want[2] + 1) % 128, (want[2] + 2) % 128
+    wrong3 = (want[3] + 1) % 128
+    draft = Draft(
+        torch.tensor([[want[1], wrong2, wrong3]]),
+        LayerPlan.full(L),
+        top_tokens=torch.tensor([[[want[1], 9, 10], [wrong2, other2, want[2]], [wrong3, 11, 12]]]),
+        top_probs=torch.tensor([[[0.3, 0.2, 0.1], [0.3, 0.2, 0.1], [0.3, 0.2, 0.1]]]),
+    )
+    ver = TreeVerifier(TreeVerifierConfig(band_edges=(0.5, 0.8, 0.95), band_widths=(3, 3, 3, 1)))
+    res = ver.verify(state, draft)
+    assert res.accepted == 2
+    assert res.new_tokens[0].tolist() == want[1:4]
+    keep = res.kv_keep.tolist()
+    assert keep[:2] == [0, 1] and keep[2] > 3  # the chain node at depth 1, then a depth-2 alternative
+    hs = res.path_hidden  # (L+1, 1, m+1, d)
+    state.commit(res)
+    assert state.new_tokens[0].tolist() == want[:4]
+    c = state.cache.committed
+    k, v = _fresh_kv(llama_adapter, state.tokens, c)
+    torch.testing.assert_close(state.cache.keys[:, :, :, :c], k, rtol=0, atol=1e-10)
+    torch.testing.assert_close(state.cache.values[:, :, :, :c], v, rtol=0, atol=1e-10)
+    # The full model's hidden states of the committed positions, from a fresh forward.
+    fresh = KVCache(
+        llama_adapter.num_layers,
+        1,
+        llama_adapter.num_kv_heads,
+        llama_adapter.head_dim,
+        c + 4,
+        llama_adapter.dtype,
+    )
+    out = llama_adapter.forward(state.tokens[:, :c], torch.arange(c)[None], fresh, capture_hidden=True)
+    assert hs.shape[2] == 3
+    torch.testing.assert_close(hs[:, 0], out.hidden_states[:, 0, start : start + 3], rtol=0, atol=1e-9)
