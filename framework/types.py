@@ -213,6 +213,10 @@ class Verification:
         hidden_states: FloatTensor (L+1, B, T, d) of pre-norm residuals from the verify pass, only
             when the selector set ``needs_hidden_states`` (the verifier passes them on; otherwise
             ``DecodeState.commit`` fills them in); index 0 is the embedding.
+        host_tokens: batch row 0 of ``new_tokens`` as Python ints, or ``None``. A verifier that
+            read them from the device anyway sets it; otherwise `committed_host` reads them once.
+            Every observer's `accepted` and the decode loop's stop check use it, so a round costs
+            no further device-to-host synchronisation.
     """
 
     num_accepted: torch.Tensor
@@ -220,13 +224,21 @@ class Verification:
     kv_keep: torch.Tensor | None = None
     target_tokens: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
+    host_tokens: tuple[int, ...] | None = None
 
     @property
     def accepted(self) -> int:
-        """m for batch size 1."""
+        """m for batch size 1 (``len(committed_host()) - 1``: no device read after the first)."""
         if self.num_accepted.numel() != 1:
             raise ValueError("Verification.accepted is defined for batch size 1; use num_accepted")
-        return int(self.num_accepted.item())
+        return len(self.committed_host()) - 1
+
+    def committed_host(self) -> tuple[int, ...]:
+        """Batch row 0 of ``new_tokens`` as Python ints: `host_tokens`, read from the device on
+        first use when the verifier did not set it."""
+        if self.host_tokens is None:
+            self.host_tokens = tuple(int(x) for x in self.new_tokens[0].tolist())
+        return self.host_tokens
 
     @property
     def kept_offsets(self) -> torch.Tensor:

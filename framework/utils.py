@@ -94,6 +94,28 @@ def device_sync(device: object) -> None:
         torch.cuda.synchronize(dev)
 
 
+def no_clock() -> float:
+    """The clock of an untimed section (a phase timer turned off): no reading, no device wait."""
+    return 0.0
+
+
+def upload(data: object, device: object, dtype: object = None):
+    """``torch.tensor(data, dtype=dtype)`` on ``device`` without waiting for the device.
+
+    ``torch.tensor(..., device="cuda")`` copies with ``non_blocking=False``, which makes the host
+    wait until every kernel queued before the copy has run: a host-device synchronisation. Host
+    data built from values already on the host (a tree's node tokens and positions, an accepted
+    path) need no such wait: the copy is queued behind the kernels instead. On CPU this is
+    ``torch.tensor``."""
+    import torch
+
+    t = torch.tensor(data, dtype=dtype)
+    dev = torch.device(device) if isinstance(device, str) else device
+    if getattr(dev, "type", "cpu") == "cpu":
+        return t
+    return t.to(dev, non_blocking=True)
+
+
 def synced_clock(device: object):
     """``time.perf_counter`` for ``device``: itself on CPU (no overhead), and on CUDA a clock that
     calls `device_sync` first, so that a phase timer measures the work, not its launch."""

@@ -55,6 +55,7 @@ from .common import (
     headline,
     jsonable,
     load,
+    model_label,
     row_md,
     section_md,
     tally,
@@ -107,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--full", action="store_true", help="3 prompts per category, 128 new tokens, wider sweeps")
     g.add_argument("--smoke", action="store_true", help="every claim's code path on a tiny random model (CI)")
     ap.add_argument("--claims", default="", help="comma-separated claim ids (default: all runnable ones)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="the model (a name of --list-models in run.py, a local .gguf file or HF directory; "
+        "default: the embedded SmolLM2-135M-Instruct); not with --smoke",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--out", default=None, help="directory for claims.jsonl and report.md")
     ap.add_argument(
@@ -134,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     mode = "full" if args.full else ("smoke" if args.smoke else "quick")
+    if args.smoke and args.model:
+        ap.error("--model cannot be combined with --smoke (which builds a tiny random model)")
     by_id = {c.id: c for c in CLAIMS}
     if args.list:
         for c in CLAIMS:
@@ -165,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         log,
         args.repeats,
         args.random_sets,
+        model=args.model,
     )
     env = {
         "mode": mode,
-        "model": "tiny random llama (8 blocks)" if mode == "smoke" else "SmolLM2-135M-Instruct",
+        "model": model_label(mode, args.model),
         "layers": ctx.L,
         "prompts": len(ctx.ids),
         "max_new_tokens": ctx.max_new,
@@ -204,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                 "ref": c.ref,
                 "says": c.says,
                 "seconds": round(time.perf_counter() - t0, 1),
-                "command": command(mode, cid, args.threads, args.skip_set, args.repeats, args.random_sets)
+                "command": command(
+                    mode, cid, args.threads, args.skip_set, args.repeats, args.random_sets, args.model
+                )
                 if c.run
                 else "",
                 "env": env,

@@ -5,6 +5,7 @@ the `Claim` record and its verdict, loading a mode, and the markdown / JSON outp
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -379,9 +380,11 @@ def load(
     log,
     repeats: int | None = None,
     n_random: int | None = None,
+    model: str | None = None,
 ) -> Ctx:
-    """The `Ctx` of a mode (`MODES`): the default model and the built-in prompts, or in ``smoke``
-    mode an 8-block tiny random Llama, random prompts and a synthetic cost model."""
+    """The `Ctx` of a mode (`MODES`): ``model`` (default: the embedded default model) and the
+    built-in prompts, or in ``smoke`` mode an 8-block tiny random Llama, random prompts and a
+    synthetic cost model."""
     load_builtin_strategies()
     if threads:
         torch.set_num_threads(threads)
@@ -400,7 +403,7 @@ def load(
     else:
         from framework.experiment.models import load_model
 
-        model, tok = load_model(None, "float32", "cpu")
+        model, tok = load_model(model, "float32", "cpu")
         adapter = adapter_for(model)
         ids = [torch.tensor([encode_chat(tok, [{"role": "user", "content": q.turns[0]}])]) for q in prompts]
         eos = stop_token_ids(tok, getattr(model, "generation_config", None))
@@ -429,6 +432,16 @@ def load(
     )
 
 
+def model_label(mode: str, model: str | None) -> str:
+    """The model's name in the report (the headline and ``env``)."""
+    if mode == "smoke":
+        return "tiny random llama (8 blocks)"
+    from framework.experiment.models import DEFAULT_MODEL, MODELS
+
+    name = model or DEFAULT_MODEL
+    return re.split(r"[,(]", MODELS[name].description)[0].strip() if name in MODELS else name
+
+
 def command(
     mode: str,
     cid: str,
@@ -436,9 +449,12 @@ def command(
     skip_set: str | None,
     repeats: int | None = None,
     random_sets: int | None = None,
+    model: str | None = None,
 ) -> str:
     """The command line that re-runs claim ``cid`` alone (printed in the report)."""
     parts = [SCRIPT, f"--claims {cid}"]
+    if model:
+        parts.append(f"--model {model}")
     if mode in ("full", "smoke"):
         parts.append(f"--{mode}")
     if threads:

@@ -79,7 +79,8 @@ def c_de_vanilla_etpl(ctx: Ctx) -> dict[str, Any]:
     loads = ctx.adapter.layer_loads - loads0
     etpl = toks / loads
     # LS(E, gamma) replay on shadow tokens vs an actual early-exit decode with the same (E, gamma)
-    E, g = (max(1, L - 2), 2) if ctx.smoke else (24, 6)
+    # E at 80% of the depth (24 of SmolLM2's 30 blocks, 19 of Qwen2.5-0.5B's 24), as LayerSkip's grids
+    E, g = (max(1, L - 2), 2) if ctx.smoke else (max(1, min(L - 1, round(0.8 * L))), 6)
     sh = shadow(ctx)
     sim_tok = sim_rounds = 0
     idx = list(range(min(2, len(sh))))

@@ -19,7 +19,7 @@ from framework.config import build_config
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.experiment.timing import decode_interleaved, first_mismatch, warm_up
-from strategies.selectors.selfsd_bo import load_skip_set, model_fingerprint, search
+from strategies.selectors.selfsd_bo import cached_search, load_skip_set, model_fingerprint, search
 from strategies.selectors.static import uniform_plan
 
 from . import stats
@@ -41,10 +41,16 @@ def selfsd_set(ctx: Ctx) -> tuple[LayerPlan, dict[str, Any]]:
         n_it = 3 if ctx.smoke else (10 if ctx.mode == "quick" else 40)
         cfg = build_config(
             entry.config,
-            {"iterations": n_it, "calib_limit": 2, "calib_max_new_tokens": 8 if ctx.smoke else 24},
+            {
+                "iterations": n_it,
+                "calib_limit": 2,
+                "calib_max_new_tokens": 8 if ctx.smoke else 24,
+                "cache": not ctx.smoke,  # a re-run of some claims reuses the set (`cache_path`)
+            },
         )
-        res = search(ctx.prepare_ctx, cfg)
-        source = f"a {n_it}-candidate selfsd_bo search run by this script"
+        res = cached_search(ctx.prepare_ctx, cfg) or search(ctx.prepare_ctx, cfg)
+        cached = " (cached from an earlier run)" if res.data.get("from_cache") else ""
+        source = f"a {n_it}-candidate selfsd_bo search run by this script{cached}"
     trace = res.data.get("trace") or []
     key = (
         "tokens_per_s_model"

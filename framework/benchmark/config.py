@@ -41,6 +41,7 @@ SHARED_RUN_FIELDS = (
     "warmup",
     "threads",
     "kernels",
+    "phase_timing",
     "plots",
 )
 

@@ -30,7 +30,7 @@ from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import FusedBlocks
 from framework.types import LayerPlan, ModelInfo
-from framework.utils import synced_clock
+from framework.utils import no_clock, synced_clock
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -123,7 +123,11 @@ class ModelAdapter(ABC):
     Subclasses implement the architecture-specific pieces; `forward` is shared.
 
     Attributes:
-        lm_head_seconds: wall time spent in final norm + LM head (for time breakdowns).
+        lm_head_seconds: wall time spent in final norm + LM head (for time breakdowns), counted
+            while `times_lm_head`.
+        time_lm_head: ``True`` / ``False`` turn that timer on or off; ``None`` (the default): on
+            for a synchronous device (CPU) only, because on CUDA the timer waits for the device
+            twice in every forward that computes logits.
         fast_kernels: whether the model runs through `framework.kernels.cpu` (`set_fast_kernels`).
     """
 
@@ -133,6 +137,7 @@ class ModelAdapter(ABC):
         self.model = model
         self.config = model.config
         self.lm_head_seconds = 0.0
+        self.time_lm_head: bool | None = None
         self.forward_calls = 0
         self.block_evals = 0  # blocks entered x tokens, for the layer-cost accounting
         #: blocks entered per call, whatever the number of tokens (DEL's "layers loaded" cost
@@ -230,6 +235,11 @@ class ModelAdapter(ABC):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def times_lm_head(self) -> bool:
+        """Whether forwards add their final norm + LM head time to ``lm_head_seconds``."""
+        return self.time_lm_head if self.time_lm_head is not None else self.device.type == "cpu"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -412,7 +422,8 @@ class ModelAdapter(ABC):
         self.layer_loads += stop - start
         logits = None
         if logits_at is not None:
-            clock = synced_clock(self.device)
+            timed = self.times_lm_head
+            clock = synced_clock(self.device) if timed else no_clock
             t0 = clock()
             sel = h
             if isinstance(logits_at, str):
@@ -424,7 +435,8 @@ class ModelAdapter(ABC):
                 sel = h.index_select(1, logits_at.to(h.device))
             normed = self.final_norm(sel)
             logits = self.lm_head(normed) if head is None else head.logits(normed)
-            self.lm_head_seconds += clock() - t0
+            if timed:
+                self.lm_head_seconds += clock() - t0
         hidden_states = torch.stack(captured) if captured is not None else None
         return ForwardOutput(logits, hidden_states, h, head if logits is not None else None)
 

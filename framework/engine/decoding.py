@@ -18,7 +18,7 @@ from framework.engine.context import PrepareContext
 from framework.engine.state import DecodeState, RoundRecord
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.types import Draft, LayerPlan
-from framework.utils import synced_clock
+from framework.utils import no_clock, synced_clock
 
 
 class StopCondition:
@@ -153,9 +153,10 @@ def _prefill(
     clock = synced_clock(state.adapter.device)  # waits for CUDA's queued work; perf_counter on CPU
     t0 = clock()
     logits = state.prefill()
-    state.append(choose(logits)[:, None])
+    first = choose(logits)[:, None]
+    new = [int(first[0, 0])]  # the generation's first device read
+    state.append(first, host=new)
     state.stats.timings["prefill"] = clock() - t0
-    new = [int(state.pending.item())]
     return t0, new, stop.find_cut(new, 0)
 
 
@@ -167,17 +168,23 @@ def _finish(
     cut: tuple[int, str],
     *,
     decode_phase: str | None = None,
+    phases: bool = True,
     **fields: Any,
 ) -> GenerationResult:
     """Stop the clock and package a GenerationResult (tokens cut at the stop position).
 
     ``decode_phase`` names the phase that gets all time after prefill (vanilla: ``"verify"``).
+    Without ``phases`` (phase timing off) the timings are ``prefill`` and ``decode`` (the rest of
+    the wall time) only; ``lm_head`` is there when the adapter timed its heads.
     """
     wall = synced_clock(state.adapter.device)() - t0
     timings = dict(state.stats.timings)
+    if not phases:
+        timings = {"prefill": timings["prefill"], "decode": wall - timings["prefill"]}
     if decode_phase is not None:
         timings[decode_phase] = wall - timings["prefill"]
-    timings["lm_head"] = state.adapter.lm_head_seconds - lm0
+    if state.adapter.times_lm_head:
+        timings["lm_head"] = state.adapter.lm_head_seconds - lm0
     keep, reason = cut
     return GenerationResult(
         tokens=new[:keep],
@@ -250,6 +257,12 @@ class SpeculativeDecoder:
         verifier: the Verifier instance.
         max_draft: hard cap on one round's draft length (sizes the cache); the length controller's
             own cap is usually lower.
+        phase_timing: time every phase of a round (select, length, draft, verify, commit) into
+            ``GenerationResult.timings``. On CUDA each phase boundary waits for the device (a
+            synchronisation, about ten a round), so ``None`` (the default) means on for a CPU and
+            off for CUDA; off, the timings are ``prefill`` and ``decode`` only. A length controller
+            that reads the phase timings itself (``needs_phase_timings``, a draft gate without a
+            cost model) turns it on.
     """
 
     name = "speculative"
@@ -263,10 +276,12 @@ class SpeculativeDecoder:
         verifier: Verifier,
         *,
         max_draft: int = 64,
+        phase_timing: bool | None = None,
     ) -> None:
         self.adapter = adapter
         self.selector, self.length, self.drafter, self.verifier = selector, length, drafter, verifier
         self.max_draft = max_draft
+        self.phase_timing = phase_timing
         info = adapter.info()
         for s in (selector, length, drafter, verifier):
             s.setup(info)
@@ -283,6 +298,12 @@ class SpeculativeDecoder:
         ctx = dataclasses.replace(ctx, draft_head=self.drafter.draft_head())
         for s in (self.selector, self.length, self.verifier):
             s.prepare(ctx)
+
+    def times_phases(self) -> bool:
+        """Whether `generate` times each phase (see ``phase_timing``)."""
+        if any(getattr(s, "needs_phase_timings", False) for s in (self.length, self.drafter)):
+            return True
+        return self.phase_timing if self.phase_timing is not None else self.adapter.device.type == "cpu"
 
     def strategies(self) -> dict[str, Any]:
         return {
@@ -309,7 +330,8 @@ class SpeculativeDecoder:
         )
         timings = state.stats.timings
         lm0 = adapter.lm_head_seconds
-        clock = synced_clock(adapter.device)
+        phases = self.times_phases()
+        clock = synced_clock(adapter.device) if phases else no_clock
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
         drafted = accepted = 0
         accept_lengths: list[int] = []
@@ -367,7 +389,7 @@ class SpeculativeDecoder:
                 exit_layers.append(draft.plan.exit_layer)
             state.stats.rounds.append(RoundRecord(draft.length, m, committed.shape[1], draft.plan.skip_ratio))
             start = len(new)
-            new.extend(int(x) for x in committed[0].tolist())
+            new.extend(result.committed_host())  # the tokens `committed` holds, read once per round
             cut = stop.find_cut(new, start)
         return _finish(
             state,
@@ -375,6 +397,7 @@ class SpeculativeDecoder:
             lm0,
             new,
             cut,
+            phases=phases,
             accept_lengths=accept_lengths,
             draft_lengths=draft_lengths,
             drafted=drafted,

@@ -19,6 +19,7 @@ import torch
 
 from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan
+from framework.utils import upload
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -69,6 +70,7 @@ class DraftBuilder:
         self.sampler = state.draft_sampler
         self.want_extras = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
         self.want_probs = state.need_draft_probs
+        self.want_conf = state.need_confidence  # reading it is a device sync: only when asked
         self.top_k = state.draft_top_k
         self.batch = state.pending.shape[0]
         self.device = state.device
@@ -94,7 +96,7 @@ class DraftBuilder:
         Returns:
             ``(token (B,), confidence)``: the confidence is the top-1 draft probability of batch
             row 0, a `DraftConfidence` that also gives the drafted token's unwarped probability
-            (``None`` when no strategy asked for probabilities).
+            (``None`` unless the length controller asked for confidences: ``need_confidence``).
         """
         if self.sampler is not None:  # sampling: the same warping as the verifier's target
             full = logits if head is None else head.expand(logits)  # q is 0 outside the head
@@ -119,6 +121,8 @@ class DraftBuilder:
             self.top_probs.append(vals)
         self.confs.append(top_p)
         self.tokens.append(tok)
+        if not self.want_conf:
+            return tok, None
         if self.sampler is not None:
             return tok, DraftConfidence(float(top_p[0]), full[0], tok[0])
         return tok, DraftConfidence(float(top_p[0]))  # greedy: the drafted token is the argmax
@@ -243,22 +247,16 @@ def ngram_index(state, min_n: int, max_n: int) -> NgramIndex:
     """
     key = f"ngram_index:{min_n}-{max_n}"
     index = state.extras.get(key)
-    size = state.num_tokens
+    tokens = state.host_tokens()  # no device read for tokens that commits brought to the host
     have = len(index) if index is not None else 0
-    if index is not None and have > size:
+    if index is not None and (have > len(tokens) or (have and tokens[have - 1] != index.tokens[-1])):
         index = None  # the state's tokens were replaced: rebuild
-    if index is not None and have:
-        new = state.tokens[0, have - 1 :].tolist()  # one transfer: a check token and the new ones
-        if new[0] != index.tokens[-1]:
-            index, new = None, None
-        else:
-            new = new[1:]
     if index is None:
         index = NgramIndex(min_n, max_n)
         state.extras[key] = index
-        new = state.tokens[0].tolist()
-    if new:
-        index.extend(new)
+        have = 0
+    if len(tokens) > have:
+        index.extend(tokens[have:])
     return index
 
 
@@ -294,7 +292,7 @@ def copy_draft(
         if len(toks) >= max_tokens or not length.should_continue(len(toks), confidence):
             break
     batch, k = state.pending.shape[0], len(toks)
-    tokens = torch.tensor([toks] * batch, dtype=torch.long, device=state.device).reshape(batch, k)
+    tokens = upload([toks] * batch, state.device, torch.long).reshape(batch, k)  # no device wait
     draft = Draft(tokens=tokens, plan=plan, extras={"source": "lookup"})  # no forward ran
     if k and (state.need_confidence or state.need_draft_probs or state.draft_top_k > 0):
         draft.confidences = torch.full((batch, k), float(confidence), device=state.device)

@@ -227,7 +227,7 @@ class KVCache:
                 if w.tree_mask is not None
                 else torch.ones(t, t, dtype=torch.bool, device=device).tril()
             )
-            allowed[:, base : base + t] = block.to(device)
+            allowed[:, base : base + t] = block.to(device, non_blocking=True)  # host mask: no wait
             mask = torch.zeros(t, base + t, dtype=self.dtype, device=device)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
             mask = mask[None, None]
@@ -278,7 +278,8 @@ class KVCache:
             if keep.numel() != num:
                 raise ValueError(f"keep has {keep.numel()} offsets, expected {num}")
             written = min(self.lengths) - c
-            if num and (int(keep.min()) < 0 or int(keep.max()) >= written):
+            lo, hi = torch.stack(torch.aminmax(keep)).tolist() if num else (0, 0)  # one device read
+            if lo < 0 or hi >= written:
                 raise ValueError(
                     f"keep offsets must be in [0, {written}) (the verified block), got {keep.tolist()}"
                 )

@@ -24,6 +24,7 @@ never fed). ``DecodeStats.verify_blocks_saved`` counts the block evaluations thi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,8 @@ class DecodeState:
             )
         self._tokens[:, : self.prompt_len] = prompt_ids.to(self.device)
         self.num_tokens = self.prompt_len
+        #: Row 0's tokens known on the host, a prefix of ``tokens[0]`` (`host_tokens`).
+        self._host: list[int] = prompt_ids[0].tolist() if prompt_ids.device.type == "cpu" else []
         self.cache: KVCache = adapter.new_cache(max(capacity, self.prompt_len + 1), batch=prompt_ids.shape[0])
         self.capture_hidden = capture_hidden
         self.need_confidence = need_confidence
@@ -455,12 +458,24 @@ class DecodeState:
         return out.last_hidden[0]
 
     # ------------------------------------------------------------------ commits
-    def append(self, tokens: torch.Tensor) -> None:
-        """Append (B, n) tokens without KV changes (the first token after prefill)."""
+    def append(self, tokens: torch.Tensor, host: Sequence[int] | None = None) -> None:
+        """Append (B, n) tokens without KV changes (the first token after prefill); ``host``: row
+        0's tokens as ints when the caller has them (kept for `host_tokens`, no device read)."""
         n = tokens.shape[1]
         self._ensure_token_capacity(n)
         self._tokens[:, self.num_tokens : self.num_tokens + n] = tokens
+        if host is not None and len(self._host) == self.num_tokens:
+            self._host.extend(host)
         self.num_tokens += n
+
+    def host_tokens(self) -> list[int]:
+        """Row 0's tokens (prompt, generated, ``pending``) as Python ints, without a device read
+        for what commits already brought to the host (`Verification.committed_host`); any other
+        tail is read once. The list is the state's own: do not modify it."""
+        del self._host[self.num_tokens :]
+        if len(self._host) < self.num_tokens:
+            self._host.extend(self._tokens[0, len(self._host) : self.num_tokens].tolist())
+        return self._host
 
     def commit(self, result: Verification) -> torch.Tensor:
         """Commit a verification: tokens appended, KV cut to exactly the verified prefix.
@@ -479,7 +494,7 @@ class DecodeState:
             result.hidden_states = self.last_hidden_states
         if isinstance(self.draft_head, LiveDraftHead):
             self.draft_head.observe(new)  # coverage; a context head adds the new tokens
-        self.append(new)
+        self.append(new, host=result.committed_host() if new.shape[0] == 1 else None)
         self.draft_len = 0
         self._prefix = None
         self.round += 1

@@ -43,6 +43,8 @@ from framework.registry import UnknownNameError
 
 #: Values of ``--logger``.
 LOGGERS = ("wandb", "csv", "none")
+#: Values of ``--phase-timing`` (``auto``: on for a CPU, off for CUDA).
+PHASE_TIMING = ("auto", "on", "off")
 #: Values of ``--dtype`` (``framework.experiment.models.DTYPES`` maps them to torch dtypes).
 #: ``auto`` is resolved where the device is (`framework.experiment.models.resolve_dtype`): bfloat16 on
 #: CUDA, float32 on CPU.
@@ -162,6 +164,11 @@ class RunConfig:
     kernels: bool = param(
         True, help="the batch-invariant CPU kernels (framework.kernels.cpu) for float32 on CPU"
     )
+    phase_timing: Literal["auto", "on", "off"] = param(
+        "auto",
+        help="time each phase of a round and the LM head in the records: on, off, or auto (on for a CPU; "
+        "off for CUDA, where every phase boundary waits for the device, about ten times a round)",
+    )
     logger: Literal["wandb", "csv", "none"] = param(
         "wandb", help="wandb (offline without an API key; upload later with `wandb sync`), csv or none"
     )
@@ -174,6 +181,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
+        if self.phase_timing not in PHASE_TIMING:
+            raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
         if self.logger not in LOGGERS:
             raise ConfigError("--logger", self.logger, f"one of {', '.join(LOGGERS)}")
         check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
@@ -214,6 +223,11 @@ class RunConfig:
                 raise ConfigError(f"--{kind}", spec, "a StrategySpec")
         if not isinstance(self.gate, GateConfig):
             raise ConfigError("--gate", self.gate, "a GateConfig")
+
+    @property
+    def phase_timing_flag(self) -> bool | None:
+        """``--phase-timing`` for the decoders and the adapter: ``None`` (auto), ``True`` or ``False``."""
+        return {"auto": None, "on": True, "off": False}[self.phase_timing]
 
     def for_rank(self, device: str, dtype: str | None = None) -> RunConfig:
         """This process's own configuration in a run of several (``--devices``/``--num-nodes``):

@@ -67,6 +67,7 @@ def build_decoder(
         gated(parts["length"], cfg.gate),
         parts["drafter"],
         parts["verifier"],
+        phase_timing=cfg.phase_timing_flag,
     )
 
 
@@ -111,6 +112,7 @@ class Experiment:
             model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
         self.model, self.tokenizer = model, tokenizer
         self.adapter = adapter_for(model, fast_kernels=None if cfg.kernels else False)
+        self.adapter.time_lm_head = cfg.phase_timing_flag
         self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.prepare_ctx = PrepareContext(
             adapter=self.adapter,

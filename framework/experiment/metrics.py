@@ -147,11 +147,15 @@ def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str
         if s is None or s.wall_time <= 0:
             continue
         t = s.timings
+
+        def share(p: str, t=t, s=s) -> str:  # n/a: not timed (--phase-timing off, CUDA's default)
+            if p not in t and ("decode" in t or p == "lm_head"):
+                return "n/a"
+            return f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%"
+
         other = s.wall_time - sum(t.get(p, 0.0) for p in PHASES)
-        cells = [f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%" for p in ("prefill", "draft", "verify")]
-        cells.append(f"{100 * t.get('lm_head', 0.0) / s.wall_time:.1f}%")
-        cells += [f"{100 * t.get(p, 0.0) / s.wall_time:.1f}%" for p in ("select", "length", "commit")]
-        cells.append(f"{100 * other / s.wall_time:.1f}%")
+        cells = [share(p) for p in ("prefill", "draft", "verify", "lm_head", "select", "length", "commit")]
+        cells.append("n/a" if "decode" in t else f"{100 * other / s.wall_time:.1f}%")
         rows.append(f"| {name} | {s.wall_time:.1f} | " + " | ".join(cells) + " |")
     return align_markdown("\n".join(rows))
 
@@ -252,9 +256,12 @@ def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overal
             lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
             # The selector's own time (optimisation, e.g. SWIFT's matchness passes) per wall time.
             select = m.timings.get("select", 0.0) / m.wall_time if m.wall_time else 0.0
+            select_cell = (
+                f"{100 * select:.1f}%" if "select" in m.timings or "decode" not in m.timings else "n/a"
+            )
             rows.append(
                 f"| {label if label == name else f'{label}: {name}'} | {m.prompts} | {b.mean_tokens_per_s:.2f} | "
                 f"{m.mean_tokens_per_s:.2f} | {speed:.3f}x | {m.mean_accepted_length:.2f} | "
-                f"{m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {100 * select:.1f}% | {lossless} |"
+                f"{m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {select_cell} | {lossless} |"
             )
     return align_markdown("\n".join(rows))

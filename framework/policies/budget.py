@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from framework.config import check_range, param
+from framework.utils import synced_clock
 
 T = TypeVar("T")
 
@@ -172,6 +173,15 @@ class BudgetedWork:
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)  # type: ignore[call-arg]
         self.budget = WorkBudget(self.config.work_budget)
+
+    def prepare(self, ctx: Any) -> None:
+        """A capped budget times its units on the run's device: on CUDA with a clock that waits
+        for the device (`framework.utils.synced_clock`), so a unit's seconds are its work, not its
+        kernel launches. An unlimited budget reads no clock, so nothing changes there."""
+        super().prepare(ctx)  # type: ignore[misc]
+        adapter = getattr(ctx, "adapter", None)
+        if not self.budget.unlimited and adapter is not None:
+            self.budget.clock = synced_clock(adapter.device)
 
     def run_budgeted(self, work: Callable[..., T], *args: Any) -> tuple[T, float] | None:
         """Run ``work(*args)`` as one unit if the budget allows it (one `WorkBudget.allows`).

@@ -508,6 +508,12 @@ class GatedLength(LengthController):
     def max_length(self, state: DecodeState, hint: LengthHint | None = None) -> int:
         return self.gate.limit(state, self.inner.max_length(state, hint))
 
+    @property
+    def needs_phase_timings(self) -> bool:
+        """A gate without a cost model prices drafts from the decode state's phase timings
+        (`MeasuredCosts`), so the decoder must time the phases even on CUDA."""
+        return self.gate.config.enabled and self.gate.costs is None
+
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         return self.inner.should_continue(drafted, confidence)
 

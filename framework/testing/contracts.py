@@ -273,12 +273,13 @@ class DrafterContract(_Contract):
         k = draft.length
         assert (0 if self.may_decline else 1) <= k <= max_tokens
         assert draft.tokens.shape == (1, k) and draft.tokens.dtype == torch.long
-        assert int(draft.tokens.min()) >= 0 and int(draft.tokens.max()) < state.info.vocab_size
+        if k:  # an empty draft (may_decline) has no tokens to bound
+            assert int(draft.tokens.min()) >= 0 and int(draft.tokens.max()) < state.info.vocab_size
         assert isinstance(draft.plan, LayerPlan) and draft.plan.num_layers == state.info.num_layers
-        if state.need_confidence:
+        if state.need_confidence and k:  # an empty draft (like `Draft.empty`) may carry none
             assert draft.confidences is not None and draft.confidences.shape == (1, k)
             assert bool(((draft.confidences >= 0) & (draft.confidences <= 1)).all())
-        if state.need_draft_probs:
+        if state.need_draft_probs and k:
             assert draft.probs is not None and draft.probs.shape == (1, k, state.info.vocab_size)
             torch.testing.assert_close(
                 draft.probs.sum(-1).double(), torch.ones(1, k, dtype=torch.float64), atol=1e-4, rtol=0
@@ -337,6 +338,7 @@ class VerifierContract(_Contract):
         k = draft.length
         assert result.num_accepted.shape == (1,)
         m = result.accepted
+        assert int(result.num_accepted[0]) == m, "num_accepted must match new_tokens (m + 1 tokens)"
         assert 0 <= m <= k
         assert result.new_tokens.shape == (1, m + 1) and result.new_tokens.dtype == torch.long
         # Accepted tokens are draft tokens: the chain's, except that a tree verifier may end the
@@ -352,6 +354,10 @@ class VerifierContract(_Contract):
             assert last in allowed, "accepted tokens must be the draft's (or its top-k alternatives)"
         assert 0 <= int(result.new_tokens.min()) and int(result.new_tokens.max()) < state.info.vocab_size
         assert result.kept_offsets.shape == (m + 1,)
+        if result.host_tokens is not None:
+            assert list(result.host_tokens) == result.new_tokens[0].tolist(), (
+                "Verification.host_tokens must be row 0 of new_tokens"
+            )
         return m
 
     def test_verify_bounds_and_commit(self):

@@ -103,6 +103,11 @@ class HybridDrafter(Drafter):
         self.lookup.setup(info)
         self.layer_skip.setup(info)
 
+    @property
+    def needs_phase_timings(self) -> bool:
+        """Its own gate, without a cost model, prices drafts from the phase timings."""
+        return self.gate is not None and self.gate.costs is None
+
     def prepare(self, ctx: PrepareContext) -> None:
         self.layer_skip.prepare(ctx)  # the reduced draft head, when draft_vocab is set
         if self.gate is not None:  # prices the layer-skip source with the head it drafts with

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.policies.budget import BudgetedWork, budget_param, check_budget
+from framework.utils import upload
 
 
 @dataclass(frozen=True)
@@ -135,10 +136,16 @@ def clasp_dp(
     if not 0 <= m <= n_layers - len(set(protected)):
         raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(set(protected))} protected")
     sign = 1.0 if objective == "max_cosine" else -1.0
+    dev = x.device
     prev = x.new_zeros(m + 1, x.shape[1])
     prev[0] = x[0]
+    # Which (i, j) are reachable and whether block i-1 can run or be skipped there depends only on
+    # (L, M, protected): host bookkeeping. Only the choice where both are possible depends on the
+    # cosines; it stays on the device (no host-device synchronisation per layer) and is read once,
+    # with the final cosine, for the backtrack.
     prev_ok = [True] + [False] * m
     skipped = [[False] * (m + 1) for _ in range(n_layers + 1)]
+    choices: list[tuple[int, list[int], torch.Tensor]] = []  # (i, js where both were possible, run won)
     calls = evals = 0
     for i in range(1, n_layers + 1):
         b = i - 1
@@ -156,39 +163,51 @@ def clasp_dp(
                 calls += len(run_js)
             evals += len(run_js)
             run_rows = {j: r for r, j in enumerate(run_js)}
-            cos_run = _cos(out, x[i]).tolist()
-        cos_skip = _cos(prev, x[i]).tolist()  # entry j-1 scores skipping into j
         can_skip = b not in protected
         cur = x.new_zeros(m + 1, x.shape[1])
         cur_ok = [False] * (m + 1)
         if lo == 0:
             cur[0] = x[i]
             cur_ok[0] = True
-        take_run, take_skip = [], []
+        only_run, only_skip, both = [], [], []
         for j in js:
             has_run = j in run_rows
             has_skip = can_skip and prev_ok[j - 1]
-            if has_run and (not has_skip or sign * cos_run[run_rows[j]] > sign * cos_skip[j - 1]):
-                take_run.append(j)
+            if has_run and has_skip:
+                both.append(j)
+            elif has_run:
+                only_run.append(j)
             elif has_skip:
-                take_skip.append(j)
+                only_skip.append(j)
                 skipped[i][j] = True
             else:
                 continue
             cur_ok[j] = True
-        if take_run:
-            cur[take_run] = out[[run_rows[j] for j in take_run]]
-        if take_skip:
-            cur[take_skip] = prev[[j - 1 for j in take_skip]]
+        if only_run:
+            cur[upload(only_run, dev)] = out[upload([run_rows[j] for j in only_run], dev)]
+        if only_skip:
+            cur[upload(only_skip, dev)] = prev[upload([j - 1 for j in only_skip], dev)]
+        if both:
+            ran = out[upload([run_rows[j] for j in both], dev)]
+            passed = prev[upload([j - 1 for j in both], dev)]
+            run_wins = sign * _cos(ran, x[i]) > sign * _cos(passed, x[i])  # run only if strictly closer
+            cur[upload(both, dev)] = torch.where(run_wins[:, None], ran, passed)
+            choices.append((i, both, run_wins))
         prev, prev_ok = cur, cur_ok
     if not prev_ok[m]:  # unreachable given the check above; kept as a guard
         raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
+    final = _cos(prev[m : m + 1], x[n_layers]).double()
+    read = torch.cat([*(w.double() for _, _, w in choices), final]).tolist()  # the DP's one read
+    flags = iter(read[:-1])
+    for i, both, _ in choices:
+        for j in both:
+            skipped[i][j] = not next(flags)
+    cosine = read[-1]
     skip, j = [], m
     for i in range(n_layers, 0, -1):
         if j > 0 and skipped[i][j]:
             skip.append(i - 1)
             j -= 1
-    cosine = float(_cos(prev[m : m + 1], x[n_layers])[0])
     return DPResult(tuple(sorted(skip)), cosine, calls, evals)
 
 

@@ -121,6 +121,13 @@ def choose_exit(
     return e, 0, 1.0 / num_layers
 
 
+def _to_host(match: torch.Tensor, conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round's shadow matches and confidences (k, n each) in float64 on the host, where the
+    statistics live: one device-to-host copy for both."""
+    both = torch.stack([match.double(), conf.double()]).cpu()
+    return both[0], both[1]
+
+
 class ShadowStatistics:
     """DEL's exponentially decayed per-layer sums (DEL §4.2, Appendix A), in float64.
 
@@ -306,7 +313,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
                 else:
                     ref = state.tokens[0, p - w + 1 : p + 1]  # the next token of each position
                 toks, conf = self._shadow(state, h, self._layers)
-                self._stats.update(self._layers, (toks == ref.to(toks.device)[None]).cpu(), conf.cpu(), w)
+                self._stats.update(self._layers, *_to_host(toks == ref.to(toks.device)[None], conf), w)
                 self._init_positions = w
             self._seconds += unit.seconds
         self._choose()
@@ -378,7 +385,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
             toks[~mask_e], conf[~mask_e] = ot, oc
         if bool(is_e.any()):
             toks[mask_e], conf[mask_e] = x_e[:n], end_conf[0, :n]
-        self._stats.update(self._layers, (toks == x_l[None, :n]).cpu(), conf.cpu(), n)
+        self._stats.update(self._layers, *_to_host(toks == x_l[None, :n], conf), n)
         self._choose()
 
     def summary(self) -> dict[str, Any]:

@@ -29,8 +29,15 @@ class GreedyVerifier(Verifier):
         target = out.logits.argmax(dim=-1)  # (B, K+1)
         match = (draft.tokens == target[:, :-1]).long()  # (B, K)
         m = match.cumprod(dim=1).sum(dim=1)  # (B,)
-        k = int(m[0])
+        # The round's one device-to-host read: m and row 0's target choices together. The accepted
+        # d_1..d_m equal a_0..a_{m-1}, so row 0's committed tokens are a_0..a_m.
+        row = torch.cat([m[:1], target[0]]).tolist()
+        k = row[0]
         new = torch.cat([draft.tokens[:, :k], target[:, k : k + 1]], dim=1)  # (B, m+1)
         return Verification(
-            num_accepted=m, new_tokens=new, target_tokens=target, hidden_states=out.hidden_states
+            num_accepted=m,
+            new_tokens=new,
+            target_tokens=target,
+            hidden_states=out.hidden_states,
+            host_tokens=tuple(row[1 : k + 2]),
         )

@@ -8,6 +8,7 @@ import torch
 
 from framework import Draft, Verification, Verifier, register_verifier
 from framework.config import ConfigError, check_range, param
+from framework.utils import upload
 
 
 @dataclass(frozen=True)
@@ -100,19 +101,18 @@ class TreeVerifier(Verifier):
     def draft_top_k(self) -> int:
         return max(self.config.band_widths)
 
-    def widths(self, draft: Draft) -> list[int]:
-        """Candidates per depth from the draft's top-1 probabilities (band i: p <= edges[i]).
+    def widths(self, draft: Draft, top1: list[float] | None = None) -> list[int]:
+        """Candidates per depth from the draft's top-1 probabilities (band i: p <= edges[i]);
+        ``top1``: those probabilities already read to the host (else read here).
 
         A draft without candidates (a drafter that ignores ``draft_top_k()``) is a chain: width 1.
         """
         if draft.top_probs is None:
             return [1] * draft.length
         edges, widths = self.config.band_edges, self.config.band_widths
-        out = []
-        for p in draft.top_probs[0, :, 0].tolist():
-            band = sum(p > e for e in edges)
-            out.append(widths[band])
-        return out
+        if top1 is None:
+            top1 = draft.top_probs[0, :, 0].tolist()
+        return [widths[sum(p > e for e in edges)] for p in top1]
 
     def verify(self, state, draft: Draft) -> Verification:
         if draft.tokens.shape[0] != 1:
@@ -127,12 +127,25 @@ class TreeVerifier(Verifier):
                 target_tokens=target,
                 hidden_states=out.hidden_states,
             )
-        chain = draft.tokens[0].tolist()
-        top = draft.top_tokens[0].tolist() if draft.top_tokens is not None else [[t] for t in chain]
-        tokens, parents, depths = build_tree(chain, top, self.widths(draft))
+        k = draft.length
+        top1 = None
+        if draft.top_tokens is not None and draft.top_probs is not None:
+            # chain, candidates and their bands' probabilities in one device-to-host read (token
+            # ids are exact in float64)
+            w = draft.top_tokens.shape[-1]
+            parts = [draft.tokens[0], draft.top_tokens[0].reshape(-1), draft.top_probs[0, :, 0]]
+            flat = torch.cat([p.double() for p in parts]).tolist()
+            chain = [int(t) for t in flat[:k]]
+            top = [[int(t) for t in flat[k + i * w : k + (i + 1) * w]] for i in range(k)]
+            top1 = flat[k + k * w :]
+        else:
+            chain = draft.tokens[0].tolist()
+            top = draft.top_tokens[0].tolist() if draft.top_tokens is not None else [[t] for t in chain]
+        tokens, parents, depths = build_tree(chain, top, self.widths(draft, top1))
         c = state.pending_position
-        block = torch.tensor([[int(state.pending[0, 0]), *tokens]], device=device)  # (1, T)
-        pos = torch.tensor([[c, *(c + d for d in depths)]], device=device)  # (1, T)
+        nodes = upload([tokens], device, state.pending.dtype)  # host values: no device wait
+        block = torch.cat([state.pending, nodes], dim=1)  # (1, T)
+        pos = upload([[c, *(c + d for d in depths)]], device)  # (1, T)
         out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=tree_mask(parents))
         target = out.logits.argmax(dim=-1)  # (1, T)
         want = target[0].tolist()
@@ -149,11 +162,12 @@ class TreeVerifier(Verifier):
             path.append(nxt)
             node = nxt
         m = len(path) - 1
-        new = torch.tensor([[*(tokens[i - 1] for i in path[1:]), want[node]]], device=device)  # (1, m+1)
+        host = (*(tokens[i - 1] for i in path[1:]), want[node])
         return Verification(
-            num_accepted=torch.tensor([m], device=device),
-            new_tokens=new,
-            kv_keep=torch.tensor(path, device=device),
+            num_accepted=upload([m], device),
+            new_tokens=upload([host], device),  # (1, m+1)
+            kv_keep=upload(path, device),
             target_tokens=target,
             hidden_states=out.hidden_states,
+            host_tokens=host,
         )

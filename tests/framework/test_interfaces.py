@@ -264,6 +264,48 @@ def test_contract_rejects_overlong_and_unstoppable_drafts():
         _contract_for(DrafterContract, AlwaysAcceptDrafter).test_stops_when_length_says_so()
 
 
+def test_contract_accepts_a_drafter_that_declines_when_allowed():
+    """``may_decline``: an empty draft passes the shape checks (it has no tokens to bound), and is
+    still rejected by a contract that requires at least one token."""
+    from framework.testing import DrafterContract
+
+    class Declines(Drafter):
+        Config = _Cfg
+
+        def draft(self, state, plan, length, max_tokens):
+            return Draft.empty(state.pending.shape[0], plan, state.device)
+
+    allowed = type(
+        "TestDeclines", (DrafterContract,), {"make": lambda self: Declines(), "may_decline": True}
+    )()
+    allowed.test_draft_shapes_and_bounds()
+    allowed.test_committed_cache_untouched()
+    allowed.test_greedy_equality()
+    with pytest.raises(AssertionError):
+        _contract_for(DrafterContract, Declines).test_draft_shapes_and_bounds()
+
+
+def test_contract_rejects_host_tokens_that_disagree_with_new_tokens():
+    from framework.testing import VerifierContract
+
+    class WrongHostCopy(Verifier):
+        """Greedy, but reports a host copy of the committed tokens that is off by one."""
+
+        Config = _Cfg
+
+        def verify(self, state, draft):
+            target = state.forward_verify(torch.cat([state.pending, draft.tokens], dim=1)).logits.argmax(-1)
+            new = target[:, :1]
+            return Verification(
+                num_accepted=torch.zeros(1, dtype=torch.long),
+                new_tokens=new,
+                host_tokens=(int(new[0, 0]) + 1,),
+            )
+
+    with pytest.raises(AssertionError, match="host_tokens"):
+        _contract_for(VerifierContract, WrongHostCopy).test_empty_draft()
+
+
 def test_contract_rejects_lossy_verifier():
     from framework.testing import VerifierContract
 

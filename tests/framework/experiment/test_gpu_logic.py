@@ -21,7 +21,7 @@ from framework.experiment.data import encode_chat, load_prompts
 from framework.experiment.lightning import DecodeModule
 from framework.experiment.models import ModelLoadError, check_fits, parameter_count, resolve_dtype
 from framework.experiment.timing import NEAR_TIE_ULPS, first_mismatch, mismatch_details, near_tie, ulp
-from framework.testing import tiny_model, tiny_tokenizer
+from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
@@ -279,3 +279,99 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     assert bad["lossless"] is False
     assert (fm["turn"], fm["position"]) == (0, len(bad["turns"][0]["tokens"]) - 1)
     assert fm["margin"] > 0 and fm["near_tie"] is False and fm["dtype"] == "float64"
+
+
+# ---- phase timing (--phase-timing): every phase boundary waits for a CUDA device ------------------
+
+
+def _fake_cuda(monkeypatch, adapter) -> None:
+    monkeypatch.setattr(type(adapter), "device", property(lambda self: torch.device("cuda", 0)))
+
+
+def _static_decoder(adapter, **kw):
+    from framework.engine.decoding import SpeculativeDecoder
+    from strategies.drafters.layer_skip import LayerSkipDrafter
+    from strategies.length.fixed import FixedLength
+    from strategies.selectors.static import StaticSelector
+    from strategies.verifiers.greedy import GreedyVerifier
+
+    return SpeculativeDecoder(
+        adapter,
+        StaticSelector(StaticSelectorConfig(skip_ratio=0.25)),
+        FixedLength(FixedLengthConfig(k=3)),
+        LayerSkipDrafter(),
+        GreedyVerifier(),
+        **kw,
+    )
+
+
+def test_phase_timing_is_on_for_a_cpu_and_off_for_cuda_by_default(monkeypatch):
+    adapter = adapter_for(tiny_model("llama", num_layers=4, seed=0))
+    assert _static_decoder(adapter).times_phases() and adapter.times_lm_head
+    _fake_cuda(monkeypatch, adapter)
+    assert not _static_decoder(adapter).times_phases() and not adapter.times_lm_head
+    assert _static_decoder(adapter, phase_timing=True).times_phases()
+    adapter.time_lm_head = True
+    assert adapter.times_lm_head
+
+
+def test_without_phase_timing_a_generation_records_prefill_and_decode_only():
+    adapter = adapter_for(tiny_model("llama", num_layers=4, seed=0))
+    prompt, stop = torch.tensor([[3, 9, 4, 7, 1]]), StopCondition(16)
+    timed = _static_decoder(adapter).generate(prompt, stop)
+    assert {"prefill", "draft", "verify", "select", "commit", "lm_head"} <= set(timed.timings)
+    adapter.time_lm_head = False
+    head0 = adapter.lm_head_seconds
+    res = _static_decoder(adapter, phase_timing=False).generate(prompt, stop)
+    assert res.tokens == timed.tokens
+    assert set(res.timings) == {"prefill", "decode"}
+    assert res.timings["decode"] == pytest.approx(res.wall_time - res.timings["prefill"])
+    assert adapter.lm_head_seconds == head0  # the head was not timed
+
+
+def test_a_gate_without_a_cost_model_keeps_the_phase_timers(monkeypatch):
+    from framework.engine.decoding import SpeculativeDecoder
+    from framework.policies.gate import GateConfig, gated
+    from strategies.drafters.layer_skip import LayerSkipDrafter
+    from strategies.length.fixed import FixedLength
+    from strategies.selectors.static import StaticSelector
+    from strategies.verifiers.greedy import GreedyVerifier
+
+    adapter = adapter_for(tiny_model("llama", num_layers=4, seed=0))
+    length = gated(FixedLength(FixedLengthConfig(k=3)), GateConfig(enabled=True))
+    dec = SpeculativeDecoder(
+        adapter, StaticSelector(), length, LayerSkipDrafter(), GreedyVerifier(), phase_timing=False
+    )
+    assert dec.times_phases()  # it prices drafts from the phase timings (MeasuredCosts)
+    length.gate.set_costs(synthetic_cost_model(4))
+    assert not dec.times_phases()
+
+
+def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
+    with pytest.raises(ConfigError, match="--phase-timing"):
+        RunConfig(phase_timing="sometimes")
+    assert [RunConfig(phase_timing=v).phase_timing_flag for v in ("auto", "on", "off")] == [None, True, False]
+    cfg = cfg_for(data, tmp_path / "r.jsonl", phase_timing="off")
+    exp = experiment_mod.Experiment(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
+    assert exp.adapter.time_lm_head is False
+    assert exp.spec.phase_timing is False
+
+
+def test_the_phase_table_says_n_a_for_untimed_phases():
+    from framework.experiment.metrics import time_breakdown
+
+    rec = {
+        "method": "m",
+        "category": "qa",
+        "new_tokens": 10,
+        "wall_time": 2.0,
+        "timings": {"prefill": 0.5, "decode": 1.5},
+        "accept_lengths": [2, 3],
+        "drafted": 4,
+        "accepted": 3,
+        "turns": [],
+    }
+    table = time_breakdown([rec], ["m"])
+    row = next(line for line in table.splitlines() if line.startswith("| m "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "25.0%" and cells[3:] == ["n/a"] * 7  # draft .. commit, other

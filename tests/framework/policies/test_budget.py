@@ -137,3 +137,29 @@ def test_budgeted_work_owns_the_budget_and_runs_units_under_it():
     assert owner.run_budgeted(work, 1.0) is None
     s = owner.budget.summary()
     assert (s["budget_units"], s["budget_skipped"]) == (2, 1)
+
+
+def test_a_capped_budget_times_its_units_on_the_device_clock(monkeypatch):
+    """On CUDA a unit's seconds must be its work, not its kernel launches: `prepare` gives a capped
+    budget a clock that waits for the device; an unlimited one keeps its clock (it reads none)."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    import framework.utils as utils
+
+    waits = []
+    monkeypatch.setattr(utils, "device_sync", lambda dev: waits.append(str(dev)))
+    ctx = SimpleNamespace(adapter=SimpleNamespace(device=torch.device("cuda", 0)))
+    capped = _Owner(_BudgetedConfig(work_budget=0.5))
+    capped.prepare(ctx)
+    with capped.budget.unit():
+        pass
+    assert waits == ["cuda:0", "cuda:0"]  # before and after the unit
+    unlimited = _Owner(_BudgetedConfig(work_budget=0.0))
+    unlimited.prepare(ctx)
+    assert unlimited.budget.clock is time.perf_counter
+    on_cpu = _Owner(_BudgetedConfig(work_budget=0.5))
+    on_cpu.prepare(SimpleNamespace(adapter=SimpleNamespace(device=torch.device("cpu"))))
+    assert on_cpu.budget.clock is time.perf_counter  # nothing to wait for on a CPU

@@ -165,34 +165,78 @@ def test_dp_leaves_the_cache_untouched():
     )
 
 
-def test_dp_against_brute_force():
-    """CLaSp's DP is approximate (the "approximate Markov property": it keeps one state per (i, j)
-    and fits each depth greedily). On these random tiny models, whose residual stream turns faster
-    across layers than a trained LLM's, it finds the brute-force optimum of the final cosine in
-    most cases and is never outside the best quarter of the sets (measured: 21 of 32 exactly
-    optimal, at least as good as 75% of the sets in every case, largest cosine gap 0.149)."""
-    exact = total = 0
-    worst = 0.0
+def _chance_bound(probs: list[float], level: float = 1e-6) -> int:
+    """The smallest k with P(X >= k) <= ``level``, X the number of successes of independent trials
+    with success probabilities ``probs`` (Poisson-binomial, computed exactly)."""
+    dist = [1.0]
+    for p in probs:
+        nxt = [0.0] * (len(dist) + 1)
+        for k, q in enumerate(dist):
+            nxt[k] += q * (1 - p)
+            nxt[k + 1] += q * p
+        dist = nxt
+    tail = 0.0
+    for k in range(len(dist) - 1, -1, -1):
+        if tail + dist[k] > level:
+            return k + 1
+        tail += dist[k]
+    return 0
+
+
+def _brute_force_cases(objective: str = "max_cosine"):
+    """Every (model, M) case of the brute-force comparison: (the DP's final cosine, every set's)."""
     for n, seed in itertools.product((4, 6), range(4)):
         adapter = _adapter(n, seed)
         state, x, pos = _prefilled(adapter, seed)
         for m in range(1, n):
-            res = clasp_dp(x, partial(state.forward_block, position=pos), m)
+            res = clasp_dp(x, partial(state.forward_block, position=pos), m, objective=objective)
             every = sorted(_direct_cosine(state, x, pos, s) for s in itertools.combinations(range(n), m))
-            best = every[-1]
-            at_least = sum(c <= res.cosine + 1e-12 for c in every) / len(every)
-            assert at_least >= 0.75, (n, seed, m, at_least)
-            exact += res.cosine >= best - 1e-9
-            worst = max(worst, best - res.cosine)
-            total += 1
-    assert exact / total >= 0.6, f"DP optimal in {exact}/{total}"
-    assert worst <= 0.15
+            yield _direct_cosine(state, x, pos, res.skip), every
+
+
+def _judge_against_brute_force(cases) -> tuple[bool, str]:
+    """The verdict rule, from what a DP that optimises the final cosine must beat: a choice that
+    ignores the cosine. Such a choice lands above the median of all sets with probability about
+    1/2 in each case (all 32 cases: ~2^-32), and is the optimum with probability 1/C(n, M) (the
+    number of optima it reaches is Poisson-binomial; the bound is its 1e-6 upper tail). CLaSp's DP
+    is approximate (one state per (i, j), each depth fitted greedily), so exact optimality in every
+    case is not the property; beating chance by these margins is."""
+    exact, chance, below = 0, [], []
+    for i, (cos, every) in enumerate(cases):
+        at_least = sum(c <= cos + 1e-12 for c in every) / len(every)
+        if at_least < 0.5:
+            below.append((i, round(at_least, 3)))
+        exact += cos >= every[-1] - 1e-9
+        chance.append(1.0 / len(every))
+    bound = _chance_bound(chance)
+    why = f"optimal in {exact} of {len(chance)} (chance bound {bound}); below the median in {below}"
+    return (not below and exact >= bound), why
+
+
+def test_dp_against_brute_force():
+    """CLaSp's DP against every skip set of the same size, on random tiny models (measured: optimal
+    in 21 of 32 cases, at least as good as 75% of the sets in every case); the rule is derived in
+    `_judge_against_brute_force`, and a DP that minimises the cosine instead (Eq. 1's typo) fails
+    it, so the rule has the power to tell."""
+    ok, why = _judge_against_brute_force(_brute_force_cases())
+    assert ok, why
+    typo_ok, typo_why = _judge_against_brute_force(_brute_force_cases("min_cosine"))
+    assert not typo_ok, f"the rule cannot tell the arg-min DP apart: {typo_why}"
+
+
+def test_chance_bound_is_the_poisson_binomial_tail():
+    assert _chance_bound([0.5] * 10, level=1 / 1024) == 10  # P(X = 10) = 2^-10
+    assert _chance_bound([0.5] * 10, level=11 / 1024) == 9  # P(X >= 9) = 11 / 1024
+    assert _chance_bound([0.0] * 5) == 1  # never by chance: one success is beyond it
+    assert _chance_bound([1.0] * 3, level=0.5) == 4  # always 3: only 4 is beyond chance
 
 
 def test_dp_against_random_sets():
-    """With more layers than brute force allows, the DP's set beats almost all random sets of the
-    same size for the same token (measured: above the best of 120 in 3 of 6 cases, above at least
-    97.5% of them in every case) and is far above their mean."""
+    """With more layers than brute force allows, the DP's set against 120 random sets of the same
+    size for the same token. The rule is what a choice that ignores the cosine would pass only by
+    chance: beaten by at most 5% of the random sets in each of 6 cases (chance: 0.05 per case,
+    0.05^6 for all) and above all 120 in at least 2 cases (chance: 1/121 per case, ~1e-3 for two of
+    six). Measured: above all 120 in 3 of 6 cases, above at least 97.5% of them in every case."""
     above_all = 0
     for n, seed in itertools.product((12, 16), range(3)):
         adapter = _adapter(n, seed)
@@ -203,7 +247,6 @@ def test_dp_against_random_sets():
         rand = [_direct_cosine(state, x, pos, rng.sample(range(n), m)) for _ in range(120)]
         frac_better = sum(r > res.cosine for r in rand) / len(rand)
         assert frac_better <= 0.05, (n, seed, frac_better)
-        assert res.cosine > sum(rand) / len(rand) + 0.1
         above_all += res.cosine >= max(rand)
     assert above_all >= 2
 

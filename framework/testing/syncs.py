@@ -1,0 +1,118 @@
+"""Counting device-to-host reads (the host-device synchronisations of a GPU run) on any device.
+
+On CUDA every ``.item()``, ``.tolist()``, ``int(t)``, ``float(t)``, ``bool(t)``, ``t.cpu()`` or
+``t.numpy()`` of a device tensor waits for the queued kernels to finish: one synchronisation.
+`count_host_reads` counts those calls on any device, CPU included (where they cost nothing), by the
+line of project code that made them, and the blocking uploads (``torch.tensor(..., device=...)``)
+beside them, so a test on CPU can hold the decode loop to a budget of reads
+per round and a GPU session can see where the waits come from. On CPU it also counts reads of
+tensors that would stay on the host on a GPU (a strategy's own CPU statistics): read its table by
+call site.
+
+    with count_host_reads() as reads:
+        decoder.generate(prompt, stop)
+    print(reads.total, reads.by_site.most_common(5))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+#: The tensor methods that read device memory on the host.
+READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class HostReads:
+    """What `count_host_reads` saw: ``by_site[(method, "path:line")]`` counts, paths relative to the
+    project root (the first project frame outside installed packages on the call stack)."""
+
+    by_site: Counter = field(default_factory=Counter)
+    #: ``torch.tensor(..., device=...)`` / ``torch.as_tensor(..., device=...)`` calls by site: a
+    #: blocking host-to-device copy on CUDA (`framework.utils.upload` queues it instead).
+    uploads: Counter = field(default_factory=Counter)
+
+    @property
+    def total(self) -> int:
+        """Device-to-host reads (uploads not included)."""
+        return sum(self.by_site.values())
+
+    def at(self, path_fragment: str) -> int:
+        """Reads made from files whose path contains ``path_fragment``."""
+        return sum(c for (_, site), c in self.by_site.items() if path_fragment in site)
+
+    def table(self, per: int = 1, top: int = 12) -> str:
+        """The busiest sites, one per line, counts divided by ``per`` (e.g. the rounds)."""
+        return "\n".join(
+            f"{c / max(1, per):7.2f}  {method:<9} {site}"
+            for (method, site), c in self.by_site.most_common(top)
+        )
+
+
+def _site() -> str | None:
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.startswith(_ROOT) and "site-packages" not in name and not name.endswith("syncs.py"):
+            return f"{name[len(_ROOT) + 1 :]}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+@contextlib.contextmanager
+def count_host_reads(device_type: str | None = None) -> Iterator[HostReads]:
+    """Count device-to-host reads made by project code inside the block (see the module docstring).
+
+    Args:
+        device_type: count only tensors on this device type (``"cuda"``); ``None`` counts all.
+
+    Not thread-safe: it patches `torch.Tensor` methods for the duration of the block.
+    """
+    out = HostReads()
+    saved = {name: getattr(torch.Tensor, name) for name in READS}
+    makers = {name: getattr(torch, name) for name in ("tensor", "as_tensor")}
+
+    def wrap(name: str):
+        original = saved[name]
+
+        def read(self, *args, **kwargs):
+            if device_type is None or self.device.type == device_type:
+                site = _site()
+                if site is not None:
+                    out.by_site[(name, site)] += 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    def wrap_maker(name: str):
+        original = makers[name]
+
+        def make(*args, **kwargs):
+            dev = kwargs.get("device")
+            if dev is not None and (device_type is None or torch.device(dev).type == device_type):
+                site = _site()
+                if site is not None:
+                    out.uploads[(name, site)] += 1
+            return original(*args, **kwargs)
+
+        return make
+
+    try:
+        for name in READS:
+            setattr(torch.Tensor, name, wrap(name))
+        for name in makers:
+            setattr(torch, name, wrap_maker(name))
+        yield out
+    finally:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, original)
+        for name, original in makers.items():
+            setattr(torch, name, original)
