@@ -147,6 +147,49 @@ def test_reproduction_script_smoke_mode():
     assert lines and lines[-1] == "ok", proc.stdout[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "script",
+    [
+        [
+            "docs/measurements/gpu_costs.py",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--new-tokens",
+            "12",
+            "--reps",
+            "1",
+        ],
+        [
+            "docs/measurements/host_reads.py",
+            "--presets",
+            "static_confidence,swift,vanilla",
+            "--new-tokens",
+            "16",
+        ],
+    ],
+    ids=["gpu_costs", "host_reads"],
+)
+def test_measurement_scripts_smoke(script):
+    """The GPU measurement script (docs/performance.md; written to run unchanged on any CUDA
+    machine) and the host-read count run every code path here on a tiny model on the CPU."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(
+        [sys.executable, *script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"{script[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    if "gpu_costs" in script[0]:
+        assert "## Targets (issue 17)" in proc.stdout and "| selfsd |" in proc.stdout
+    else:
+        assert "| swift |" in proc.stdout and "| vanilla |" in proc.stdout
+
+
 def test_snippet_sections_exist():
     includes = [
         (page, path, section)

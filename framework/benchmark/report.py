@@ -14,6 +14,7 @@ from framework.benchmark.config import BASELINE, BenchConfig
 from framework.benchmark.story import what_happened
 from framework.experiment import plots
 from framework.experiment.metrics import aggregate, cost_model_prediction, rounds_prediction
+from framework.experiment.timing import mismatch_note
 from framework.utils import align_markdown
 
 #: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.
@@ -131,21 +132,6 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             entry["cost_model"]["rounds"] = rounds_prediction(mcost, mine)
         out[method] = entry
     return {"categories": cats, "methods": out, "repeats": len(repeats)}
-
-
-def mismatch_note(qid: str, where: dict[str, Any] | None) -> str:
-    """``q3 (turn 0, pos 17, top-1/top-2 margin 0.0012 in bfloat16: a near-tie)``: where a prompt
-    first differs from vanilla and the target's logit margin there. A near-tie (the margin within
-    `framework.experiment.timing.NEAR_TIE_ULPS` ulps of the top-1 logit in the run's dtype) is a
-    rounding flip, expected in reduced precision or on a GPU; a wide margin points at a bug."""
-    if not where:
-        return f"q{qid}"
-    text = f"q{qid} (turn {where.get('turn')}, pos {where.get('position')}"
-    margin = where.get("margin")
-    if margin is not None:
-        verdict = "a near-tie" if where.get("near_tie") else "not a near-tie: a bug?"
-        text += f", top-1/top-2 margin {margin:.3g} in {where.get('dtype')}: {verdict}"
-    return text + ")"
 
 
 def _x(v: float | None) -> str:

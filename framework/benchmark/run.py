@@ -28,7 +28,7 @@ from framework.experiment.config import RunConfig
 from framework.experiment.data import Prompt, encode_chat, load_prompts
 from framework.experiment.experiment import Experiment
 from framework.experiment.flags import add_config_flags, config_overrides_from_args
-from framework.experiment.models import load_model
+from framework.experiment.models import dtype_name, load_model
 from framework.experiment.records import turn_record
 from framework.experiment.specbench import (
     check_answer_dir,
@@ -271,7 +271,7 @@ def run_benchmark(
     meta["hf"] = {s.label: decoders[s.label].describe() for s in specs if s.kind == "hf"}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     log(
-        f"[bench] {len(prompts)} prompts x {cfg.repeats} repeat(s) | model {info.name} ({run.dtype}, "
+        f"[bench] {len(prompts)} prompts x {cfg.repeats} repeat(s) | model {info.name} ({dtype_name(base.adapter.dtype)}, "
         f"{base.adapter.device}) | methods {', '.join(s.label for s in specs)} | output {out_dir}"
     )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framework.experiment.data import category_sort_key
+from framework.experiment.timing import mismatch_note
 from framework.types import LayerPlan
 from framework.utils import align_markdown
 
@@ -133,6 +134,22 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
             f"{m.mean_accepted_length:.2f} | {m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {lossless} |"
         )
     return align_markdown("\n".join(rows))
+
+
+def mismatch_lines(records: list[dict[str, Any]]) -> str:
+    """Where each method's greedy output first differs from vanilla's, with the target's top-1/top-2
+    logit margin there (`framework.experiment.timing.mismatch_note`: a near-tie flip or a bug?);
+    empty when every checked output matched."""
+    lines = []
+    by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r.get("lossless") is False:
+            by_method[r["method"]].append(r)
+    for method, bad in by_method.items():
+        notes = ", ".join(mismatch_note(str(r.get("question_id")), r.get("first_mismatch")) for r in bad[:20])
+        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+        lines.append(f"Mismatches against vanilla, {method}: {notes}{more}.")
+    return "\n".join(lines)
 
 
 def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str:

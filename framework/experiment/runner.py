@@ -40,7 +40,7 @@ from framework.experiment.config import RunConfig
 from framework.experiment.data import load_prompts
 from framework.experiment.experiment import Experiment
 from framework.experiment.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
-from framework.experiment.metrics import results_table, time_breakdown
+from framework.experiment.metrics import mismatch_lines, results_table, time_breakdown
 from framework.experiment.records import prompt_key, read_records, resume_state
 from framework.experiment.specbench import check_answer_dir, model_name, write_answer_files
 from framework.experiment.tracking import TrackingCallback, make_logger, summary_metrics
@@ -156,6 +156,9 @@ def run(
         return {}
     records = read_records(out_path)
     table = results_table(records, method)
+    mismatches = mismatch_lines(records)
+    if mismatches:
+        table += "\n\n" + mismatches
     breakdown = time_breakdown(records, names)
     title = "vanilla (baseline only)" if cfg.baseline_only else f"{method} vs vanilla"
     plot_paths = callbacks[1].plot_paths

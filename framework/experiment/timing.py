@@ -126,3 +126,18 @@ def mismatch_details(
     out["top1"] = top[0]
     out["near_tie"] = near_tie(out["margin"], top[0], adapter.dtype)
     return out
+
+
+def mismatch_note(qid: str, where: dict[str, Any] | None) -> str:
+    """``q3 (turn 0, pos 17, top-1/top-2 margin 0.0012 in bfloat16: a near-tie)``: where a prompt
+    first differs from vanilla and the target's logit margin there. A near-tie (the margin within
+    `NEAR_TIE_ULPS` ulps of the top-1 logit in the run's dtype) is a
+    rounding flip, expected in reduced precision or on a GPU; a wide margin points at a bug."""
+    if not where:
+        return f"q{qid}"
+    text = f"q{qid} (turn {where.get('turn')}, pos {where.get('position')}"
+    margin = where.get("margin")
+    if margin is not None:
+        verdict = "a near-tie" if where.get("near_tie") else "not a near-tie: a bug?"
+        text += f", top-1/top-2 margin {margin:.3g} in {where.get('dtype')}: {verdict}"
+    return text + ")"

@@ -130,6 +130,20 @@ def summary_metrics(records: list[dict[str, Any]], method: str) -> dict[str, dic
             )
             if m.lossless_checked:
                 row["lossless_share"] = m.lossless / m.lossless_checked
+            # the target's top-1/top-2 margin at each first mismatch: near-ties (rounding flips,
+            # expected on a GPU or in bfloat16) apart from the rest (bugs)
+            bad = [
+                r.get("first_mismatch") or {}
+                for r in records
+                if r["method"] == method and r.get("lossless") is False and cat in ("overall", r["category"])
+            ]
+            if bad:
+                margins = [w["margin"] for w in bad if w.get("margin") is not None]
+                row["mismatches"] = len(bad)
+                row["near_tie_mismatches"] = sum(bool(w.get("near_tie")) for w in bad)
+                if margins:
+                    row["min_mismatch_margin"] = min(margins)
+                    row["max_mismatch_margin"] = max(margins)
         out[cat] = row
     return out
 

@@ -161,3 +161,34 @@ def test_devices_2_runs_one_process_per_gpu(tmp_path):
     assert len(recs) == 8
     meta = json.loads(out.with_suffix(".meta.json").read_text())
     assert meta["dtype_resolved"] == "float32"
+
+
+def test_a_greedy_round_reads_the_cuda_device_once_and_times_no_phase():
+    """On CUDA a greedy round with a fixed length reads the device once (the verdict and the
+    committed tokens together), the phase and LM-head timers are off by default (each would wait
+    for the device), and no host data is uploaded with a blocking copy."""
+    from framework.engine.adapter import adapter_for
+    from framework.engine.decoding import SpeculativeDecoder, StopCondition
+    from framework.testing import prepare_context, random_prompt, tiny_model
+    from framework.testing.syncs import count_host_reads
+    from strategies.drafters.layer_skip import LayerSkipDrafter
+    from strategies.length.fixed import FixedLength, FixedLengthConfig
+    from strategies.selectors.static import StaticSelector, StaticSelectorConfig
+    from strategies.verifiers.greedy import GreedyVerifier
+
+    adapter = adapter_for(tiny_model("llama", num_layers=6, seed=0, dtype=torch.float32).to("cuda"))
+    dec = SpeculativeDecoder(
+        adapter,
+        StaticSelector(StaticSelectorConfig(skip_ratio=0.2)),
+        FixedLength(FixedLengthConfig(k=3)),
+        LayerSkipDrafter(),
+        GreedyVerifier(),
+    )
+    dec.prepare(prepare_context(adapter))
+    prompt = random_prompt(8, VOCAB, seed=1).to("cuda")
+    with torch.inference_mode(), count_host_reads("cuda") as reads:
+        res = dec.generate(prompt, StopCondition(40))
+    rounds = len(res.accept_lengths)
+    assert reads.total <= rounds + 2, reads.table(rounds)
+    assert not reads.uploads, dict(reads.uploads)
+    assert set(res.timings) == {"prefill", "decode"} and not adapter.times_lm_head

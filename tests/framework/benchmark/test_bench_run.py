@@ -14,6 +14,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
 from framework.experiment.config import RunConfig
 from framework.experiment.metrics import cost_model_prediction, rounds_prediction
+from framework.experiment.models import dtype_name
 from framework.testing import plain_table, synthetic_cost_model
 
 VOCAB = 128  # the tiny model of conftest.py
@@ -340,3 +341,22 @@ def test_mismatch_note_format():
     )
     assert mismatch_note("4", {"turn": 0, "position": 2, "margin": None}) == "q4 (turn 0, pos 2)"
     assert mismatch_note("5", None) == "q5"
+
+
+def test_the_header_names_the_resolved_dtype(tiny, data, tmp_path):
+    """``--dtype auto`` is resolved where the model is (float32 on a CPU): the header says so."""
+    model, tok = tiny
+    cfg = BenchConfig.from_overrides(
+        methods=("vanilla", "static_confidence"),
+        data=str(data),
+        categories="qa",
+        max_new_tokens=4,
+        out=str(tmp_path),
+        cost_model="none",
+        plots=False,
+        dtype="auto",
+    )
+    logs: list[str] = []
+    run_benchmark(cfg, model, tok, log=logs.append)
+    header = next(line for line in logs if line.startswith("[bench]") and "prompts x" in line)
+    assert f"({dtype_name(next(model.parameters()).dtype)}, cpu)" in header and "auto" not in header

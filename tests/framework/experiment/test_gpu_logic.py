@@ -279,6 +279,21 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     assert bad["lossless"] is False
     assert (fm["turn"], fm["position"]) == (0, len(bad["turns"][0]["tokens"]) - 1)
     assert fm["margin"] > 0 and fm["near_tie"] is False and fm["dtype"] == "float64"
+    # the runner's table notes and the W&B summary carry it too
+    from framework.experiment.metrics import mismatch_lines
+    from framework.experiment.tracking import summary_metrics
+
+    records = [van, spec, _van, bad]
+    note = mismatch_lines(records)
+    assert note.startswith(
+        f"Mismatches against vanilla, {cfg.method_name}: q{prompt.question_id} (turn 0, pos "
+    )
+    assert "not a near-tie: a bug?" in note
+    assert mismatch_lines([van, spec]) == ""
+    overall = summary_metrics(records, cfg.method_name)["overall"]
+    assert overall["mismatches"] == 1 and overall["near_tie_mismatches"] == 0
+    assert overall["min_mismatch_margin"] == overall["max_mismatch_margin"] == fm["margin"]
+    assert "mismatches" not in summary_metrics([van, spec], cfg.method_name)["overall"]
 
 
 # ---- phase timing (--phase-timing): every phase boundary waits for a CUDA device ------------------
