@@ -5,15 +5,20 @@ and verifications as the real one would; nothing is downloaded. The script measu
 framework's own adapter and decode loop:
 
 1. tokens/s at batch 1, greedy: our `VanillaDecoder` against Hugging Face ``generate`` (eager,
-   dynamic cache; with ``--hf-compile`` also ``cache_implementation="static"`` + ``torch.compile``),
+   dynamic cache; with ``--hf-compile`` also ``cache_implementation="static"``, for which
+   transformers compiles the forward itself),
    interleaved, medians; and the engine's overhead per step (a step of our loop minus one forward);
 2. the cost model on the device (`CostModel.measure`, synchronised): a draft step against the skip
-   ratio and the exit layer, a verification of T = 1..16 tokens and of token trees up to 60 nodes;
+   ratio and the exit layer, a verification of T = 1..16 tokens and of SWIFT-shaped token trees up
+   to 60 nodes;
 3. the speedup the cost model predicts for Self-SD and SWIFT at the acceptance the papers report
    for LLaMA-2-13B (``../shared/reference``), next to the papers' measured speedups;
 4. one speculative decode with every phase timed (``phase_timing=True``) and its device reads per
    round (`framework.testing.syncs.count_host_reads`);
-5. the issue's targets, each said met or not.
+5. the issue's targets, each said met or not;
+
+all of it eagerly and then with CUDA graphs of the branches (``--graphs both``, the
+default; `framework.kernels.graphs`), with a table of the two side by side.
 
 Randomly initialised models emit meaningless tokens; only costs are measured here (acceptance comes
 from the papers). It runs unchanged on any CUDA machine; ``--shape tiny --device cpu`` is a smoke
@@ -21,7 +26,7 @@ run of every code path.
 
     python docs/measurements/gpu_costs.py --shape llama2-7b [--dtype bfloat16] [--json out.json]
     python docs/measurements/gpu_costs.py --shape llama2-13b --hf-compile
-    python docs/measurements/gpu_costs.py --shape tiny --device cpu --dtype float32 --new-tokens 16
+    python docs/measurements/gpu_costs.py --shape tiny --device cpu --dtype float32 --new-tokens 16 --reps 2
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import platform
 import statistics
 import time
+import traceback
 
 import torch
 
@@ -118,49 +124,88 @@ def speed(model, adapter, new_tokens: int, reps: int, hf_compile: bool) -> dict:
             prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kw
         )
 
-    cases = {"ours": lambda: ours.generate(prompt, stop), "hf_eager": hf()}
+    walls: list[float] = []  # our generate's own clock (prefill excluded below)
+    prefills: list[float] = []
+
+    def run_ours() -> None:
+        res = ours.generate(prompt, stop)
+        walls.append(res.wall_time)
+        prefills.append(res.timings["prefill"])
+
+    cases = {"ours": run_ours, "hf_eager": hf()}
     times: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():  # warm-up
         fn()
     for _ in range(reps):
         for k, fn in cases.items():
             times[k].append(timed(dev, fn))
-    out = {k: new_tokens / statistics.median(v) for k, v in times.items()}
+    out: dict = {k: new_tokens / statistics.median(v) for k, v in times.items()}
+    # a step of our loop: the median generation after its prefill, over the tokens after the first
+    out["ours_seconds_per_step"] = statistics.median(
+        (w - p) / max(1, new_tokens - 1) for w, p in zip(walls[1:], prefills[1:], strict=True)
+    )
     if hf_compile:
+        # transformers compiles the forward itself for a static cache (generation_config.compile_config)
         model.generation_config.cache_implementation = "static"
-        eager = model.forward
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        from torch._dynamo.utils import counters
+
+        graphs_before = counters["stats"]["unique_graphs"]
         try:
             fn = hf()
             fn()
             fn()  # compile and capture
             out["hf_static_compile"] = new_tokens / statistics.median(timed(dev, fn) for _ in range(reps))
+            out["hf_static_compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
+        except Exception as exc:  # a transformers/torch pair that cannot compile: say so, go on
+            out["hf_static_compile_error"] = f"{type(exc).__name__}: {exc}"[:400]
+            print(f"HF static cache + compile failed: {out['hf_static_compile_error']}")
         finally:
-            model.forward = eager
             model.generation_config.cache_implementation = None
-    res = ours.generate(prompt, stop)
-    per_step = (res.wall_time - res.timings["prefill"]) / max(1, len(res.tokens) - 1)
-    out["ours_seconds_per_step"] = per_step
     return out
 
 
+def swift_like_tree(size: int, depth: int = 6) -> tuple[list[int], torch.Tensor]:
+    """A token tree of ``size`` nodes shaped like SWIFT's: a chain of ``depth`` nodes and the rest
+    as leaves hanging off the chain nodes in turn. Returns each node's depth and the (size, size)
+    mask of each node's ancestors (itself included)."""
+    parents = [-1] + list(range(depth - 1)) + [(j - depth) % (depth - 1) for j in range(depth, size)]
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    depths = []
+    for j in range(size):
+        a, d = j, 0
+        while a >= 0:
+            mask[j, a] = True
+            a, d = parents[a], d + 1
+        depths.append(d - 1)
+    return depths, mask
+
+
 def tree_costs(adapter, sizes: list[int], reps: int) -> dict[int, float]:
-    """Seconds of a verification over T tokens (logits at every position) after a 128-token context."""
+    """Seconds of a token-tree verification of each size (logits at every node) after a 128-token
+    context (`swift_like_tree`)."""
     info = adapter.info()
+    dev = adapter.device
     gen = torch.Generator().manual_seed(2)
-    prompt = torch.randint(0, info.vocab_size, (1, 128), generator=gen).to(adapter.device)
+    prompt = torch.randint(0, info.vocab_size, (1, 128), generator=gen).to(dev)
     state = DecodeState(adapter, prompt, 128 + max(sizes) + 8)
     state.append(state.prefill().argmax(-1)[:, None])
+    trees = {}
+    for t in sizes:
+        depths, mask = swift_like_tree(t)
+        block = torch.randint(0, info.vocab_size, (1, t), generator=gen).to(dev)
+        positions = (state.cache.committed + torch.tensor([depths])).to(dev)
+        trees[t] = (block, positions, mask.to(dev))
     out: dict[int, list[float]] = {t: [] for t in sizes}
     for _ in range(reps + 1):
         for t in sizes:
-            block = torch.randint(0, info.vocab_size, (1, t), generator=gen).to(adapter.device)
 
-            def verify(block=block):
-                state.forward_verify(block, logits_at="all")
+            def verify(tree=trees[t]):
+                block, positions, mask = tree
+                state.forward_verify(block, logits_at="all", position_ids=positions, tree_mask=mask)
                 state.discard_draft()
 
-            out[t].append(timed(adapter.device, verify))
+            out[t].append(timed(dev, verify))
+    state.cache.release()
     return {t: statistics.median(v[1:]) for t, v in out.items()}
 
 
@@ -224,37 +269,14 @@ def phases(adapter, new_tokens: int) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama2-7b")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument(
-        "--hf-compile", action="store_true", help="also HF generate with a static cache + compile"
-    )
-    ap.add_argument("--json", default=None, help="write every number to this file")
-    args = ap.parse_args()
-    dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    model = build(args.shape, dtype, args.device)
-    adapter = adapter_for(model)
+def report(model, adapter, args, label: str) -> dict:
+    """Every measurement of the module docstring for the adapter as it is set now; prints the
+    tables and returns the numbers."""
     n = adapter.num_layers
-    env = {
-        "shape": args.shape,
-        "dtype": args.dtype,
-        "device": torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else (platform.processor() or "cpu"),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    print(f"# {json.dumps(env)}\n")
-
     sp = speed(model, adapter, args.new_tokens, args.reps, args.hf_compile)
     cost = CostModel.measure(adapter, max_tokens=16, context=128, reps=max(3, args.reps))
     overhead = sp["ours_seconds_per_step"] - cost.step
+    print(f"# {label}\n")
     print("## Plain decoding, batch 1 (tokens/s, medians)\n")
     print("| decoder | tokens/s | vs HF eager |\n|---|---:|---:|")
     for k in ("hf_eager", "hf_static_compile", "ours"):
@@ -267,13 +289,16 @@ def main() -> None:
 
     print("## Draft cost (in plain steps)\n")
     print("| plan | skipped sub-layers | cost |\n|---|---:|---:|")
+    drafts = {}
     for r in (0.0, 0.1, 0.2, 0.3, 0.45, 0.5, 0.6):
         plan = uniform_plan(n, r)
-        print(f"| uniform {r:.2f} | {plan.skip_ratio:.3f} | {cost.draft_step(plan) / cost.step:.3f} |")
+        drafts[f"uniform {r:.2f}"] = cost.draft_step(plan) / cost.step
+        print(f"| uniform {r:.2f} | {plan.skip_ratio:.3f} | {drafts[f'uniform {r:.2f}']:.3f} |")
     for frac in (0.25, 0.5, 0.75):
         e = max(1, round(frac * n))
         plan = LayerPlan.from_indices(n, exit_layer=e)
-        print(f"| exit after block {e} of {n} | {1 - e / n:.3f} | {cost.draft_step(plan) / cost.step:.3f} |")
+        drafts[f"exit {e}"] = cost.draft_step(plan) / cost.step
+        print(f"| exit after block {e} of {n} | {1 - e / n:.3f} | {drafts[f'exit {e}']:.3f} |")
     trees = tree_costs(adapter, [24, 32, 48, 60], max(3, args.reps))
     print("\n## Verification cost (a forward over T tokens, in plain steps)\n")
     print("| T | cost |\n|---:|---:|")
@@ -319,24 +344,130 @@ def main() -> None:
         (f"predicted selfsd >= 1.3x ({sd['predicted']:.2f}x)", sd["predicted"] >= 1.3),
         (f"predicted swift >= 1.3x ({sw['predicted']:.2f}x)", sw["predicted"] >= 1.3),
     ]
-    print("## Targets (issue 17)\n")
+    print(f"## Targets (issue 17), {label}\n")
     for text, ok in checks:
         print(f"- {text}: {'met' if ok else 'NOT met'}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(
-                {
-                    "env": env,
-                    "speed": sp,
-                    "cost_model": cost.to_dict(),
-                    "trees": trees,
-                    "predictions": pred,
-                    "phases": ph,
-                    "checks": dict(checks),
-                },
-                fh,
-                indent=1,
-            )
+    print()
+    return {
+        "speed": sp,
+        "overhead": overhead,
+        "cost_model": cost.to_dict(),
+        "step": cost.step,
+        "drafts": drafts,
+        "draft45": d45,
+        "verify8": v8,
+        "trees": trees,
+        "predictions": pred,
+        "phases": ph,
+        "checks": dict(checks),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama2-7b")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--hf-compile", action="store_true", help="also HF generate with a static cache + compile"
+    )
+    ap.add_argument(
+        "--graphs",
+        choices=["off", "on", "both"],
+        default="both",
+        help="measure eagerly, through CUDA graphs of the branches (--cuda-graphs), or both "
+        "(without CUDA, 'on' runs the static branches uncaptured)",
+    )
+    ap.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="only the plain-decoding table (part 1); our loop with CUDA graphs if --graphs on",
+    )
+    ap.add_argument("--json", default=None, help="write every number to this file")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    model = build(args.shape, dtype, args.device)
+    adapter = adapter_for(model)
+    env = {
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else (platform.processor() or "cpu"),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(f"# {json.dumps(env)}\n")
+    if args.speed_only:
+        adapter.set_cuda_graphs(args.graphs == "on")
+        sp = speed(model, adapter, args.new_tokens, args.reps, args.hf_compile)
+        print("| decoder | tokens/s | vs HF eager |\n|---|---:|---:|")
+        for k in ("hf_eager", "hf_static_compile", "ours"):
+            if k in sp:
+                print(f"| {k} | {sp[k]:.1f} | {sp[k] / sp['hf_eager']:.2f}x |")
+        print(f"\ncompiled graphs: {sp.get('hf_static_compiled_graphs')}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"env": env, "graphs": args.graphs == "on", "speed": sp}, fh, indent=1)
+        return
+    runs: dict[str, dict] = {}
+    failed: list[str] = []
+    for label in {"off": ["eager"], "on": ["graphs"], "both": ["eager", "graphs"]}[args.graphs]:
+        try:
+            adapter.set_cuda_graphs(label == "graphs")
+            runs[label] = report(model, adapter, args, label)
+        except Exception:  # report the failure, keep what was measured, exit non-zero at the end
+            traceback.print_exc()
+            failed.append(label)
+            continue
+        if label == "graphs" and adapter.graphs is not None:
+            runs[label]["graph_captures"] = adapter.graphs.captures
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"env": env, **runs}, fh, indent=1, default=str)
+    if len(runs) == 2:
+        e, g = runs["eager"], runs["graphs"]
+        print("# Eager against CUDA graphs of the branches\n")
+        print("| quantity | eager | graphs |\n|---|---:|---:|")
+        rows = [
+            ("our vanilla, tokens/s", e["speed"]["ours"], g["speed"]["ours"], ".1f"),
+            ("HF eager generate, tokens/s", e["speed"]["hf_eager"], g["speed"]["hf_eager"], ".1f"),
+            ("one step, a forward (ms)", 1e3 * e["step"], 1e3 * g["step"], ".2f"),
+            (
+                "our loop's step (ms)",
+                1e3 * e["speed"]["ours_seconds_per_step"],
+                1e3 * g["speed"]["ours_seconds_per_step"],
+                ".2f",
+            ),
+            (
+                "draft skipping 45% (ms)",
+                1e3 * e["draft45"] * e["step"],
+                1e3 * g["draft45"] * g["step"],
+                ".2f",
+            ),
+            ("draft skipping 45% (steps)", e["draft45"], g["draft45"], ".3f"),
+            ("verify 8 tokens (ms)", 1e3 * e["verify8"] * e["step"], 1e3 * g["verify8"] * g["step"], ".2f"),
+            ("verify 8 tokens (steps)", e["verify8"], g["verify8"], ".3f"),
+            (
+                "predicted selfsd",
+                e["predictions"]["selfsd"]["predicted"],
+                g["predictions"]["selfsd"]["predicted"],
+                ".2f",
+            ),
+            (
+                "predicted swift",
+                e["predictions"]["swift"]["predicted"],
+                g["predictions"]["swift"]["predicted"],
+                ".2f",
+            ),
+        ]
+        for name, a, b, fmt in rows:
+            print(f"| {name} | {a:{fmt}} | {b:{fmt}} |")
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ SHARED_RUN_FIELDS = (
     "threads",
     "kernels",
     "phase_timing",
+    "cuda_graphs",
     "plots",
 )
 

@@ -29,6 +29,7 @@ from torch import nn
 from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import FusedBlocks
+from framework.kernels.graphs import BranchGraphs
 from framework.types import LayerPlan, ModelInfo
 from framework.utils import no_clock, synced_clock
 
@@ -146,6 +147,8 @@ class ModelAdapter(ABC):
         self.fast_kernels = kernels.is_installed(model)
         #: the fused branches of `framework.kernels.fused` (set by `set_fast_kernels`; ``None``: modules)
         self.fused: FusedBlocks | None = None
+        #: CUDA graphs of the attention and MLP branches (`set_cuda_graphs`; ``None``: eager)
+        self.graphs: BranchGraphs | None = None
 
     # ---- architecture-specific pieces ---------------------------------------------------
     @property
@@ -290,10 +293,42 @@ class ModelAdapter(ABC):
         self.fused = self.build_fused() if self.fast_kernels else None
         return self.fast_kernels
 
+    def set_cuda_graphs(
+        self, enabled: bool, *, capture: bool | None = None, max_tokens: int = 64
+    ) -> BranchGraphs | None:
+        """Run short forwards (draft steps, plain steps, verifications of chains and token trees of
+        up to ``max_tokens`` tokens) through CUDA graphs of each attention and MLP branch
+        (`framework.kernels.graphs`), or eagerly again. Prefills run eagerly.
+
+        Args:
+            enabled: turn the graphs on or off.
+            capture: ``None`` captures graphs on CUDA; ``False`` runs the same static branches
+                without capturing them (any device: how the CPU tests check them).
+            max_tokens: the longest forward that takes the graphs.
+
+        Raises:
+            ValueError: ``capture=True`` on a device that is not CUDA.
+        """
+        self.graphs = BranchGraphs(self, capture=capture, max_tokens=max_tokens) if enabled else None
+        return self.graphs
+
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        return KVCache(
-            self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device
+        graphs = self.graphs
+        buffers = graphs.lease(capacity, batch) if graphs is not None else None
+        cache = KVCache(
+            self.num_layers,
+            batch,
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            self.dtype,
+            self.device,
+            buffers=buffers,
+            on_release=graphs.give_back if buffers is not None and graphs is not None else None,
         )
+        if buffers is not None and graphs is not None:
+            graphs.lent_to(cache)
+        return cache
 
     # ---- the shared forward ------------------------------------------------------------
     @torch.inference_mode()
@@ -401,16 +436,26 @@ class ModelAdapter(ABC):
         if fused is not None:
             h = h.contiguous()
             cos, sin = (p.contiguous() for p in pos_emb)
+        graphs = self.graphs
+        if graphs is not None and (cache.empty or not graphs.serves(cache, h)):
+            graphs = None  # a prefill (each prompt length would be captured once, for one use)
         cache.begin(h.shape[1], base=base, visible=visible, tree_mask=tree_mask, persist=persist)
         try:
+            if graphs is not None:
+                graphs.set_rotary(pos_emb)
             for i in range(start, stop):
                 if plan is None or plan.runs_attn(i):
-                    if fused is not None and fused.attn[i] is not None:
+                    whole, tree = cache.block_mask(i) if graphs is not None else (False, None)
+                    if whole and graphs is not None:
+                        h = h + graphs.attention(i, h, cache.claim(i)[2], tree)
+                    elif fused is not None and fused.attn[i] is not None:
                         h = fused.attention(i, h, cos, sin, cache)
                     else:
                         h = h + self.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
                 if plan is None or plan.runs_mlp(i):
-                    if fused is not None and fused.mlp[i] is not None:
+                    if graphs is not None:
+                        h = h + graphs.mlp(i, h)
+                    elif fused is not None and fused.mlp[i] is not None:
                         h = fused.mlp_branch(i, h)
                     else:
                         h = h + self.mlp_branch(i, h)

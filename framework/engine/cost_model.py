@@ -270,6 +270,7 @@ class CostModel:
                 if rep:
                     samples[t_len].append(t)
         state.discard_draft()
+        state.cache.release()
         med = {k: statistics.median(v) for k, v in samples.items()}
         full_head, head = head_seconds(adapter, draft_head, reps=4 * reps + 3)
         return cls(

@@ -178,6 +178,7 @@ def _finish(
     the wall time) only; ``lm_head`` is there when the adapter timed its heads.
     """
     wall = synced_clock(state.adapter.device)() - t0
+    state.cache.release()  # a lent KV pool (CUDA graphs) may serve the next generation
     timings = dict(state.stats.timings)
     if not phases:
         timings = {"prefill": timings["prefill"], "decode": wall - timings["prefill"]}

@@ -28,6 +28,7 @@ Shapes: buffers are ``(L, B, H_kv, capacity, D)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,10 @@ class KVCache:
         capacity: initial number of slots (grows by doubling if ever exceeded).
         dtype: buffer dtype (the model's).
         device: buffer device.
+        buffers: ``(keys, values)`` to use instead of fresh zeros, each (L, B, H_kv, C, D) with
+            C >= ``capacity`` (the pool of `framework.kernels.graphs.BranchGraphs`, lent by
+            `ModelAdapter.new_cache`; whatever they hold beyond the pointers is never read).
+        on_release: called with the cache by `release` (gives a lent pool back).
     """
 
     def __init__(
@@ -66,13 +71,26 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        *,
+        buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
+        on_release: Callable[[KVCache], None] | None = None,
     ) -> None:
         self.num_layers = num_layers
         shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
-        # Normal (not inference-mode) tensors: writable inside and outside torch.inference_mode.
-        with torch.inference_mode(False):
-            self.keys = torch.zeros(shape, dtype=dtype, device=device)
-            self.values = torch.zeros(shape, dtype=dtype, device=device)
+        if buffers is not None:
+            self.keys, self.values = buffers
+            if (
+                self.keys.shape[:3] != shape[:3]
+                or self.keys.shape[3] < capacity
+                or self.keys.shape[4] != head_dim
+            ):
+                raise ValueError(f"cache buffers of shape {tuple(self.keys.shape)} do not hold {shape}")
+        else:
+            # Normal (not inference-mode) tensors: writable inside and outside torch.inference_mode.
+            with torch.inference_mode(False):
+                self.keys = torch.zeros(shape, dtype=dtype, device=device)
+                self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self._on_release = on_release
         self._layer_views()
         #: slots [0, committed) are the target's KV of committed tokens in every layer.
         self.committed = 0
@@ -202,6 +220,21 @@ class KVCache:
         assert w is not None
         return (w.visible is None or w.visible == self._base(layer)) and w.tree_mask is None
 
+    def block_mask(self, layer: int) -> tuple[bool, torch.Tensor | None]:
+        """How the new tokens of the current forward attend in ``layer``: ``(True, tree)`` when they
+        see every slot before them plus, among themselves, the causal order (``tree`` ``None``) or
+        the forward's tree mask (T, T); ``(False, None)`` when some slots are hidden (scratch)."""
+        w = self._write
+        assert w is not None
+        if w.visible is not None and w.visible != self._base(layer):
+            return False, None
+        return True, w.tree_mask
+
+    @property
+    def empty(self) -> bool:
+        """No slot written yet in any layer (the next forward is a prefill)."""
+        return self.committed == 0 and not any(self.lengths)
+
     def attention_mask(self, layer: int) -> torch.Tensor | None:
         """Additive float mask (1, 1, T, base + T) for ``layer`` in the current forward.
 
@@ -292,6 +325,13 @@ class KVCache:
     def committed_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed (B, H_kv, committed, D) keys and values of ``layer`` (views)."""
         return self.keys[layer, :, :, : self.committed], self.values[layer, :, :, : self.committed]
+
+    def release(self) -> None:
+        """Say that this cache will not be used again (the decoders call it when a generation
+        ends), so that buffers it was lent can serve the next cache. Idempotent."""
+        if self._on_release is not None:
+            self._on_release(self)
+            self._on_release = None
 
     # HF attention code sometimes asks a cache these; answer like a static cache would.
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -41,7 +41,9 @@ __all__ = [
 
 #: The ``--help`` section of each `RunConfig` field.
 GROUPS = {
-    **dict.fromkeys(("model", "dtype", "device", "threads", "kernels", "phase_timing"), "model"),
+    **dict.fromkeys(
+        ("model", "dtype", "device", "threads", "kernels", "phase_timing", "cuda_graphs"), "model"
+    ),
     **dict.fromkeys(("data", "categories", "limit", "max_new_tokens", "stop_strings"), "data"),
     **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),
     "gate": "draft gate (framework.policies.gate)",

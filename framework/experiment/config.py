@@ -169,6 +169,13 @@ class RunConfig:
         help="time each phase of a round and the LM head in the records: on, off, or auto (on for a CPU; "
         "off for CUDA, where every phase boundary waits for the device, about ten times a round)",
     )
+    cuda_graphs: bool = param(
+        False,
+        help="run every forward of up to 64 tokens after the prefill (draft steps, plain steps, chain "
+        "and tree verifications) through CUDA graphs of each attention and MLP branch "
+        "(framework.kernels.graphs; CUDA only): about 2x faster plain decoding on a 7B model at "
+        "batch 1 (docs/performance.md)",
+    )
     logger: Literal["wandb", "csv", "none"] = param(
         "wandb", help="wandb (offline without an API key; upload later with `wandb sync`), csv or none"
     )
@@ -197,6 +204,7 @@ class RunConfig:
         for flag, value in (
             ("--baseline-only", self.baseline_only),
             ("--kernels", self.kernels),
+            ("--cuda-graphs", self.cuda_graphs),
             ("--plots", self.plots),
             ("--resume", self.resume),
         ):

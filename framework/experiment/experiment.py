@@ -113,6 +113,12 @@ class Experiment:
         self.model, self.tokenizer = model, tokenizer
         self.adapter = adapter_for(model, fast_kernels=None if cfg.kernels else False)
         self.adapter.time_lm_head = cfg.phase_timing_flag
+        if cfg.cuda_graphs:  # before any preparation: what a search times is what decodes
+            if self.adapter.device.type != "cuda":
+                raise ConfigError(
+                    "--cuda-graphs", True, f"used with a CUDA device (the model is on {self.adapter.device})"
+                )
+            self.adapter.set_cuda_graphs(True)
         self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.prepare_ctx = PrepareContext(
             adapter=self.adapter,

@@ -34,7 +34,7 @@ def _presets() -> list[str]:
     return list_presets()
 
 
-def _experiment(name: str, dtype: torch.dtype, depth: int = 6):
+def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = False):
     from framework.experiment.config import RunConfig
     from framework.experiment.experiment import Experiment
     from framework.experiment.presets import load_preset
@@ -48,10 +48,14 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6):
         for field, value in fields.items()
     }
     dtype_name = str(dtype).removeprefix("torch.")
-    cfg = RunConfig.from_preset(name, max_new_tokens=24, dtype=dtype_name, device="cuda", **fast)
+    cfg = RunConfig.from_preset(
+        name, max_new_tokens=24, dtype=dtype_name, device="cuda", cuda_graphs=graphs, **fast
+    )
     model = tiny_model("llama", num_layers=depth, seed=depth, dtype=dtype, max_position_embeddings=256)
     model = model.to("cuda")
-    return Experiment(cfg, model, tiny_tokenizer(VOCAB), log=lambda _msg: None)
+    exp = Experiment(cfg, model, tiny_tokenizer(VOCAB), log=lambda _msg: None)
+    assert (exp.adapter.graphs is not None) == graphs
+    return exp
 
 
 def _decode_all(exp, turns_list):
@@ -94,14 +98,60 @@ def test_every_preset_on_cuda_in_float32_is_lossless_up_to_near_ties(name):
         assert where is None or where["near_tie"], f"{name}: {where} is not a near-tie flip"
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("name", _presets())
-def test_every_preset_on_cuda_in_bfloat16_runs_and_reports_mismatches(name):
-    exp = _experiment(name, torch.bfloat16)
+def test_every_preset_on_cuda_in_bfloat16_runs_and_reports_mismatches(name, graphs, record_property):
+    exp = _experiment(name, torch.bfloat16, graphs=graphs)
     results = _decode_all(exp, PROMPTS)
     bad = [w for _v, _s, w in results if w is not None]
     for w in bad:
         assert w["dtype"] == "bfloat16" and w["margin"] is not None and w["margin"] >= 0
+    record_property("mismatches", json.dumps({"prompts": len(results), "differ": bad}, default=str))
     print(f"{name}: {len(bad)}/{len(results)} prompts differ from vanilla in bfloat16: {bad}")
+
+
+@pytest.mark.parametrize("name", _presets())
+def test_every_preset_with_cuda_graphs_in_float32_is_lossless_up_to_near_ties(name):
+    exp = _experiment(name, torch.float32, graphs=True)
+    for _van, spec, where in _decode_all(exp, PROMPTS):
+        assert all(r.new_tokens > 0 for r, _ in spec)
+        if exp.spec.verifier.lossless == "greedy":
+            assert where is None or where["near_tie"], f"{name}: {where} is not a near-tie flip"
+    graphs = exp.adapter.graphs
+    assert graphs.captures > 0 and graphs.replays > graphs.captures  # plain steps replay graphs
+
+
+def test_cuda_graphs_compute_what_the_eager_path_computes():
+    from framework import LayerPlan
+    from framework.engine.adapter import adapter_for
+    from framework.engine.state import DecodeState
+    from framework.testing import random_prompt, tiny_model
+
+    adapters = [
+        adapter_for(tiny_model("llama", num_layers=4, seed=5, dtype=torch.float32).to("cuda"))
+        for _ in range(2)
+    ]
+    adapters[1].set_cuda_graphs(True)
+    prompt = random_prompt(7, VOCAB, seed=3).to("cuda")
+    states = [DecodeState(a, prompt, 40) for a in adapters]
+    for s in states:
+        s.append(s.prefill().argmax(-1)[:, None])
+    plan = LayerPlan.from_indices(4, attn=[1], mlp=[2])
+    for step in range(12):
+        if step % 3 == 2:  # a draft step of a skip plan between plain steps
+            outs = [s.forward_draft(s.pending, plan).logits[:, -1] for s in states]
+            torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+            for s in states:
+                s.discard_draft()
+        outs = [s.forward_verify(s.pending, logits_at="last").logits[:, -1] for s in states]
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+        tok = outs[0].argmax(-1)[:, None]
+        for s in states:
+            s.cache.commit(1)
+            s.append(tok)
+    graphs = adapters[1].graphs
+    assert graphs.captures == 2 * 4  # every branch once (T = 1), whatever the plan; prefill is eager
+    assert graphs.replays == 12 * 2 * 4 + 4 * (2 * 4 - 2)
 
 
 def test_load_model_puts_the_weights_on_the_gpu_in_bfloat16_for_auto(tmp_path):

@@ -372,6 +372,18 @@ def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
     assert exp.spec.phase_timing is False
 
 
+def test_cuda_graphs_flag_is_checked_and_refused_without_cuda(data, tmp_path):
+    with pytest.raises(ConfigError, match="--cuda-graphs"):
+        RunConfig(cuda_graphs="yes")
+    cfg = cfg_for(data, tmp_path / "r.jsonl", cuda_graphs=True)
+    with pytest.raises(ConfigError, match="--cuda-graphs must be used with a CUDA device"):
+        experiment_mod.Experiment(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
+    exp = experiment_mod.Experiment(
+        cfg_for(data, tmp_path / "r.jsonl"), tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer()
+    )
+    assert exp.adapter.graphs is None
+
+
 def test_the_phase_table_says_n_a_for_untimed_phases():
     from framework.experiment.metrics import time_breakdown
 

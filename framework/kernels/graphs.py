@@ -1,0 +1,255 @@
+"""CUDA graphs of each block's attention and MLP branch, for short forwards (``--cuda-graphs``).
+
+Why: at batch 1 a GPU decoding step of a 7B model is bound by kernel launches, not by the device:
+an eager Llama block launches about 40 small kernels (two RMSNorms, four projections, RoPE, the
+cache write, attention, SiLU, the residual adds), each costing the host a few microseconds of
+Python and driver work, while the device needs a few tens of microseconds for the whole block. A
+captured CUDA graph replays a branch's kernels with one launch.
+
+A skip plan decides per sub-layer whether a branch runs, so graphs are captured per branch (block
+``i``'s attention, block ``i``'s MLP) and per number of tokens T (1 to `BranchGraphs.max_tokens`,
+captured when first met), and any plan replays the ones it runs: draft steps of every selector,
+plain steps, chain verifications and token-tree verifications share them. Prefills (a forward into
+an empty cache: each prompt length would be captured for one use), longer blocks and scratch
+evaluations that hide part of the prefix run eagerly.
+
+How a branch becomes static (a graph fixes every address and shape):
+
+- the input (the residual stream), the RoPE cos/sin and the first write slot live in static
+  buffers (one set per T) that each call fills before the replay;
+- the KV cache is a pool of buffers at a fixed address, which `ModelAdapter.new_cache` lends to one
+  `KVCache` at a time (`BranchGraphs.lease`); the keys/values of the T new tokens are written at
+  slots ``pos .. pos + T - 1`` computed inside the graph from a device tensor ``pos``
+  (``index_copy_``), and attention reads the layer's whole capacity under a mask computed inside
+  the graph from the same slots (causal, or a token tree's mask copied into a static (T, T)
+  buffer), so neither depends on the step;
+- the branch itself is the model's own modules, called as `ModelAdapter.attention_branch` and
+  `ModelAdapter.mlp_branch` call them (no forked modeling code), with a small cache object whose
+  ``update`` does the slot write.
+
+Numerics: attending over the whole capacity under a mask gives the same function as attending to
+the used prefix (masked scores are ``finfo.min``, whose softmax weight is exactly 0), but the
+reduction runs over more slots, so results agree to rounding, not bit for bit. On CUDA greedy
+equality with plain decoding is not guaranteed by construction anyway (docs/performance.md);
+plain decoding with ``--cuda-graphs`` takes the same graphs.
+
+``capture=False`` runs the same static branches without capturing them: on a CPU this is how the
+tests check the static path's arithmetic (``tests/framework/kernels/test_graphs.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from framework.engine.adapter import ModelAdapter
+    from framework.engine.kv_cache import KVCache
+
+#: Smallest pool capacity (slots); a larger request rounds up to the next power of two.
+MIN_CAPACITY = 512
+
+
+class _SlotCache:
+    """What an HF attention module needs of a cache: ``update`` writes the new tokens' K/V of one
+    layer at ``slots`` (a device tensor) and returns the layer's whole buffers."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k.index_copy_(2, self.slots, key)
+        v.index_copy_(2, self.slots, value)
+        return k, v
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # pragma: no cover - HF compatibility only
+        return 0
+
+
+class BranchGraphs:
+    """Static branches of every block for forwards of 1 to ``max_tokens`` tokens, captured as CUDA
+    graphs on first use.
+
+    Args:
+        adapter: the model adapter whose blocks are run.
+        capture: capture CUDA graphs (``None``: when the model is on CUDA); ``False`` runs the
+            static branches eagerly.
+        max_tokens: the longest forward served (a chain verification of k drafts has k + 1
+            tokens); longer ones run eagerly.
+
+    Attributes:
+        replays: branch calls served (graph replays, or static calls without capture).
+        captures: graphs captured so far (each branch and T once per pool).
+    """
+
+    def __init__(self, adapter: ModelAdapter, *, capture: bool | None = None, max_tokens: int = 64) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.adapter = adapter
+        self.max_tokens = max_tokens
+        self.device = adapter.device
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {self.device}")
+        self.replays = 0
+        self.captures = 0
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self._holder: Callable[[], Any] | None = None
+        self._graphs: dict[tuple[str, int, int], tuple[Any, torch.Tensor]] = {}
+        self._pool = None
+        self._hidden = adapter.info().hidden_size
+        with torch.inference_mode(False):
+            self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._offsets = torch.arange(max_tokens, device=self.device)
+        self._pos_value = -1
+        #: per T: the static residual input and RoPE cos/sin
+        self._x: dict[int, torch.Tensor] = {}
+        self._rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tree: dict[int, torch.Tensor] = {}  # per T: the (T, T) tree mask of a tree forward
+        self._arange: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ the KV pool
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[3]
+
+    def lease(self, capacity: int, batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pool's buffers for a new cache of ``capacity`` slots, or ``None`` (the cache then
+        allocates its own and runs eagerly): a batch of several sequences, or a pool still lent
+        to a live cache that was not `release`d. A larger capacity than the pool's reallocates
+        the pool (and drops its graphs)."""
+        if batch != 1:
+            return None
+        if self._holder is not None and self._holder() is not None:
+            gc.collect()  # a holder kept alive only by a reference cycle
+            if self._holder() is not None:
+                return None
+        if capacity > self.capacity:
+            cap = max(MIN_CAPACITY, 1 << (capacity - 1).bit_length())
+            a = self.adapter
+            shape = (a.num_layers, 1, a.num_kv_heads, cap, a.head_dim)
+            self._graphs.clear()
+            self.keys = self.values = None
+            with torch.inference_mode(False):
+                # zeros, not empty: masked slots still enter the attention product (times 0)
+                self.keys = torch.zeros(shape, dtype=a.dtype, device=self.device)
+                self.values = torch.zeros(shape, dtype=a.dtype, device=self.device)
+                self._arange = torch.arange(cap, device=self.device)
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+    def lent_to(self, cache: KVCache) -> None:
+        """Record that ``cache`` holds the pool (until it is released or garbage)."""
+        self._holder = weakref.ref(cache)
+
+    def give_back(self, cache: KVCache) -> None:
+        if self._holder is not None and self._holder() is cache:
+            self._holder = None
+
+    def holds(self, cache: KVCache) -> bool:
+        """Whether ``cache`` writes into the pool (a cache that grew past it no longer does)."""
+        return self.keys is not None and cache.keys is self.keys
+
+    def serves(self, cache: KVCache, hidden: torch.Tensor) -> bool:
+        """Whether a forward of ``hidden`` (B, T, d) on ``cache`` can take the graphs: one
+        sequence of at most `max_tokens` tokens on a cache that `holds` the pool."""
+        b, t = hidden.shape[:2]
+        return b == 1 and 1 <= t <= self.max_tokens and self.holds(cache)
+
+    # ------------------------------------------------------------------ one forward
+    def set_rotary(self, pos_emb: Any) -> None:
+        """Copy this forward's RoPE cos/sin into the static buffers of its T (once per forward)."""
+        cos, sin = pos_emb
+        t = cos.shape[-2]
+        bufs = self._rope.get(t)
+        if bufs is None or bufs[0].shape != cos.shape:
+            with torch.inference_mode(False):
+                bufs = self._rope[t] = (
+                    torch.zeros(cos.shape, dtype=cos.dtype, device=self.device),
+                    torch.zeros(sin.shape, dtype=sin.dtype, device=self.device),
+                )
+            self._graphs = {k: v for k, v in self._graphs.items() if k[2] != t}
+        bufs[0].copy_(cos)
+        bufs[1].copy_(sin)
+
+    def attention(
+        self, i: int, hidden: torch.Tensor, slot: int, tree: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Block ``i``'s attention branch output (without the residual) for T tokens written at
+        slots ``slot .. slot + T - 1``. Token j attends to every slot before ``slot`` and, among
+        the new tokens, to those before it (``tree`` ``None``) or to those ``tree[j]`` allows."""
+        if slot != self._pos_value:
+            self.pos.fill_(slot)
+            self._pos_value = slot
+        t = hidden.shape[1]
+        if tree is None:
+            return self._run(("attn", i, t), hidden, lambda: self._static_attention(i, t, False))
+        buf = self._tree.get(t)
+        if buf is None:
+            with torch.inference_mode(False):
+                buf = self._tree[t] = torch.zeros(t, t, dtype=torch.bool, device=self.device)
+        buf.copy_(tree, non_blocking=True)
+        return self._run(("tree", i, t), hidden, lambda: self._static_attention(i, t, True))
+
+    def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Block ``i``'s MLP branch output (without the residual)."""
+        t = hidden.shape[1]
+        return self._run(("mlp", i, t), hidden, lambda: self.adapter.mlp_branch(i, self._x[t]))
+
+    def _static_attention(self, i: int, t: int, tree: bool) -> torch.Tensor:
+        assert self.keys is not None and self.values is not None and self._arange is not None
+        dtype = self.adapter.dtype
+        slots = self.pos + self._offsets[:t]  # (T,)
+        if tree:  # every slot before pos, and the tree's own pattern over the block's slots
+            rel = self._arange - self.pos  # (capacity,)
+            inside = (rel >= 0) & (rel < t)
+            among = self._tree[t].index_select(1, rel.clamp(0, t - 1)) & inside[None, :]
+            hidden = ~((rel < 0)[None, :] | among)  # (T, capacity)
+        else:  # causal: beyond each token's own slot
+            hidden = self._arange[None, :] > slots[:, None]
+        mask = torch.zeros(hidden.shape, dtype=dtype, device=self.device)
+        mask = mask.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+        cache = _SlotCache(self.keys, self.values, slots)
+        return self.adapter.attention_branch(i, self._x[t], self._rope[t], mask, cache)
+
+    def _run(
+        self, key: tuple[str, int, int], hidden: torch.Tensor, fn: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        t = hidden.shape[1]
+        x = self._x.get(t)
+        if x is None:
+            with torch.inference_mode(False):
+                x = self._x[t] = torch.zeros(1, t, self._hidden, dtype=self.adapter.dtype, device=self.device)
+        x.copy_(hidden)
+        self.replays += 1
+        if not self.capture:
+            return fn()
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._graphs[key] = self._record(fn)
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _record(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """Warm ``fn`` up on a side stream, then capture it. The warm-up runs on the real inputs,
+        so its cache write is the one the replay repeats."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn()
+        self.captures += 1
+        return graph, out

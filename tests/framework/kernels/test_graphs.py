@@ -1,0 +1,185 @@
+"""The static branches behind ``--cuda-graphs`` (framework.kernels.graphs), run without capture on
+the CPU: they compute what the eager path computes for one-token steps and chain verifications,
+write the same cache, serve every skip plan, leave trees and long blocks to the eager path, and
+lend their KV pool to one live cache at a time. Capture itself needs CUDA
+(tests/integration/test_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework import LayerPlan
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.state import DecodeState
+from framework.kernels.graphs import MIN_CAPACITY
+from framework.testing import ARCHS, prepare_context, random_prompt, tiny_model
+from strategies.drafters.layer_skip import LayerSkipDrafter
+from strategies.length.fixed import FixedLength, FixedLengthConfig
+from strategies.selectors.static import StaticSelector, StaticSelectorConfig
+from strategies.verifiers.greedy import GreedyVerifier
+
+
+def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0):
+    """(eager adapter, static-branch adapter) over two copies of one model, no CPU kernels."""
+    eager = adapter_for(tiny_model(arch, num_layers, seed=seed, dtype=torch.float32), fast_kernels=False)
+    static = adapter_for(tiny_model(arch, num_layers, seed=seed, dtype=torch.float32), fast_kernels=False)
+    static.set_cuda_graphs(True, capture=False)
+    return eager, static
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_one_token_steps_compute_what_the_eager_path_computes(arch):
+    eager, static = _adapters(arch)
+    prompt = random_prompt(7, seed=3)
+    states = [DecodeState(a, prompt, 40) for a in (eager, static)]
+    for s in states:
+        s.append(s.prefill().argmax(-1)[:, None])
+    for _ in range(12):
+        outs = [s.forward_verify(s.pending, logits_at="last").logits[:, -1] for s in states]
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        tok = outs[0].argmax(-1)[:, None]
+        for s in states:
+            s.cache.commit(1)
+            s.append(tok)
+    n = states[0].cache.committed
+    for layer in range(eager.num_layers):
+        for a, b in zip(
+            states[0].cache.committed_kv(layer), states[1].cache.committed_kv(layer), strict=True
+        ):
+            torch.testing.assert_close(b[:, :, :n], a[:, :, :n], rtol=1e-5, atol=1e-5)
+    assert static.graphs.replays == 12 * 2 * static.num_layers  # the prefill ran eagerly
+
+
+def test_a_skip_plan_runs_only_its_branches_and_drafts_as_the_eager_path_does():
+    eager, static = _adapters(num_layers=6)
+    plan = LayerPlan.from_indices(6, attn=[1, 4], mlp=[2])
+    prompt = random_prompt(5, seed=1)
+    states = [DecodeState(a, prompt, 40) for a in (eager, static)]
+    for s in states:
+        s.append(s.prefill().argmax(-1)[:, None])
+    before = static.graphs.replays
+    drafts = []
+    for s in states:
+        toks = []
+        for _ in range(4):  # a draft chain: later tokens attend to the earlier draft slots
+            logits = s.forward_draft(s.pending if not toks else toks[-1], plan).logits[:, -1]
+            toks.append(logits.argmax(-1)[:, None])
+        drafts.append((logits, torch.cat(toks, 1)))
+        s.discard_draft()
+    assert static.graphs.replays - before == 4 * (2 * 6 - 3)
+    torch.testing.assert_close(drafts[1][0], drafts[0][0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(drafts[1][1], drafts[0][1])
+
+
+def test_chain_and_tree_verifications_take_the_static_branches_and_a_long_block_does_not():
+    eager, static = _adapters(num_layers=3)
+    static.set_cuda_graphs(True, capture=False, max_tokens=6)
+    prompt = random_prompt(9, seed=5)
+    states = [DecodeState(a, prompt, 60) for a in (eager, static)]
+    for s in states:
+        s.append(s.prefill().argmax(-1)[:, None])
+    block = random_prompt(5, seed=6)
+    before = static.graphs.replays
+    outs = [s.forward_verify(torch.cat([s.pending, block], 1), logits_at="all").logits for s in states]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert static.graphs.replays - before == 2 * 3
+    for s in states:  # keep 4 of the 6 verified tokens, then go on from there
+        s.cache.commit(4)
+        s.append(block[:, :4])
+    outs = [s.forward_verify(s.pending, logits_at="last").logits for s in states]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    before = static.graphs.replays
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two siblings
+    assert static.graphs.captures == 0  # (nothing is captured on a CPU)
+    outs = [
+        s.forward_verify(
+            block[:, :3],
+            logits_at="all",
+            tree_mask=tree,
+            position_ids=s.cache.committed + torch.tensor([[0, 1, 1]]),
+        ).logits
+        for s in states
+    ]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert static.graphs.replays - before == 2 * 3  # the tree's mask is a static input too
+    for s in states:
+        s.discard_draft()
+    before = static.graphs.replays
+    scratch = [  # a scratch pass hiding part of the prefix: its attention runs eagerly, its MLP not
+        s.adapter.forward(
+            block[:, :2],
+            s.cache.committed + torch.tensor([[0, 1]]),
+            s.cache,
+            logits_at="all",
+            base=max(s.cache.lengths),
+            visible=s.cache.committed - 2,
+            persist=False,
+        ).logits
+        for s in states
+    ]
+    torch.testing.assert_close(scratch[1], scratch[0], rtol=1e-5, atol=1e-5)
+    assert static.graphs.replays - before == 3
+    before = static.graphs.replays
+    long = random_prompt(7, seed=7)  # longer than max_tokens: all eager
+    outs = [s.forward_verify(long, logits_at="all").logits for s in states]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert static.graphs.replays == before
+
+
+def test_speculative_decoding_through_static_branches_equals_plain_greedy():
+    eager, static = _adapters(num_layers=6, seed=2)
+    prompt = random_prompt(8, seed=4)
+    stop = StopCondition(40)
+    expected = VanillaDecoder(eager).generate(prompt, stop).tokens
+    assert VanillaDecoder(static).generate(prompt, stop).tokens == expected
+    dec = SpeculativeDecoder(
+        static,
+        StaticSelector(StaticSelectorConfig(skip_ratio=0.3)),
+        FixedLength(FixedLengthConfig(k=3)),
+        LayerSkipDrafter(),
+        GreedyVerifier(),
+    )
+    dec.prepare(prepare_context(static))
+    replays = static.graphs.replays
+    res = dec.generate(prompt, stop)
+    assert res.tokens == expected
+    assert static.graphs.replays > replays  # the drafts took the static branches
+
+
+def test_the_kv_pool_serves_one_live_cache_at_a_time():
+    _, static = _adapters()
+    graphs = static.graphs
+    first = static.new_cache(40)
+    assert graphs.holds(first) and graphs.capacity == MIN_CAPACITY
+    second = static.new_cache(40)  # the first still holds the pool: own buffers, eager steps
+    assert not graphs.holds(second) and second.keys is not first.keys
+    first.release()
+    first.release()  # idempotent
+    third = static.new_cache(40)
+    assert graphs.holds(third) and third.keys is first.keys
+    del third
+    assert graphs.holds(static.new_cache(10))  # a dropped cache gives the pool back too
+    assert static.new_cache(40, batch=2).keys.shape[1] == 2  # batches are not pooled
+
+
+def test_a_longer_request_regrows_the_pool_and_a_cache_that_outgrows_it_runs_eagerly():
+    _, static = _adapters()
+    graphs = static.graphs
+    big = static.new_cache(MIN_CAPACITY + 1)
+    assert graphs.capacity == 2 * MIN_CAPACITY and graphs.holds(big)
+    big.release()
+    cache = static.new_cache(8)
+    cache.begin(3 * MIN_CAPACITY)  # grows past the pool: its own buffers from here on
+    cache.end()
+    assert not graphs.holds(cache)
+
+
+def test_capturing_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    adapter = adapter_for(tiny_model("llama", 2, dtype=torch.float32), fast_kernels=False)
+    with pytest.raises(ValueError, match="CUDA device"):
+        adapter.set_cuda_graphs(True, capture=True)
+    assert adapter.set_cuda_graphs(False) is None and adapter.graphs is None
