@@ -165,6 +165,11 @@ def test_reproduction_script_smoke_mode():
             "1",
         ],
         [
+            "docs/measurements/gpu_e2e.py",
+            *("--shape", "tiny", "--device", "cpu", "--dtype", "float32"),
+            *("--new-tokens", "16", "--reps", "1", "--prompts", "2"),
+        ],
+        [
             "docs/measurements/host_reads.py",
             "--presets",
             "static_confidence,swift,vanilla",
@@ -172,7 +177,7 @@ def test_reproduction_script_smoke_mode():
             "16",
         ],
     ],
-    ids=["gpu_costs", "host_reads"],
+    ids=["gpu_costs", "gpu_e2e", "host_reads"],
 )
 def test_measurement_scripts_smoke(script):
     """The GPU measurement script (docs/performance.md; written to run unchanged on any CUDA
@@ -192,6 +197,12 @@ def test_measurement_scripts_smoke(script):
         ):
             assert part in proc.stdout, part
         assert "| selfsd |" in proc.stdout
+    elif "gpu_e2e" in script[0]:
+        rows = [line for line in proc.stdout.splitlines() if line.startswith(("| eager |", "| graphs |"))]
+        assert len(rows) == 2, proc.stdout
+        for row in rows:  # a redundant model: drafts are accepted, and the outputs equal vanilla's
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert float(cells[5]) > 0.5 and cells[9] == "0/2", row
     else:
         assert "| swift |" in proc.stdout and "| vanilla |" in proc.stdout
 
