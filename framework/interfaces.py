@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from framework.engine.context import PrepareContext
     from framework.engine.draft_head import DraftHead
     from framework.engine.state import DecodeState
+    from framework.kernels.fused import FusedBlocks
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,6 +148,14 @@ class Drafter(Strategy):
         (the default): the full vocabulary. The decoder gives it to the decode state
         (``DecodeState.draft_head``, used by every draft pass) and to the other strategies'
         preparation (``PrepareContext.draft_head``)."""
+        return None
+
+    def draft_weights(self) -> FusedBlocks | None:
+        """The compressed copy of the model's weights this drafter's passes run, once prepared
+        (`framework.engine.adapter.ModelAdapter.draft_branches`: bfloat16 or int8 weights; see
+        `framework.policies.draft_vocab`); ``None`` (the default): the model's own weights. The
+        decoder gives it to the decode state (``DecodeState.draft_weights``) and to the other
+        strategies' preparation (``PrepareContext.draft_weights``), as `draft_head`."""
         return None
 
     @abstractmethod

@@ -176,8 +176,12 @@ def test_reproduction_script_smoke_mode():
             "--new-tokens",
             "16",
         ],
+        [
+            "docs/measurements/draft_weights.py",
+            *("--model", "tiny-random", "--reps", "2", "--accept-tokens", "12", "--draft-vocab", "0"),
+        ],
     ],
-    ids=["gpu_costs", "gpu_e2e", "host_reads"],
+    ids=["gpu_costs", "gpu_e2e", "host_reads", "draft_weights"],
 )
 def test_measurement_scripts_smoke(script):
     """The GPU measurement script (docs/performance.md; written to run unchanged on any CUDA
@@ -203,6 +207,14 @@ def test_measurement_scripts_smoke(script):
         for row in rows:  # a redundant model: drafts are accepted, and the outputs equal vanilla's
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert float(cells[5]) > 0.5 and cells[9] == "0/2", row
+    elif "draft_weights" in script[0]:
+        rows = [
+            line
+            for line in proc.stdout.splitlines()
+            if line.startswith(("| float32 |", "| int8 |", "| bfloat16 |"))
+        ]
+        assert len(rows) == 3 + 3 * 2, proc.stdout  # the cost table, then each format x ratio
+        assert all(row.rstrip(" |").endswith("0/7") for row in rows[3:]), rows  # every output exact
     else:
         assert "| swift |" in proc.stdout and "| vanilla |" in proc.stdout
 

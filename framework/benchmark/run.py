@@ -159,14 +159,27 @@ def bench_record(
 def head_costs(
     cost: CostModel, specs: list[MethodSpec], decoders: dict[str, Any], adapter: Any
 ) -> dict[str, CostModel]:
-    """``{label: cost model}`` of the preset methods whose drafter scores a reduced vocabulary:
-    ``cost`` with its draft steps priced for that head (`CostModel.with_head`)."""
+    """``{label: cost model}`` of the preset methods whose drafter scores a reduced vocabulary or
+    runs compressed weights: ``cost`` with its draft steps priced for that head
+    (`CostModel.with_head`) and those weights (`CostModel.with_weights`)."""
     out = {}
+    by_weights: dict[str, CostModel] = {}  # the sub-layer ratios of one format, measured once
     for s in specs:
         drafter = getattr(decoders.get(s.label), "drafter", None)
-        head = drafter.draft_head() if s.kind == "preset" and drafter is not None else None
-        if head is not None:
-            out[s.label] = cost.with_head(adapter, head)
+        if s.kind != "preset" or drafter is None:
+            continue
+        head, weights = drafter.draft_head(), drafter.draft_weights()
+        fmt = "float32" if weights is None else weights.weights
+        if head is None and fmt == "float32":
+            continue
+        priced = cost
+        if fmt != "float32":
+            if fmt not in by_weights:
+                by_weights[fmt] = cost.with_weights(adapter, weights)
+            priced = dataclasses.replace(
+                cost, attn=by_weights[fmt].attn, mlp=by_weights[fmt].mlp, draft_weights=fmt
+            )
+        out[s.label] = priced.with_head(adapter, head) if head is not None else priced
     return out
 
 

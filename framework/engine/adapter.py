@@ -28,7 +28,7 @@ from torch import nn
 
 from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
-from framework.kernels.fused import FusedBlocks
+from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
 from framework.kernels.graphs import BranchGraphs
 from framework.types import LayerPlan, ModelInfo
 from framework.utils import no_clock, synced_clock
@@ -149,6 +149,7 @@ class ModelAdapter(ABC):
         self.fused: FusedBlocks | None = None
         #: CUDA graphs of the attention and MLP branches (`set_cuda_graphs`; ``None``: eager)
         self.graphs: BranchGraphs | None = None
+        self._draft_branches: dict[str, FusedBlocks] = {}  # `draft_branches`, per format
 
     # ---- architecture-specific pieces ---------------------------------------------------
     @property
@@ -291,7 +292,25 @@ class ModelAdapter(ABC):
             kernels.uninstall(self.model)
         self.fast_kernels = kernels.is_installed(self.model)
         self.fused = self.build_fused() if self.fast_kernels else None
+        self._draft_branches.clear()
         return self.fast_kernels
+
+    def draft_branches(self, fmt: str) -> FusedBlocks | None:
+        """The fused branches with their weights in ``fmt`` for drafts (`FusedBlocks.compressed`:
+        ``"bfloat16"`` or ``"int8"``), built once per format; ``fused`` itself for ``"float32"``.
+        ``None`` where the branches are not fused (no CPU kernels: another device or dtype,
+        ``SELFSPEC_KERNEL=0``): drafts then run the model's own weights.
+
+        Raises:
+            ValueError: an unknown format.
+        """
+        if fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"draft weight format must be one of {sorted(WEIGHT_FORMATS)}, got {fmt!r}")
+        if self.fused is None or fmt == "float32":
+            return self.fused
+        if fmt not in self._draft_branches:
+            self._draft_branches[fmt] = self.fused.compressed(fmt)
+        return self._draft_branches[fmt]
 
     def set_cuda_graphs(
         self, enabled: bool, *, capture: bool | None = None, max_tokens: int = 64
@@ -346,6 +365,7 @@ class ModelAdapter(ABC):
         tree_mask: torch.Tensor | None = None,
         persist: bool = True,
         head: DraftHead | None = None,
+        weights: FusedBlocks | None = None,
     ) -> ForwardOutput:
         """Run the (partial) model over new tokens, reading and writing ``cache``.
 
@@ -359,6 +379,8 @@ class ModelAdapter(ABC):
                 (no LM head at all).
             capture_hidden: also return every block's output (pre-norm).
             head: a reduced draft head for the logits (``None``: the full LM head).
+            weights: a draft's compressed copy of the fused branches (`draft_branches`) to run
+                instead of the model's own (``None``: the model's weights).
 
         Returns:
             ForwardOutput.
@@ -376,6 +398,7 @@ class ModelAdapter(ABC):
             tree_mask=tree_mask,
             persist=persist,
             head=head,
+            weights=weights,
         )
 
     @torch.inference_mode()
@@ -395,6 +418,7 @@ class ModelAdapter(ABC):
         tree_mask: torch.Tensor | None = None,
         persist: bool = True,
         head: DraftHead | None = None,
+        weights: FusedBlocks | None = None,
     ) -> ForwardOutput:
         """Run blocks ``start .. stop-1`` on residuals that already went through blocks ``< start``.
 
@@ -413,6 +437,8 @@ class ModelAdapter(ABC):
             logits_at: as in `forward` (default ``None``: no LM head).
             capture_hidden: also return the residual after each block run; index 0 is ``hidden``.
             head: a reduced draft head for the logits (``None``: the full LM head).
+            weights: as in `forward`: the fused branches to run (a draft's compressed weights);
+                ``None``: `fused`. A forward they do not apply to runs the model's own path.
 
         Returns:
             ForwardOutput whose ``hidden_states`` are (stop - start + 1, B, T, d).
@@ -432,7 +458,8 @@ class ModelAdapter(ABC):
         h = hidden
         pos_emb = self.rotary(h, position_ids)
         captured = [h] if capture_hidden else None
-        fused = self.fused if self.fused is not None and self.fused.applies(h) else None
+        fused = self.fused if weights is None else weights
+        fused = fused if fused is not None and fused.applies(h) else None
         if fused is not None:
             h = h.contiguous()
             cos, sin = (p.contiguous() for p in pos_emb)

@@ -10,6 +10,7 @@ from framework.engine.cost_model import CostModel
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
+    from framework.kernels.fused import FusedBlocks
 
 
 @dataclass
@@ -36,6 +37,9 @@ class PrepareContext:
             (`framework.engine.draft_head.DraftHead`), ``None`` for the full head. Set by
             `SpeculativeDecoder.prepare` after the drafter's own preparation (which builds it), so
             that selectors searching draft-like passes and the cost model use the draft that runs.
+        draft_weights: the compressed weights the run's drafter drafts with
+            (`framework.engine.adapter.ModelAdapter.draft_branches`), ``None`` for the model's
+            own; set with ``draft_head``.
     """
 
     adapter: Any
@@ -47,6 +51,7 @@ class PrepareContext:
     dtype: str = "float32"
     load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None
     draft_head: DraftHead | None = None
+    draft_weights: FusedBlocks | None = None
 
     def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
         """Calibration prompts (user messages) for an offline search: the first turns of
@@ -62,13 +67,23 @@ class PrepareContext:
 
     def cost_model(self) -> CostModel:
         """The measured `framework.engine.cost_model.CostModel` of this model on this machine, its
-        draft steps priced with `draft_head`; measured on first use (about 15 s on a 2-core CPU for
-        the default model) and shared through ``store`` (one per draft head)."""
+        draft steps priced with `draft_head` and `draft_weights`; measured on first use (about 15 s
+        on a 2-core CPU for the default model) and shared through ``store`` (one per draft head and
+        weight format)."""
+        weights = self.draft_weights
+        compressed = weights is not None and weights.weights != "float32"
         key = "cost_model" if self.draft_head is None else f"cost_model:{self.draft_head.key}"
+        if compressed:
+            key += f":weights={weights.weights}"
         if key not in self.store:
             full = self.store.get("cost_model")
-            if full is not None and self.draft_head is not None:
+            own = self.store.get(key.split(":weights=")[0])
+            if compressed and own is not None:
+                self.store[key] = own.with_weights(self.adapter, weights)
+            elif full is not None and self.draft_head is not None and not compressed:
                 self.store[key] = full.with_head(self.adapter, self.draft_head)
             else:
-                self.store[key] = CostModel.measure(self.adapter, draft_head=self.draft_head)
+                self.store[key] = CostModel.measure(
+                    self.adapter, draft_head=self.draft_head, draft_weights=weights
+                )
         return self.store[key]

@@ -34,6 +34,7 @@ from framework.utils import device_sync
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
+    from framework.kernels.fused import FusedBlocks
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class CostModel:
             position; 0: not measured).
         draft_vocab: K of the reduced draft head ``base`` and ``head`` were priced with; 0: the
             full vocabulary.
+        draft_weights: the storage of the weights the draft steps (``attn``, ``mlp``) were timed
+            with: ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, a compressed copy
+            (`framework.engine.adapter.ModelAdapter.draft_branches`).
     """
 
     num_layers: int
@@ -67,6 +71,7 @@ class CostModel:
     head: float = 0.0
     full_head: float = 0.0
     draft_vocab: int = 0
+    draft_weights: str = "float32"
 
     def __post_init__(self) -> None:
         if not self.verify_costs:
@@ -179,9 +184,10 @@ class CostModel:
     def describe(self) -> str:
         ms = 1e3
         head = f"the {self.draft_vocab}-token draft head" if self.draft_vocab else "the full LM head"
+        weights = "" if self.draft_weights == "float32" else f" ({self.draft_weights} weights)"
         return (
             f"step {self.step * ms:.2f} ms; draft step = {self.base * ms:.2f} ms (embedding, {head}) + "
-            f"{self.attn * ms:.3f} ms per attention + {self.mlp * ms:.3f} ms per MLP sub-layer; verify of 4 "
+            f"{self.attn * ms:.3f} ms per attention + {self.mlp * ms:.3f} ms per MLP sub-layer{weights}; verify of 4 "
             f"tokens {self.verify(4) / self.step:.2f} steps, of 8 tokens {self.verify(8) / self.step:.2f} steps"
         )
 
@@ -208,6 +214,24 @@ class CostModel:
             draft_vocab=0 if head is None else head.size,
         )
 
+    def with_weights(self, adapter: Any, weights: FusedBlocks | None, *, reps: int = 7) -> CostModel:
+        """This cost model with its draft sub-layers priced for ``weights`` (a draft's compressed
+        copy, `framework.engine.adapter.ModelAdapter.draft_branches`; ``None``: the model's own).
+
+        Times draft steps through every attention sub-layer, every MLP sub-layer and neither, with
+        the model's own weights and with ``weights`` (interleaved, medians), and scales ``attn`` and
+        ``mlp`` by the measured ratios, so that a cost model in any unit keeps its unit. ``base``
+        (embedding, final norm, head) and the verification costs do not change.
+        """
+        if weights is None or weights.weights == "float32":
+            return replace(self, draft_weights="float32")
+        own, comp = draft_sublayer_seconds(adapter, (None, weights), reps=reps)
+        ratio_attn = comp[0] / own[0] if own[0] > 0 else 1.0
+        ratio_mlp = comp[1] / own[1] if own[1] > 0 else 1.0
+        return replace(
+            self, attn=self.attn * ratio_attn, mlp=self.mlp * ratio_mlp, draft_weights=weights.weights
+        )
+
     # ---- measurement --------------------------------------------------------------------------
     @classmethod
     @torch.inference_mode()
@@ -219,12 +243,14 @@ class CostModel:
         context: int = 128,
         reps: int = 7,
         draft_head: DraftHead | None = None,
+        draft_weights: FusedBlocks | None = None,
     ) -> CostModel:
         """Time the model through ``adapter`` on a random prompt of ``context`` tokens.
 
         The measurements are interleaved (every rep times every plan and every T once), after one
         warm-up pass, and the median of ``reps`` is kept, so slow drift on a shared machine hits
-        every quantity alike. Draft steps run with ``draft_head`` (``None``: the full LM head).
+        every quantity alike. Draft steps run with ``draft_head`` (``None``: the full LM head) and
+        ``draft_weights`` (``None``: the model's own weights).
         """
         if max_tokens < 2 or context < 1 or reps < 1:
             raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
@@ -236,6 +262,7 @@ class CostModel:
         state = DecodeState(adapter, prompt, context + max_tokens + 8)
         state.append(state.prefill().argmax(-1)[:, None])
         state.draft_head = draft_head
+        state.draft_weights = draft_weights
         all_idx = range(n)
         plans = {
             "full": LayerPlan.full(n),
@@ -284,7 +311,50 @@ class CostModel:
             head=head,
             full_head=full_head,
             draft_vocab=0 if draft_head is None else draft_head.size,
+            draft_weights="float32" if draft_weights is None else draft_weights.weights,
         )
+
+
+@torch.inference_mode()
+def draft_sublayer_seconds(
+    adapter: Any, weights: Sequence[FusedBlocks | None], *, context: int = 128, reps: int = 7
+) -> list[tuple[float, float]]:
+    """Seconds of one attention and one MLP sub-layer of a one-token draft step, for each of
+    ``weights`` (``None``: the model's own): ``[(attn, mlp), ...]``. From draft steps through every
+    attention sub-layer, every MLP sub-layer and neither, interleaved after a warm-up, medians."""
+    info = adapter.info()
+    n = info.num_layers
+    context = min(context, info.max_context - 10)
+    prompt = torch.randint(0, info.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    state = DecodeState(adapter, prompt.to(adapter.device), context + 8)
+    state.append(state.prefill().argmax(-1)[:, None])
+    every = range(n)
+    plans = {
+        "attn": LayerPlan.from_indices(n, mlp=every),
+        "mlp": LayerPlan.from_indices(n, attn=every),
+        "none": LayerPlan.from_indices(n, attn=every, mlp=every),
+    }
+    samples: dict[tuple[int, str], list[float]] = {(w, p): [] for w in range(len(weights)) for p in plans}
+    for rep in range(reps + 1):  # rep 0 is the warm-up
+        for w, wts in enumerate(weights):
+            state.draft_weights = wts
+            for name, plan in plans.items():
+                device_sync(adapter.device)
+                t = time.perf_counter()
+                state.forward_draft(state.pending, plan, logits_at=None)
+                device_sync(adapter.device)
+                if rep:
+                    samples[(w, name)].append(time.perf_counter() - t)
+                state.discard_draft()
+    state.cache.release()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return [
+        (
+            max(0.0, (med[(w, "attn")] - med[(w, "none")]) / n),
+            max(0.0, (med[(w, "mlp")] - med[(w, "none")]) / n),
+        )
+        for w in range(len(weights))
+    ]
 
 
 @torch.inference_mode()

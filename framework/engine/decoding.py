@@ -291,12 +291,14 @@ class SpeculativeDecoder:
         """Run every strategy's one-time `Strategy.prepare` (offline searches).
 
         The drafter goes first: it builds the head drafts score tokens with (``Drafter.draft_head``,
-        a reduced vocabulary or ``None``), which the other strategies then find in
-        ``ctx.draft_head`` (a copy of ``ctx``; the store is shared) so that what they search or
-        price is the draft that runs.
+        a reduced vocabulary or ``None``) and the weights they run (``Drafter.draft_weights``),
+        which the other strategies then find in ``ctx.draft_head`` and ``ctx.draft_weights`` (a copy
+        of ``ctx``; the store is shared) so that what they search or price is the draft that runs.
         """
         self.drafter.prepare(ctx)
-        ctx = dataclasses.replace(ctx, draft_head=self.drafter.draft_head())
+        ctx = dataclasses.replace(
+            ctx, draft_head=self.drafter.draft_head(), draft_weights=self.drafter.draft_weights()
+        )
         for s in (self.selector, self.length, self.verifier):
             s.prepare(ctx)
 

@@ -33,6 +33,7 @@ import torch
 from framework.engine.adapter import ForwardOutput, ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
+from framework.kernels.fused import FusedBlocks
 from framework.types import LayerPlan, ModelInfo, Verification
 
 
@@ -141,6 +142,10 @@ class DecodeState:
         #: the reduced LM head every draft pass (`forward_draft`, `forward_scratch`) scores tokens
         #: with; ``None`` = the full head. `commit` shows it the committed tokens.
         self.draft_head: DraftHead | None = None
+        #: Set by the decoder from ``Drafter.draft_weights()``: the compressed copy of the model's
+        #: fused branches every draft pass runs (`ModelAdapter.draft_branches`, e.g. int8
+        #: weights); ``None`` = the model's own weights. Verification always runs the model's own.
+        self.draft_weights: FusedBlocks | None = None
         self.draft_len = 0  # tokens fed to the draft model in the current round
         self.round = 0
         self.stats = DecodeStats()
@@ -181,7 +186,15 @@ class DecodeState:
         head = drafter.draft_head() if drafter is not None else None
         if head is not None:
             state.draft_head = head.start(prompt_ids)
+        state.draft_weights = drafter.draft_weights() if drafter is not None else None
         return state
+
+    @property
+    def compressed_drafts(self) -> bool:
+        """Whether draft passes run a compressed copy of the weights (`draft_weights`): their
+        blocks then do not compute what the target computes, so nothing they computed may be
+        kept by verification (no early-exit reuse)."""
+        return self.draft_weights is not None and self.draft_weights.weights != "float32"
 
     # ------------------------------------------------------------------ token views
     @property
@@ -263,11 +276,18 @@ class DecodeState:
                 recomputing it (early-exit reuse). Every step of the round must say so.
 
         Raises:
-            ValueError: ``reusable`` with a plan that is not a pure prefix.
+            ValueError: ``reusable`` with a plan that is not a pure prefix, or with compressed
+                draft weights (`compressed_drafts`).
         """
         t = input_ids.shape[1]
         start = self.cache.committed + self.draft_len
         capture = False
+        if reusable and self.compressed_drafts:
+            raise ValueError(
+                "reusable draft steps must run the model's own weights (draft_weights is "
+                f"{self.draft_weights.weights if self.draft_weights is not None else None}): "
+                "verification would keep what the compressed copy computed"
+            )
         if reusable:
             if plan is None or plan.exit_layer is None or plan.exit_layer >= plan.num_layers:
                 raise ValueError("reusable draft steps need an early-exit plan with exit_layer < L")
@@ -291,6 +311,7 @@ class DecodeState:
             logits_at=logits_at,
             capture_hidden=capture,
             head=self.draft_head,
+            weights=self.draft_weights,
         )
         if reusable and self._prefix is not None:
             self._prefix.ids.append(input_ids)
@@ -419,6 +440,7 @@ class DecodeState:
             visible=start,
             persist=False,
             head=self.draft_head,
+            weights=self.draft_weights,
         )
 
     def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor:

@@ -27,6 +27,8 @@ row's result does not depend on how many rows share the call (tested in
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,8 @@ class _Attn:
     kv_heads: int
     head_dim: int
     scale: float
+    #: per-row scales of int8 weights (q, k, v, o), ``None`` for float weights
+    wscales: tuple[torch.Tensor | None, ...] = (None,) * 4
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,69 @@ class _Mlp:
     eps: float
     params: tuple[torch.Tensor | None, ...]
     intermediate: int
+    wscales: tuple[torch.Tensor | None, ...] = (None,) * 3  # gate, up, down
 
 
 def _ptrs(params: tuple[torch.Tensor | None, ...]) -> list[int]:
     return [0 if p is None else p.data_ptr() for p in params]
+
+
+#: How the kernels can store a draft's copy of the weights (`FusedBlocks.compressed`), and the
+#: storage code each is passed to them with (``csrc``: kFloat32, kBFloat16, kInt8).
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2}
+
+
+def compress_weight(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(stored weight, per-row scale or None)`` of a float32 (N, K) weight in format ``fmt``.
+
+    ``bfloat16``: rounded to nearest (ties to even), 16 bits a weight. ``int8``: symmetric,
+    one float32 scale per output row, ``w[n, k] ~ scale[n] * q[n, k]`` with ``q`` in [-127, 127]
+    (weight-only: the activations stay float32), 8 bits a weight.
+    """
+    if fmt == "bfloat16":
+        return w.detach().to(torch.bfloat16).contiguous(), None
+    if fmt == "int8":
+        w = w.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        return q, scale.contiguous()
+    raise ValueError(f"a weight format to compress to must be 'bfloat16' or 'int8', got {fmt!r}")
+
+
+#: Compressed copies already made, per weight tensor (by identity) and format: several adapters
+#: over one model (a benchmark builds one per method) share them. An entry is reused only while the
+#: weight's in-place version counter is unchanged (``load_state_dict`` and ``copy_`` bump it), and
+#: is dropped with the weight.
+_COMPRESSED: dict[int, tuple[weakref.ref, dict[str, tuple[int, torch.Tensor, torch.Tensor | None]]]] = {}
+
+
+def _compressed(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    key = id(w)
+    slot = _COMPRESSED.get(key)
+    if slot is None or slot[0]() is not w:
+        slot = (weakref.ref(w), {})
+        _COMPRESSED[key] = slot
+        weakref.finalize(w, _COMPRESSED.pop, key, None)
+    hit = slot[1].get(fmt)
+    if hit is not None and hit[0] == w._version:
+        return hit[1], hit[2]
+    q, scale = compress_weight(w, fmt)
+    slot[1][fmt] = (w._version, q, scale)
+    return q, scale
+
+
+def _compress_params(
+    params: tuple[torch.Tensor | None, ...], fmt: str
+) -> tuple[tuple[torch.Tensor | None, ...], tuple[torch.Tensor | None, ...]]:
+    """(weight, bias) pairs -> the same pairs with compressed weights (biases shared), and scales."""
+    out: list[torch.Tensor | None] = []
+    scales: list[torch.Tensor | None] = []
+    for w, b in zip(params[::2], params[1::2], strict=True):
+        assert w is not None
+        q, sc = _compressed(w, fmt)
+        out += [q, b]
+        scales.append(sc)
+    return tuple(out), tuple(scales)
 
 
 def _plain_f32(*tensors: torch.Tensor | None) -> bool:
@@ -81,12 +144,61 @@ class FusedBlocks:
         mlp: per block, the MLP branch's modules, or ``None``.
     """
 
-    def __init__(self, attn: list[_Attn | None], mlp: list[_Mlp | None], ext: Any) -> None:
+    def __init__(
+        self,
+        attn: list[_Attn | None],
+        mlp: list[_Mlp | None],
+        ext: Any,
+        *,
+        weights: str = "float32",
+        probe: torch.Tensor | None = None,
+    ) -> None:
         self.attn = attn
         self.mlp = mlp
         self._ext = ext
+        #: how the branches' weights are stored (`WEIGHT_FORMATS`): the model's own float32
+        #: parameters, or a draft's compressed copy (`compressed`)
+        self.weights = weights
+        self._code = WEIGHT_FORMATS[weights]
         first = next((a.params[0] for a in attn if a is not None), None)
-        self._probe = first
+        self._probe = first if probe is None else probe  # a float32 weight of the model itself
+
+    def compressed(self, fmt: str) -> FusedBlocks:
+        """The same branches with their weights copied into ``fmt`` (``"bfloat16"`` or ``"int8"``,
+        `compress_weight`): a cheaper draft of the same model (a memory-bound CPU step reads every
+        weight once: half or a quarter of the bytes). Norms and biases stay float32 and shared; the
+        activations, the KV cache and the attention stay float32. A branch that is not fused keeps
+        the module path (full precision). Copies are shared by the adapters of one model. The copy
+        does not follow the model (``.to()``, ``load_state_dict``): build it again after changing
+        the weights (a weight changed in place is compressed again then).
+
+        Raises:
+            ValueError: an unknown format.
+        """
+        if fmt == "float32":
+            return self
+        attn = [
+            None if a is None else dataclasses.replace(a, params=p, wscales=sc)
+            for a in self.attn
+            for p, sc in [_compress_params(a.params, fmt) if a is not None else ((), ())]
+        ]
+        mlp = [
+            None if m is None else dataclasses.replace(m, params=p, wscales=sc)
+            for m in self.mlp
+            for p, sc in [_compress_params(m.params, fmt) if m is not None else ((), ())]
+        ]
+        return FusedBlocks(attn, mlp, self._ext, weights=fmt, probe=self._probe)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights (and scales) the branches read."""
+        total = 0
+        for b in [*self.attn, *self.mlp]:
+            if b is not None:
+                total += sum(
+                    t.numel() * t.element_size() for t in (*b.params[::2], *b.wscales) if t is not None
+                )
+        return total
 
     @property
     def num_fused(self) -> int:
@@ -129,7 +241,7 @@ class FusedBlocks:
             hidden.data_ptr(), out.data_ptr(), t, d, a.norm.data_ptr(), a.eps, *_ptrs(a.params),
             a.heads, a.kv_heads, a.head_dim, cos.data_ptr(), sin.data_ptr(),
             keys.data_ptr(), values.data_ptr(), keys.stride(1), keys.stride(2), base, base + t,
-            mask_ptr, ms_t, ms_s, a.scale, torch.get_num_threads(),
+            mask_ptr, ms_t, ms_s, a.scale, torch.get_num_threads(), self._code, *_ptrs(a.wscales),
         )  # fmt: skip
         return out
 
@@ -140,7 +252,7 @@ class FusedBlocks:
         out = torch.empty_like(hidden)
         self._ext.mlp_branch(
             hidden.data_ptr(), out.data_ptr(), hidden.shape[1], hidden.shape[2], m.norm.data_ptr(), m.eps,
-            *_ptrs(m.params), m.intermediate, torch.get_num_threads(),
+            *_ptrs(m.params), m.intermediate, torch.get_num_threads(), self._code, *_ptrs(m.wscales),
         )  # fmt: skip
         return out
 

@@ -1,4 +1,5 @@
-"""The reduced-vocabulary draft head as an option of any drafter that runs the LM head.
+"""The reduced-vocabulary draft head, and compressed draft weights, as options of any drafter that
+runs the LM head.
 
 A drafter offers the option by deriving its config from `DraftVocabConfig` (the fields
 ``draft_vocab`` and ``vocab_file``) and mixing in `DraftVocab` (before `Drafter` in the bases),
@@ -17,6 +18,14 @@ head could have proposed (``summary()["vocab_coverage"]``). The drafter itself o
             out = state.forward_draft(x, plan, logits_at="last")     # the state's draft head
             tok, conf = builder.add(out.logits[:, -1], out.head)
 
+The same mixin offers ``draft_weights`` ("bfloat16" or "int8"): draft passes run a compressed copy
+of the model's fused branches (`framework.engine.adapter.ModelAdapter.draft_branches`), returned by
+``draft_weights()`` and handed on like the head. A self-speculative draft then saves bytes in every
+sub-layer it runs, not only in those it skips (a quantised self-draft, as in QSpec or ML-SpecQD;
+our own code): on a memory-bound CPU an int8 copy streams a quarter of the bytes. Verification
+keeps the float32 model, so greedy output is unchanged and sampling stays exact (q is whatever
+distribution the draft sampled from).
+
 See `framework.engine.draft_head` for what the head is and why greedy and sampling stay exact.
 """
 
@@ -28,6 +37,7 @@ from typing import Any
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.token_ranking import draft_head_for
+from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
 
 #: The smallest ``draft_vocab`` (K) accepted: tree verification keeps up to 10 candidates per step.
 MIN_DRAFT_VOCAB = 16
@@ -48,6 +58,14 @@ class DraftVocabConfig:
         help="token ranking used instead of the one built from the model's own tokens: a saved ranking "
         "(JSON), a JSON list of token ids or one id per line, most frequent first; needs draft_vocab",
     )
+    draft_weights: str = param(
+        "float32",
+        help="how draft passes store the model's weights: 'float32' (the model's own), 'bfloat16' "
+        "or 'int8' (a copy rounded to bfloat16, or int8 with one scale per output row: half or a "
+        "quarter of the bytes a memory-bound CPU step reads; activations, KV cache and verification "
+        "stay float32, so the output is unchanged). Needs the CPU kernels (a float32 model on a CPU); "
+        "elsewhere drafts run the model's own weights and the run says so",
+    )
     vocab_context: bool = param(
         True,
         help="the reduced head also scores every token of the generation's context (prompt and answer "
@@ -58,6 +76,7 @@ class DraftVocabConfig:
     def __post_init__(self) -> None:
         check_range("draft_vocab", self.draft_vocab, 0, None, integer=True)
         check_choice("vocab_context", self.vocab_context, (True, False))
+        check_choice("draft_weights", self.draft_weights, tuple(WEIGHT_FORMATS))
         if 0 < self.draft_vocab < MIN_DRAFT_VOCAB:
             raise ConfigError(
                 "draft_vocab", self.draft_vocab, f"0 (the whole vocabulary) or >= {MIN_DRAFT_VOCAB}"
@@ -76,6 +95,8 @@ class DraftVocab:
         self._head: DraftHead | None = None
         self._prepared = False
         self._live: LiveDraftHead | None = None  # the last generation's head (its coverage counts)
+        self._weights: FusedBlocks | None = None
+        self._weights_note = ""  # why draft_weights is not what the config asked for
 
     def prepare(self, ctx: Any) -> None:
         """Build (or reuse) the head of ``draft_vocab`` tokens; none when K >= V (the whole
@@ -83,6 +104,15 @@ class DraftVocab:
         c = self.config
         self._head = None
         self._prepared = True
+        self._weights, self._weights_note = None, ""
+        if c.draft_weights != "float32":
+            self._weights = ctx.adapter.draft_branches(c.draft_weights)
+            if self._weights is None:
+                self._weights_note = (
+                    f"draft_weights={c.draft_weights} needs the CPU kernels (a float32 model on a CPU, "
+                    "SELFSPEC_KERNEL not 0): drafts run the model's own weights"
+                )
+                ctx.log(f"note: {self._weights_note}")
         if c.draft_vocab and c.draft_vocab < ctx.adapter.info().vocab_size:
             try:
                 self._head = draft_head_for(ctx, c.draft_vocab, c.vocab_file, context=c.vocab_context)
@@ -95,6 +125,14 @@ class DraftVocab:
         """Draft with ``head`` (e.g. a search that must draft as the run's drafter does)."""
         self._head = head
         self._prepared = True
+
+    def use_weights(self, weights: FusedBlocks | None) -> None:
+        """Draft with ``weights`` (e.g. a search that must draft as the run's drafter does)."""
+        self._weights = weights
+
+    def draft_weights(self) -> FusedBlocks | None:
+        """The compressed weights drafts run (built in ``prepare``); ``None``: the model's own."""
+        return self._weights
 
     def draft_head(self) -> DraftHead | None:
         """The head drafts score tokens with; ``None``: the full vocabulary.
@@ -117,11 +155,15 @@ class DraftVocab:
 
     def head_summary(self) -> dict[str, Any]:
         """``draft_vocab`` (K), ``draft_vocab_now`` (K plus the context tokens added) and
-        ``vocab_coverage`` (share of the committed tokens the head could propose when committed)."""
+        ``vocab_coverage`` (share of the committed tokens the head could propose when committed);
+        ``draft_weights`` (the format drafts ran, when the config asks for a compressed one)."""
+        out: dict[str, Any] = {}
+        if self.config.draft_weights != "float32":
+            out["draft_weights"] = "float32" if self._weights is None else self._weights.weights
         if self._head is None:
-            return {}
+            return out
         live = self._live
-        out: dict[str, Any] = {"draft_vocab": self._head.size}
+        out["draft_vocab"] = self._head.size
         if live is not None:
             out["draft_vocab_now"] = live.size
             out["vocab_coverage"] = round(live.covered / live.committed, 4) if live.committed else None

@@ -26,7 +26,8 @@ class EarlyExitDrafterConfig(DraftVocabConfig):
     reuse_kv: bool = param(
         True,
         help="verification keeps the draft's KV and hidden states of blocks < E and computes only "
-        "blocks >= E for the drafted positions (LayerSkip's shared cache); false recomputes them",
+        "blocks >= E for the drafted positions (LayerSkip's shared cache); false recomputes them. "
+        "Off whatever is set here when draft_weights is compressed (those blocks are not the target's)",
     )
     on_stop: Literal["keep", "drop"] = param(
         "keep",
@@ -105,7 +106,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
     def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         e = self.exit_layer(plan)
         prefix = state.prefix_plan(e)
-        reuse = self.config.reuse_kv
+        reuse = self.config.reuse_kv and not state.compressed_drafts  # int8 blocks are not the target's
         out = DraftBuilder(state)
         self._counts["rounds"] += 1
         x = state.pending

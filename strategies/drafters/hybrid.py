@@ -17,6 +17,7 @@ from framework import (
 )
 from framework.config import check_choice, check_range, param
 from framework.engine.draft_head import DraftHead
+from framework.kernels.fused import FusedBlocks
 from framework.policies.draft_vocab import DraftVocabConfig
 from framework.policies.gate import DraftGate, GateConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter, LayerSkipDrafterConfig
@@ -92,7 +93,12 @@ class HybridDrafter(Drafter):
             PromptLookupDrafterConfig(max_ngram=c.max_ngram, min_ngram=c.min_match, confidence=c.confidence)
         )
         self.layer_skip = LayerSkipDrafter(
-            LayerSkipDrafterConfig(draft_vocab=c.draft_vocab, vocab_file=c.vocab_file)
+            LayerSkipDrafterConfig(
+                draft_vocab=c.draft_vocab,
+                vocab_file=c.vocab_file,
+                vocab_context=c.vocab_context,
+                draft_weights=c.draft_weights,
+            )
         )
         # Statistics carry across generations (the same model and plan accept alike), as the run's
         # gate; the default margin, probe interval and decay are the run gate's defaults.
@@ -111,11 +117,16 @@ class HybridDrafter(Drafter):
     def prepare(self, ctx: PrepareContext) -> None:
         self.layer_skip.prepare(ctx)  # the reduced draft head, when draft_vocab is set
         if self.gate is not None:  # prices the layer-skip source with the head it drafts with
-            self.gate.prepare(replace(ctx, draft_head=self.layer_skip.draft_head()))
+            ls = self.layer_skip
+            self.gate.prepare(replace(ctx, draft_head=ls.draft_head(), draft_weights=ls.draft_weights()))
 
     def draft_head(self) -> DraftHead | None:
         """The layer-skip source's head (copies score no tokens)."""
         return self.layer_skip.draft_head()
+
+    def draft_weights(self) -> FusedBlocks | None:
+        """The layer-skip source's weights (copies run no forward)."""
+        return self.layer_skip.draft_weights()
 
     def reset(self) -> None:
         self.lookup.reset()

@@ -187,6 +187,7 @@ class SelfSDSelector(LayerSelector):
                 )
             return
         head = ctx.draft_head.key if ctx.draft_head is not None else ""
+        head += f":{_weights(ctx)}" if _weights(ctx) != "float32" else ""
         key = f"selfsd_bo:{head}:" + json.dumps(asdict(c), sort_keys=True, default=str)
         if key not in ctx.store:
             cached = cached_search(ctx, c) if c.cache else None
@@ -251,10 +252,16 @@ def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
     )
     drafter = REGISTRIES["drafter"].get("layer_skip")()
     drafter.use_head(ctx.draft_head)  # search the draft that runs: the run's drafter's head
+    drafter.use_weights(ctx.draft_weights)  # and weights
     verifier = REGISTRIES["verifier"].get("greedy")()
     return SpeculativeDecoder(
         ctx.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=c.search_max_length
     )
+
+
+def _weights(ctx: PrepareContext) -> str:
+    """The weight format of the run's drafts (``"float32"``: the model's own)."""
+    return "float32" if ctx.draft_weights is None else ctx.draft_weights.weights
 
 
 def evaluate_plan(
@@ -331,6 +338,7 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
         "model": adapter.info().name,
         "fingerprint": model_fingerprint(adapter),
         "draft_vocab": ctx.draft_head.size if ctx.draft_head is not None else 0,
+        "draft_weights": _weights(ctx),
         "dtype": ctx.dtype,
         "num_layers": n,
         "bits": list(best_bits),
@@ -390,6 +398,8 @@ def cache_path(ctx: PrepareContext, c: SelfSDConfig) -> Path:
         "draft_head": ctx.draft_head.key if ctx.draft_head is not None else "",
         "settings": settings,
     }
+    if _weights(ctx) != "float32":  # (searches of the model's own weights keep their files)
+        ident["draft_weights"] = _weights(ctx)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_dir() / "skipsets" / f"{ident['fingerprint'][:12]}-{digest}.json"
 

@@ -17,6 +17,7 @@ from framework import REGISTRIES
 from framework.config import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.kernels import cpu as kernels
 from framework.policies.draft_vocab import DraftVocabConfig
 from framework.testing import default_strategy_instance, prepare_context, random_prompt, tiny_model
 
@@ -103,6 +104,45 @@ def test_speculative_equals_vanilla_with_a_reduced_draft_head(
             f"{combo} with draft_vocab 32, prompt seed {seed}: output differs from vanilla"
         )
         assert 0 <= res.accepted <= res.drafted
+
+
+# Every drafter that runs the LM head can draft with a compressed copy of the weights
+# (draft_weights): int8 with every selector x length controller x greedy verifier, on top of the
+# reduced head; bfloat16 with every drafter and verifier. The copy is of the CPU kernels' fused
+# branches, so these run a float32 model with the kernels (whose verification is bit-identical to
+# plain steps).
+WEIGHT_COMBOS = [(*c, "int8") for c in HEAD_COMBOS] + [
+    ("static", "confidence", d, v, "bfloat16") for d in HEAD_DRAFTERS for v in GREEDY_VERIFIERS
+]
+
+
+@pytest.fixture(scope="module")
+def kernel_adapter():
+    if not kernels.available():
+        pytest.skip(f"kernels unavailable: {kernels.unavailable_reason}")
+    return adapter_for(tiny_model("llama", num_layers=6, seed=1, dtype=torch.float32), fast_kernels=True)
+
+
+@pytest.mark.parametrize("combo", WEIGHT_COMBOS, ids=lambda c: "-".join(c))
+def test_speculative_equals_vanilla_with_compressed_draft_weights(
+    kernel_adapter, combo, tmp_path_factory, monkeypatch
+):
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path_factory.getbasetemp() / "selfspec-cache"))
+    adapter = kernel_adapter
+    *names, fmt = combo
+    s = {k: default_strategy_instance(k, name, fast=True) for k, name in zip(KINDS, names, strict=True)}
+    entry = REGISTRIES["drafter"].entry(names[2])
+    options = {"draft_weights": fmt, **({"draft_vocab": 32} if fmt == "int8" else {})}
+    s["drafter"] = entry.cls(build_config(entry.config, options))
+    dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
+    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault(f"kernels-{fmt}", {})))
+    assert dec.drafter.draft_weights().weights == fmt
+    for seed, plen in PROMPTS:
+        want = _vanilla(adapter, "llama-float32-kernels", seed, plen)
+        res = dec.generate(random_prompt(plen, 128, seed), StopCondition(MAX_NEW))
+        assert res.tokens == want, f"{combo}, prompt seed {seed}: output differs from vanilla"
+        assert 0 <= res.accepted <= res.drafted
+    assert dec.drafter.summary()["draft_weights"] == fmt
 
 
 def test_default_static_plan_skips_on_deep_model(deep_adapters):

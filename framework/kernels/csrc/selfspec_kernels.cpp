@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #ifdef _OPENMP
@@ -145,6 +146,40 @@ constexpr int nb_for(int) { return 4; }
 const char* kIsa = "scalar";
 #endif
 
+// ---- weights: float32, or a compressed copy for drafts -------------------------------------------
+// bfloat16 (the upper 16 bits of a float32, stored as uint16) or int8 with one float32 scale per
+// output row (w = scale[n] * q[n, k]). Loaded VL at a time and widened to float32 lanes; the
+// arithmetic is float32 throughout.
+using bf16_t = uint16_t;
+inline vf wload(const float* p) { return vload(p); }
+inline vf wload_n(const float* p, int n) { return vload_n(p, n); }
+#if defined(__AVX512F__) && !defined(SELFSPEC_NO_AVX512)
+inline vf wload(const bf16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline vf wload(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
+#elif defined(__AVX2__) && defined(__FMA__)
+inline vf wload(const bf16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline vf wload(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
+#else
+inline vf wload(const bf16_t* p) {
+  const uint32_t u = (uint32_t)*p << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline vf wload(const int8_t* p) { return (float)*p; }
+#endif
+// The last n < VL weights of a row (zero-padded; rows whose length is a multiple of VL never get here).
+template <typename WT>
+inline vf wload_n(const WT* p, int n) {
+  WT buf[VL] = {};
+  for (int i = 0; i < n; ++i) buf[i] = p[i];
+  return wload(buf);
+}
+
 // exp(x) for float32 lanes, Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two
 // parts), exp(r) by a degree-7 polynomial, times 2^n. About 1 ulp; a fixed sequence of lane-wise
 // operations, so every lane's result depends on that lane's input only.
@@ -189,18 +224,18 @@ inline int threads_for(int requested, int64_t work, int64_t min_work) {
 // accumulator, fed in k order: the result of (r, n) does not depend on R, N or the blocking.
 // ``pf`` (or nullptr): weights to prefetch into L2 meanwhile, one cache line per row and k-step,
 // spread over the pass so that the memory stream keeps going while the arithmetic runs.
-template <int R, int N>
-inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K,
-                         const float* bias, float* y, int64_t ldy, const float* pf) {
+template <typename WT, int R, int N>
+inline void linear_block(const float* x, int64_t ldx, const WT* w, int64_t ldw, int64_t K, const float* scale,
+                         const float* bias, float* y, int64_t ldy, const WT* pf) {
   vf acc[R][N];
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < N; ++n) acc[r][n] = vzero();
   int64_t k = 0;
   for (; k + VL <= K; k += VL) {
-    if (pf != nullptr && (k * 4) % 64 == 0)
+    if (pf != nullptr && (k * (int64_t)sizeof(WT)) % 64 == 0)
       for (int n = 0; n < N; ++n) __builtin_prefetch(pf + n * ldw + k, 0, 2);  // into L2
     vf wv[N];
-    for (int n = 0; n < N; ++n) wv[n] = vload(w + n * ldw + k);
+    for (int n = 0; n < N; ++n) wv[n] = wload(w + n * ldw + k);
     for (int r = 0; r < R; ++r) {
       vf xv = vload(x + r * ldx + k);
       for (int n = 0; n < N; ++n) acc[r][n] = vfma(xv, wv[n], acc[r][n]);
@@ -209,7 +244,7 @@ inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t ld
   if (k < K) {
     const int rem = (int)(K - k);
     vf wv[N];
-    for (int n = 0; n < N; ++n) wv[n] = vload_n(w + n * ldw + k, rem);
+    for (int n = 0; n < N; ++n) wv[n] = wload_n(w + n * ldw + k, rem);
     for (int r = 0; r < R; ++r) {
       vf xv = vload_n(x + r * ldx + k, rem);
       for (int n = 0; n < N; ++n) acc[r][n] = vfma(xv, wv[n], acc[r][n]);
@@ -218,6 +253,7 @@ inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t ld
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < N; ++n) {
       float s = vsum(acc[r][n]);
+      if (scale) s *= scale[n];
       if (bias) s += bias[n];
       y[r * ldy + n] = s;
     }
@@ -226,37 +262,38 @@ inline void linear_block(const float* x, int64_t ldx, const float* w, int64_t ld
 // Rows are taken RMAX at a time and all rows of a chunk share one pass over the weights: every
 // weight vector loaded feeds all of them, and a tile of TILE weight rows is read from memory once.
 // The features of a tile are visited in sub-blocks whose width suits the chunk's register budget.
-template <int R>
-inline void linear_chunk(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K,
+template <typename WT, int R>
+inline void linear_chunk(const float* x, int64_t ldx, const WT* w, int64_t ldw, int64_t K, const float* scale,
                          const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1, int64_t pf_rows,
                          int64_t n_end) {
   constexpr int N = nb_for(R);
   int64_t n = n0;
   for (; n + N <= n1; n += N) {
-    const float* pf = (pf_rows > 0 && n + pf_rows + N <= n_end) ? w + (n + pf_rows) * ldw : nullptr;
-    linear_block<R, N>(x, ldx, w + n * ldw, ldw, K, bias ? bias + n : nullptr, y + n, ldy, pf);
+    const WT* pf = (pf_rows > 0 && n + pf_rows + N <= n_end) ? w + (n + pf_rows) * ldw : nullptr;
+    linear_block<WT, R, N>(x, ldx, w + n * ldw, ldw, K, scale ? scale + n : nullptr, bias ? bias + n : nullptr, y + n, ldy, pf);
   }
   for (; n < n1; ++n)
-    linear_block<R, 1>(x, ldx, w + n * ldw, ldw, K, bias ? bias + n : nullptr, y + n, ldy, nullptr);
+    linear_block<WT, R, 1>(x, ldx, w + n * ldw, ldw, K, scale ? scale + n : nullptr, bias ? bias + n : nullptr, y + n, ldy, nullptr);
 }
 
-template <int R>
-inline void linear_chunk_dispatch(int r, const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K,
-                                  const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1,
+template <typename WT, int R>
+inline void linear_chunk_dispatch(int r, const float* x, int64_t ldx, const WT* w, int64_t ldw, int64_t K,
+                                  const float* scale, const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1,
                                   int64_t pf_rows, int64_t n_end) {
   if constexpr (R >= 1) {
     if (r == R) {
-      linear_chunk<R>(x, ldx, w, ldw, K, bias, y, ldy, n0, n1, pf_rows, n_end);
+      linear_chunk<WT, R>(x, ldx, w, ldw, K, scale, bias, y, ldy, n0, n1, pf_rows, n_end);
       return;
     }
-    linear_chunk_dispatch<R - 1>(r, x, ldx, w, ldw, K, bias, y, ldy, n0, n1, pf_rows, n_end);
+    linear_chunk_dispatch<WT, R - 1>(r, x, ldx, w, ldw, K, scale, bias, y, ldy, n0, n1, pf_rows, n_end);
   }
 }
 
 // The weights of the next tile are prefetched while a tile is computed. Without it the
 // arithmetic of several rows does not overlap the memory stream (measured: a 5-row pass cost
 // 1.25x a 1-row pass; with it 1.1x).
-void linear_features(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias,
+template <typename WT>
+void linear_features(const float* x, int64_t ldx, const WT* w, int64_t ldw, const float* scale, const float* bias,
                      float* y, int64_t ldy, int64_t rows, int64_t K, int64_t n0, int64_t n1) {
   const int64_t pf_rows = TILE;
   for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
@@ -264,7 +301,7 @@ void linear_features(const float* x, int64_t ldx, const float* w, int64_t ldw, c
     for (int64_t r = 0; r < rows; r += RMAX) {
       const int rr = (int)std::min<int64_t>(RMAX, rows - r);
       // only the first chunk of rows prefetches; later chunks find the tile in cache
-      linear_chunk_dispatch<RMAX>(rr, x + r * ldx, ldx, w, ldw, K, bias, y + r * ldy, ldy, t0, t1,
+      linear_chunk_dispatch<WT, RMAX>(rr, x + r * ldx, ldx, w, ldw, K, scale, bias, y + r * ldy, ldy, t0, t1,
                                   r == 0 ? pf_rows : 0, n1);
     }
   }
@@ -272,18 +309,16 @@ void linear_features(const float* x, int64_t ldx, const float* w, int64_t ldw, c
 
 }  // namespace
 
-// y (rows, N, row stride ldy) = x (rows, K, row stride ldx) @ w (N, K, row stride ldw).T + b.
-void linear(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, uintptr_t b, uintptr_t y, int64_t ldy,
-            int64_t rows, int64_t N, int64_t K, int nthreads) {
-  const float* xp = reinterpret_cast<const float*>(x);
-  const float* wp = reinterpret_cast<const float*>(w);
-  const float* bp = reinterpret_cast<const float*>(b);
-  float* yp = reinterpret_cast<float*>(y);
+namespace {
+
+template <typename WT>
+void linear_t(const float* xp, int64_t ldx, const WT* wp, int64_t ldw, const float* sp, const float* bp, float* yp,
+              int64_t ldy, int64_t rows, int64_t N, int64_t K, int nthreads) {
   // Threads split the output features into contiguous tile-aligned ranges (~16K weights at least).
   const int64_t blocks = (N + TILE - 1) / TILE;
   const int nt = threads_for(nthreads, N * K, 16384);
   if (nt == 1) {
-    linear_features(xp, ldx, wp, ldw, bp, yp, ldy, rows, K, 0, N);
+    linear_features(xp, ldx, wp, ldw, sp, bp, yp, ldy, rows, K, 0, N);
     return;
   }
 #pragma omp parallel num_threads(nt)
@@ -295,8 +330,36 @@ void linear(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, uintptr_t b, uin
 #endif
     const int64_t per = (blocks + T - 1) / T;
     const int64_t n0 = std::min(N, t * per * TILE), n1 = std::min(N, (t + 1) * per * TILE);
-    if (n0 < n1) linear_features(xp, ldx, wp, ldw, bp, yp, ldy, rows, K, n0, n1);
+    if (n0 < n1) linear_features(xp, ldx, wp, ldw, sp, bp, yp, ldy, rows, K, n0, n1);
   }
+}
+
+// Weight storage codes of the compressed-weight entry points (see wload).
+constexpr int kFloat32 = 0, kBFloat16 = 1, kInt8 = 2;
+
+}  // namespace
+
+// y (rows, N, row stride ldy) = x (rows, K, row stride ldx) @ w (N, K, row stride ldw).T + b.
+void linear(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, uintptr_t b, uintptr_t y, int64_t ldy,
+            int64_t rows, int64_t N, int64_t K, int nthreads) {
+  linear_t(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const float*>(w), ldw, nullptr,
+           reinterpret_cast<const float*>(b), reinterpret_cast<float*>(y), ldy, rows, N, K, nthreads);
+}
+
+// As `linear`, with the weights stored as ``wtype`` (0 float32, 1 bfloat16, 2 int8 times ``scale``,
+// one float32 per output row; 0 for the others).
+void linear_lowp(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, int wtype, uintptr_t scale, uintptr_t b,
+                 uintptr_t y, int64_t ldy, int64_t rows, int64_t N, int64_t K, int nthreads) {
+  const float* xp = reinterpret_cast<const float*>(x);
+  const float* sp = reinterpret_cast<const float*>(scale);
+  const float* bp = reinterpret_cast<const float*>(b);
+  float* yp = reinterpret_cast<float*>(y);
+  if (wtype == kBFloat16)
+    linear_t(xp, ldx, reinterpret_cast<const bf16_t*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
+  else if (wtype == kInt8)
+    linear_t(xp, ldx, reinterpret_cast<const int8_t*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
+  else
+    linear_t(xp, ldx, reinterpret_cast<const float*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
 }
 
 namespace {
@@ -630,24 +693,29 @@ inline void team(int& t, int& T) {
 }
 
 // x @ w.T + b for this thread's share of the features.
-inline void linear_share(const float* x, int64_t rows, int64_t K, const float* w, const float* b, float* y,
-                         int64_t N, int t, int T) {
+template <typename WT>
+inline void linear_share(const float* x, int64_t rows, int64_t K, const WT* w, const float* s, const float* b,
+                         float* y, int64_t N, int t, int T) {
   int64_t n0, n1;
   feature_share(N, t, T, n0, n1);
-  if (n0 < n1) linear_features(x, K, w, K, b, y, N, rows, K, n0, n1);
+  if (n0 < n1) linear_features(x, K, w, K, s, b, y, N, rows, K, n0, n1);
 }
 
 }  // namespace
+
+namespace {
 
 // h_out = h + o_proj(attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = rms_norm(h), for
 // T rows of one sequence. The new keys and values are written to the layer's cache at slots
 // [base, base + T) of every KV head; the queries see keys [0, S) of the cache through ``mask``
 // (additive float (T, S) with strides, or none: causal). cos/sin: (T, D), HF's rotary embedding.
-void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
-                 uintptr_t wq, uintptr_t bq, uintptr_t wk, uintptr_t bk, uintptr_t wv, uintptr_t bv,
-                 uintptr_t wo, uintptr_t bo, int64_t Hq, int64_t Hkv, int64_t D, uintptr_t cos,
-                 uintptr_t sin, uintptr_t kc, uintptr_t vc, int64_t kv_hs, int64_t kv_ss, int64_t base,
-                 int64_t S, uintptr_t mask, int64_t ms_t, int64_t ms_s, double scale, int nthreads) {
+template <typename WT>
+void attn_branch_t(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
+                   uintptr_t wq, uintptr_t bq, uintptr_t wk, uintptr_t bk, uintptr_t wv, uintptr_t bv,
+                   uintptr_t wo, uintptr_t bo, int64_t Hq, int64_t Hkv, int64_t D, uintptr_t cos,
+                   uintptr_t sin, uintptr_t kc, uintptr_t vc, int64_t kv_hs, int64_t kv_ss, int64_t base,
+                   int64_t S, uintptr_t mask, int64_t ms_t, int64_t ms_s, double scale, int nthreads,
+                   uintptr_t sq, uintptr_t sk, uintptr_t sv, uintptr_t so) {
   const float* hp = reinterpret_cast<const float*>(h);
   float* out = reinterpret_cast<float*>(h_out);
   const float* cp = reinterpret_cast<const float*>(cos);
@@ -667,9 +735,12 @@ void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t n
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < T; ++r)
       rms_row(hp + r * d, reinterpret_cast<const float*>(norm_w), (float)eps, x.data() + r * d, d);
-    linear_share(x.data(), T, d, reinterpret_cast<const float*>(wq), reinterpret_cast<const float*>(bq), q.data(), nq, t, NT);
-    linear_share(x.data(), T, d, reinterpret_cast<const float*>(wk), reinterpret_cast<const float*>(bk), k.data(), nk, t, NT);
-    linear_share(x.data(), T, d, reinterpret_cast<const float*>(wv), reinterpret_cast<const float*>(bv), v.data(), nk, t, NT);
+    linear_share(x.data(), T, d, reinterpret_cast<const WT*>(wq), reinterpret_cast<const float*>(sq),
+                 reinterpret_cast<const float*>(bq), q.data(), nq, t, NT);
+    linear_share(x.data(), T, d, reinterpret_cast<const WT*>(wk), reinterpret_cast<const float*>(sk),
+                 reinterpret_cast<const float*>(bk), k.data(), nk, t, NT);
+    linear_share(x.data(), T, d, reinterpret_cast<const WT*>(wv), reinterpret_cast<const float*>(sv),
+                 reinterpret_cast<const float*>(bv), v.data(), nk, t, NT);
 #pragma omp barrier
     // RoPE as HF computes it: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1).
 #pragma omp for schedule(static)
@@ -705,7 +776,8 @@ void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t n
     int64_t n0, n1;
     feature_share(d, t, NT, n0, n1);
     if (n0 < n1) {
-      linear_features(att.data(), nq, reinterpret_cast<const float*>(wo), nq, reinterpret_cast<const float*>(bo),
+      linear_features(att.data(), nq, reinterpret_cast<const WT*>(wo), nq, reinterpret_cast<const float*>(so),
+                      reinterpret_cast<const float*>(bo),
                       y.data(), d, T, nq, n0, n1);
       for (int64_t r = 0; r < T; ++r)
         for (int64_t j = n0; j < n1; ++j) out[r * d + j] = hp[r * d + j] + y[r * d + j];
@@ -714,9 +786,10 @@ void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t n
 }
 
 // h_out = h + down(silu(gate(n)) * up(n)), n = rms_norm(h), for T rows.
-void mlp_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
-                uintptr_t wg, uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd, int64_t F,
-                int nthreads) {
+template <typename WT>
+void mlp_branch_t(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
+                  uintptr_t wg, uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd, int64_t F,
+                  int nthreads, uintptr_t sg, uintptr_t su, uintptr_t sd) {
   const float* hp = reinterpret_cast<const float*>(h);
   float* out = reinterpret_cast<float*>(h_out);
   std::vector<float> x(T * d), g(T * F), u(T * F), y(T * d);
@@ -731,16 +804,19 @@ void mlp_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t no
     int64_t n0, n1;
     feature_share(F, t, NT, n0, n1);
     if (n0 < n1) {
-      linear_features(x.data(), d, reinterpret_cast<const float*>(wg), d, reinterpret_cast<const float*>(bg),
+      linear_features(x.data(), d, reinterpret_cast<const WT*>(wg), d, reinterpret_cast<const float*>(sg),
+                      reinterpret_cast<const float*>(bg),
                       g.data(), F, T, d, n0, n1);
-      linear_features(x.data(), d, reinterpret_cast<const float*>(wu), d, reinterpret_cast<const float*>(bu),
+      linear_features(x.data(), d, reinterpret_cast<const WT*>(wu), d, reinterpret_cast<const float*>(su),
+                      reinterpret_cast<const float*>(bu),
                       u.data(), F, T, d, n0, n1);
       for (int64_t r = 0; r < T; ++r) silu_mul(g.data() + r * F + n0, u.data() + r * F + n0, n1 - n0);
     }
 #pragma omp barrier
     feature_share(d, t, NT, n0, n1);
     if (n0 < n1) {
-      linear_features(g.data(), F, reinterpret_cast<const float*>(wd), F, reinterpret_cast<const float*>(bd),
+      linear_features(g.data(), F, reinterpret_cast<const WT*>(wd), F, reinterpret_cast<const float*>(sd),
+                      reinterpret_cast<const float*>(bd),
                       y.data(), d, T, F, n0, n1);
       for (int64_t r = 0; r < T; ++r)
         for (int64_t j = n0; j < n1; ++j) out[r * d + j] = hp[r * d + j] + y[r * d + j];
@@ -748,11 +824,44 @@ void mlp_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t no
   }
 }
 
+}  // namespace
+
+// The exported branches: float32 weights (``wtype`` 0, the model's own parameters) or a draft's
+// compressed copy (1 bfloat16, 2 int8 with per-row scales ``s*``; 0 pointers for the others).
+void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
+                 uintptr_t wq, uintptr_t bq, uintptr_t wk, uintptr_t bk, uintptr_t wv, uintptr_t bv,
+                 uintptr_t wo, uintptr_t bo, int64_t Hq, int64_t Hkv, int64_t D, uintptr_t cos,
+                 uintptr_t sin, uintptr_t kc, uintptr_t vc, int64_t kv_hs, int64_t kv_ss, int64_t base,
+                 int64_t S, uintptr_t mask, int64_t ms_t, int64_t ms_s, double scale, int nthreads, int wtype,
+                 uintptr_t sq, uintptr_t sk, uintptr_t sv, uintptr_t so) {
+  auto run = [&](auto tag) {
+    using WT = decltype(tag);
+    attn_branch_t<WT>(h, h_out, T, d, norm_w, eps, wq, bq, wk, bk, wv, bv, wo, bo, Hq, Hkv, D, cos, sin, kc, vc,
+                      kv_hs, kv_ss, base, S, mask, ms_t, ms_s, scale, nthreads, sq, sk, sv, so);
+  };
+  if (wtype == kBFloat16) run(bf16_t{});
+  else if (wtype == kInt8) run(int8_t{});
+  else run(float{});
+}
+
+void mlp_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps, uintptr_t wg,
+                uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd, int64_t F, int nthreads,
+                int wtype, uintptr_t sg, uintptr_t su, uintptr_t sd) {
+  auto run = [&](auto tag) {
+    using WT = decltype(tag);
+    mlp_branch_t<WT>(h, h_out, T, d, norm_w, eps, wg, bg, wu, bu, wd, bd, F, nthreads, sg, su, sd);
+  };
+  if (wtype == kBFloat16) run(bf16_t{});
+  else if (wtype == kInt8) run(int8_t{});
+  else run(float{});
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ w.T + b for few rows (float32, batch-invariant)");
   m.def("attention", &attention, "batch-invariant attention (float32)");
-  m.def("attn_branch", &attn_branch, "a Llama attention branch with residual, batch 1 (float32)");
-  m.def("mlp_branch", &mlp_branch, "a Llama MLP branch with residual (float32)");
+  m.def("attn_branch", &attn_branch, "a Llama attention branch with residual, batch 1 (float32 activations)");
+  m.def("mlp_branch", &mlp_branch, "a Llama MLP branch with residual (float32 activations)");
+  m.def("linear_lowp", &linear_lowp, "linear with float32, bfloat16 or int8 (per-row scale) weights");
   m.attr("isa") = kIsa;
   m.attr("vector_width") = VL;
 }

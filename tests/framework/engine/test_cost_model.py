@@ -107,6 +107,42 @@ def test_with_head_scales_the_heads_share_of_base(monkeypatch):
     assert noisy.with_head(None, Head()).base == pytest.approx(2.5)
 
 
+def test_with_weights_scales_the_draft_sub_layers_by_the_measured_ratios(monkeypatch):
+    """Compressed draft weights change what a draft sub-layer costs, nothing else; the ratios of
+    the measured sub-layer times carry over to a cost model in any unit."""
+    from framework.engine import cost_model as cm_mod
+
+    class Int8:
+        weights = "int8"
+
+    cm = CostModel(num_layers=2, base=10.0, attn=1.0, mlp=2.0, verify_costs=(20.0, 22.0))
+    seen = []
+
+    def fake(adapter, weights, reps=7):
+        seen.append(weights)
+        return [(0.4, 0.8), (0.2, 0.2)]  # (attn, mlp) seconds: own weights, then the copy
+
+    monkeypatch.setattr(cm_mod, "draft_sublayer_seconds", fake)
+    priced = cm.with_weights(None, Int8())
+    assert (priced.attn, priced.mlp, priced.draft_weights) == (0.5, 0.5, "int8")
+    assert (priced.base, priced.verify_costs) == (cm.base, cm.verify_costs)
+    assert seen[0][0] is None
+    assert cm.with_weights(None, None) == cm  # the model's own weights: unchanged
+
+
+def test_draft_sublayer_seconds_measure_each_format_on_a_real_forward():
+    from framework.engine.adapter import adapter_for
+    from framework.engine.cost_model import draft_sublayer_seconds
+    from framework.kernels import cpu as kernels
+    from framework.testing import tiny_model
+
+    if not kernels.available():
+        pytest.skip(f"kernels unavailable: {kernels.unavailable_reason}")
+    adapter = adapter_for(tiny_model("llama", num_layers=2, dtype=torch.float32), fast_kernels=True)
+    times = draft_sublayer_seconds(adapter, (None, adapter.draft_branches("int8")), context=16, reps=2)
+    assert len(times) == 2 and all(t >= 0.0 for pair in times for t in pair)
+
+
 def test_device_sync_is_a_no_op_on_cpu_and_synchronises_cuda(monkeypatch):
     """Timers read the clock after `device_sync`: CUDA queues kernels, so the clock must wait for
     them; on CPU nothing is queued and CUDA is never touched."""

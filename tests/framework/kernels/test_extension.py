@@ -15,7 +15,7 @@ def test_the_source_is_a_file_of_the_package():
     assert extension.SOURCE_PATH == Path(extension.__file__).parent / "csrc" / "selfspec_kernels.cpp"
     text = extension.SOURCE_PATH.read_text()
     assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in text
-    for op in ("linear", "attention", "attn_branch", "mlp_branch"):
+    for op in ("linear", "linear_lowp", "attention", "attn_branch", "mlp_branch"):
         assert f'm.def("{op}"' in text
 
 
@@ -52,3 +52,51 @@ def test_a_build_holds_the_source_it_was_named_after():
     built = Path(extension.compiled.__file__).with_suffix(".cpp")
     assert built.read_text() == extension.SOURCE_PATH.read_text()
     assert kernels.isa() in ("avx512", "avx2")
+
+
+@pytest.mark.slow
+def test_the_avx2_variant_computes_every_weight_format(tmp_path: Path):
+    """The AVX2 build (``-DSELFSPEC_NO_AVX512``, what a CPU without AVX-512 compiles) of the linear
+    kernel, for float32 weights and for a draft's bfloat16 and int8 copies, against references."""
+    import torch
+    from torch.utils.cpp_extension import load
+
+    if not kernels.available() or kernels.isa() != "avx512":
+        pytest.skip("needs the AVX-512 build to be the default (the AVX2 one is then the variant)")
+    ext = load(
+        name="selfspec_kernels_avx2_test",
+        sources=[str(extension.SOURCE_PATH)],
+        build_directory=str(tmp_path),
+        extra_cflags=[*extension._FLAGS, "-DSELFSPEC_NO_AVX512"],
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+    assert ext.isa == "avx2" and ext.vector_width == 8
+
+    def linear(x, w, code, scale, b):
+        y = torch.empty(x.shape[0], w.shape[0])
+        ptr = 0 if scale is None else scale.data_ptr()
+        ext.linear_lowp(x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), code, ptr, b.data_ptr(),
+                        y.data_ptr(), y.stride(0), x.shape[0], w.shape[0], x.shape[1], 2)  # fmt: skip
+        return y
+
+    g = torch.Generator().manual_seed(0)
+    for n, k, rows in [(96, 200, 1), (37, 45, 3), (13, 7, 6)]:  # tails of every length
+        w, x, b = (
+            torch.randn(n, k, generator=g),
+            torch.randn(rows, k, generator=g),
+            torch.randn(n, generator=g),
+        )
+        scale = w.abs().amax(1) / 127
+        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        for code, stored, dense, sc in [
+            (0, w, w, None),
+            (1, w.to(torch.bfloat16), w.to(torch.bfloat16).float(), None),
+            (2, q, q.float() * scale[:, None], scale),
+        ]:
+            want = x.double() @ dense.double().T + b.double()
+            assert torch.allclose(linear(x, stored, code, sc, b).double(), want, atol=1e-4, rtol=1e-4), (
+                n,
+                k,
+                code,
+            )

@@ -10,6 +10,7 @@ from torch import nn
 from framework import LayerPlan
 from framework.engine.adapter import adapter_for
 from framework.kernels import cpu as kernels
+from framework.kernels.fused import compress_weight
 from framework.testing import ARCHS, random_prompt, tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -179,3 +180,111 @@ def test_the_fused_path_follows_parameters_that_get_new_storage():
     model.to(torch.float64).to(torch.float32)  # exact round trip; every parameter's data is new
     assert model.model.layers[0].mlp.up_proj.weight.data_ptr() != old
     assert torch.equal(adapter.forward(ids, pos, adapter.new_cache(8)).logits, want)
+
+
+# ---- compressed copies of the branches, for drafts ----------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_compress_weight_rounds_within_its_format(fmt):
+    w = torch.randn(40, 72, generator=torch.Generator().manual_seed(0))
+    q, scale = compress_weight(w, fmt)
+    if fmt == "bfloat16":
+        assert q.dtype is torch.bfloat16 and scale is None
+        assert torch.equal(q, w.to(torch.bfloat16))
+    else:
+        assert q.dtype is torch.int8 and scale is not None and scale.shape == (40,)
+        assert torch.equal(q.abs().amax(dim=1), torch.full((40,), 127, dtype=torch.int8))
+        err = (q.float() * scale[:, None] - w).abs()
+        assert bool((err <= scale[:, None] / 2 + 1e-7).all())  # at most half a step of its row
+
+
+def test_compress_weight_names_the_formats_it_knows():
+    with pytest.raises(ValueError, match="'bfloat16' or 'int8', got 'float16'"):
+        compress_weight(torch.zeros(2, 2), "float16")
+
+
+def _round_weights(model: nn.Module, fmt: str) -> None:
+    """Replace every linear weight of the blocks by its value in ``fmt`` (kept in float32)."""
+    with torch.no_grad():
+        for blk in model.model.layers:
+            for mod in blk.modules():
+                if isinstance(mod, nn.Linear):
+                    q, scale = compress_weight(mod.weight, fmt)
+                    mod.weight.copy_(q.float() if scale is None else q.float() * scale[:, None])
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+@pytest.mark.parametrize("case", ["chain", "skip_plan", "tree", "qwen2_bias"])
+def test_compressed_branches_compute_the_model_with_rounded_weights(fmt, case):
+    """A forward through `draft_branches(fmt)` computes what the modules compute once the weights
+    are rounded to ``fmt`` (to float32 rounding), and writes the same KV cache."""
+    arch = "qwen2" if case == "qwen2_bias" else "llama"
+    model, adapter = _adapter(arch, num_layers=4, seed=1)
+    comp = adapter.draft_branches(fmt)
+    assert comp is not None and comp.weights == fmt and comp.num_fused == adapter.fused.num_fused
+    _round_weights(model, fmt)  # the copy was made before: it keeps the rounded values
+    adapter.fused = None  # the reference: the modules, with the rounded weights
+    p, t = 9, 5
+    ids = random_prompt(p + t, seed=2)
+    kwargs: dict = dict(capture_hidden=True)
+    pos = torch.arange(p, p + t)[None]
+    if case == "skip_plan":
+        kwargs.update(plan=LayerPlan.from_indices(4, attn=[1], mlp=[2]))
+    elif case == "tree":
+        mask = torch.tensor(
+            [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+            dtype=torch.bool,
+        )
+        kwargs.update(base=p, tree_mask=mask)
+    runs = []
+    for weights in (comp, None):
+        cache = adapter.new_cache(p + t + 4)
+        adapter.forward(ids[:, :p], torch.arange(p)[None], cache, logits_at=None)
+        cache.commit(p)
+        runs.append((adapter.forward(ids[:, p:], pos, cache, weights=weights, **kwargs), cache))
+    (c, cc), (m, mc) = runs
+    assert _close(c.logits, m.logits) and _close(c.hidden_states, m.hidden_states)
+    assert _close(cc.keys, mc.keys) and _close(cc.values, mc.values)
+
+
+def test_compressed_copies_read_half_or_a_quarter_of_the_bytes():
+    _, adapter = _adapter(num_layers=2)
+    own = adapter.fused.nbytes
+    assert adapter.draft_branches("bfloat16").nbytes == own // 2
+    int8 = adapter.draft_branches("int8").nbytes
+    assert own // 4 < int8 < own // 4 + own // 50  # plus one float32 scale per output row
+
+
+def test_draft_branches_are_built_once_and_only_where_the_branches_are_fused():
+    _, adapter = _adapter(num_layers=2)
+    assert adapter.draft_branches("int8") is adapter.draft_branches("int8")
+    assert adapter.draft_branches("float32") is adapter.fused
+    with pytest.raises(ValueError, match="one of \\['bfloat16', 'float32', 'int8'\\], got 'fp8'"):
+        adapter.draft_branches("fp8")
+    adapter.set_fast_kernels(False)
+    assert adapter.draft_branches("int8") is None  # no fused branches: drafts run the model
+    assert adapter_for(tiny_model("llama", dtype=torch.float64)).draft_branches("bfloat16") is None
+
+
+def test_compressed_drafts_differ_from_the_model_but_the_model_path_is_untouched():
+    _, adapter = _adapter(num_layers=3, seed=4)
+    ids = random_prompt(8, seed=9)
+    pos = torch.arange(8)[None]
+    own = adapter.forward(ids, pos, adapter.new_cache(10)).logits
+    int8 = adapter.forward(ids, pos, adapter.new_cache(10), weights=adapter.draft_branches("int8")).logits
+    assert not torch.equal(int8, own) and _close(int8, own, rel=0.05)
+    assert torch.equal(adapter.forward(ids, pos, adapter.new_cache(10)).logits, own)
+
+
+def test_adapters_of_one_model_share_the_copy_until_a_weight_changes():
+    model, adapter = _adapter(num_layers=2)
+    other = adapter_for(model, fast_kernels=True)
+    first = adapter.draft_branches("int8").mlp[0].params[0]
+    assert other.draft_branches("int8").mlp[0].params[0] is first  # one copy per model
+    with torch.no_grad():
+        model.model.layers[0].mlp.gate_proj.weight.mul_(2.0)  # changed in place
+    adapter.set_fast_kernels(True)  # "build it again after changing the weights"
+    again = adapter.draft_branches("int8").mlp[0]
+    assert again.params[0] is not first
+    assert torch.equal(again.wscales[0], 2.0 * other.draft_branches("int8").mlp[0].wscales[0])

@@ -13,6 +13,7 @@ from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
+from framework.kernels import cpu as kernels
 from framework.policies.draft_vocab import MIN_DRAFT_VOCAB, DraftVocab, DraftVocabConfig
 from framework.testing import prepare_context, random_prompt, tiny_model
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -37,12 +38,34 @@ def _drafter(name: str, **overrides):
     return entry.cls(build_config(entry.config, overrides))
 
 
+def _spied_decoder(adapter, drafter, attr: str, seen: dict) -> SpeculativeDecoder:
+    """A decoder (static plan skipping two MLPs, k = 3, greedy) whose selector records the
+    preparation context's and the decode state's ``attr`` in ``seen["ctx"]`` / ``seen["state"]``."""
+
+    class Spy(StaticSelector):
+        def prepare(self, ctx):
+            seen["ctx"] = getattr(ctx, attr)
+
+        def plan(self, state):
+            seen["state"] = getattr(state, attr)
+            return super().plan(state)
+
+    return SpeculativeDecoder(
+        adapter,
+        Spy(StaticSelectorConfig(skip_mlp=(1, 2))),
+        FixedLength(FixedLengthConfig(k=3)),
+        drafter,
+        GreedyVerifier(),
+    )
+
+
 def test_every_drafter_that_runs_the_lm_head_offers_the_option():
     for name in HEAD_DRAFTERS:
         cfg = REGISTRIES["drafter"].entry(name).config
         assert issubclass(cfg, DraftVocabConfig), name
         assert issubclass(REGISTRIES["drafter"].get(name), DraftVocab) or name == "hybrid"
-        assert {"draft_vocab", "vocab_file", "vocab_context"} <= {f.name for f in dataclasses.fields(cfg)}
+        fields = {f.name for f in dataclasses.fields(cfg)}
+        assert {"draft_vocab", "vocab_file", "vocab_context", "draft_weights"} <= fields
     assert not issubclass(REGISTRIES["drafter"].entry("prompt_lookup").config, DraftVocabConfig)
 
 
@@ -54,6 +77,7 @@ def test_every_drafter_that_runs_the_lm_head_offers_the_option():
         ({"draft_vocab": 1.5}, "draft_vocab"),
         ({"vocab_file": "ranking.json"}, "vocab_file"),
         ({"draft_vocab": 64, "vocab_context": "maybe"}, "vocab_context"),
+        ({"draft_weights": "int4"}, "draft_weights"),
     ],
 )
 @pytest.mark.parametrize("name", HEAD_DRAFTERS)
@@ -97,31 +121,16 @@ def test_using_the_head_before_prepare_is_a_clear_error(adapter):
 @pytest.mark.parametrize("name", HEAD_DRAFTERS)
 def test_prepare_builds_the_head_and_the_decoder_hands_it_on(adapter, name):
     d = _drafter(name, draft_vocab=32)
-    seen = {}
-
-    class Spy(StaticSelector):
-        def prepare(self, ctx):
-            seen["ctx_head"] = ctx.draft_head
-
-        def plan(self, state):
-            seen["state_head"] = state.draft_head
-            return super().plan(state)
-
-    dec = SpeculativeDecoder(
-        adapter,
-        Spy(StaticSelectorConfig(skip_mlp=(1, 2))),
-        FixedLength(FixedLengthConfig(k=3)),
-        d,
-        GreedyVerifier(),
-    )
+    seen: dict = {}
+    dec = _spied_decoder(adapter, d, "draft_head", seen)
     dec.prepare(prepare_context(adapter))
     head = d.draft_head()
     assert isinstance(head, DraftHead) and head.size == 32
-    assert seen["ctx_head"] is head
+    assert seen["ctx"] is head
     prompt = random_prompt(6, 128, 1)
     res = dec.generate(prompt, StopCondition(16))
     assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
-    live = seen["state_head"]
+    live = seen["state"]
     assert live.base is head
     summary = res.strategy_summary["drafter"]
     assert summary["draft_vocab"] == 32 and summary["draft_vocab_now"] == live.size
@@ -172,3 +181,103 @@ def test_the_cost_model_prices_drafts_with_the_head(adapter):
     assert priced.base == pytest.approx(full.base - full.head + priced.head)
     assert priced.full_head == full.full_head
     assert ctx.store[f"cost_model:{d.draft_head().key}"] is priced
+
+
+# ---- draft_weights: a compressed copy of the weights for draft passes -----------------------------
+
+
+@pytest.fixture(scope="module")
+def kernel_adapter():
+    if not kernels.available():
+        pytest.skip(f"kernels unavailable: {kernels.unavailable_reason}")
+    return adapter_for(tiny_model("llama", num_layers=4, seed=7, dtype=torch.float32), fast_kernels=True)
+
+
+@pytest.mark.parametrize("name", HEAD_DRAFTERS)
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_prepare_builds_the_weights_and_every_draft_pass_runs_them(kernel_adapter, name, fmt):
+    adapter = kernel_adapter
+    d = _drafter(name, draft_weights=fmt)
+    seen: dict = {"passes": 0}
+    dec = _spied_decoder(adapter, d, "draft_weights", seen)
+    dec.prepare(prepare_context(adapter))
+    weights = d.draft_weights()
+    assert weights is adapter.draft_branches(fmt) and weights.weights == fmt
+    assert seen["ctx"] is weights
+    real = weights.mlp_branch
+
+    def counting(*a, **k):
+        seen["passes"] += 1
+        return real(*a, **k)
+
+    weights.mlp_branch = counting
+    try:
+        prompt = random_prompt(6, 128, 1)
+        res = dec.generate(prompt, StopCondition(16))
+    finally:
+        del weights.mlp_branch
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
+    assert seen["state"] is weights
+    assert seen["passes"] > 0  # the drafts ran the compressed copy ...
+    assert res.strategy_summary["drafter"]["draft_weights"] == fmt
+
+
+def test_verification_and_plain_steps_never_run_the_compressed_copy(kernel_adapter):
+    adapter = kernel_adapter
+    d = _drafter("layer_skip", draft_weights="int8")
+    dec = SpeculativeDecoder(
+        adapter, StaticSelector(), FixedLength(FixedLengthConfig(k=3)), d, GreedyVerifier()
+    )
+    dec.prepare(prepare_context(adapter))
+    own = adapter.fused
+    calls = {"own": 0}
+    real = own.mlp_branch
+
+    def counting(*a, **k):
+        calls["own"] += 1
+        return real(*a, **k)
+
+    own.mlp_branch = counting
+    try:
+        res = dec.generate(random_prompt(6, 128, 2), StopCondition(12))
+    finally:
+        del own.mlp_branch
+    # the prefill (6 tokens) and every verification ran every block's own MLP; the drafts none
+    assert res.drafted > 0
+    assert calls["own"] == adapter.num_layers * (1 + len(res.accept_lengths))
+
+
+def test_compressed_weights_fall_back_to_the_model_where_there_are_no_kernels(adapter):
+    """A float64 model has no fused branches: drafts run the model's own weights, and the run says so."""
+    d = _drafter("layer_skip", draft_weights="int8")
+    notes: list[str] = []
+    d.prepare(dataclasses.replace(prepare_context(adapter), log=notes.append))
+    assert d.draft_weights() is None
+    assert any("draft_weights=int8 needs the CPU kernels" in n for n in notes)
+    assert d.summary()["draft_weights"] == "float32"
+
+
+def test_early_exit_reuse_is_off_with_compressed_weights(kernel_adapter):
+    d = _drafter("early_exit", draft_weights="int8", exit_layer=2)  # reuse_kv defaults to true
+    dec = SpeculativeDecoder(
+        kernel_adapter, StaticSelector(), FixedLength(FixedLengthConfig(k=3)), d, GreedyVerifier()
+    )
+    dec.prepare(prepare_context(kernel_adapter))
+    prompt = random_prompt(6, 128, 3)
+    res = dec.generate(prompt, StopCondition(16))
+    assert res.tokens == VanillaDecoder(kernel_adapter).generate(prompt, StopCondition(16)).tokens
+    assert res.drafted > 0 and res.strategy_summary["drafter"].get("verify_blocks_saved", 0) == 0
+
+
+def test_the_cost_model_prices_drafts_with_the_weights(kernel_adapter):
+    adapter = kernel_adapter
+    d = _drafter("layer_skip", draft_weights="int8")
+    ctx = prepare_context(adapter)
+    d.prepare(ctx)
+    own = ctx.cost_model()
+    priced = dataclasses.replace(ctx, draft_weights=d.draft_weights()).cost_model()
+    assert (own.draft_weights, priced.draft_weights) == ("float32", "int8")
+    assert priced.verify_costs == own.verify_costs and priced.base == own.base
+    assert priced.attn > 0 and priced.mlp > 0
+    assert ctx.store["cost_model:weights=int8"] is priced
+    assert "(int8 weights)" in priced.describe()

@@ -18,6 +18,7 @@ from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
+from framework.kernels import cpu as kernels
 from framework.testing import VerifierContract, random_prompt, tiny_model
 from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter
@@ -290,18 +291,28 @@ def _model():
     return tiny_model("llama", num_layers=4, seed=1, vocab_size=V)
 
 
+@functools.lru_cache(maxsize=1)
+def _kernel_adapter():
+    """The same model in float32 with the CPU kernels: the one compressed draft weights need."""
+    return adapter_for(
+        tiny_model("llama", num_layers=4, seed=1, vocab_size=V, dtype=torch.float32), fast_kernels=True
+    )
+
+
 def _prompt() -> torch.Tensor:
     return random_prompt(5, V, seed=1)
 
 
 @functools.lru_cache(maxsize=8)
 def _target_marginals(
-    cfg: SamplingVerifierConfig, n_tokens: int = 3, small: bool = False
+    cfg: SamplingVerifierConfig, n_tokens: int = 3, small: bool = False, f32: bool = False
 ) -> list[torch.Tensor]:
     """Exact marginal distribution of each of the first ``n_tokens`` sampled tokens ((V,) each), by
     enumerating every context with batched full forwards of the unmodified model (``small``: the
-    power tests' model and prompt)."""
+    power tests' model and prompt; ``f32``: the float32 model of `_kernel_adapter`)."""
     model, prompt = (_small_model(), _small_prompt()) if small else (_model(), _prompt())
+    if f32:
+        model = _kernel_adapter().model
     vocab = model.config.vocab_size
     joint = torch.ones(1, dtype=torch.float64)  # over the contexts enumerated so far
     ctx = torch.empty(1, 0, dtype=torch.long)
@@ -311,7 +322,7 @@ def _target_marginals(
             ids = torch.cat([prompt.expand(ctx.shape[0], -1), ctx], dim=1)
             cond = warp(model(ids).logits[:, -1], cfg.temperature, cfg.top_k, cfg.top_p)  # (C, V)
             step = joint[:, None] * cond
-            out.append(step.sum(0))
+            out.append(step.sum(0).double())
             joint = step.reshape(-1)
             ctx = torch.cat(
                 [ctx.repeat_interleave(vocab, dim=0), torch.arange(vocab).repeat(ctx.shape[0])[:, None]], 1
@@ -337,11 +348,13 @@ def _chi2_gof(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 1
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
-def _pvalues(samples: torch.Tensor, cfg: SamplingVerifierConfig, small: bool = False) -> list[float]:
+def _pvalues(
+    samples: torch.Tensor, cfg: SamplingVerifierConfig, small: bool = False, f32: bool = False
+) -> list[float]:
     """Per-position chi-square p-values of ``samples`` (n, T) against the exact target marginals."""
     return [
         _chi2_gof(torch.bincount(samples[:, j], minlength=want.numel()), want)
-        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small))
+        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small, f32))
     ]
 
 
@@ -352,9 +365,12 @@ def _speculative_samples(
     n: int = N,
     head_ids: list[int] | None = None,
     context: bool = False,
+    weights: str = "",
 ) -> torch.Tensor:
-    adapter = adapter_for(_model())
+    adapter = _kernel_adapter() if weights else adapter_for(_model())
     drafter = LayerSkipDrafter()
+    if weights:  # drafts run a compressed copy: q is whatever distribution they sampled from
+        drafter.use_weights(adapter.draft_branches(weights))
     if head_ids is not None:  # a reduced draft head: q is the warped draft distribution over its tokens
         drafter.use_head(DraftHead(adapter, head_ids, context=context))
     dec = SpeculativeDecoder(
@@ -399,6 +415,16 @@ def test_speculative_sampling_with_a_reduced_draft_head_matches_target_distribut
     assert min(pvals) > ALPHA, f"sampling with a reduced draft head does not match the target: p = {pvals}"
     outside = ~torch.isin(samples, torch.tensor(HEAD_IDS))
     assert outside.any(), "no sampled token lies outside the head: the case does not test the residual"
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"kernels unavailable: {kernels.unavailable_reason}")
+def test_speculative_sampling_with_int8_draft_weights_matches_target_distribution():
+    """Drafts computed by an int8 copy of the weights (float32 model, CPU kernels): still exact."""
+    cfg, k, budget = CASES["t0.7_p0.9_k3"]
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, weights="int8")
+    pvals = _pvalues(samples, cfg, f32=True)
+    print(f"\nint8 draft weights: p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"sampling with int8 draft weights does not match the target: p = {pvals}"
 
 
 def test_vanilla_sampling_matches_target_distribution():
