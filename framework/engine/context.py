@@ -72,12 +72,11 @@ class PrepareContext:
         weight format)."""
         weights = self.draft_weights
         compressed = weights is not None and weights.weights != "float32"
-        key = "cost_model" if self.draft_head is None else f"cost_model:{self.draft_head.key}"
-        if compressed:
-            key += f":weights={weights.weights}"
+        head_key = "cost_model" if self.draft_head is None else f"cost_model:{self.draft_head.key}"
+        key = f"{head_key}:weights={weights.weights}" if compressed else head_key
         if key not in self.store:
             full = self.store.get("cost_model")
-            own = self.store.get(key.split(":weights=")[0])
+            own = self.store.get(head_key)  # the same head, the model's own weights
             if compressed and own is not None:
                 self.store[key] = own.with_weights(self.adapter, weights)
             elif full is not None and self.draft_head is not None and not compressed:
