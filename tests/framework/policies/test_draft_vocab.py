@@ -3,6 +3,7 @@ config checks, its preparation, what the decoder does with the head, and the dra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -193,6 +194,24 @@ def kernel_adapter():
     return adapter_for(tiny_model("llama", num_layers=4, seed=7, dtype=torch.float32), fast_kernels=True)
 
 
+@contextlib.contextmanager
+def _counting_mlp(branches):
+    """Count the calls of ``branches.mlp_branch`` (a `FusedBlocks`) while the block runs: yields a
+    one-element list holding the count."""
+    count = [0]
+    real = branches.mlp_branch
+
+    def counting(*a, **k):
+        count[0] += 1
+        return real(*a, **k)
+
+    branches.mlp_branch = counting
+    try:
+        yield count
+    finally:
+        del branches.mlp_branch
+
+
 @pytest.mark.parametrize("name", HEAD_DRAFTERS)
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
 def test_prepare_builds_the_weights_and_every_draft_pass_runs_them(kernel_adapter, name, fmt):
@@ -204,18 +223,10 @@ def test_prepare_builds_the_weights_and_every_draft_pass_runs_them(kernel_adapte
     weights = d.draft_weights()
     assert weights is adapter.draft_branches(fmt) and weights.weights == fmt
     assert seen["ctx"] is weights
-    real = weights.mlp_branch
-
-    def counting(*a, **k):
-        seen["passes"] += 1
-        return real(*a, **k)
-
-    weights.mlp_branch = counting
-    try:
-        prompt = random_prompt(6, 128, 1)
+    prompt = random_prompt(6, 128, 1)
+    with _counting_mlp(weights) as calls:
         res = dec.generate(prompt, StopCondition(16))
-    finally:
-        del weights.mlp_branch
+    seen["passes"] = calls[0]
     assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
     assert seen["state"] is weights
     assert seen["passes"] > 0  # the drafts ran the compressed copy ...
@@ -229,19 +240,9 @@ def test_verification_and_plain_steps_never_run_the_compressed_copy(kernel_adapt
         adapter, StaticSelector(), FixedLength(FixedLengthConfig(k=3)), d, GreedyVerifier()
     )
     dec.prepare(prepare_context(adapter))
-    own = adapter.fused
-    calls = {"own": 0}
-    real = own.mlp_branch
-
-    def counting(*a, **k):
-        calls["own"] += 1
-        return real(*a, **k)
-
-    own.mlp_branch = counting
-    try:
+    with _counting_mlp(adapter.fused) as own:
         res = dec.generate(random_prompt(6, 128, 2), StopCondition(12))
-    finally:
-        del own.mlp_branch
+    calls = {"own": own[0]}
     # the prefill (6 tokens) and every verification ran every block's own MLP; the drafts none
     assert res.drafted > 0
     assert calls["own"] == adapter.num_layers * (1 + len(res.accept_lengths))
