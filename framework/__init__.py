@@ -10,11 +10,13 @@ Example:
     >>> @fw.register_selector("every_other_doc", config=EveryOtherConfig)   # doctest: +SKIP
     ... class EveryOther(fw.LayerSelector):
     ...     '''Skip the MLP of every other block.'''
-    ...     def plan(self, state):
-    ...         n = state.adapter.num_layers
+    ...     def plan(self, state: fw.RoundView) -> fw.LayerPlan:
+    ...         n = state.info.num_layers
     ...         return fw.LayerPlan.from_indices(n, mlp=range(1, n, 2))
 
-Everything a strategy needs is importable from here; the engine (`framework.engine`), the
+Strategies see a round through `RoundView` and their one-time preparation through `PrepareView`
+(typed, read-only: never the model adapter or the KV cache). Everything a strategy needs is
+importable from here; the engine (`framework.engine`), the
 policies strategies compose (`framework.policies`) and the testing helpers (`framework.testing`)
 are sub-packages; the experiment tooling (`framework.experiment`, `framework.benchmark`,
 `framework.sweep`) builds on them and is never imported by them.
@@ -47,7 +49,8 @@ from framework.interfaces import (
     register_verifier,
 )
 from framework.registry import RegistryError, UnknownNameError
-from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
+from framework.types import DecodeStats, Draft, LayerPlan, LengthHint, ModelInfo, RoundRecord, Verification
+from framework.view import PlanEvaluation, PrepareView, RoundView
 
 __all__ = [
     "DRAFTERS",
@@ -56,6 +59,7 @@ __all__ = [
     "SELECTORS",
     "VERIFIERS",
     "ConfigError",
+    "DecodeStats",
     "Draft",
     "Drafter",
     "LayerPlan",
@@ -63,8 +67,12 @@ __all__ = [
     "LengthController",
     "LengthHint",
     "ModelInfo",
+    "PlanEvaluation",
     "PrepareContext",
+    "PrepareView",
     "RegistryError",
+    "RoundRecord",
+    "RoundView",
     "Strategy",
     "UnknownNameError",
     "Verification",

@@ -11,6 +11,9 @@ One round of self-speculative decoding (see ``docs/concepts.md``)::
     for s in (selector, length, drafter, verifier):        # the same signature on all four
         s.observe(state, draft, result)
 
+``state`` is the typed, read-only `framework.view.RoundView` of the generation (never the engine's
+decode state itself); ``prepare(ctx)`` receives a `framework.view.PrepareView`.
+
 A declined round (``k_max == 0``) still verifies (an empty draft: one plain target step) and is
 observed like any other.
 
@@ -20,7 +23,8 @@ size. Tensors are annotated ``name: LongTensor (B, K)`` in docstrings.
 
 Capability flags are ``ClassVar``s that tell the engine what to compute, so that nobody pays for
 what no strategy asked for (``LayerSelector.needs_hidden_states``,
-``LengthController.needs_confidence``, ``Verifier.needs_draft_probs``).
+``LengthController.needs_confidence``, ``LengthController.exact_length``,
+``Verifier.needs_draft_probs``, ``Strategy.needs_phase_timings``).
 """
 
 from __future__ import annotations
@@ -31,14 +35,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from framework.registry import Registry
+from framework.registry import BuiltinPackage, Registry
 from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
 
 if TYPE_CHECKING:
-    from framework.engine.context import PrepareContext
     from framework.engine.draft_head import DraftHead
-    from framework.engine.state import DecodeState
     from framework.kernels.fused import FusedBlocks
+    from framework.view import PrepareView, RoundView
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,6 +58,10 @@ class Strategy(ABC):
 
     Config: ClassVar[type]
     name: ClassVar[str] = ""
+    #: The decoder must time every phase of a round (``DecodeStats.timings``) even where that
+    #: costs device waits (CUDA): the strategy reads the timings itself (a draft gate that
+    #: measures its costs). An instance may decide it (a property).
+    needs_phase_timings: ClassVar[bool] = False
 
     def __init__(self, config: Any | None = None) -> None:
         cfg_cls = getattr(type(self), "Config", None)
@@ -71,7 +78,7 @@ class Strategy(ABC):
     def setup(self, info: ModelInfo) -> None:  # noqa: B027 - optional hook
         """Called once with the model's facts before the first prompt (validate against it here)."""
 
-    def prepare(self, ctx: PrepareContext) -> None:  # noqa: B027 - optional hook
+    def prepare(self, ctx: PrepareView) -> None:  # noqa: B027 - optional hook
         """Called once per experiment after ``setup``, before the warm-up, with the model and a
         prompt encoder: offline work (e.g. Self-SD's Bayesian search of the skip set) goes here.
         Must be cheap when repeated with the same ``ctx`` (keep results in ``ctx.store``)."""
@@ -94,15 +101,15 @@ class LayerSelector(Strategy):
     needs_hidden_states: ClassVar[bool] = False
 
     @abstractmethod
-    def plan(self, state: DecodeState) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         """The LayerPlan for the next draft round."""
 
-    def length_hint(self, state: DecodeState) -> LengthHint | None:
+    def length_hint(self, state: RoundView) -> LengthHint | None:
         """A suggestion for this round's draft length and stopping threshold, asked right after
         `plan` and passed to ``LengthController.max_length``; ``None`` (the default): none."""
         return None
 
-    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:  # noqa: B027
         """Update after a verification (the state has already been committed)."""
 
 
@@ -116,7 +123,7 @@ class LengthController(Strategy):
     exact_length: ClassVar[bool] = False
 
     @abstractmethod
-    def max_length(self, state: DecodeState, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         """Upper bound K on the draft length of the next round; 0 declines to draft.
 
         Args:
@@ -135,7 +142,7 @@ class LengthController(Strategy):
         """
         return True
 
-    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:  # noqa: B027
         """Update after a verification (every round: a declined round's ``draft`` is empty)."""
 
 
@@ -146,7 +153,8 @@ class Drafter(Strategy):
         """The reduced LM head this drafter scores tokens with, once prepared
         (`framework.engine.draft_head.DraftHead`; see `framework.policies.draft_vocab`); ``None``
         (the default): the full vocabulary. The decoder gives it to the decode state
-        (``DecodeState.draft_head``, used by every draft pass) and to the other strategies'
+        (``DecodeState.draft_head``, used by every draft pass; strategies read it as
+        ``RoundView.draft_head``) and to the other strategies'
         preparation (``PrepareContext.draft_head``)."""
         return None
 
@@ -159,14 +167,14 @@ class Drafter(Strategy):
         return None
 
     @abstractmethod
-    def draft(self, state: DecodeState, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         """Draft at most ``max_tokens`` (>= 1) tokens after ``state.pending``.
 
         Implementations run forwards through ``state.forward_draft`` (which owns the KV-cache
         bookkeeping) and call ``length.should_continue`` after each token.
         """
 
-    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:  # noqa: B027
         """Update after a verification (every round, also when the drafter was not asked to
         draft: then ``draft`` is the decoder's empty draft)."""
 
@@ -199,10 +207,10 @@ class Verifier(Strategy):
         return 0
 
     @abstractmethod
-    def verify(self, state: DecodeState, draft: Draft) -> Verification:
+    def verify(self, state: RoundView, draft: Draft) -> Verification:
         """Run the target over ``[state.pending, draft.tokens]`` via ``state.forward_verify``."""
 
-    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:  # noqa: B027
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:  # noqa: B027
         """Update after a verification (the state has already been committed); a no-op unless a
         verifier keeps statistics of its own."""
 
@@ -222,10 +230,16 @@ class Verifier(Strategy):
 # Registries: one per interface, built here with its base class
 # --------------------------------------------------------------------------------------------
 
-DRAFTERS: Registry[Drafter] = Registry("drafter", Drafter)
-VERIFIERS: Registry[Verifier] = Registry("verifier", Verifier)
-SELECTORS: Registry[LayerSelector] = Registry("selector", LayerSelector)
-LENGTH_CONTROLLERS: Registry[LengthController] = Registry("length", LengthController)
+#: The composition root: the shipped ``strategies`` package registers every built-in strategy; it
+#: is imported once, on the first lookup in any registry (never by the API or the engine themselves).
+BUILTIN_STRATEGIES = BuiltinPackage("strategies")
+
+DRAFTERS: Registry[Drafter] = Registry("drafter", Drafter, builtins=BUILTIN_STRATEGIES)
+VERIFIERS: Registry[Verifier] = Registry("verifier", Verifier, builtins=BUILTIN_STRATEGIES)
+SELECTORS: Registry[LayerSelector] = Registry("selector", LayerSelector, builtins=BUILTIN_STRATEGIES)
+LENGTH_CONTROLLERS: Registry[LengthController] = Registry(
+    "length", LengthController, builtins=BUILTIN_STRATEGIES
+)
 
 #: All registries by the config block (and CLI flag) that selects from them.
 REGISTRIES: dict[str, Registry[Any]] = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,18 +57,53 @@ class Entry(Generic[T]):
     description: str
 
 
+class BuiltinPackage:
+    """A package whose import registers built-in strategies, imported once, on the first lookup in
+    any registry that names it (the registries' one composition root: nobody calls a loader).
+
+    Args:
+        name: the package's import name (``"strategies"``).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loaded = False
+
+    def load(self) -> None:
+        """Import the package (idempotent; re-entrant: lookups made while it imports see what is
+        registered so far)."""
+        if not self.loaded:
+            self.loaded = True
+            try:
+                importlib.import_module(self.name)
+            except BaseException:
+                self.loaded = False
+                raise
+
+
 class Registry(Generic[T]):
     """A name -> class mapping for one interface.
 
     Args:
         kind: human-readable kind, used in messages and CLI flags (``"selector"``).
         base_cls: every registered class must subclass it.
+        builtins: the package that registers the built-in strategies, imported on the first
+            lookup (`get`, `entry`, `names`, ``in``, ``len``); ``None``: nothing is imported.
     """
 
-    def __init__(self, kind: str, base_cls: type[T] | None = None) -> None:
+    def __init__(
+        self, kind: str, base_cls: type[T] | None = None, *, builtins: BuiltinPackage | None = None
+    ) -> None:
         self.kind = kind
         self.base_cls = base_cls
+        self.builtins = builtins
         self._entries: dict[str, Entry[T]] = {}
+
+    def _table(self) -> dict[str, Entry[T]]:
+        """The entries, the built-ins registered first."""
+        if self.builtins is not None and not self.builtins.loaded:
+            self.builtins.load()
+        return self._entries
 
     def register(self, name: str, *, config: type | None = None) -> Callable[[type[T]], type[T]]:
         """Class decorator registering ``cls`` under ``name`` with its config dataclass.
@@ -85,7 +121,7 @@ class Registry(Generic[T]):
             raise RegistryError(f"{self.kind} name must be snake_case ([a-z][a-z0-9_]*), got {name!r}")
 
         def decorator(cls: type[T]) -> type[T]:
-            if name in self._entries:
+            if name in self._table():  # a built-in of that name is registered first
                 raise RegistryError(
                     f"{self.kind} {name!r} is already registered "
                     f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"
@@ -117,34 +153,34 @@ class Registry(Generic[T]):
         if not isinstance(name_or_obj, str):
             return name_or_obj
         try:
-            return self._entries[name_or_obj].cls
+            return self._table()[name_or_obj].cls
         except KeyError:
             raise UnknownNameError(self.unknown_message(name_or_obj)) from None
 
     def entry(self, name: str) -> Entry[T]:
         """The full `Entry` for ``name`` (raises `UnknownNameError`)."""
-        if name not in self._entries:
+        if name not in self._table():
             raise UnknownNameError(self.unknown_message(name))
         return self._entries[name]
 
     def unknown_message(self, name: str) -> str:
-        names = sorted(self._entries)
+        names = sorted(self._table())
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         return f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(names) or '(none)'}"
 
     def names(self, pattern: str = "*") -> list[str]:
         """Registered names matching a glob ``pattern``, sorted."""
-        return sorted(n for n in self._entries if fnmatch.fnmatch(n, pattern))
+        return sorted(n for n in self._table() if fnmatch.fnmatch(n, pattern))
 
     def entries(self) -> list[Entry[T]]:
         return [self._entries[n] for n in self.names()]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._table()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._table())
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (for tests and notebooks that re-register a class)."""

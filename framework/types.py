@@ -177,7 +177,9 @@ class Draft:
         top_tokens: LongTensor (B, K, k), each step's k most probable draft tokens (only when
             the verifier's ``draft_top_k()`` is k > 0; tree verification).
         top_probs: FloatTensor (B, K, k), their draft probabilities.
-        extras: strategy-specific data (e.g. tree candidates), JSON-friendly where possible.
+        source: what produced the draft, named by the drafter for its own bookkeeping and the
+            logs: ``"lookup"`` (copied from the context; no forward ran), ``"layer_skip"`` or
+            ``"declined"`` (`hybrid`); ``""``: not named.
     """
 
     tokens: torch.Tensor
@@ -186,7 +188,7 @@ class Draft:
     probs: torch.Tensor | None = None
     top_tokens: torch.Tensor | None = None
     top_probs: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
 
     @property
     def length(self) -> int:
@@ -289,3 +291,54 @@ class LengthHint:
     max_length: int
     threshold: float | None = None
     source: str = ""
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round of a generation, as the decoding loop records it (the one per-round trace:
+    `GenerationResult`'s per-round lists are read from these).
+
+    Attributes:
+        drafted: draft tokens proposed (0: the round declined to draft, or a plain step).
+        accepted: draft tokens accepted (m).
+        committed: tokens committed (m + 1: the accepted drafts and the target's own token).
+        skip_ratio: the plan's skip ratio (`LayerPlan.skip_ratio`).
+        plan: the plan's `LayerPlan.code` when the round drafted, else ``""``.
+        exit_layer: the plan's exit layer when the round drafted (``None``: full depth).
+    """
+
+    drafted: int
+    accepted: int
+    committed: int
+    skip_ratio: float
+    plan: str = ""
+    exit_layer: int | None = None
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation.
+
+    Attributes:
+        rounds: per-round records.
+        timings: seconds per phase: prefill, select, draft, verify, length, commit.
+        target_forwards: full-model forwards (prefill and verifications).
+        draft_forwards: draft forwards.
+        verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1; a tree:
+            its nodes + 1).
+        verify_blocks_saved: block evaluations (blocks x positions) verifications skipped by
+            reusing an early-exit draft's blocks.
+        reused_positions: verified positions whose first blocks came from the draft.
+    """
+
+    rounds: list[RoundRecord] = field(default_factory=list)
+    timings: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("prefill", "select", "draft", "verify", "length", "commit"), 0.0
+        )
+    )
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    verify_tokens: int = 0
+    verify_blocks_saved: int = 0
+    reused_positions: int = 0

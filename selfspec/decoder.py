@@ -18,7 +18,6 @@ from framework.engine.decoding import GenerationResult
 from framework.experiment.config import RunConfig
 from framework.experiment.data import encode_chat
 from framework.experiment.experiment import Experiment
-from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.timing import decode_interleaved, first_mismatch, warm_up
 from framework.interfaces import Strategy
 from framework.types import LayerPlan
@@ -169,7 +168,6 @@ class Decoder:
         strategies: Mapping[str, type[Strategy] | Strategy] | None = None,
         log: Any = print,
     ) -> None:
-        load_builtin_strategies()
         if (model is None) != (tokenizer is None):
             raise ValueError("pass both model and tokenizer (an already loaded model), or neither")
         self.config = config if config is not None else RunConfig()

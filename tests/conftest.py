@@ -18,10 +18,7 @@ if str(_ROOT) not in sys.path:  # `pytest` as well as `python -m pytest` from th
     sys.path.insert(0, str(_ROOT))
 
 from framework.engine.adapter import adapter_for  # noqa: E402
-from framework.experiment.plugins import load_builtin_strategies  # noqa: E402
 from framework.testing import ARCHS, cached_tiny_model, tiny_model  # noqa: E402
-
-load_builtin_strategies()
 
 # The tiny models' matmuls are far too small to gain from intra-op threads; on a small or busy CPU
 # the thread hand-offs cost several times the arithmetic (measured: 5x slower with 2 threads).

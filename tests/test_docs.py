@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from framework import REGISTRIES
-from framework.experiment.plugins import load_builtin_strategies
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -32,7 +31,6 @@ def _shipped_strategies() -> list[tuple[str, str, type]]:
     Tests elsewhere register throw-away strategies; those live outside the ``strategies``
     package and need no page.
     """
-    load_builtin_strategies()
     return [
         (kind, e.name, e.config)
         for kind, reg in REGISTRIES.items()

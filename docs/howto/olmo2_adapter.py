@@ -123,9 +123,7 @@ def check_against_hf() -> None:
 def check_lossless() -> None:
     from framework import get_drafter, get_length, get_selector, get_verifier
     from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.experiment.plugins import load_builtin_strategies
 
-    load_builtin_strategies()
     adapter = adapter_for(tiny_olmo2())
     static = get_selector("static")
     spec = SpeculativeDecoder(

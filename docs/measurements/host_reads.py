@@ -21,7 +21,6 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.experiment.config import RunConfig
 from framework.experiment.experiment import build_decoder
-from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.presets import list_presets
 from framework.testing import prepare_context, random_prompt, tiny_model
 from framework.testing.syncs import count_host_reads
@@ -35,7 +34,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8, help="blocks of the tiny model")
     ap.add_argument("--sites", type=int, default=3, help="busiest call sites shown per preset")
     args = ap.parse_args()
-    load_builtin_strategies()
     torch.set_num_threads(1)
     presets = [p for p in args.presets.split(",") if p] or list_presets()
     adapter = adapter_for(tiny_model("llama", num_layers=args.layers, seed=0).to(args.device))

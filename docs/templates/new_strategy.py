@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework import Draft, LengthController, LengthHint, ModelInfo, Verification, register_length
+from framework import Draft, LengthController, LengthHint, ModelInfo, RoundView, Verification, register_length
 from framework.config import check_range, param
 
 
@@ -71,11 +71,11 @@ class MyLength(LengthController):
         # Called before each generation; reset per-generation state here.
         self._k = min(self.config.start, self._cap)
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         # TODO: the draft length bound of the next round (0 declines to draft this round).
         return self._k
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         # TODO: update after each verification. Example: grow after a fully accepted draft,
         # shrink otherwise, within [1, max_length].
         if draft.length == 0:

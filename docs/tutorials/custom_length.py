@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, LengthController, LengthHint, Verification, register_length
+from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
 from framework.config import check_range, param
 
 
@@ -67,7 +67,7 @@ class RiskBudgetLength(LengthController):
         self._accepted = 0
         self._budget_stops = 0
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         # `hint` is the selector's suggestion for the round (DEL's del_tpl gives one); this
         # controller has its own rule and ignores it.
         return self.config.max_length
@@ -85,7 +85,7 @@ class RiskBudgetLength(LengthController):
         self._budget_stops += 1
         return False
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         if draft.length == 0:  # a round that drafted nothing (the token budget ran out)
             return
         self._rounds += 1
@@ -132,10 +132,8 @@ def check_lossless(budgets=(0.25, 1.0, 4.0), num_prompts: int = 3, max_new_token
     from framework import get_drafter, get_selector, get_verifier
     from framework.engine.adapter import adapter_for
     from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.experiment.plugins import load_builtin_strategies
     from framework.testing import random_prompt, tiny_model
 
-    load_builtin_strategies()  # static, layer_skip, greedy, ...
     adapter = adapter_for(tiny_model("llama", num_layers=6))  # random weights, float64
     vanilla = VanillaDecoder(adapter)
     stop = StopCondition(max_new_tokens)  # no EOS: every generation runs to max_new_tokens

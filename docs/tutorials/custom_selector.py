@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework import LayerPlan, LayerSelector, ModelInfo, register_selector
+from framework import LayerPlan, LayerSelector, ModelInfo, RoundView, register_selector
 from framework.config import check_range, param
 
 
@@ -45,7 +45,7 @@ class MiddleMLPSelector(LayerSelector):
         start = (n - count) // 2
         self._plan = LayerPlan.from_indices(n, mlp=range(start, start + count))
 
-    def plan(self, state) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         return self._plan  # the same plan every round
 
     def summary(self) -> dict:
@@ -107,9 +107,7 @@ def check_lossless(num_prompts: int = 3, max_new_tokens: int = 24) -> None:
     from framework import get_drafter, get_length, get_verifier
     from framework.engine.adapter import adapter_for
     from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.experiment.plugins import load_builtin_strategies
 
-    load_builtin_strategies()  # registers fixed, layer_skip, greedy, ...
     adapter = adapter_for(tiny_llama())
     spec = SpeculativeDecoder(
         adapter,

@@ -11,7 +11,7 @@ runs it (``tests/test_docs.py``) to keep the page's calls working.
 from __future__ import annotations
 
 import selfspec
-from framework import LayerPlan, LayerSelector
+from framework import LayerPlan, LayerSelector, RoundView
 
 MODEL = "tiny-random"
 PROMPT = "w5 w9 w13 w2 w7"
@@ -23,8 +23,8 @@ class EveryOtherMlp(LayerSelector):
     def __init__(self) -> None:
         super().__init__(config=object())
 
-    def plan(self, state):
-        n = state.adapter.num_layers
+    def plan(self, state: RoundView) -> LayerPlan:
+        n = state.info.num_layers
         return LayerPlan.from_indices(n, mlp=range(1, n, 2))
 
 

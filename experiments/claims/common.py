@@ -20,7 +20,6 @@ from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.experiment.data import calibration_texts, encode_chat, load_prompts, stop_token_ids
-from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.timing import first_mismatch
 
 from . import stats
@@ -385,7 +384,6 @@ def load(
     """The `Ctx` of a mode (`MODES`): ``model`` (default: the embedded default model) and the
     built-in prompts, or in ``smoke`` mode an 8-block tiny random Llama, random prompts and a
     synthetic cost model."""
-    load_builtin_strategies()
     if threads:
         torch.set_num_threads(threads)
     p = MODES[mode]

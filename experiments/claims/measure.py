@@ -19,7 +19,7 @@ from framework.config import build_config
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.experiment.timing import decode_interleaved, first_mismatch, warm_up
-from strategies.selectors.selfsd_bo import cached_search, load_skip_set, model_fingerprint, search
+from strategies.selectors.selfsd_bo import cached_search, load_skip_set, search
 from strategies.selectors.static import uniform_plan
 
 from . import stats
@@ -33,7 +33,7 @@ def selfsd_set(ctx: Ctx) -> tuple[LayerPlan, dict[str, Any]]:
     if ctx.skip_set:
         res = load_skip_set(ctx.skip_set, ctx.L)
         fp = res.data.get("fingerprint")
-        if fp and fp != model_fingerprint(ctx.adapter):
+        if fp and fp != ctx.fingerprint():
             raise SystemExit(f"error: --skip-set {ctx.skip_set} was searched on another model")
         source = f"{ctx.skip_set} ({len(res.data['trace'])} candidates)"
     else:

@@ -29,7 +29,6 @@ from framework.config import ConfigError
 from framework.experiment.config import RunConfig
 from framework.experiment.errors import guarded
 from framework.experiment.flags import add_config_flags, config_overrides_from_args
-from framework.experiment.plugins import load_builtin_strategies
 
 #: BenchConfig fields without a generated flag: ``run`` has its own flags, ``preset_args`` is
 #: spelled METHOD=FLAGS, ``command`` is the command line itself.
@@ -102,7 +101,6 @@ def main(argv: Sequence[str] | None = None, *, model: Any = None, tokenizer: Any
     command = "python experiments/bench.py " + shlex.join(argv)
 
     def body() -> int:
-        load_builtin_strategies()
         cfg = config_from_args(build_parser().parse_args(argv), command.strip())
         run_benchmark(cfg, model, tokenizer)
         return 0

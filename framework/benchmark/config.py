@@ -19,7 +19,6 @@ from framework.benchmark.hf import HF_METHODS
 from framework.config import ConfigError, check_range, param, parse_value
 from framework.experiment.config import RunConfig
 from framework.experiment.flags import flag_of
-from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.presets import list_presets, load_preset
 
 BASELINE = "vanilla"
@@ -76,7 +75,6 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
         ConfigError: an unknown name (the message lists the allowed ones), a duplicate, or a
             baseline-only preset file.
     """
-    load_builtin_strategies()
     shipped = set(list_presets())
     out: list[MethodSpec] = []
     for raw in methods:

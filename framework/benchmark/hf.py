@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from framework.config import ConfigError
-from framework.engine.decoding import GenerationResult, StopCondition
+from framework.engine.decoding import PLAIN_ROUND, GenerationResult, StopCondition
 from framework.kernels import cpu as fast_kernels
+from framework.types import RoundRecord
 
 #: The Hugging Face ``generate`` methods and what they run.
 HF_METHODS: dict[str, str] = {
@@ -174,24 +175,16 @@ class HFGenerateDecoder:
         new = out[0, prompt_ids.shape[1] :].tolist()
         cut = stop.find_cut(new, 0) or (len(new), "max_new_tokens")
         tokens = new[: cut[0]]
-        if self.extra:
-            accept = [m + 1 for _, m in rounds]
-            if accept:
-                accept[0] -= 1  # the prefill's token
-                if accept[0] == 0:
-                    accept.pop(0)
-            drafted, accepted = sum(c for c, _ in rounds), sum(m for _, m in rounds)
-        else:
-            accept = [1] * (len(tokens) - 1)
-            drafted = accepted = 0
+        records = [RoundRecord(c, m, m + 1, 0.0) for c, m in rounds] if self.extra else []
+        if records:  # the prefill's token
+            first = records[0]
+            records[0] = RoundRecord(first.drafted, first.accepted, first.committed - 1, 0.0)
         return GenerationResult(
             tokens=tokens,
             wall_time=wall,
             stop_reason=cut[1],
-            accept_lengths=accept,
-            draft_lengths=[c for c, _ in rounds],
-            drafted=drafted,
-            accepted=accepted,
+            rounds=records or [PLAIN_ROUND] * (len(tokens) - 1),
+            plain=not records,
         )
 
 

@@ -22,6 +22,7 @@ from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, Method
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.config import ConfigError
+from framework.engine.context import PreparedCache
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import GenerationResult
 from framework.experiment.config import RunConfig
@@ -245,9 +246,9 @@ def run_benchmark(
     base = Experiment(run.replace(baseline_only=True), model, tokenizer, log=log, prompts=prompts)
     exps: dict[str, Any] = {}
     decoders: dict[str, Any] = {}
-    # One preparation store for every method: an offline search (a preset and its ':raw' companion
+    # One preparation cache for every method: an offline search (a preset and its ':raw' companion
     # search the same skip set), the cost model and the token ranking are computed once.
-    store: dict[str, Any] = {}
+    prepared = PreparedCache()
     for s in specs:
         if s.kind == "baseline":
             exps[s.label], decoders[s.label] = base, base.vanilla
@@ -267,7 +268,12 @@ def run_benchmark(
             out_dir.mkdir(parents=True, exist_ok=True)  # a search may save its skip set here
             log(f"[bench] preparing {s.label} ...")
             exps[s.label] = Experiment(
-                preset_cfgs[s.label], model, tokenizer, artifact_stem=out_dir / s.label, log=log, store=store
+                preset_cfgs[s.label],
+                model,
+                tokenizer,
+                artifact_stem=out_dir / s.label,
+                log=log,
+                prepared=prepared,
             )
             decoders[s.label] = exps[s.label].spec
     info = base.adapter.info()
@@ -304,7 +310,7 @@ def run_benchmark(
 
     warm_up(specs, lambda s: decode(s, prompts[0], min(WARMUP_TOKENS, run.max_new_tokens)), run.warmup)
     if cfg.cost_model == "measure":
-        cost = store.get("cost_model")
+        cost = prepared.cost_model()
         if cost is None:
             log("[bench] measuring the cost model (draft and verification costs) ...")
             cost = CostModel.measure(base.adapter)

@@ -216,6 +216,11 @@ class ModelAdapter(ABC):
         return len(self.blocks)
 
     @property
+    def hidden_size(self) -> int:
+        """The residual width d."""
+        return int(self.config.hidden_size)
+
+    @property
     def num_kv_heads(self) -> int:
         c = self.config
         return getattr(c, "num_key_value_heads", None) or c.num_attention_heads

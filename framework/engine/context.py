@@ -1,32 +1,112 @@
-"""What a strategy's one-time preparation (`Strategy.prepare`) may use."""
+"""What a strategy's one-time preparation (`Strategy.prepare`) may use: `PrepareContext`, the
+engine's implementation of `framework.view.PrepareView`, and `PreparedCache`, where preparations
+keep what they computed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
+
+from framework.engine.adapter import ModelAdapter
 from framework.engine.cost_model import CostModel
+from framework.engine.decoding import SpeculativeDecoder, StopCondition
+from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
+from framework.types import LayerPlan, ModelInfo
+from framework.view import PlanEvaluation, RoundView
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
     from framework.kernels.fused import FusedBlocks
 
+T = TypeVar("T")
+
+
+class PreparedCache:
+    """What one-time preparations computed, shared by every experiment on one model (a rebuilt
+    experiment, a benchmark's methods): one offline search, one cost model, one token ranking.
+
+    Entries are keyed by the class that computed them and a key of its own (``(CostModel, (head,
+    weights))``, ``(SelfSDSelector, settings)``), so that entries of different owners never meet.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[type, Hashable], Any] = {}
+
+    def get(self, owner: type, key: Hashable) -> Any | None:
+        """The entry of ``owner`` under ``key``, or ``None``."""
+        return self._entries.get((owner, key))
+
+    def put(self, owner: type, key: Hashable, value: Any) -> None:
+        """Keep ``value`` as ``owner``'s entry under ``key``."""
+        self._entries[(owner, key)] = value
+
+    def once(self, owner: type, key: Hashable, compute: Callable[[], T]) -> T:
+        """``owner``'s entry under ``key``, computed by ``compute()`` the first time."""
+        k = (owner, key)
+        if k not in self._entries:
+            self._entries[k] = compute()
+        return self._entries[k]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def cost_model(self) -> CostModel | None:
+        """The model's own cost model (full head, own weights) once some preparation measured it
+        (`PrepareContext.cost_model`), else ``None``."""
+        return self.get(CostModel, _cost_key(None, None))
+
+    def set_cost_model(self, costs: CostModel) -> None:
+        """Use ``costs`` as the model's own cost model (tests and measurements that price with a
+        given one instead of measuring)."""
+        self.put(CostModel, _cost_key(None, None), costs)
+
+    @classmethod
+    def with_cost_model(cls, costs: CostModel) -> PreparedCache:
+        """A cache that already holds ``costs`` as the model's cost model (`set_cost_model`)."""
+        cache = cls()
+        cache.set_cost_model(costs)
+        return cache
+
+
+def _cost_key(head: DraftHead | None, weights: FusedBlocks | None) -> tuple[str, str]:
+    return (head.key if head is not None else "", weights.weights if weights is not None else "float32")
+
+
+class _FixedPlan(LayerSelector):
+    """Returns one given plan every round (`PrepareContext.evaluate`)."""
+
+    name = "fixed_plan"
+
+    @dataclass(frozen=True)
+    class Config:
+        pass
+
+    def __init__(self, plan: LayerPlan) -> None:
+        super().__init__(self.Config())
+        self._plan = plan
+
+    def plan(self, state: RoundView) -> LayerPlan:
+        return self._plan
+
 
 @dataclass
 class PrepareContext:
-    """What a one-time preparation step (`Strategy.prepare`) may use: the model and a way to make
-    prompts. Built by the runner (``Experiment``) once the model is loaded, before the warm-up.
+    """The engine's `framework.view.PrepareView` (see there for what a preparation may use),
+    built by the runner (``Experiment``) once the model is loaded, before the warm-up.
 
     Attributes:
-        adapter: the `ModelAdapter` of the target model.
+        adapter: the `ModelAdapter` of the target model (the engine's; not part of the view).
         encode: a user message -> chat-formatted prompt token ids (the run's tokenizer and template).
         eos_token_ids: tokens that end a generation.
         artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``, next to
             the results), or ``None`` when nothing should be written.
         log: progress and notices (the runner prints them).
-        store: shared across `Experiment.rebuild`: a strategy that did expensive work (an offline
-            search) keeps its result here, keyed by its config, so fresh instances reuse it.
+        prepared: what preparations computed, shared across `Experiment.rebuild` and a
+            benchmark's methods (`PreparedCache`; strategies use `once`).
         dtype: the model's dtype name (``"float32"``), recorded in artefacts.
         load_prompts: ``(source, categories) -> user messages``: the first turns of a Spec-Bench
             JSONL file (``source``), or of the built-in calibration set when ``source`` is empty,
@@ -42,16 +122,39 @@ class PrepareContext:
             own; set with ``draft_head``.
     """
 
-    adapter: Any
+    adapter: ModelAdapter
     encode: Callable[[str], list[int]]
     eos_token_ids: frozenset[int] = frozenset()
     artifact_stem: Any = None
     log: Callable[[str], None] = print
-    store: dict[str, Any] = field(default_factory=dict)
+    prepared: PreparedCache = field(default_factory=PreparedCache)
     dtype: str = "float32"
     load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None
     draft_head: DraftHead | None = None
     draft_weights: FusedBlocks | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.adapter.info()
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    def fingerprint(self) -> str:
+        """The model's weight fingerprint (`ModelAdapter.fingerprint`)."""
+        return self.adapter.fingerprint()
+
+    def with_draft(self, drafter: Drafter) -> PrepareContext:
+        """A copy whose `draft_head` and `draft_weights` are ``drafter``'s (once prepared); the
+        `prepared` cache is shared."""
+        return dataclasses.replace(
+            self, draft_head=drafter.draft_head(), draft_weights=drafter.draft_weights()
+        )
+
+    def once(self, owner: type, key: Hashable, compute: Callable[[], T]) -> T:
+        """``owner``'s entry of `prepared` under ``key``, computed by ``compute()`` once."""
+        return self.prepared.once(owner, key, compute)
 
     def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
         """Calibration prompts (user messages) for an offline search: the first turns of
@@ -68,21 +171,48 @@ class PrepareContext:
     def cost_model(self) -> CostModel:
         """The measured `framework.engine.cost_model.CostModel` of this model on this machine, its
         draft steps priced with `draft_head` and `draft_weights`; measured on first use (about 15 s
-        on a 2-core CPU for the default model) and shared through ``store`` (one per draft head and
-        weight format)."""
-        weights = self.draft_weights
+        on a 2-core CPU for the default model) and shared through `prepared` (one per draft head
+        and weight format)."""
+        head, weights = self.draft_head, self.draft_weights
         compressed = weights is not None and weights.weights != "float32"
-        head_key = "cost_model" if self.draft_head is None else f"cost_model:{self.draft_head.key}"
-        key = f"{head_key}:weights={weights.weights}" if compressed else head_key
-        if key not in self.store:
-            full = self.store.get("cost_model")
-            own = self.store.get(head_key)  # the same head, the model's own weights
-            if compressed and own is not None:
-                self.store[key] = own.with_weights(self.adapter, weights)
-            elif full is not None and self.draft_head is not None and not compressed:
-                self.store[key] = full.with_head(self.adapter, self.draft_head)
-            else:
-                self.store[key] = CostModel.measure(
-                    self.adapter, draft_head=self.draft_head, draft_weights=weights
-                )
-        return self.store[key]
+        key = _cost_key(head, weights if compressed else None)
+        hit = self.prepared.get(CostModel, key)
+        if hit is not None:
+            return hit
+        full = self.prepared.get(CostModel, _cost_key(None, None))
+        own = self.prepared.get(CostModel, _cost_key(head, None))  # the same head, own weights
+        if compressed and own is not None:
+            costs = own.with_weights(self.adapter, weights)
+        elif full is not None and head is not None and not compressed:
+            costs = full.with_head(self.adapter, head)
+        else:
+            costs = CostModel.measure(self.adapter, draft_head=head, draft_weights=weights)
+        self.prepared.put(CostModel, key, costs)
+        return costs
+
+    def evaluate(
+        self,
+        plan: LayerPlan,
+        prompts: Sequence[torch.Tensor],
+        *,
+        length: LengthController,
+        drafter: Drafter,
+        verifier: Verifier,
+        max_new_tokens: int,
+        max_draft: int,
+    ) -> PlanEvaluation:
+        """Decode each prompt with ``plan`` in every round (`framework.view.PrepareView.evaluate`)."""
+        dec = SpeculativeDecoder(
+            self.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=max_draft
+        )
+        stop = StopCondition(max_new_tokens)  # no EOS: every prompt yields the same token count
+        results = [dec.generate(ids, stop) for ids in prompts]
+        return PlanEvaluation(
+            tokens=sum(r.new_tokens for r in results),
+            prompts=len(results),
+            wall_time=sum(r.wall_time for r in results),
+            draft_lengths=tuple(k for r in results for k in r.draft_lengths),
+            drafted=sum(r.drafted for r in results),
+            accepted=sum(r.accepted for r in results),
+            rounds=sum(len(r.accept_lengths) for r in results),
+        )

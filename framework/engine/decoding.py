@@ -6,19 +6,21 @@ logic, so a speedup compares like with like. The speculative loop knows only the
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.engine.adapter import ModelAdapter
-from framework.engine.context import PrepareContext
-from framework.engine.state import DecodeState, RoundRecord
+from framework.engine.state import DecodeState
+from framework.engine.view import StateView
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
-from framework.types import Draft, LayerPlan
-from framework.utils import no_clock, synced_clock
+from framework.types import Draft, LayerPlan, RoundRecord, Verification
+from framework.utils import PhaseTimer, synced_clock
+
+if TYPE_CHECKING:
+    from framework.engine.context import PrepareContext
 
 
 class StopCondition:
@@ -82,14 +84,9 @@ class GenerationResult:
         tokens: the new token ids (after the stop cut).
         wall_time: seconds from the start of prefill to the end of the last round.
         stop_reason: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
-        accept_lengths: tokens committed per verification round (m + 1, bonus included).
-        draft_lengths: tokens drafted per round (0 for a round that declined to draft).
-        drafted: draft tokens proposed in total.
-        accepted: draft tokens accepted in total.
-        skip_ratios: per drafting round, the plan's skip ratio.
-        plans: per drafting round, the plan as a 2L-character string (`LayerPlan.code`: attention
-            sub-layers of blocks 0..L-1, then their MLPs; ``1`` = not run by the draft).
-        exit_layers: per drafting round, the plan's exit layer (``None``: full depth).
+        rounds: one `RoundRecord` per verification round (a plain decoder: one per step after the
+            prefill's token); the per-round properties below read them.
+        plain: the rounds are plain steps (vanilla decoding): `draft_lengths` is empty.
         timings: seconds per phase (prefill, select, draft, verify, length, commit, lm_head).
         target_forwards / draft_forwards: forward counts.
         verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1 per round;
@@ -100,13 +97,8 @@ class GenerationResult:
     tokens: list[int]
     wall_time: float
     stop_reason: str
-    accept_lengths: list[int] = field(default_factory=list)
-    draft_lengths: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
-    skip_ratios: list[float] = field(default_factory=list)
-    plans: list[str] = field(default_factory=list)
-    exit_layers: list[int | None] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)
+    plain: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     target_forwards: int = 0
     draft_forwards: int = 0
@@ -122,14 +114,56 @@ class GenerationResult:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
     @property
+    def accept_lengths(self) -> list[int]:
+        """Tokens committed per verification round (m + 1, bonus included)."""
+        return [r.committed for r in self.rounds if r.committed]
+
+    @property
+    def draft_lengths(self) -> list[int]:
+        """Tokens drafted per round (0 for a round that declined to draft); empty when `plain`."""
+        return [] if self.plain else [r.drafted for r in self.rounds]
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens proposed in total."""
+        return sum(r.drafted for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted in total."""
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def skip_ratios(self) -> list[float]:
+        """Per drafting round, the plan's skip ratio."""
+        return [r.skip_ratio for r in self.rounds if r.plan]
+
+    @property
+    def plans(self) -> list[str]:
+        """Per drafting round, the plan as a 2L-character string (`LayerPlan.code`: attention
+        sub-layers of blocks 0..L-1, then their MLPs; ``1`` = not run by the draft)."""
+        return [r.plan for r in self.rounds if r.plan]
+
+    @property
+    def exit_layers(self) -> list[int | None]:
+        """Per drafting round, the plan's exit layer (``None``: full depth)."""
+        return [r.exit_layer for r in self.rounds if r.plan]
+
+    @property
     def mean_accepted_length(self) -> float:
         """M: tokens committed per verification round, bonus token included."""
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+        lengths = self.accept_lengths
+        return sum(lengths) / len(lengths) if lengths else 0.0
 
     @property
     def acceptance_rate(self) -> float:
         """alpha: accepted draft tokens / drafted tokens."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        drafted = self.drafted
+        return self.accepted / drafted if drafted else 0.0
+
+
+#: The record of one plain step (vanilla decoding).
+PLAIN_ROUND = RoundRecord(drafted=0, accepted=0, committed=1, skip_ratio=0.0)
 
 
 def _capacity(prompt_len: int, max_new_tokens: int, max_draft: int) -> int:
@@ -191,6 +225,7 @@ def _finish(
         tokens=new[:keep],
         wall_time=wall,
         stop_reason=reason,
+        rounds=state.stats.rounds,
         timings=timings,
         target_forwards=state.stats.target_forwards,
         draft_forwards=state.stats.draft_forwards,
@@ -232,8 +267,9 @@ class VanillaDecoder:
             state.cache.commit(1)
             state.append(tok[:, None])
             new.append(int(tok.item()))
+            state.stats.rounds.append(PLAIN_ROUND)
             cut = stop.find_cut(new, len(new) - 1)
-        return _finish(state, t0, lm0, new, cut, accept_lengths=[1] * (len(new) - 1), decode_phase="verify")
+        return _finish(state, t0, lm0, new, cut, plain=True, decode_phase="verify")
 
 
 class SpeculativeDecoder:
@@ -296,15 +332,13 @@ class SpeculativeDecoder:
         of ``ctx``; the store is shared) so that what they search or price is the draft that runs.
         """
         self.drafter.prepare(ctx)
-        ctx = dataclasses.replace(
-            ctx, draft_head=self.drafter.draft_head(), draft_weights=self.drafter.draft_weights()
-        )
+        ctx = ctx.with_draft(self.drafter)
         for s in (self.selector, self.length, self.verifier):
             s.prepare(ctx)
 
     def times_phases(self) -> bool:
         """Whether `generate` times each phase (see ``phase_timing``)."""
-        if any(getattr(s, "needs_phase_timings", False) for s in (self.length, self.drafter)):
+        if any(s.needs_phase_timings for s in self.strategies().values()):
             return True
         return self.phase_timing if self.phase_timing is not None else self.adapter.device.type == "cpu"
 
@@ -331,82 +365,59 @@ class SpeculativeDecoder:
             self.verifier,
             self.drafter,
         )
-        timings = state.stats.timings
         lm0 = adapter.lm_head_seconds
         phases = self.times_phases()
-        clock = synced_clock(adapter.device) if phases else no_clock
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
-        drafted = accepted = 0
-        accept_lengths: list[int] = []
-        draft_lengths: list[int] = []
-        skip_ratios: list[float] = []
-        plans: list[str] = []
-        exit_layers: list[int | None] = []
+        timer = PhaseTimer(state.stats.timings, adapter.device, enabled=phases)
+        view = StateView(state)  # all the strategies see of the state
         codes: dict[LayerPlan, str] = {}  # plans repeat across rounds: encode each once
         while cut is None:
-            t = clock()
-            plan = self.selector.plan(state)
-            hint = self.selector.length_hint(state)
-            t1 = clock()
-            timings["select"] += t1 - t
-            # Never draft past the token budget: the last token of a round is the target's own.
-            budget = stop.max_new_tokens - len(new) - 1
-            k_max = max(0, min(self.length.max_length(state, hint), budget, self.max_draft))
-            t2 = clock()
-            timings["length"] += t2 - t1
-            if k_max > 0:
-                draft = self.drafter.draft(state, plan, self.length, k_max)
-            else:
-                draft = Draft.empty(state.pending.shape[0], plan, state.device)
-            t3 = clock()
-            timings["draft"] += t3 - t2
-            result = self.verifier.verify(state, draft)
-            t4 = clock()
-            timings["verify"] += t4 - t3
-            committed = state.commit(result)
-            t5 = clock()
-            timings["commit"] += t5 - t4
-            self.selector.observe(state, draft, result)
-            t6 = clock()
-            timings["select"] += t6 - t5
-            self.length.observe(state, draft, result)
-            t7 = clock()
-            timings["length"] += t7 - t6
-            self.drafter.observe(state, draft, result)
-            t8 = clock()
-            timings["draft"] += t8 - t7
-            self.verifier.observe(state, draft, result)
-            timings["verify"] += clock() - t8
-
-            m = result.accepted
-            drafted += draft.length
-            accepted += m
-            accept_lengths.append(committed.shape[1])
-            draft_lengths.append(draft.length)
-            if draft.length:
-                skip_ratios.append(draft.plan.skip_ratio)
-                code = codes.get(draft.plan)
-                if code is None:
-                    code = codes[draft.plan] = draft.plan.code()
-                plans.append(code)
-                exit_layers.append(draft.plan.exit_layer)
-            state.stats.rounds.append(RoundRecord(draft.length, m, committed.shape[1], draft.plan.skip_ratio))
+            draft, result = self._round(state, view, stop.max_new_tokens - len(new) - 1, timer)
+            state.stats.rounds.append(_record(draft, result, codes))
             start = len(new)
-            new.extend(result.committed_host())  # the tokens `committed` holds, read once per round
+            new.extend(result.committed_host())  # the tokens committed, read once per round
             cut = stop.find_cut(new, start)
-        return _finish(
-            state,
-            t0,
-            lm0,
-            new,
-            cut,
-            phases=phases,
-            accept_lengths=accept_lengths,
-            draft_lengths=draft_lengths,
-            drafted=drafted,
-            accepted=accepted,
-            skip_ratios=skip_ratios,
-            plans=plans,
-            exit_layers=exit_layers,
-            strategy_summary={k: v for k, v in ((k, s.summary()) for k, s in self.strategies().items()) if v},
-        )
+        summary = {k: v for k, v in ((k, s.summary()) for k, s in self.strategies().items()) if v}
+        return _finish(state, t0, lm0, new, cut, phases=phases, strategy_summary=summary)
+
+    def _round(
+        self, state: DecodeState, view: StateView, budget: int, timer: PhaseTimer
+    ) -> tuple[Draft, Verification]:
+        """One round: select, draft (at most ``budget`` tokens: the last token of a generation is
+        the target's own), verify, commit, observe; each phase timed by ``timer``. The strategies
+        see ``view`` (of ``state``), never the state itself."""
+        timer.mark()
+        plan = self.selector.plan(view)
+        hint = self.selector.length_hint(view)
+        timer.lap("select")
+        k_max = max(0, min(self.length.max_length(view, hint), budget, self.max_draft))
+        timer.lap("length")
+        if k_max > 0:
+            draft = self.drafter.draft(view, plan, self.length, k_max)
+        else:
+            draft = Draft.empty(state.pending.shape[0], plan, state.device)
+        timer.lap("draft")
+        result = self.verifier.verify(view, draft)
+        timer.lap("verify")
+        state.commit(result)
+        timer.lap("commit")
+        for phase, s in (
+            ("select", self.selector),
+            ("length", self.length),
+            ("draft", self.drafter),
+            ("verify", self.verifier),
+        ):
+            s.observe(view, draft, result)
+            timer.lap(phase)
+        return draft, result
+
+
+def _record(draft: Draft, result: Verification, codes: dict[LayerPlan, str]) -> RoundRecord:
+    """The `RoundRecord` of one round (``codes``: the plans encoded so far)."""
+    plan, m = draft.plan, result.accepted
+    if not draft.length:
+        return RoundRecord(0, m, m + 1, plan.skip_ratio)
+    code = codes.get(plan)
+    if code is None:
+        code = codes[plan] = plan.code()
+    return RoundRecord(draft.length, m, m + 1, plan.skip_ratio, code, plan.exit_layer)

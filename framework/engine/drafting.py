@@ -6,8 +6,8 @@ sample of ``state.draft_sampler``, else the argmax) and keep only the extras som
 declared it needs (top-1 confidences, full distributions, top-k candidates).
 
 Drafters that copy tokens from the context instead of running the model (prompt lookup) share
-`NgramIndex` (the incremental n-gram search), `ngram_index` (kept per generation in the state)
-and `copy_draft` (a copied draft with the extras the strategies asked for).
+`NgramIndex` (the incremental n-gram search, kept by the drafter and brought up to date with the
+committed tokens by `NgramIndex.follow`) and `copy_draft` (a copied draft with the extras the strategies asked for).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan
 from framework.utils import upload
+from framework.view import RoundView
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -66,7 +67,7 @@ class DraftBuilder:
             ``draft_top_k``, ``draft_sampler``) decide what is computed.
     """
 
-    def __init__(self, state) -> None:
+    def __init__(self, state: RoundView) -> None:
         self.sampler = state.draft_sampler
         self.want_extras = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
         self.want_probs = state.need_draft_probs
@@ -232,36 +233,25 @@ class NgramIndex:
             out.append(seq[j] if j < size else out[j - size])
         return out
 
+    def follow(self, tokens: Sequence[int]) -> NgramIndex:
+        """Bring the index up to date with ``tokens``, the sequence it indexes so far plus what was
+        committed since (each round indexes only its new tokens); a sequence that is not a
+        continuation of the indexed one (another generation) is indexed afresh. Returns ``self``."""
+        have = len(self.tokens)
+        if have > len(tokens) or (have and tokens[have - 1] != self.tokens[-1]):
+            self.tokens, self._last, have = [], {}, 0  # the tokens were replaced: rebuild
+        if len(tokens) > have:
+            self.extend(tokens[have:])
+        return self
+
     def lookup(self, k: int) -> tuple[int, list[int]]:
         """``(n, the k tokens after the match)`` for the longest match, or ``(0, [])``."""
         n, end = self.match()
         return (n, self.continuation(end, k)) if n else (0, [])
 
 
-def ngram_index(state, min_n: int, max_n: int) -> NgramIndex:
-    """The state's `NgramIndex` over its committed tokens (prompt, generated, ``pending`` included).
-
-    Kept in ``state.extras`` (one per generation and n-gram range) and brought up to date with the
-    tokens committed since the last call, so each round indexes only its new tokens. Batch row 0
-    (the state supports B = 1).
-    """
-    key = f"ngram_index:{min_n}-{max_n}"
-    index = state.extras.get(key)
-    tokens = state.host_tokens()  # no device read for tokens that commits brought to the host
-    have = len(index) if index is not None else 0
-    if index is not None and (have > len(tokens) or (have and tokens[have - 1] != index.tokens[-1])):
-        index = None  # the state's tokens were replaced: rebuild
-    if index is None:
-        index = NgramIndex(min_n, max_n)
-        state.extras[key] = index
-        have = 0
-    if len(tokens) > have:
-        index.extend(tokens[have:])
-    return index
-
-
 def copy_draft(
-    state,
+    state: RoundView,
     candidates: Sequence[int],
     plan: LayerPlan,
     length: LengthController,
@@ -276,7 +266,7 @@ def copy_draft(
     sampling) ``Draft.probs`` is the one-hot q of each token, for which speculative sampling is
     still exact (accept with probability p(d), else resample from p without d). No top-k
     candidates are kept: the draft is a chain, which tree verification verifies as such.
-    ``Draft.extras["source"]`` is ``"lookup"``: no forward ran for it.
+    ``Draft.source`` is ``"lookup"``: no forward ran for it.
 
     Args:
         state: the `DecodeState`.
@@ -293,7 +283,7 @@ def copy_draft(
             break
     batch, k = state.pending.shape[0], len(toks)
     tokens = upload([toks] * batch, state.device, torch.long).reshape(batch, k)  # no device wait
-    draft = Draft(tokens=tokens, plan=plan, extras={"source": "lookup"})  # no forward ran
+    draft = Draft(tokens=tokens, plan=plan, source="lookup")  # no forward ran
     if k and (state.need_confidence or state.need_draft_probs or state.draft_top_k > 0):
         draft.confidences = torch.full((batch, k), float(confidence), device=state.device)
     if k and state.need_draft_probs:  # q = one-hot: (B, K, V), float32 as the draft sampler's

@@ -26,25 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from framework.engine.adapter import ForwardOutput, ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
+from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.kernels.fused import FusedBlocks
-from framework.types import LayerPlan, ModelInfo, Verification
-
-
-@dataclass
-class RoundRecord:
-    """Per-round trace (kept for logging and metrics)."""
-
-    drafted: int
-    accepted: int
-    committed: int
-    skip_ratio: float
+from framework.types import DecodeStats, LayerPlan, ModelInfo, Verification
 
 
 @dataclass
@@ -59,35 +49,6 @@ class _DraftPrefix:
     @property
     def length(self) -> int:
         return sum(int(x.shape[1]) for x in self.ids)
-
-
-@dataclass
-class DecodeStats:
-    """Counters of one generation.
-
-    Attributes:
-        rounds: per-round records.
-        timings: seconds per phase: prefill, select, draft, verify, length, commit.
-        target_forwards: full-model forwards (prefill and verifications).
-        draft_forwards: draft forwards.
-        verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1; a tree:
-            its nodes + 1).
-        verify_blocks_saved: block evaluations (blocks x positions) verifications skipped by
-            reusing an early-exit draft's blocks.
-        reused_positions: verified positions whose first blocks came from the draft.
-    """
-
-    rounds: list[RoundRecord] = field(default_factory=list)
-    timings: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(
-            ("prefill", "select", "draft", "verify", "length", "commit"), 0.0
-        )
-    )
-    target_forwards: int = 0
-    draft_forwards: int = 0
-    verify_tokens: int = 0
-    verify_blocks_saved: int = 0
-    reused_positions: int = 0
 
 
 class DecodeState:
@@ -151,8 +112,6 @@ class DecodeState:
         self.stats = DecodeStats()
         #: Hidden states of the last verification (L+1, B, T, d), when capture_hidden.
         self.last_hidden_states: torch.Tensor | None = None
-        #: free-form per-generation scratch space for strategies (keyed by strategy name).
-        self.extras: dict[str, Any] = {}
         self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
         self._prefix_plans: dict[int, LayerPlan] = {}
 
@@ -162,10 +121,10 @@ class DecodeState:
         adapter: ModelAdapter,
         prompt_ids: torch.Tensor,
         capacity: int,
-        selector: Any,
-        length: Any,
-        verifier: Any,
-        drafter: Any = None,
+        selector: LayerSelector,
+        length: LengthController,
+        verifier: Verifier,
+        drafter: Drafter | None = None,
     ) -> DecodeState:
         """A state whose flags and hooks come from the strategies' capability declarations.
 
@@ -188,6 +147,19 @@ class DecodeState:
             state.draft_head = head.start(prompt_ids)
         state.draft_weights = drafter.draft_weights() if drafter is not None else None
         return state
+
+    @property
+    def layer_loads(self) -> int:
+        """Blocks entered by the model's forwards so far, whatever their token count (the model's
+        lifetime counter: read differences)."""
+        return self.adapter.layer_loads
+
+    def top1_from_hidden(
+        self, hidden: torch.Tensor, *, draft_head: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy token and its probability for pre-norm residuals (..., d): the full LM head,
+        or with ``draft_head`` the generation's `draft_head` (``ModelAdapter.top1_from_hidden``)."""
+        return self.adapter.top1_from_hidden(hidden, head=self.draft_head if draft_head else None)
 
     @property
     def compressed_drafts(self) -> bool:

@@ -210,12 +210,13 @@ def ranking_path(adapter: Any) -> Path:
 
 
 def model_ranking(ctx: Any) -> TokenRanking:
-    """The built ranking of ``ctx``'s model: from ``ctx.store``, else the cache file (if its
+    """The built ranking of ``ctx``'s model: from ``ctx.prepared``, else the cache file (if its
     fingerprint matches), else `build_ranking` (then saved to the cache)."""
+    return ctx.once(TokenRanking, CORPUS, lambda: _load_or_build_ranking(ctx))
+
+
+def _load_or_build_ranking(ctx: Any) -> TokenRanking:
     adapter = ctx.adapter
-    key = f"token_ranking:{CORPUS}"
-    if key in ctx.store:
-        return ctx.store[key]
     path = ranking_path(adapter)
     ranking = None
     if path.exists():
@@ -236,7 +237,6 @@ def model_ranking(ctx: Any) -> TokenRanking:
         ctx.log(
             f"[draft_vocab] ranked in {time.perf_counter() - t0:.1f} s: {ranking.source}; cached in {path}"
         )
-    ctx.store[key] = ranking
     return ranking
 
 
@@ -252,23 +252,24 @@ def draft_head_for(ctx: Any, size: int, vocab_file: str = "", *, context: bool =
     Raises:
         ValueError: a bad size or ranking file (the message says what is allowed).
     """
-    key = f"draft_head:{size}:{vocab_file}:{int(context)}"
-    head = ctx.store.get(key)
-    if head is None:
-        vocab = ctx.adapter.info().vocab_size
-        if not MIN_SIZE <= size <= vocab:
-            raise ValueError(f"a draft head needs between {MIN_SIZE} and V = {vocab} tokens, got {size}")
-        if vocab_file:
-            ranking = TokenRanking.load(vocab_file, vocab)
-            ranking = TokenRanking.from_counts(
-                {t: vocab - i for i, t in enumerate(ranking.order)},
-                vocab,
-                always=sorted(ctx.eos_token_ids),
-                source=ranking.source,
-            )
-        else:
-            ranking = model_ranking(ctx)
-        name = f"top-{size} of {ranking.source}" + (" + context" if context else "")
-        head = DraftHead(ctx.adapter, ranking.top(size), name=name, context=context)
-        ctx.store[key] = head
-    return head
+    return ctx.once(
+        DraftHead, (size, vocab_file, context), lambda: _build_head(ctx, size, vocab_file, context)
+    )
+
+
+def _build_head(ctx: Any, size: int, vocab_file: str, context: bool) -> DraftHead:
+    vocab = ctx.adapter.info().vocab_size
+    if not MIN_SIZE <= size <= vocab:
+        raise ValueError(f"a draft head needs between {MIN_SIZE} and V = {vocab} tokens, got {size}")
+    if vocab_file:
+        ranking = TokenRanking.load(vocab_file, vocab)
+        ranking = TokenRanking.from_counts(
+            {t: vocab - i for i, t in enumerate(ranking.order)},
+            vocab,
+            always=sorted(ctx.eos_token_ids),
+            source=ranking.source,
+        )
+    else:
+        ranking = model_ranking(ctx)
+    name = f"top-{size} of {ranking.source}" + (" + context" if context else "")
+    return DraftHead(ctx.adapter, ranking.top(size), name=name, context=context)

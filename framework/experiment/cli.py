@@ -24,7 +24,7 @@ from framework.experiment.config import RunConfig
 from framework.experiment.errors import USER_ERRORS, guarded
 from framework.experiment.flags import add_config_flags, config_overrides_from_args
 from framework.experiment.models import describe_models
-from framework.experiment.plugins import import_user_modules, load_builtin_strategies
+from framework.experiment.plugins import import_user_modules
 from framework.experiment.presets import MissingStrategyError, list_presets, load_preset
 from framework.experiment.runner import run
 from framework.interfaces import REGISTRIES
@@ -101,7 +101,8 @@ def _import_user_modules(argv: Sequence[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``run.py`` parser: the tool's own flags plus the flags generated from `RunConfig` (the
-    strategy registries must be loaded first: `load_builtin_strategies` and ``--import``)."""
+    ``--import`` modules must be imported first; the built-in strategies register themselves on the
+    registries' first lookup)."""
     p = argparse.ArgumentParser(
         prog="run.py",
         description="Self-speculative decoding experiment: decode every prompt with vanilla greedy decoding and "
@@ -180,7 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
-        load_builtin_strategies()
         _import_user_modules(argv)
         args = build_parser().parse_args(argv)
         if args.list:

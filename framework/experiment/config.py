@@ -35,7 +35,6 @@ import yaml
 
 from framework.config import ConfigError, build_config, check_range, param, parse_value
 from framework.experiment.flags import flag_of
-from framework.experiment.plugins import load_builtin_strategies
 from framework.experiment.presets import load_preset
 from framework.interfaces import REGISTRIES
 from framework.policies.gate import GateConfig
@@ -264,7 +263,6 @@ class RunConfig:
             ConfigError: a bad preset, an unknown key, a value that does not parse or is out of
                 range, a strategy name that is not registered (the message names the flag).
         """
-        load_builtin_strategies()
         draft = _draft_of(cls())
         if name_or_path is not None:
             preset = load_preset(name_or_path)
@@ -276,7 +274,6 @@ class RunConfig:
 
     def replace(self, **overrides: Any) -> RunConfig:
         """A copy with ``overrides`` applied, with the rules of `from_preset`."""
-        load_builtin_strategies()
         draft = _draft_of(self)
         _apply(draft, overrides)
         return _build(type(self), draft)
@@ -284,7 +281,6 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain nested dict (JSON/YAML-able): ``{"model": ..., "selector": {"name": ...,
         <field>: <value>, ...}, "gate": {...}, ...}``; tuples become lists. `from_dict` inverts it."""
-        load_builtin_strategies()
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -16,12 +16,11 @@ import torch
 
 from framework.config import ConfigError
 from framework.engine.adapter import ModelAdapter, adapter_for
-from framework.engine.context import PrepareContext
+from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.experiment.config import RunConfig
 from framework.experiment.data import Prompt, calibration_texts, encode_chat, stop_token_ids
 from framework.experiment.models import dtype_name, load_model
-from framework.experiment.plugins import load_builtin_strategies
 from framework.interfaces import REGISTRIES, Strategy
 from framework.policies.gate import gated
 
@@ -55,7 +54,6 @@ def build_decoder(
     Raises:
         ConfigError: an unknown kind, or an object that is not a strategy of its kind.
     """
-    load_builtin_strategies()
     given = dict(strategies or {})
     unknown = sorted(set(given) - set(REGISTRIES))
     if unknown:
@@ -84,7 +82,7 @@ class Experiment:
         prompts: checked against the model's context before any (possibly long) preparation.
         strategies: strategy instances or classes that replace the configured ones (see
             `build_decoder`); an instance is reused by `rebuild`, a class is built afresh.
-        store: the preparation store (`PrepareContext.store`) to share with other experiments on
+        prepared: the preparation cache (`PreparedCache`) to share with other experiments on
             the same model (a benchmark's methods: one offline search, one cost model, one token
             ranking for all); ``None``: this experiment's own.
 
@@ -103,9 +101,8 @@ class Experiment:
         log: Callable[[str], None] = print,
         prompts: list[Prompt] | None = None,
         strategies: StrategyOverrides | None = None,
-        store: dict[str, Any] | None = None,
+        prepared: PreparedCache | None = None,
     ) -> None:
-        load_builtin_strategies()
         self.cfg = cfg
         self.strategies = dict(strategies or {})
         if model is None:
@@ -129,7 +126,7 @@ class Experiment:
             # --dtype auto resolved for the device (artefacts such as a saved skip set are keyed by it)
             dtype=dtype_name(self.adapter.dtype) if cfg.dtype == "auto" else cfg.dtype,
             load_prompts=calibration_texts,
-            store={} if store is None else store,
+            prepared=PreparedCache() if prepared is None else prepared,
         )
         if prompts is not None:  # before any (possibly long) preparation
             self.check_prompts(prompts)
@@ -140,7 +137,7 @@ class Experiment:
         prompts, such as an adaptive threshold or a sampler's RNG, starts from its defaults).
 
         Each instance's `Strategy.prepare` runs with the experiment's context; work kept in
-        ``prepare_ctx.store`` (an offline search) is not repeated.
+        ``prepare_ctx.prepared`` (an offline search) is not repeated.
         """
         self.spec = build_decoder(self.adapter, self.cfg, self.strategies)
         if not self.cfg.baseline_only:

@@ -18,8 +18,8 @@ How a field becomes flags:
   ``field_aliases``, as ``framework.experiment.config.strategy_field`` writes it) becomes
   ``--<kind> NAME`` plus ``--<kind>.<f> VALUE`` for every field ``f`` of every strategy
   registered for that kind
-  (the registries must be loaded first: `framework.experiment.plugins.load_builtin_strategies`,
-  and ``--import`` modules), and the field's ``field_aliases`` (``--skip-set`` for
+  (``--import`` modules must be imported first; the built-ins register themselves on the
+  registries' first lookup), and the field's ``field_aliases`` (``--skip-set`` for
   ``--selector.skip_set``); the override keys are ``"<kind>"`` and ``"<kind>.<f>"``;
 - a field whose type is itself a config dataclass (``gate: GateConfig``) becomes
   ``--<field>.<f> VALUE`` for each of its fields (a bool may omit its value: ``--gate.enabled``);

@@ -1,8 +1,7 @@
-"""The composition root: the one place that loads the built-in strategies (and user modules).
+"""User modules that register their own strategies (``--import``).
 
-The API and the engine know strategies only through the registries in `framework.interfaces`;
-tooling (the CLI, the Python API, the benchmark, sweeps, tests) calls `load_builtin_strategies`
-before it looks a name up.
+The built-in strategies need no loading call: the registries import the shipped ``strategies``
+package on their first lookup (`framework.interfaces.BUILTIN_STRATEGIES`).
 """
 
 from __future__ import annotations
@@ -11,12 +10,6 @@ import importlib
 from collections.abc import Iterable
 
 from framework.config import ConfigError
-
-
-def load_builtin_strategies() -> None:
-    """Import the shipped `strategies` package so that every built-in strategy registers itself
-    (idempotent: Python imports a module once)."""
-    importlib.import_module("strategies")
 
 
 def import_user_modules(modules: Iterable[str], flag: str = "--import") -> None:

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
+from framework.kernels.protocols import BranchModel, CacheSlots
 
 _F32 = torch.float32
 #: Largest head dimension the kernel's RoPE buffer holds.
@@ -219,7 +219,7 @@ class FusedBlocks:
         )
 
     def attention(
-        self, i: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache
+        self, i: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: CacheSlots
     ) -> torch.Tensor:
         """``hidden + attention_branch(i, hidden)``, writing the new K/V of block i to ``cache``.
 
@@ -258,7 +258,7 @@ class FusedBlocks:
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
-    def build(cls, adapter: Any) -> FusedBlocks | None:
+    def build(cls, adapter: BranchModel) -> FusedBlocks | None:
         """The fused branches of ``adapter``'s blocks that reproduce the module path, or ``None``.
 
         Each candidate branch is run once on random float32 input (3 tokens at positions 5-7 after
@@ -291,10 +291,10 @@ def _linear_ok(mod: Any, n: int, k: int) -> bool:
     return isinstance(mod, nn.Linear) and mod.weight.shape == (n, k) and _plain_f32(mod.weight, mod.bias)
 
 
-def _attn_modules(adapter: Any, blk: nn.Module) -> _Attn | None:
+def _attn_modules(adapter: BranchModel, blk: nn.Module) -> _Attn | None:
     attn = getattr(blk, "self_attn", None)
     norm = getattr(blk, "input_layernorm", None)
-    d = adapter.config.hidden_size
+    d = adapter.hidden_size
     heads = getattr(adapter.config, "num_attention_heads", 0)
     kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
     if (
@@ -342,10 +342,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @torch.inference_mode()
-def _self_check(fused: FusedBlocks, adapter: Any) -> None:
+def _self_check(fused: FusedBlocks, adapter: BranchModel) -> None:
     """Drop every branch whose fused result differs from the module path (see `FusedBlocks.build`)."""
     g = torch.Generator().manual_seed(0)
-    d, n, ctx, t = adapter.config.hidden_size, adapter.num_layers, 5, 3
+    d, n, ctx, t = adapter.hidden_size, adapter.num_layers, 5, 3
     if adapter.device.type != "cpu" or adapter.dtype is not _F32:
         fused.attn = [None] * n
         fused.mlp = [None] * n

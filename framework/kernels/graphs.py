@@ -17,8 +17,8 @@ How a branch becomes static (a graph fixes every address and shape):
 
 - the input (the residual stream), the RoPE cos/sin and the first write slot live in static
   buffers (one set per T) that each call fills before the replay;
-- the KV cache is a pool of buffers at a fixed address, which `ModelAdapter.new_cache` lends to one
-  `KVCache` at a time (`BranchGraphs.lease`); the keys/values of the T new tokens are written at
+- the KV cache is a pool of buffers at a fixed address, which the adapter's ``new_cache`` lends to one
+  KV cache at a time (`BranchGraphs.lease`); the keys/values of the T new tokens are written at
   slots ``pos .. pos + T - 1`` computed inside the graph from a device tensor ``pos``
   (``index_copy_``), and attention reads the layer's whole capacity under a mask computed inside
   the graph from the same slots (causal, or a token tree's mask copied into a static (T, T)
@@ -42,13 +42,11 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from framework.engine.adapter import ModelAdapter
-    from framework.engine.kv_cache import KVCache
+from framework.kernels.protocols import BranchModel, CacheSlots
 
 #: Smallest pool capacity (slots); a larger request rounds up to the next power of two.
 MIN_CAPACITY = 512
@@ -87,7 +85,7 @@ class BranchGraphs:
         captures: graphs captured so far (each branch and T once per pool).
     """
 
-    def __init__(self, adapter: ModelAdapter, *, capture: bool | None = None, max_tokens: int = 64) -> None:
+    def __init__(self, adapter: BranchModel, *, capture: bool | None = None, max_tokens: int = 64) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.adapter = adapter
@@ -103,7 +101,7 @@ class BranchGraphs:
         self._holder: Callable[[], Any] | None = None
         self._graphs: dict[tuple[str, int, int], tuple[Any, torch.Tensor]] = {}
         self._pool = None
-        self._hidden = adapter.info().hidden_size
+        self._hidden = adapter.hidden_size
         with torch.inference_mode(False):
             self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
             self._offsets = torch.arange(max_tokens, device=self.device)
@@ -144,19 +142,19 @@ class BranchGraphs:
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
-    def lent_to(self, cache: KVCache) -> None:
+    def lent_to(self, cache: CacheSlots) -> None:
         """Record that ``cache`` holds the pool (until it is released or garbage)."""
         self._holder = weakref.ref(cache)
 
-    def give_back(self, cache: KVCache) -> None:
+    def give_back(self, cache: CacheSlots) -> None:
         if self._holder is not None and self._holder() is cache:
             self._holder = None
 
-    def holds(self, cache: KVCache) -> bool:
+    def holds(self, cache: CacheSlots) -> bool:
         """Whether ``cache`` writes into the pool (a cache that grew past it no longer does)."""
         return self.keys is not None and cache.keys is self.keys
 
-    def serves(self, cache: KVCache, hidden: torch.Tensor) -> bool:
+    def serves(self, cache: CacheSlots, hidden: torch.Tensor) -> bool:
         """Whether a forward of ``hidden`` (B, T, d) on ``cache`` can take the graphs: one
         sequence of at most `max_tokens` tokens on a cache that `holds` the pool."""
         b, t = hidden.shape[:2]

@@ -14,7 +14,7 @@ head could have proposed (``summary()["vocab_coverage"]``). The drafter itself o
         ...
 
     class MyDrafter(DraftVocab, Drafter):
-        def draft(self, state, plan, length, max_tokens):
+        def draft(self, state: RoundView, plan, length, max_tokens):
             out = state.forward_draft(x, plan, logits_at="last")     # the state's draft head
             tok, conf = builder.add(out.logits[:, -1], out.head)
 
@@ -38,6 +38,7 @@ from framework.config import ConfigError, check_choice, check_range, param
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.token_ranking import draft_head_for
 from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
+from framework.view import RoundView
 
 #: The smallest ``draft_vocab`` (K) accepted: tree verification keeps up to 10 candidates per step.
 MIN_DRAFT_VOCAB = 16
@@ -147,7 +148,7 @@ class DraftVocab:
             )
         return self._head
 
-    def follow_head(self, state: Any) -> None:
+    def follow_head(self, state: RoundView) -> None:
         """Remember the generation's head (``state.draft_head``) for `head_summary` (call from
         ``observe``)."""
         head = state.draft_head

@@ -48,9 +48,9 @@ from typing import Any, Literal
 from framework.config import check_choice, check_range, param
 from framework.engine.context import PrepareContext
 from framework.engine.cost_model import CostModel
-from framework.engine.state import DecodeState
 from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
+from framework.view import RoundView
 
 
 @dataclass(frozen=True)
@@ -187,10 +187,12 @@ class MeasuredCosts:
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.smoothing * old + (1.0 - self.smoothing) * new
 
-    def update(self, state: Any) -> None:
-        stats = getattr(state, "stats", None)
-        if stats is None:
+    def update(self, state: RoundView | None) -> None:
+        """Read the generation's counters (``state.stats``) for the round just finished; ``None``:
+        nothing to read."""
+        if state is None:
             return
+        stats = state.stats
         timings = stats.timings
         t = (
             float(timings.get("draft", 0.0)),
@@ -316,7 +318,7 @@ class DraftGate:
         """The decayed number of observed trials behind `alpha`."""
         return self.acc + self.rej
 
-    def current_costs(self, state: Any = None) -> CostModel | None:
+    def current_costs(self, state: RoundView | None = None) -> CostModel | None:
         """The cost model in use: the prepared one, else the measured costs (``None`` before any).
 
         Reads the state's counters for the last round first (`MeasuredCosts.update`)."""
@@ -354,7 +356,7 @@ class DraftGate:
         return value
 
     # ---- per round -----------------------------------------------------------------------------
-    def limit(self, state: Any, k: int) -> int:
+    def limit(self, state: RoundView | None, k: int) -> int:
         """The draft length of this round given the controller's ``k``: ``k``, 0 or a probe length."""
         costs = self.current_costs(state)
         if k <= 0:
@@ -505,7 +507,7 @@ class GatedLength(LengthController):
         self.inner.reset()
         self.gate.reset()
 
-    def max_length(self, state: DecodeState, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.gate.limit(state, self.inner.max_length(state, hint))
 
     @property
@@ -517,7 +519,7 @@ class GatedLength(LengthController):
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         return self.inner.should_continue(drafted, confidence)
 
-    def observe(self, state: DecodeState, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.gate.observe(draft, result)
         self.inner.observe(state, draft, result)
 

@@ -32,7 +32,7 @@ from framework.experiment.data import load_prompts
 from framework.experiment.flags import flag_name
 from framework.experiment.metrics import aggregate
 from framework.experiment.models import load_model
-from framework.experiment.plugins import import_user_modules, load_builtin_strategies
+from framework.experiment.plugins import import_user_modules
 from framework.experiment.runner import run as run_experiment
 from framework.experiment.tiny import tiny_model, tiny_tokenizer
 from framework.experiment.tracking import has_wandb_credentials
@@ -206,7 +206,6 @@ def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
 
 def check_names(names: Sequence[str], imports: Any = None) -> None:
     """Raise `SweepError` for a parameter name that is not a run option (before any value is built)."""
-    load_builtin_strategies()
     _import_modules({"import": imports or []})
     run_overrides(dict.fromkeys(names))
 
@@ -236,7 +235,6 @@ def build_run_config(params: dict[str, Any], *, output: str | None = None) -> Ru
             message names the parameter).
         ConfigError, UnknownNameError: other invalid options.
     """
-    load_builtin_strategies()
     params = _flatten({k: v for k, v in params.items() if not str(k).startswith("_")})
     _import_modules(params)
     overrides = run_overrides(params)

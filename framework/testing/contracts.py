@@ -34,7 +34,7 @@ from framework.config import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.experiment.plugins import load_builtin_strategies
+from framework.engine.view import StateView
 from framework.experiment.tiny import ARCHS, cached_tiny_model, tiny_model
 from framework.interfaces import REGISTRIES, LengthController, Strategy
 from framework.testing.stubs import (
@@ -44,6 +44,7 @@ from framework.testing.stubs import (
     random_prompt,
 )
 from framework.types import Draft, LayerPlan, LengthHint, Verification
+from framework.view import RoundView
 
 #: The partners a contract mixin puts in the slots it does not test: ``(name, config overrides)``.
 #: The static selector skips half the eligible sub-layers so that drafts are sometimes rejected
@@ -90,7 +91,6 @@ class _Contract:
 
     def partner(self, kind: str) -> Strategy:
         """The strategy put in slot ``kind`` next to the one under test (see CONTRACT_PARTNERS)."""
-        load_builtin_strategies()
         name, overrides = CONTRACT_PARTNERS[kind]
         if name not in REGISTRIES[kind]:
             return default_strategy_instance(kind)
@@ -132,20 +132,22 @@ class _Contract:
         state.append(strategies["verifier"].choose(logits)[:, None])
         return state
 
-    def run_round(self, state, s: dict[str, Strategy], k_max: int = 4):
+    def run_round(self, state: DecodeState, s: dict[str, Strategy], k_max: int = 4):
         """One round as the decoder runs it (plan, hint, length, draft, verify, commit, observe by
-        all four); returns (plan, draft, result)."""
-        plan = s["selector"].plan(state)
-        hint = s["selector"].length_hint(state)
-        k = max(0, min(int(s["length"].max_length(state, hint)), k_max))
+        all four, the strategies seeing the state's `StateView` only); returns (plan, draft,
+        result)."""
+        view = StateView(state)
+        plan = s["selector"].plan(view)
+        hint = s["selector"].length_hint(view)
+        k = max(0, min(int(s["length"].max_length(view, hint)), k_max))
         if k > 0:
-            draft = s["drafter"].draft(state, plan, s["length"], k)
+            draft = s["drafter"].draft(view, plan, s["length"], k)
         else:
             draft = Draft.empty(1, plan, state.device)
-        result = s["verifier"].verify(state, draft)
+        result = s["verifier"].verify(view, draft)
         state.commit(result)
         for kind in ("selector", "length", "drafter", "verifier"):
-            s[kind].observe(state, draft, result)
+            s[kind].observe(view, draft, result)
         return plan, draft, result
 
     # ---- shared tests -----------------------------------------------------------------------
@@ -188,7 +190,7 @@ class LayerSelectorContract(_Contract):
     def test_plan_is_valid_layer_plan(self):
         adapter, s, state = self.prepared()
         for _ in range(3):
-            plan = s["selector"].plan(state)
+            plan = s["selector"].plan(StateView(state))
             assert isinstance(plan, LayerPlan)
             assert plan.num_layers == adapter.num_layers
             assert plan.num_skipped < 2 * adapter.num_layers, "a plan must run at least one sub-layer"
@@ -203,7 +205,7 @@ class LayerSelectorContract(_Contract):
         if s["selector"].needs_hidden_states:
             assert state.last_hidden_states is not None
             assert state.last_hidden_states.shape[0] == adapter.num_layers + 1
-        plan = s["selector"].plan(state)
+        plan = s["selector"].plan(StateView(state))
         assert isinstance(plan, LayerPlan) and plan.num_skipped < 2 * adapter.num_layers
 
 
@@ -217,7 +219,7 @@ class LengthControllerContract(_Contract):
         for _ in range(4):
             # Any controller takes a hint (a controller that does not use hints ignores it).
             for hint in (None, LengthHint(max_length=2, threshold=0.5, source="contract")):
-                k = s["length"].max_length(state, hint)
+                k = s["length"].max_length(StateView(state), hint)
                 assert isinstance(k, int) and not isinstance(k, bool)
                 assert k >= 0
             self.run_round(state, s)
@@ -235,7 +237,7 @@ class LengthControllerContract(_Contract):
     def test_drafts_respect_max_length(self):
         adapter, s, state = self.prepared()
         for _ in range(4):
-            k_max = s["length"].max_length(state)
+            k_max = s["length"].max_length(StateView(state))
             _, draft, _ = self.run_round(state, s, k_max=64)
             assert draft.length <= k_max
 
@@ -254,7 +256,7 @@ class DrafterContract(_Contract):
     class _StopAfterOne(LengthController):
         Config = NoConfig
 
-        def max_length(self, state, hint: LengthHint | None = None) -> int:
+        def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
             return 8
 
         def should_continue(self, drafted, confidence):
@@ -268,7 +270,7 @@ class DrafterContract(_Contract):
             LayerPlan.from_indices(num_layers, mlp=[1], exit_layer=max(1, num_layers - 1)),
         ]
 
-    def _check_draft(self, draft, state, plan, max_tokens: int) -> None:
+    def _check_draft(self, draft, state: DecodeState, plan, max_tokens: int) -> None:
         assert isinstance(draft, Draft)
         k = draft.length
         assert (0 if self.may_decline else 1) <= k <= max_tokens
@@ -295,7 +297,7 @@ class DrafterContract(_Contract):
             for plan in self._plans(adapter.num_layers):
                 for max_tokens in (1, 3, 6):
                     state = self.new_state(adapter, s)
-                    draft = s["drafter"].draft(state, plan, s["length"], max_tokens)
+                    draft = s["drafter"].draft(StateView(state), plan, s["length"], max_tokens)
                     self._check_draft(draft, state, plan, max_tokens)
 
     def test_confidences_when_requested(self):
@@ -305,12 +307,14 @@ class DrafterContract(_Contract):
         for need_conf in (True, False):
             state = DecodeState(adapter, random_prompt(5), capacity=32, need_confidence=need_conf)
             state.append(state.prefill().argmax(-1)[:, None])
-            draft = drafter.draft(state, LayerPlan.full(adapter.num_layers), length, 3)
+            draft = drafter.draft(StateView(state), LayerPlan.full(adapter.num_layers), length, 3)
             self._check_draft(draft, state, None, 3)
 
     def test_stops_when_length_says_so(self):
         adapter, s, state = self.prepared()
-        draft = s["drafter"].draft(state, LayerPlan.full(adapter.num_layers), self._StopAfterOne(), 8)
+        draft = s["drafter"].draft(
+            StateView(state), LayerPlan.full(adapter.num_layers), self._StopAfterOne(), 8
+        )
         assert draft.length == 1, (
             "should_continue returned False after the first token: that token is kept, no more"
         )
@@ -321,7 +325,9 @@ class DrafterContract(_Contract):
         keys = state.cache.keys[:, :, :, :c].clone()
         values = state.cache.values[:, :, :, :c].clone()
         tokens = state.tokens.clone()
-        s["drafter"].draft(state, LayerPlan.from_indices(adapter.num_layers, attn=[1]), s["length"], 4)
+        s["drafter"].draft(
+            StateView(state), LayerPlan.from_indices(adapter.num_layers, attn=[1]), s["length"], 4
+        )
         assert state.cache.committed == c
         assert torch.equal(state.tokens, tokens)
         assert torch.equal(state.cache.keys[:, :, :, :c], keys)
@@ -333,7 +339,7 @@ class VerifierContract(_Contract):
 
     kind = "verifier"
 
-    def _check(self, result, draft, state) -> int:
+    def _check(self, result, draft, state: DecodeState) -> int:
         assert isinstance(result, Verification)
         k = draft.length
         assert result.num_accepted.shape == (1,)
@@ -374,8 +380,8 @@ class VerifierContract(_Contract):
         for plan in plans:
             for k in (1, 4):
                 state = self.new_state(adapter, s)
-                draft = s["drafter"].draft(state, plan, s["length"], k)
-                result = s["verifier"].verify(state, draft)
+                draft = s["drafter"].draft(StateView(state), plan, s["length"], k)
+                result = s["verifier"].verify(StateView(state), draft)
                 self._check(result, draft, state)
                 n_before = state.num_tokens
                 state.commit(result)
@@ -385,7 +391,7 @@ class VerifierContract(_Contract):
     def test_empty_draft(self):
         adapter, s, state = self.prepared()
         draft = Draft.empty(1, LayerPlan.full(adapter.num_layers))
-        result = s["verifier"].verify(state, draft)
+        result = s["verifier"].verify(StateView(state), draft)
         assert self._check(result, draft, state) == 0
         state.commit(result)
         assert state.cache.committed == state.num_tokens - 1
@@ -399,7 +405,7 @@ class VerifierContract(_Contract):
             draft.confidences = torch.full((1, 5), 0.5)
         if state.need_draft_probs:
             draft.probs = torch.full((1, 5, adapter.config.vocab_size), 1.0 / adapter.config.vocab_size)
-        result = s["verifier"].verify(state, draft)
+        result = s["verifier"].verify(StateView(state), draft)
         self._check(result, draft, state)
 
     def test_choose_shape(self):

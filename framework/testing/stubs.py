@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from framework.config import build_config
-from framework.engine.context import PrepareContext
+from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.cost_model import CostModel
 from framework.experiment.data import calibration_texts
-from framework.experiment.plugins import load_builtin_strategies
 from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
 from framework.types import Draft, LayerPlan, LengthHint, Verification
+from framework.view import RoundView
 
 #: The strategy `default_strategy_instance` picks for a kind when no name is given.
 DEFAULT_NAMES: dict[str, str] = {
@@ -85,10 +85,15 @@ def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
 
 
 def prepare_context(
-    adapter: Any, *, store: dict[str, Any] | None = None, measure: bool = False
+    adapter: Any,
+    *,
+    prepared: PreparedCache | None = None,
+    cost_model: CostModel | None = None,
+    measure: bool = False,
 ) -> PrepareContext:
     """A `PrepareContext` for tests: a deterministic byte-level ``encode`` (no tokenizer), no files,
-    no log output, and (unless ``measure``) a `synthetic_cost_model` instead of timing the model."""
+    no log output, and (unless ``measure``) ``cost_model`` (default: a `synthetic_cost_model`)
+    instead of timing the model, put in ``prepared`` unless it holds one already."""
     info = adapter.info()
     vocab = info.vocab_size
 
@@ -99,11 +104,12 @@ def prepare_context(
         adapter=adapter,
         encode=encode,
         log=lambda msg: None,
-        store={} if store is None else store,
+        prepared=PreparedCache() if prepared is None else prepared,
         load_prompts=calibration_texts,
     )
-    if not measure:
-        ctx.store.setdefault("cost_model", synthetic_cost_model(info.num_layers))
+    if not measure and ctx.prepared.cost_model() is None:
+        costs = synthetic_cost_model(info.num_layers) if cost_model is None else cost_model
+        ctx.prepared.set_cost_model(costs)
     return ctx
 
 
@@ -118,7 +124,6 @@ def default_strategy_instance(kind: str, name: str | None = None, *, fast: bool 
     if kind not in REGISTRIES:
         raise ValueError(f"unknown strategy kind {kind!r}; choose from {', '.join(REGISTRIES)}")
     reg = REGISTRIES[kind]
-    load_builtin_strategies()  # idempotent: the defaults are built-in strategies
     if name is None:
         name = DEFAULT_NAMES.get(kind)
         if name not in reg:
@@ -143,7 +148,7 @@ class AlwaysAcceptDrafter(Drafter):
 
     Config = NoConfig
 
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         full = LayerPlan.full(state.info.num_layers)
         x, toks = state.pending, []
         for _ in range(max_tokens):
@@ -162,7 +167,7 @@ class NeverAcceptDrafter(Drafter):
 
     Config = NoConfig
 
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         full = LayerPlan.full(state.info.num_layers)
         x, toks = state.pending, []
         for _ in range(max_tokens):
@@ -181,7 +186,7 @@ class RejectAllVerifier(Verifier):
 
     Config = NoConfig
 
-    def verify(self, state, draft: Draft) -> Verification:
+    def verify(self, state: RoundView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)
         target = state.forward_verify(block, logits_at="all").logits.argmax(-1)
         return Verification(
@@ -196,7 +201,7 @@ class ZeroLength(LengthController):
 
     Config = NoConfig
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return 0
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework import Draft, Drafter, LayerPlan, LengthController, ModelInfo, Verification, register_drafter
+from framework import (
+    Draft,
+    Drafter,
+    LayerPlan,
+    LengthController,
+    ModelInfo,
+    RoundView,
+    Verification,
+    register_drafter,
+)
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.engine.drafting import DraftBuilder
 from framework.policies.draft_vocab import DraftVocab, DraftVocabConfig
@@ -103,7 +112,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
             )
         return plan.exit_layer
 
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         e = self.exit_layer(plan)
         prefix = state.prefix_plan(e)
         reuse = self.config.reuse_kv and not state.compressed_drafts  # int8 blocks are not the target's
@@ -126,7 +135,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
             x = tok[:, None]
         return out.build(prefix)
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.follow_head(state)
         stats = state.stats
         self._reuse = {

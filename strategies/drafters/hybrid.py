@@ -12,6 +12,7 @@ from framework import (
     LengthController,
     ModelInfo,
     PrepareContext,
+    RoundView,
     Verification,
     register_drafter,
 )
@@ -136,7 +137,7 @@ class HybridDrafter(Drafter):
         self._log: list[tuple[str, int]] = []  # (source, drafted) per round the drafter was asked
         self._accepted = dict.fromkeys(SOURCES, 0)  # accepted draft tokens per source
 
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         draft = self.lookup.draft(state, plan, length, max_tokens)
         source = "lookup"
         if not draft.length:
@@ -150,12 +151,12 @@ class HybridDrafter(Drafter):
                 source = "layer_skip"
             else:  # the lookup's empty draft, carrying the selector's plan (the gate's replan check)
                 source = "declined"
-        draft.extras["source"] = source
+        draft.source = source
         self._log.append((source, draft.length))
         return draft
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
-        source = draft.extras.get("source")
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
+        source = draft.source
         self.layer_skip.observe(state, draft, result)  # coverage of the head, all rounds
         if source in self._accepted:
             self._accepted[source] += result.accepted

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework import Draft, Drafter, LayerPlan, LengthController, Verification, register_drafter
+from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, Verification, register_drafter
 from framework.config import check_choice, param
 from framework.engine.drafting import DraftBuilder
 from framework.policies.draft_vocab import DraftVocab, DraftVocabConfig
@@ -49,7 +49,7 @@ class LayerSkipDrafter(DraftVocab, Drafter):
     def reset(self) -> None:
         self._dropped = 0
 
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         out = DraftBuilder(state)
         x = state.pending
         for step in range(max_tokens):
@@ -64,11 +64,11 @@ class LayerSkipDrafter(DraftVocab, Drafter):
             x = tok[:, None]
         return out.build(plan)
 
-    def _drop(self, state, out: DraftBuilder, conf) -> None:
+    def _drop(self, state: RoundView, out: DraftBuilder, conf) -> None:
         out.drop_last(conf)  # raises for a sampled token dropped by its own probability
         self._dropped += 1
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.follow_head(state)
 
     def summary(self) -> dict[str, Any]:

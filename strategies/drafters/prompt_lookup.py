@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, Drafter, LayerPlan, LengthController, register_drafter
+from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, register_drafter
 from framework.config import check_range, param
-from framework.engine.drafting import copy_draft, ngram_index
+from framework.engine.drafting import NgramIndex, copy_draft
 
 #: Longest n-gram the config accepts (the index holds max_ngram - min_ngram + 1 keys per token).
 MAX_NGRAM = 32
@@ -68,13 +68,13 @@ class PromptLookupDrafter(Drafter):
         self._counts = {"rounds": 0, "matched": 0, "no_match": 0, "drafted": 0}
         self._ngram: dict[int, int] = {}
         self._seconds = 0.0
+        self._index = NgramIndex(self.config.min_ngram, self.config.max_ngram)  # this generation's
 
-    def lookup(self, state, max_tokens: int) -> tuple[int, list[int]]:
+    def lookup(self, state: RoundView, max_tokens: int) -> tuple[int, list[int]]:
         """``(n, candidates)``: the matched n-gram length (0: no match) and the tokens that followed
         its most recent earlier occurrence (``max_tokens`` of them, or none)."""
         t0 = time.perf_counter()
-        c = self.config
-        n, cont = ngram_index(state, c.min_ngram, c.max_ngram).lookup(max_tokens)
+        n, cont = self._index.follow(state.host_tokens()).lookup(max_tokens)
         self._seconds += time.perf_counter() - t0
         self._counts["rounds"] += 1
         if n:
@@ -84,7 +84,7 @@ class PromptLookupDrafter(Drafter):
             self._counts["no_match"] += 1
         return n, cont
 
-    def draft(self, state, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         n, cont = self.lookup(state, max_tokens)
         if not n:
             return Draft.empty(state.pending.shape[0], plan, state.device)

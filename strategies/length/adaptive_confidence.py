@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework import Draft, LengthController, LengthHint, Verification, register_length
+from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
 from framework.config import check_choice, check_range, param
 from strategies.length.confidence import STOP_ON, STOP_ON_HELP, continue_above
 
@@ -110,7 +110,7 @@ class AdaptiveConfidenceLength(LengthController):
         self._ar = 0.0
         self._updates = 0
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
@@ -119,7 +119,7 @@ class AdaptiveConfidenceLength(LengthController):
             self._gamma, drafted, confidence, c.max_length, "adaptive_confidence", c.stop_on
         )
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         cfg = self.config
         drafted = draft.length
         if drafted == 0:

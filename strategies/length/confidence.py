@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from framework import LengthController, LengthHint, register_length
+from framework import LengthController, LengthHint, RoundView, register_length
 from framework.config import check_choice, check_range, param
 
 #: What a threshold controller compares with its threshold (``stop_on``).
@@ -74,7 +74,7 @@ class ConfidenceLength(LengthController):
 
     needs_confidence = True
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.config.max_length
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:

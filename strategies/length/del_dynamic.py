@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, LengthController, LengthHint, Verification, register_length
+from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
 from framework.config import check_choice, check_range, param
 from strategies.length.confidence import continue_above
 
@@ -93,7 +93,7 @@ class DelDynamicLength(LengthController):
         mismatched = self._fcs / self._f if self._f > 1e-12 else 0.0
         return min(1.0, max(0.0, 0.5 * (matched + mismatched)))
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         if self.config.use_selector_hint and hint is not None:
             self._cap = max(0, min(int(hint.max_length), 64))
             self._tau = float(hint.threshold) if hint.threshold is not None else self.own_threshold()
@@ -112,7 +112,7 @@ class DelDynamicLength(LengthController):
             return drafted < self._cap
         return continue_above(self._tau, drafted, confidence, max(self._cap, 1), "del_dynamic")
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         k = draft.length
         if k == 0 or draft.confidences is None:
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, LengthController, LengthHint, Verification, register_length
+from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
 from framework.config import check_range, param
 
 
@@ -68,10 +68,10 @@ class FiniteStateLength(LengthController):
             self._k = self.config.k_init
         self._rounds = 0
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self._k
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         drafted = draft.length
         if drafted == 0:
             return

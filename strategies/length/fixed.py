@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework import LengthController, LengthHint, register_length
+from framework import LengthController, LengthHint, RoundView, register_length
 from framework.config import check_range, param
 
 
@@ -27,5 +27,5 @@ class FixedLength(LengthController):
     # A fixed controller always drafts K: the gate values drafting K, not the best k <= K.
     exact_length = True
 
-    def max_length(self, state, hint: LengthHint | None = None) -> int:
+    def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.config.k

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
+from framework import Draft, LayerPlan, LayerSelector, ModelInfo, RoundView, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.policies.budget import BudgetedWork, budget_param, check_budget
 from framework.utils import upload
@@ -296,7 +296,7 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
     def _set_plan(self, skip: list[int] | tuple[int, ...]) -> None:
         self._plan = LayerPlan.from_indices(self._L, attn=skip, mlp=skip)
 
-    def refresh(self, state, hidden: torch.Tensor, position: int) -> DPResult:
+    def refresh(self, state: RoundView, hidden: torch.Tensor, position: int) -> DPResult:
         """Run the DP on ``hidden`` (L+1, d), the full model's states of the token at ``position``.
 
         One unit of the work budget: timed by it, whether or not `WorkBudget.allows` was asked
@@ -325,7 +325,7 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         )
         return res
 
-    def _initial(self, state) -> None:
+    def _initial(self, state: RoundView) -> None:
         hs = state.last_hidden_states
         p = state.prompt_len
         if self.config.init == "prompt" and hs is not None and state.round == 0 and hs.shape[2] >= p:
@@ -337,14 +337,14 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
             eligible = [i for i in range(self._L) if i not in self._protected]
             self._set_plan(uniform_blocks(self._L, self._m, eligible))
 
-    def plan(self, state) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         if not self._L:
             raise RuntimeError("clasp_dp: setup() was not called")
         if self._plan is None:
             self._initial(state)
         return self._plan
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self._rounds += 1
         self._since_rounds += 1
         self._since_tokens += int(result.new_tokens.shape[1])

@@ -7,7 +7,16 @@ from typing import Any, Literal
 
 import torch
 
-from framework import Draft, LayerPlan, LayerSelector, LengthHint, ModelInfo, Verification, register_selector
+from framework import (
+    Draft,
+    LayerPlan,
+    LayerSelector,
+    LengthHint,
+    ModelInfo,
+    RoundView,
+    Verification,
+    register_selector,
+)
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.policies.budget import BudgetedWork, budget_param, check_budget
 
@@ -274,14 +283,13 @@ class DelTplSelector(BudgetedWork, LayerSelector):
 
     # ------------------------------------------------------------------ statistics
     def _shadow(
-        self, state, hidden: torch.Tensor, layers: torch.Tensor, *, target: bool = False
+        self, state: RoundView, hidden: torch.Tensor, layers: torch.Tensor, *, target: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Shadow tokens and confidences (k, n) of ``hidden`` (L+1, n, d) at ``layers`` (k,): what
         a draft exiting there predicts, through the draft's head (``state.draft_head``), or with
         ``target`` what the target predicts (the full LM head)."""
         self._rows += int(len(layers) * hidden.shape[1])
-        head = None if target else state.draft_head
-        return state.adapter.top1_from_hidden(hidden[layers.to(hidden.device)], head=head)
+        return state.top1_from_hidden(hidden[layers.to(hidden.device)], draft_head=not target)
 
     def _choose(self) -> None:
         c = self.config
@@ -297,7 +305,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._hint = LengthHint(max_length=cap, threshold=threshold, source="del_tpl")
         self._alpha_now = [round(float(a), 4) for a in alpha]
 
-    def _initialise(self, state) -> None:
+    def _initialise(self, state: RoundView) -> None:
         """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round."""
         self._initialised = True
         hs = state.last_hidden_states
@@ -319,12 +327,12 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._choose()
 
     # ------------------------------------------------------------------ interface
-    def plan(self, state) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         if self._stats is None:
             raise RuntimeError("del_tpl: setup() was not called")
         if not self._initialised:
             self._initialise(state)
-        self._loads0 = state.adapter.layer_loads
+        self._loads0 = state.layer_loads
         self._trace.append(
             {
                 "exit_layer": self._exit,
@@ -337,12 +345,12 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         )
         return state.prefix_plan(self._exit)
 
-    def length_hint(self, state) -> LengthHint | None:
+    def length_hint(self, state: RoundView) -> LengthHint | None:
         """This round's cap and threshold: the TPL choice made after the last verification."""
         return self._hint
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
-        loads = state.adapter.layer_loads - self._loads0
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
+        loads = state.layer_loads - self._loads0
         tokens = int(result.new_tokens.shape[1])
         self._tokens += tokens
         self._loads += loads
@@ -357,7 +365,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         if done is not None:
             self._seconds += done[1]
 
-    def _update(self, state, result: Verification, hs: torch.Tensor) -> None:
+    def _update(self, state: RoundView, result: Verification, hs: torch.Tensor) -> None:
         """One round's statistics: shadow tokens of ``hs`` (L+1, B, n, d), the verified chain
         (`Verification.path_hidden`), in the valid window, then next round's choice."""
         h = hs[:, 0]  # (L+1, n, d)

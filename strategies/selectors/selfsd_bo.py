@@ -32,10 +32,17 @@ from typing import Any, Literal
 
 import torch
 
-from framework import REGISTRIES, LayerPlan, LayerSelector, ModelInfo, PrepareContext, register_selector
+from framework import (
+    REGISTRIES,
+    LayerPlan,
+    LayerSelector,
+    ModelInfo,
+    PrepareView,
+    RoundView,
+    register_selector,
+)
 from framework.config import ConfigError, build_config, check_choice, check_range, param
 from framework.engine.cost_model import CostModel
-from framework.engine.decoding import SpeculativeDecoder, StopCondition
 from framework.policies.bayesopt import BinaryBayesOpt
 from framework.utils import cache_dir
 from strategies.selectors.static import uniform_plan
@@ -118,36 +125,11 @@ class SelfSDConfig:
         check_range("search_target_accept_rate", self.search_target_accept_rate, 0.0, 1.0)
 
 
-def model_fingerprint(adapter: Any) -> str:
-    """The model's weight fingerprint (`ModelAdapter.fingerprint`): a saved skip set is only valid
-    for the weights it was searched on."""
-    return adapter.fingerprint()
-
-
 @dataclass(frozen=True)
 class _SearchResult:
     plan: LayerPlan
     objective: float
     data: dict[str, Any]  # the saved JSON
-
-
-@dataclass(frozen=True)
-class _NoConfig:
-    pass
-
-
-class _FixedPlan(LayerSelector):
-    """Returns one given plan every round (candidate evaluation). Not `static`: an explicit
-    static set cannot express every candidate (no skipped sub-layer at all, for instance)."""
-
-    Config = _NoConfig
-
-    def __init__(self, plan: LayerPlan) -> None:
-        super().__init__(_NoConfig())
-        self._plan = plan
-
-    def plan(self, state) -> LayerPlan:
-        return self._plan
 
 
 @register_selector("selfsd_bo", config=SelfSDConfig)
@@ -168,11 +150,11 @@ class SelfSDSelector(LayerSelector):
             self._result = load_skip_set(self.config.skip_set, info.num_layers)
             self.source = "file"
 
-    def prepare(self, ctx: PrepareContext) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         c = self.config
         if c.skip_set:
             expected = self._result.data.get("fingerprint") if self._result else None
-            actual = model_fingerprint(ctx.adapter)
+            actual = ctx.fingerprint()
             if expected and expected != actual:
                 raise ConfigError(
                     "--selector.skip_set",
@@ -187,20 +169,11 @@ class SelfSDSelector(LayerSelector):
                 )
             return
         head = ctx.draft_head.key if ctx.draft_head is not None else ""
-        head += f":{_weights(ctx)}" if _weights(ctx) != "float32" else ""
-        key = f"selfsd_bo:{head}:" + json.dumps(asdict(c), sort_keys=True, default=str)
-        if key not in ctx.store:
-            cached = cached_search(ctx, c) if c.cache else None
-            if cached is not None:
-                ctx.log(
-                    f"[selfsd_bo] reusing the search of {cached.data['created']} ({len(cached.data['trace'])} "
-                    f"candidates, {cached.data['search_seconds']:.0f} s) from {cached.data['path']}"
-                )
-            ctx.store[key] = cached if cached is not None else search(ctx, c)
-        self._result = ctx.store[key]
+        key = (head, _weights(ctx), json.dumps(asdict(c), sort_keys=True, default=str))
+        self._result = ctx.once(SelfSDSelector, key, lambda: _cached_or_search(ctx, c))
         self.source = "cache" if self._result.data.get("from_cache") else "search"
 
-    def plan(self, state) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         if self._result is None:
             raise RuntimeError(
                 "selfsd_bo has no skip set: give --selector.skip_set FILE (a saved search) or let the "
@@ -227,18 +200,31 @@ class SelfSDSelector(LayerSelector):
 # -------------------------------------------------------------------------------------------
 
 
-def _calibration_prompts(ctx: PrepareContext, c: SelfSDConfig) -> list[torch.Tensor]:
+def _cached_or_search(ctx: PrepareView, c: SelfSDConfig) -> _SearchResult:
+    """The cached search of ``c`` on this model (with ``cache``), else a new search."""
+    cached = cached_search(ctx, c) if c.cache else None
+    if cached is None:
+        return search(ctx, c)
+    ctx.log(
+        f"[selfsd_bo] reusing the search of {cached.data['created']} ({len(cached.data['trace'])} "
+        f"candidates, {cached.data['search_seconds']:.0f} s) from {cached.data['path']}"
+    )
+    return cached
+
+
+def _calibration_prompts(ctx: PrepareView, c: SelfSDConfig) -> list[torch.Tensor]:
     try:
         texts = ctx.calibration_prompts(c.calib_data, c.calib_categories)
     except ValueError as err:
         raise ConfigError(
             "--selector.calib_data", c.calib_data or "(built-in)", f"usable prompts: {err}"
         ) from None
-    return [torch.tensor([ctx.encode(t)], device=ctx.adapter.device) for t in texts[: c.calib_limit]]
+    return [torch.tensor([ctx.encode(t)], device=ctx.device) for t in texts[: c.calib_limit]]
 
 
-def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
-
+def _search_strategies(ctx: PrepareView, c: SelfSDConfig) -> dict[str, Any]:
+    """The search-time decoder of the released code: the adaptive draft-exit threshold, layer
+    skipping with the run's draft head and weights, greedy verification."""
     length_entry = REGISTRIES["length"].entry("adaptive_confidence")
     length = length_entry.cls(
         build_config(
@@ -254,49 +240,41 @@ def _search_decoder(ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan):
     drafter.use_head(ctx.draft_head)  # search the draft that runs: the run's drafter's head
     drafter.use_weights(ctx.draft_weights)  # and weights
     verifier = REGISTRIES["verifier"].get("greedy")()
-    return SpeculativeDecoder(
-        ctx.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=c.search_max_length
-    )
+    return {"length": length, "drafter": drafter, "verifier": verifier}
 
 
-def _weights(ctx: PrepareContext) -> str:
+def _weights(ctx: PrepareView) -> str:
     """The weight format of the run's drafts (``"float32"``: the model's own)."""
     return "float32" if ctx.draft_weights is None else ctx.draft_weights.weights
 
 
 def evaluate_plan(
-    ctx: PrepareContext, c: SelfSDConfig, plan: LayerPlan, prompts: list[torch.Tensor], cost: CostModel
+    ctx: PrepareView, c: SelfSDConfig, plan: LayerPlan, prompts: list[torch.Tensor], cost: CostModel
 ) -> dict[str, float]:
-    """Decode every calibration prompt with ``plan``; tokens/s measured and modelled, alpha, M."""
-
-    dec = _search_decoder(ctx, c, plan)
-    stop = StopCondition(c.calib_max_new_tokens)  # no EOS: every prompt yields the same token count
-    tokens = wall = modelled = 0.0
-    drafted = accepted = rounds = 0
-    for ids in prompts:
-        res = dec.generate(ids, stop)
-        tokens += res.new_tokens
-        wall += res.wall_time
-        modelled += cost.decode_time(plan, res.draft_lengths)
-        drafted += res.drafted
-        accepted += res.accepted
-        rounds += len(res.accept_lengths)
-    after_prefill = tokens - len(prompts)  # the first token of each prompt comes from the prefill
+    """Decode every calibration prompt with ``plan`` (`PrepareView.evaluate`); tokens/s measured
+    and modelled, alpha, M."""
+    ev = ctx.evaluate(
+        plan,
+        prompts,
+        **_search_strategies(ctx, c),
+        max_new_tokens=c.calib_max_new_tokens,
+        max_draft=c.search_max_length,
+    )
+    after_prefill = ev.tokens - ev.prompts  # the first token of each prompt comes from the prefill
     return {
         # modelled: the rounds only (the prefill is the same for every candidate)
-        "tokens_per_s_model": after_prefill / modelled,
-        "tokens_per_s_wall": tokens / wall,
-        "alpha": accepted / drafted if drafted else 0.0,
-        "M": after_prefill / rounds if rounds else 0.0,
+        "tokens_per_s_model": after_prefill / cost.decode_time(plan, ev.draft_lengths),
+        "tokens_per_s_wall": ev.tokens / ev.wall_time,
+        "alpha": ev.alpha,
+        "M": ev.mean_accepted_length,
     }
 
 
-def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
+def search(ctx: PrepareView, c: SelfSDConfig) -> _SearchResult:
     """Run the Bayesian search; write the result file (if there is a place for it); return it."""
     from tqdm.auto import tqdm
 
-    adapter = ctx.adapter
-    n = adapter.info().num_layers
+    n = ctx.info.num_layers
     prompts = _calibration_prompts(ctx, c)
     t0 = time.perf_counter()
     cost = ctx.cost_model()
@@ -335,8 +313,8 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
     best_row = max(trace, key=lambda r: r[key])
     data = {
         "format": FORMAT,
-        "model": adapter.info().name,
-        "fingerprint": model_fingerprint(adapter),
+        "model": ctx.info.name,
+        "fingerprint": ctx.fingerprint(),
         "draft_vocab": ctx.draft_head.size if ctx.draft_head is not None else 0,
         "draft_weights": _weights(ctx),
         "dtype": ctx.dtype,
@@ -387,14 +365,14 @@ def search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult:
 _NOT_SEARCH_SETTINGS = ("skip_set", "save_to", "cache")
 
 
-def cache_path(ctx: PrepareContext, c: SelfSDConfig) -> Path:
+def cache_path(ctx: PrepareView, c: SelfSDConfig) -> Path:
     """Where the search of ``c`` on ``ctx``'s model is cached: one file per weights fingerprint,
     dtype, device, draft head and search settings (the calibration file by path)."""
     settings = {k: v for k, v in asdict(c).items() if k not in _NOT_SEARCH_SETTINGS}
     ident = {
-        "fingerprint": model_fingerprint(ctx.adapter),
+        "fingerprint": ctx.fingerprint(),
         "dtype": ctx.dtype,
-        "device": str(ctx.adapter.device),
+        "device": str(ctx.device),
         "draft_head": ctx.draft_head.key if ctx.draft_head is not None else "",
         "settings": settings,
     }
@@ -404,16 +382,16 @@ def cache_path(ctx: PrepareContext, c: SelfSDConfig) -> Path:
     return cache_dir() / "skipsets" / f"{ident['fingerprint'][:12]}-{digest}.json"
 
 
-def cached_search(ctx: PrepareContext, c: SelfSDConfig) -> _SearchResult | None:
+def cached_search(ctx: PrepareView, c: SelfSDConfig) -> _SearchResult | None:
     """The cached search of ``c`` on this model (`cache_path`), or ``None`` (none, or unreadable)."""
     path = cache_path(ctx, c)
     if not path.exists():
         return None
     try:
-        result = load_skip_set(path, ctx.adapter.info().num_layers)
+        result = load_skip_set(path, ctx.info.num_layers)
     except ConfigError:
         return None
-    if result.data.get("fingerprint") != model_fingerprint(ctx.adapter):
+    if result.data.get("fingerprint") != ctx.fingerprint():
         return None
     result.data["from_cache"] = True
     return result

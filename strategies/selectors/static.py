@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework import LayerPlan, LayerSelector, ModelInfo, register_selector
+from framework import LayerPlan, LayerSelector, ModelInfo, RoundView, register_selector
 from framework.config import ConfigError, check_range, param
 
 
@@ -83,7 +83,7 @@ class StaticSelector(LayerSelector):
                 "--selector", self._plan.describe(), "a skip set that leaves at least one sub-layer"
             )
 
-    def plan(self, state) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         return self._plan
 
     def summary(self) -> dict:

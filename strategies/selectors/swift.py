@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from framework import Draft, LayerPlan, LayerSelector, ModelInfo, Verification, register_selector
+from framework import Draft, LayerPlan, LayerSelector, ModelInfo, RoundView, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.policies.bayesopt import BinaryBayesOpt
 from framework.policies.budget import BudgetedWork, budget_param, check_budget
@@ -213,10 +213,10 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         self.gen_matchness: list[float] = []
         self.gen_start = time.perf_counter()
 
-    def plan(self, state) -> LayerPlan:
+    def plan(self, state: RoundView) -> LayerPlan:
         return self.current
 
-    def observe(self, state, draft: Draft, result: Verification) -> None:
+    def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.rounds += 1
         if not self.optimising:
             self._maybe_retrigger(draft, result)
@@ -232,7 +232,7 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         self.total_seconds += done[1]
 
     # ---- one optimisation step -----------------------------------------------------------------
-    def window_span(self, state) -> tuple[int, int]:
+    def window_span(self, state: RoundView) -> tuple[int, int]:
         """Tokens ``[start, end)`` fed to the teacher-forced pass; their successors are the targets."""
         g = self.config.context_window
         if self.config.window == "first":
@@ -241,7 +241,7 @@ class SwiftSelector(BudgetedWork, LayerSelector):
             start = state.num_tokens - 1 - g
         return start, start + g
 
-    def matchness(self, state, plan: LayerPlan) -> float:
+    def matchness(self, state: RoundView, plan: LayerPlan) -> float:
         """Fraction of the window's next tokens the draft ``plan`` predicts (argmax), teacher forced
         on the committed cache (``DecodeState.forward_scratch``; the committed KV is not touched),
         scored with the draft's head (``state.draft_head``), as the draft would propose them."""
@@ -261,7 +261,7 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         chosen = set(torch.randperm(len(self.eligible), generator=self.generator)[: self.n_skip].tolist())
         return tuple(int(i in chosen) for i in range(len(self.eligible)))
 
-    def _step(self, state) -> None:
+    def _step(self, state: RoundView) -> None:
         c = self.config
         if self.rescore:  # a retrigger: score the current set on the new window first
             self.best = self.matchness(state, self.current)

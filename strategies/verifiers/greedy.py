@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, Verification, Verifier, register_verifier
+from framework import Draft, RoundView, Verification, Verifier, register_verifier
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class GreedyVerifier(Verifier):
     mismatch, the bonus token when all K are accepted).
     """
 
-    def verify(self, state, draft: Draft) -> Verification:
+    def verify(self, state: RoundView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
         out = state.forward_verify(block, logits_at="all")
         target = out.logits.argmax(dim=-1)  # (B, K+1)

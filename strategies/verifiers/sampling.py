@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, Verification, Verifier, register_verifier
+from framework import Draft, RoundView, Verification, Verifier, register_verifier
 from framework.config import ConfigError, check_range, param
 
 #: A residual ``max(0, p - q)`` with less total mass than this is treated as empty (p == q up to
@@ -168,7 +168,7 @@ class SamplingVerifier(Verifier):
         p = self.warp(logits)
         return sample(p, self.generator(p.device))
 
-    def verify(self, state, draft: Draft) -> Verification:
+    def verify(self, state: RoundView, draft: Draft) -> Verification:
         k = draft.length
         if k and draft.probs is None:
             raise ValueError(

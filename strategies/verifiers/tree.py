@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, Verification, Verifier, register_verifier
+from framework import Draft, RoundView, Verification, Verifier, register_verifier
 from framework.config import ConfigError, check_range, param
 from framework.utils import upload
 
@@ -114,7 +114,7 @@ class TreeVerifier(Verifier):
             top1 = draft.top_probs[0, :, 0].tolist()
         return [widths[sum(p > e for e in edges)] for p in top1]
 
-    def verify(self, state, draft: Draft) -> Verification:
+    def verify(self, state: RoundView, draft: Draft) -> Verification:
         if draft.tokens.shape[0] != 1:
             raise NotImplementedError("tree verification supports batch size 1")
         device = state.device

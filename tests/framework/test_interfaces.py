@@ -175,7 +175,7 @@ def test_layer_plan_frozen_and_hashable():
 def test_draft_and_verification_objects():
     plan = LayerPlan.full(2)
     d = Draft(torch.tensor([[3, 4, 5]]), plan)
-    assert d.length == 3 and d.confidences is None and d.probs is None and d.extras == {}
+    assert d.length == 3 and d.confidences is None and d.probs is None and d.source == ""
     e = Draft.empty(1, plan)
     assert e.length == 0 and e.tokens.shape == (1, 0) and e.tokens.dtype == torch.long
     v = Verification(num_accepted=torch.tensor([2]), new_tokens=torch.tensor([[3, 4, 9]]))

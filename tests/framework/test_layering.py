@@ -4,10 +4,13 @@ Layers, bottom up (a module may import its own layer and the layers below it):
 
 1. API: ``framework`` (the package), ``framework.types``, ``framework.registry``,
    ``framework.config``, ``framework.interfaces``, ``framework.utils``;
-2. engine: ``framework.engine``, ``framework.kernels``;
-3. policies: ``framework.policies`` (what strategies compose: gate, work budget, Bayesian
+2. kernels: ``framework.kernels`` (CPU kernels, CUDA graphs; what they need of the engine is
+   declared in ``framework.kernels.protocols``, so they import nothing of it, not even for type
+   checking);
+3. engine: ``framework.engine``;
+4. policies: ``framework.policies`` (what strategies compose: gate, work budget, Bayesian
    optimisation);
-4. tooling: ``framework.experiment``, ``framework.benchmark``, ``framework.sweep``,
+5. tooling: ``framework.experiment``, ``framework.benchmark``, ``framework.sweep``,
    ``framework.testing``, and the ``selfspec`` Python API.
 
 ``strategies`` sit beside the tooling: they import the API, the engine and the policies, never the
@@ -30,21 +33,24 @@ PACKAGES = ("framework", "strategies", "selfspec")
 
 API = {"framework", "framework.types", "framework.registry", "framework.config", "framework.interfaces"}
 API.add("framework.utils")
+API.add("framework.view")
 TOOLING = ("framework.experiment", "framework.benchmark", "framework.sweep", "framework.testing", "selfspec")
 
 
 def layer(module: str) -> int:
-    """1 API, 2 engine, 3 policies, 4 tooling, 5 strategies."""
+    """1 API, 2 kernels, 3 engine, 4 policies, 5 tooling, 6 strategies."""
     if module in API:
         return 1
-    if module.startswith(("framework.engine", "framework.kernels")):
+    if module.startswith("framework.kernels"):
         return 2
-    if module.startswith("framework.policies"):
+    if module.startswith("framework.engine"):
         return 3
-    if module.startswith(TOOLING):
+    if module.startswith("framework.policies"):
         return 4
-    if module.startswith("strategies"):
+    if module.startswith(TOOLING):
         return 5
+    if module.startswith("strategies"):
+        return 6
     raise AssertionError(f"{module} belongs to no layer: add it to test_layering")
 
 
@@ -87,13 +93,15 @@ def _in_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def imports(module: str) -> Iterator[tuple[str, int, bool]]:
+def imports(module: str, *, type_only: bool = False) -> Iterator[tuple[str, int, bool]]:
     """``(imported project module, line, at function level)`` of the runtime imports of ``module``
-    (``if TYPE_CHECKING:`` blocks excluded)."""
+    (``if TYPE_CHECKING:`` blocks excluded unless ``type_only``)."""
     tree = ast.parse(MODULES[module].read_text())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.Import, ast.ImportFrom)) or _in_type_checking(node, parents):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if not type_only and _in_type_checking(node, parents):
             continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -124,24 +132,30 @@ def test_no_relative_imports():
     assert not bad, f"relative imports: {bad}"
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if layer(m) <= 3])
-def test_api_engine_and_policies_import_only_lower_layers(module):
-    """The API imports only the API, the engine the API and itself, the policies both. The
-    package root ``framework`` is the facade of the author API: it re-exports names of the engine
-    (``PrepareContext``) too, never of the tooling."""
-    here = 3 if module == "framework" else layer(module)
+@pytest.mark.parametrize("module", [m for m in MODULES if layer(m) <= 4])
+def test_api_kernels_engine_and_policies_import_only_lower_layers(module):
+    """The API imports only the API, the kernels the API and themselves, the engine both, the
+    policies all three. The package root ``framework`` is the facade of the author API: it
+    re-exports names of the engine (``PrepareContext``) too, never of the tooling."""
+    here = 4 if module == "framework" else layer(module)
     bad = [t for t in GRAPH[module] if layer(t) > here]
     assert not bad, f"{module} (layer {here}) imports higher layers: {bad}"
 
 
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("framework.kernels")])
+def test_kernels_never_import_the_engine_not_even_for_type_checking(module):
+    bad = [f"{t} (line {line})" for t, line, _ in imports(module, type_only=True) if layer(t) > 2]
+    assert not bad, f"{module} imports from above the kernels: {bad}"
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
 def test_strategies_never_import_tooling(module):
-    bad = [t for t in GRAPH[module] if layer(t) == 4]
+    bad = [t for t in GRAPH[module] if layer(t) == 5]
     assert not bad, f"{module} imports tooling: {bad}"
 
 
 def test_framework_never_imports_strategies_directly():
-    bad = {m: [t for t in GRAPH[m] if layer(t) == 5] for m in MODULES if layer(m) < 5}
+    bad = {m: [t for t in GRAPH[m] if layer(t) == 6] for m in MODULES if layer(m) < 6}
     assert not {m: t for m, t in bad.items() if t}
 
 
@@ -231,3 +245,36 @@ def test_importing_the_api_or_the_engine_loads_no_tooling(module):
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == [], f"importing {module} loads tooling: {out}"
+
+
+def _state_params(path: Path) -> Iterator[tuple[int, str, str]]:
+    """``(line, function, annotation)`` of every parameter named ``state`` in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                if arg.arg == "state":
+                    ann = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                    yield node.lineno, node.name, ann
+
+
+def test_every_state_parameter_is_typed():
+    """Strategies (and what they compose) read a round through the typed `framework.view.RoundView`;
+    the engine passes its `DecodeState`: no ``state`` parameter is untyped or ``Any``."""
+    bad = [
+        f"{m}:{line} {fn}(state: {ann or '<untyped>'})"
+        for m, path in MODULES.items()
+        if m.startswith(("framework", "strategies"))
+        for line, fn, ann in _state_params(path)
+        if ann in ("", "Any", "object")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
+def test_strategies_never_see_the_engine_state(module):
+    """A strategy's ``state`` is the `RoundView`, never the engine's `DecodeState`."""
+    bad = [
+        f"{line} {fn}(state: {ann})" for line, fn, ann in _state_params(MODULES[module]) if ann != "RoundView"
+    ]
+    assert not bad, f"{module}: {bad}"

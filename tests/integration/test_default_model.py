@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from framework.experiment.cli import main
-from framework.experiment.plugins import load_builtin_strategies
 from framework.testing import plain_table
 
 pytestmark = pytest.mark.slow
@@ -23,7 +22,6 @@ pytestmark = pytest.mark.slow
 def default_model():
     from framework.experiment.models import load_model
 
-    load_builtin_strategies()
     return load_model(None, "float32", "cpu")
 
 

@@ -64,7 +64,7 @@ class EveryOtherMlp(LayerSelector):
 
     def plan(self, state):
         self.calls += 1
-        n = state.adapter.num_layers
+        n = state.info.num_layers
         return LayerPlan.from_indices(n, mlp=range(1, n, 2))
 
 

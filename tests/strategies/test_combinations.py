@@ -16,6 +16,7 @@ import torch
 from framework import REGISTRIES
 from framework.config import build_config
 from framework.engine.adapter import adapter_for
+from framework.engine.context import PreparedCache
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.kernels import cpu as kernels
 from framework.policies.draft_vocab import DraftVocabConfig
@@ -33,7 +34,7 @@ MAX_NEW = 24
 PROMPTS = ((0, 6), (1, 11))  # (seed, length)
 
 _vanilla_cache: dict[tuple, list[int]] = {}
-_prepare_stores: dict[str, dict] = {}
+_prepared: dict[str, PreparedCache] = {}
 
 
 def _vanilla(adapter, arch: str, seed: int, plen: int) -> list[int]:
@@ -56,7 +57,7 @@ def test_speculative_equals_vanilla(deep_adapters, arch, combo):
     s = {k: default_strategy_instance(k, name, fast=True) for k, name in zip(KINDS, combo, strict=True)}
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
     # Offline searches (selfsd_bo) run once per model; every combination reuses the result.
-    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault(arch, {})))
+    dec.prepare(prepare_context(adapter, prepared=_prepared.setdefault(arch, PreparedCache())))
     for seed, plen in PROMPTS:
         want = _vanilla(adapter, arch, seed, plen)
         res = dec.generate(random_prompt(plen, 128, seed), StopCondition(MAX_NEW))
@@ -95,7 +96,7 @@ def test_speculative_equals_vanilla_with_a_reduced_draft_head(
     entry = REGISTRIES["drafter"].entry(combo[2])
     s["drafter"] = entry.cls(build_config(entry.config, {"draft_vocab": 32}))
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
-    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault(f"{arch}-head", {})))
+    dec.prepare(prepare_context(adapter, prepared=_prepared.setdefault(f"{arch}-head", PreparedCache())))
     assert dec.drafter.draft_head().size == 32
     for seed, plen in PROMPTS:
         want = _vanilla(adapter, arch, seed, plen)
@@ -135,7 +136,7 @@ def test_speculative_equals_vanilla_with_compressed_draft_weights(
     options = {"draft_weights": fmt, **({"draft_vocab": 32} if fmt == "int8" else {})}
     s["drafter"] = entry.cls(build_config(entry.config, options))
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
-    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault(f"kernels-{fmt}", {})))
+    dec.prepare(prepare_context(adapter, prepared=_prepared.setdefault(f"kernels-{fmt}", PreparedCache())))
     assert dec.drafter.draft_weights().weights == fmt
     for seed, plen in PROMPTS:
         want = _vanilla(adapter, "llama-float32-kernels", seed, plen)
@@ -171,7 +172,7 @@ def test_speculative_equals_vanilla_while_swift_optimises(deep_adapters, combo):
         for k, name in zip(KINDS, ("swift", *combo), strict=True)
     }
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
-    dec.prepare(prepare_context(adapter, store=_prepare_stores.setdefault("llama-swift", {})))
+    dec.prepare(prepare_context(adapter, prepared=_prepared.setdefault("llama-swift", PreparedCache())))
     steps = 0
     for seed, plen in PROMPTS:
         want = (
@@ -215,7 +216,7 @@ def test_speculative_equals_vanilla_where_del_drafts(redundant_adapter, combo):
         for k, name in zip(KINDS, ("del_tpl", *combo), strict=True)
     }
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
-    dec.prepare(prepare_context(adapter, store={}))
+    dec.prepare(prepare_context(adapter))
     drafted = accepted = 0
     for seed, plen in PROMPTS:
         prompt = random_prompt(plen, 128, seed)

@@ -9,12 +9,10 @@ import json
 import pytest
 
 from framework.benchmark.cli import build_parser, config_from_args, main
-from framework.experiment.plugins import load_builtin_strategies
 from framework.testing import synthetic_cost_model
 
 
 def _config(argv):
-    load_builtin_strategies()
     return config_from_args(build_parser().parse_args(argv), "cmd")
 
 

@@ -15,7 +15,6 @@ from framework import REGISTRIES
 from framework.config import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.experiment.plugins import load_builtin_strategies
 from framework.kernels import cpu as kernels
 from framework.testing import ARCHS, prepare_context, random_prompt, tiny_model
 
@@ -165,7 +164,6 @@ def test_skip_drafts_then_verification_commit_identical_kv():
 
 
 def _strategy(kind: str, name: str, **values):
-    load_builtin_strategies()
     entry = REGISTRIES[kind].entry(name)
     return entry.cls(build_config(entry.config, values))
 

@@ -29,6 +29,7 @@ from framework.engine.decoding import (
     StopCondition,
     VanillaDecoder,
 )
+from framework.engine.state import DecodeState
 from framework.testing import (
     ARCHS,
     AlwaysAcceptDrafter,
@@ -39,6 +40,8 @@ from framework.testing import (
     random_prompt,
     tiny_model,
 )
+from framework.types import RoundRecord
+from framework.view import RoundView
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -502,10 +505,15 @@ def test_generation_result_properties():
     r = GenerationResult(tokens=[1, 2, 3], wall_time=0.5, stop_reason="eos")
     assert r.new_tokens == 3 and r.tokens_per_second == 6.0
     assert r.mean_accepted_length == 0.0 and r.acceptance_rate == 0.0
-    r2 = GenerationResult(
-        tokens=[], wall_time=0.0, stop_reason="eos", accept_lengths=[1, 4], drafted=6, accepted=3
-    )
+    rounds = [RoundRecord(2, 0, 1, 0.5, "10"), RoundRecord(4, 3, 4, 0.5, "01", 1)]
+    r2 = GenerationResult(tokens=[], wall_time=0.0, stop_reason="eos", rounds=rounds)
     assert r2.tokens_per_second == 0.0 and r2.mean_accepted_length == 2.5 and r2.acceptance_rate == 0.5
+    assert (r2.accept_lengths, r2.draft_lengths, r2.drafted, r2.accepted) == ([1, 4], [2, 4], 6, 3)
+    assert (r2.skip_ratios, r2.plans, r2.exit_layers) == ([0.5, 0.5], ["10", "01"], [None, 1])
+    declined = GenerationResult([1], 0.1, "eos", [RoundRecord(0, 0, 1, 0.25)])
+    assert (declined.draft_lengths, declined.plans, declined.accept_lengths) == ([0], [], [1])
+    plain = GenerationResult([1, 2], 0.1, "eos", [RoundRecord(0, 0, 1, 0.0)], plain=True)
+    assert (plain.draft_lengths, plain.accept_lengths) == ([], [1])
 
 
 def test_bad_prompt_shapes(llama_adapter):
@@ -520,12 +528,15 @@ def test_bad_prompt_shapes(llama_adapter):
 
 
 def test_verification_and_draft_reach_state_consistently(llama_adapter):
-    """After every round of a real generation: committed == num_tokens - 1 and the tokens are vanilla's."""
+    """After every round of a real generation: committed == num_tokens - 1 and the tokens are
+    vanilla's; the strategy sees the round's view, which hides the adapter and the cache."""
     checks = []
 
     class CheckingVerifier(GreedyVerifier):
         def verify(self, state, draft):
-            checks.append(state.cache.committed == state.num_tokens - 1)
+            assert isinstance(state, RoundView) and not isinstance(state, DecodeState)
+            assert not hasattr(state, "cache") and not hasattr(state, "adapter")
+            checks.append(state.pending_position == state.num_tokens - 1)
             res = super().verify(state, draft)
             assert isinstance(res, Verification) and isinstance(draft, Draft)
             return res

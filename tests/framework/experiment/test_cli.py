@@ -12,7 +12,6 @@ import yaml
 
 from framework import REGISTRIES
 from framework.experiment.cli import main
-from framework.experiment.plugins import load_builtin_strategies
 from framework.utils import MissingDependencyError, require
 from strategies.length.fixed import FixedLengthConfig
 
@@ -26,7 +25,6 @@ def run_cli(capsys, *argv):
 
 
 def test_list_prints_every_registered_strategy(capsys):
-    load_builtin_strategies()
     code, out, _ = run_cli(capsys, "--list")
     assert code == 0
     for kind, reg in REGISTRIES.items():

@@ -9,10 +9,7 @@ import pytest
 
 from framework.benchmark.cli import build_parser as bench_parser
 from framework.experiment.cli import build_parser as run_parser
-from framework.experiment.plugins import load_builtin_strategies
 from framework.sweep.cli import build_sweep_parser
-
-load_builtin_strategies()
 
 PARSERS = {"run.py": run_parser, "bench.py": bench_parser, "sweep.py": build_sweep_parser}
 

@@ -12,6 +12,7 @@ import torch
 from framework import REGISTRIES
 from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
+from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
 from framework.kernels import cpu as kernels
@@ -39,16 +40,19 @@ def _drafter(name: str, **overrides):
     return entry.cls(build_config(entry.config, overrides))
 
 
-def _spied_decoder(adapter, drafter, attr: str, seen: dict) -> SpeculativeDecoder:
+def _spied_decoder(
+    adapter, drafter, attr: str, seen: dict, state_attr: str | None = None
+) -> SpeculativeDecoder:
     """A decoder (static plan skipping two MLPs, k = 3, greedy) whose selector records the
-    preparation context's and the decode state's ``attr`` in ``seen["ctx"]`` / ``seen["state"]``."""
+    preparation context's ``attr`` and the round view's ``state_attr`` (default ``attr``) in
+    ``seen["ctx"]`` / ``seen["state"]``."""
 
     class Spy(StaticSelector):
         def prepare(self, ctx):
             seen["ctx"] = getattr(ctx, attr)
 
         def plan(self, state):
-            seen["state"] = getattr(state, attr)
+            seen["state"] = getattr(state, state_attr or attr)
             return super().plan(state)
 
     return SpeculativeDecoder(
@@ -181,7 +185,7 @@ def test_the_cost_model_prices_drafts_with_the_head(adapter):
     assert priced.verify_costs == full.verify_costs and priced.attn == full.attn
     assert priced.base == pytest.approx(full.base - full.head + priced.head)
     assert priced.full_head == full.full_head
-    assert ctx.store[f"cost_model:{d.draft_head().key}"] is priced
+    assert ctx.prepared.get(CostModel, (d.draft_head().key, "float32")) is priced
 
 
 # ---- draft_weights: a compressed copy of the weights for draft passes -----------------------------
@@ -218,7 +222,7 @@ def test_prepare_builds_the_weights_and_every_draft_pass_runs_them(kernel_adapte
     adapter = kernel_adapter
     d = _drafter(name, draft_weights=fmt)
     seen: dict = {"passes": 0}
-    dec = _spied_decoder(adapter, d, "draft_weights", seen)
+    dec = _spied_decoder(adapter, d, "draft_weights", seen, "compressed_drafts")
     dec.prepare(prepare_context(adapter))
     weights = d.draft_weights()
     assert weights is adapter.draft_branches(fmt) and weights.weights == fmt
@@ -228,7 +232,7 @@ def test_prepare_builds_the_weights_and_every_draft_pass_runs_them(kernel_adapte
         res = dec.generate(prompt, StopCondition(16))
     seen["passes"] = calls[0]
     assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
-    assert seen["state"] is weights
+    assert seen["state"] is True  # the round's view says the drafts run a compressed copy
     assert seen["passes"] > 0  # the drafts ran the compressed copy ...
     assert res.strategy_summary["drafter"]["draft_weights"] == fmt
 
@@ -280,5 +284,5 @@ def test_the_cost_model_prices_drafts_with_the_weights(kernel_adapter):
     assert (own.draft_weights, priced.draft_weights) == ("float32", "int8")
     assert priced.verify_costs == own.verify_costs and priced.base == own.base
     assert priced.attn > 0 and priced.mlp > 0
-    assert ctx.store["cost_model:weights=int8"] is priced
+    assert ctx.prepared.get(CostModel, ("", "int8")) is priced
     assert "(int8 weights)" in priced.describe()

@@ -10,9 +10,9 @@ import torch
 
 from framework import REGISTRIES, Draft, LayerPlan, LengthController, LengthHint, Verification
 from framework.config import ConfigError, build_config
+from framework.engine.context import PreparedCache
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.state import DecodeStats, RoundRecord
 from framework.policies.gate import (
     DraftGate,
     GateConfig,
@@ -32,6 +32,7 @@ from framework.testing import (
     synthetic_cost_model,
 )
 from framework.testing.stubs import NoConfig as _NoConfig
+from framework.types import DecodeStats, RoundRecord
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
 from strategies.verifiers.greedy import GreedyVerifier
@@ -562,7 +563,7 @@ def test_a_drafter_without_forwards_is_priced_free_and_stays_lossless(llama_adap
     assert s["break_even_alpha"] is not None
 
 
-_stores: dict[str, dict] = {}
+_prepared: dict[str, PreparedCache] = {}
 
 
 @pytest.mark.parametrize("length_name", GATED)
@@ -573,7 +574,7 @@ def test_every_selector_with_every_gated_controller_is_lossless(deep_adapters, s
     length = gated(default_strategy_instance("length", length_name), GateConfig(enabled=True, probe=2))
     drafter = default_strategy_instance("drafter", "layer_skip")
     dec = SpeculativeDecoder(adapter, selector, length, drafter, GreedyVerifier())
-    dec.prepare(prepare_context(adapter, store=_stores.setdefault("llama", {})))
+    dec.prepare(prepare_context(adapter, prepared=_prepared.setdefault("llama", PreparedCache())))
     for seed, plen in ((0, 6), (1, 11)):
         prompt = random_prompt(plen, 128, seed)
         stop = StopCondition(24)

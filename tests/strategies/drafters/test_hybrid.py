@@ -64,7 +64,7 @@ class TestHybridLookupContract(_LookupContract):
     def _check_draft(self, draft, state, plan, max_tokens):
         # the lookup contract's checks, with this config's n range (min_match is the min n-gram)
         assert draft.length >= 1, "the hybrid always drafts (the layer-skip draft when nothing matches)"
-        if draft.extras["source"] == "lookup":
+        if draft.source == "lookup":
             super()._check_draft(draft, state, plan, max_tokens)
         else:
             DrafterContract._check_draft(self, draft, state, plan, max_tokens)
@@ -74,7 +74,7 @@ def test_copies_on_a_match_without_forward(llama_adapter):
     state = _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6])
     calls = llama_adapter.forward_calls
     d = HybridDrafter().draft(state, PLAN, FixedLength(), 5)
-    assert d.tokens.tolist() == [[7, 8, 5, 6, 7]] and d.extras["source"] == "lookup"
+    assert d.tokens.tolist() == [[7, 8, 5, 6, 7]] and d.source == "lookup"
     assert llama_adapter.forward_calls == calls and state.draft_len == 0
     assert d.plan is PLAN
 
@@ -94,7 +94,7 @@ def test_falls_back_to_the_layer_skip_draft(llama_adapter, prompt, generated, mi
     state.discard_draft()
     calls = llama_adapter.forward_calls
     d = HybridDrafter(cfg).draft(state, PLAN, FixedLength(), 3)
-    assert d.extras["source"] == "layer_skip"
+    assert d.source == "layer_skip"
     assert torch.equal(d.tokens, want.tokens) and d.plan is PLAN
     assert llama_adapter.forward_calls == calls + 3  # one draft forward per token
 
@@ -105,7 +105,7 @@ def test_min_match_decides_the_source(llama_adapter):
     for min_match, source in ((1, "lookup"), (2, "lookup"), (3, "layer_skip")):
         state = _state(llama_adapter, prompt, generated)
         d = HybridDrafter(HybridDrafterConfig(min_match=min_match)).draft(state, PLAN, FixedLength(), 2)
-        assert d.extras["source"] == source, min_match
+        assert d.source == source, min_match
         if source == "lookup":
             assert d.tokens.tolist() == [[9, 1]]
 
@@ -237,7 +237,7 @@ def _gated_run(adapter, costs, selector=None, prompts=GATE_PROMPTS, new_tokens=4
         drafter=HybridDrafter(HybridDrafterConfig(min_match=1, skip_gate=True)),
         selector=selector or StaticSelector(StaticSelectorConfig(skip_attn=(1,), skip_mlp=(2,))),
     )
-    dec.prepare(prepare_context(adapter, store={"cost_model": costs}))
+    dec.prepare(prepare_context(adapter, cost_model=costs))
     results = []
     for p in prompts:
         prompt, stop = torch.tensor([p]), StopCondition(new_tokens)
@@ -370,7 +370,7 @@ def test_gate_without_a_cost_model_measures_the_costs(llama_adapter):
 def test_gate_state_carries_but_counters_restart(llama_adapter):
     drafter = HybridDrafter(HybridDrafterConfig(skip_gate=True))
     dec = _decoder(llama_adapter, length=FixedLength(FixedLengthConfig(k=3)), drafter=drafter)
-    dec.prepare(prepare_context(llama_adapter, store={"cost_model": NEVER_PAYS}))
+    dec.prepare(prepare_context(llama_adapter, cost_model=NEVER_PAYS))
     dec.generate(random_prompt(8, V, 1), StopCondition(24))
     alpha = drafter.summary()["skip_gate"]["alpha"]
     drafter.reset()

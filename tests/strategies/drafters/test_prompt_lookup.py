@@ -19,7 +19,7 @@ from framework import LayerPlan, LengthController
 from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.drafting import NgramIndex, copy_draft, ngram_index
+from framework.engine.drafting import NgramIndex, copy_draft
 from framework.engine.state import DecodeState
 from framework.testing import DrafterContract, random_prompt, tiny_model
 from strategies.drafters.prompt_lookup import PromptLookupDrafter, PromptLookupDrafterConfig
@@ -237,7 +237,7 @@ def test_drafting_runs_no_forward(llama_adapter):
     state = _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6])
     calls, draft_len = llama_adapter.forward_calls, state.draft_len
     d = PromptLookupDrafter().draft(state, LayerPlan.full(L), FixedLength(), 6)
-    assert d.tokens.tolist() == [[7, 8, 5, 6, 7, 8]] and d.extras["source"] == "lookup"
+    assert d.tokens.tolist() == [[7, 8, 5, 6, 7, 8]] and d.source == "lookup"
     assert llama_adapter.forward_calls == calls
     assert state.draft_len == draft_len and state.stats.draft_forwards == 0
 
@@ -272,13 +272,26 @@ def test_extras_only_when_asked(llama_adapter):
 
 def test_index_follows_the_commits_and_is_per_generation(llama_adapter):
     state = _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6])
-    index = ngram_index(state, 1, 3)
-    assert index.tokens == state.tokens[0].tolist()
+    index = NgramIndex(1, 3)
+    assert index.follow(state.host_tokens()) is index and index.tokens == state.tokens[0].tolist()
+    table = index._last
     state.append(torch.tensor([[9, 9]]))
-    assert ngram_index(state, 1, 3) is index and index.tokens == state.tokens[0].tolist()
-    assert ngram_index(state, 2, 3) is not index  # another n range: its own index
+    index.follow(state.host_tokens())
+    assert index.tokens == state.tokens[0].tolist()
+    assert index._last is table and table[(6, 9)] == 10  # extended by the new tokens, not rebuilt
     other = _state(llama_adapter, [1, 2, 3], [4])
-    assert ngram_index(other, 1, 3).tokens == [1, 2, 3, 4]
+    assert index.follow(other.host_tokens()).tokens == [1, 2, 3, 4]  # another generation: afresh
+    assert index.match() == (0, -1)
+
+
+def test_the_drafter_indexes_each_generation_afresh(llama_adapter):
+    d = PromptLookupDrafter()
+    first = d.draft(
+        _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6]), LayerPlan.full(L), FixedLength(), 2
+    )
+    assert first.tokens.tolist() == [[7, 8]]
+    d.reset()
+    assert d.draft(_state(llama_adapter, [1, 2, 3], [4]), LayerPlan.full(L), FixedLength(), 2).length == 0
 
 
 def test_copy_draft_caps_at_max_tokens(llama_adapter):

@@ -43,7 +43,7 @@ def test_search_writes_a_complete_result_file(adapter, tmp_path):
     sel = searched(adapter, tmp_path, initial_random=1)
     data = json.loads((tmp_path / "set.json").read_text())
     assert data["format"] == selfsd.FORMAT and data["num_layers"] == 6 and data["dtype"] == "float32"
-    assert data["fingerprint"] == selfsd.model_fingerprint(adapter)
+    assert data["fingerprint"] == adapter.fingerprint()
     assert [r["source"] for r in data["trace"]] == ["probe", "probe", "random", "gp"]
     # the probes are the uniform sets at the configured ratios, evaluated first
     assert data["trace"][0]["bits"] == list(uniform_plan(6, 0.1, False).to_bits())

@@ -1,0 +1,243 @@
+"""What a strategy may read and call: the typed, read-only views of a round and of a preparation.
+
+Strategies never receive the engine itself. Every strategy method of a round (``plan``,
+``length_hint``, ``max_length``, ``draft``, ``verify``, ``observe``) takes a `RoundView`: the
+tokens, the hidden states a strategy asked for (its capability flags), the model's facts, the
+counters of the generation and the forwards whose KV-cache bookkeeping the engine owns. The one-time
+``prepare`` takes a `PrepareView`: the model's facts, prompts to calibrate on, the measured cost
+model, and `PrepareView.evaluate`, the search service that decodes prompts with a candidate plan.
+Neither exposes the model adapter or the KV cache; the engine's objects behind them
+(`framework.engine.view.StateView`, `framework.engine.context.PrepareContext`) implement them.
+
+Shape notation as in `framework.types`: ``B`` batch (1), ``T`` tokens in one forward, ``N``
+committed tokens, ``V`` vocabulary, ``L`` blocks, ``d`` hidden size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from framework.types import DecodeStats, LayerPlan, ModelInfo
+
+if TYPE_CHECKING:
+    from framework.engine.adapter import ForwardOutput
+    from framework.engine.cost_model import CostModel
+    from framework.engine.draft_head import DraftHead
+    from framework.interfaces import Drafter, LengthController, Verifier
+    from framework.kernels.fused import FusedBlocks
+
+
+@runtime_checkable
+class RoundView(Protocol):
+    """One generation as a strategy sees it, between and during rounds.
+
+    Invariant between rounds: every committed token but the last (`pending`) has KV in every
+    layer; `pending` is the first input of the next draft and of the next verification.
+
+    Attributes:
+        info: the model's facts (blocks, hidden size, vocabulary, context, dtype, device).
+        device: where the model runs.
+        round: rounds committed so far in this generation.
+        prompt_len: P, the prompt's tokens.
+        num_tokens: N, the prompt and every committed new token (`pending` included).
+        num_new: N - P.
+        pending_position: the position of `pending`: the first KV slot not committed.
+        need_confidence: drafters compute each step's top-1 probability (some length controller
+            asked for it).
+        need_draft_probs: drafters keep their full distributions (the verifier asked).
+        draft_top_k: top candidates per draft step the drafter keeps (0: none).
+        draft_sampler: how drafters pick a token (``None``: argmax; else ``logits (B, V) ->
+            (tokens (B,), probs (B, V))``, the verifier's warped sampler).
+        capture_hidden: verifications return every layer's hidden states (the selector asked).
+        compressed_drafts: draft passes run a compressed copy of the weights (no early-exit KV
+            reuse then).
+        draft_head: the generation's reduced draft head (``None``: the full LM head).
+        last_hidden_states: FloatTensor (L+1, B, T, d) of the last verification (or the prefill),
+            when `capture_hidden`; index 0 is the embedding.
+        stats: the generation's counters (per-round records, phase timings, forward counts).
+        layer_loads: blocks entered by the model's forwards so far, whatever their token count
+            (DEL's "layers loaded" cost), counted over the model's lifetime: read differences.
+    """
+
+    info: ModelInfo
+    device: torch.device
+    round: int
+    prompt_len: int
+    num_tokens: int
+    num_new: int
+    pending_position: int
+    need_confidence: bool
+    need_draft_probs: bool
+    draft_top_k: int
+    draft_sampler: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+    capture_hidden: bool
+    compressed_drafts: bool
+    draft_head: DraftHead | None
+    last_hidden_states: torch.Tensor | None
+    stats: DecodeStats
+    layer_loads: int
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """LongTensor (B, N): the prompt and every committed new token."""
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """LongTensor (B, N - P): the generated tokens so far."""
+
+    @property
+    def pending(self) -> torch.Tensor:
+        """LongTensor (B, 1): the last committed token, whose KV is not cached yet."""
+
+    def host_tokens(self) -> Sequence[int]:
+        """Batch row 0's committed tokens as Python ints (no device read for what commits already
+        brought to the host). Read-only."""
+
+    def prefix_plan(self, exit_layer: int) -> LayerPlan:
+        """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
+
+    def forward_draft(
+        self,
+        input_ids: torch.Tensor,
+        plan: LayerPlan | None,
+        *,
+        logits_at: str | torch.Tensor | None = "last",
+        reusable: bool = False,
+    ) -> ForwardOutput:
+        """Feed the next draft token(s) (B, T) through the draft ``plan`` (see
+        `framework.engine.state.DecodeState.forward_draft`)."""
+
+    def forward_verify(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        logits_at: str | torch.Tensor | None = "all",
+        position_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> ForwardOutput:
+        """Full-model forward over a block (B, T) starting at `pending_position`, the draft's KV
+        discarded first (see `framework.engine.state.DecodeState.forward_verify`)."""
+
+    def forward_scratch(
+        self,
+        start: int,
+        plan: LayerPlan | None,
+        *,
+        end: int | None = None,
+        logits_at: str | torch.Tensor | None = "all",
+    ) -> ForwardOutput:
+        """Teacher-forced draft pass over committed tokens ``[start, end)`` that leaves the
+        committed cache untouched (SWIFT's candidate scoring)."""
+
+    def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor:
+        """Decoder block ``block`` on n candidate states (n, d) of the committed ``position``,
+        the committed cache untouched (CLaSp's dynamic programme)."""
+
+    def discard_draft(self) -> None:
+        """Forget the current round's draft KV (a drafter that gives up)."""
+
+    def top1_from_hidden(
+        self, hidden: torch.Tensor, *, draft_head: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy token and its probability for pre-norm residuals (..., d) through the final
+        norm and the LM head (DEL's shadow tokens): the full head, or with ``draft_head`` the
+        generation's `draft_head` (the full head when there is none)."""
+
+
+@dataclass(frozen=True)
+class PlanEvaluation:
+    """What `PrepareView.evaluate` measured for one plan over a set of prompts.
+
+    Attributes:
+        tokens: new tokens decoded in total (each prompt's first comes from its prefill).
+        prompts: prompts decoded.
+        wall_time: seconds, prefills included.
+        draft_lengths: tokens drafted per round, over every prompt in order.
+        drafted: draft tokens proposed.
+        accepted: draft tokens accepted.
+        rounds: verification rounds.
+    """
+
+    tokens: int
+    prompts: int
+    wall_time: float
+    draft_lengths: tuple[int, ...]
+    drafted: int
+    accepted: int
+    rounds: int
+
+    @property
+    def alpha(self) -> float:
+        """Accepted / drafted draft tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """M: tokens committed per round, the prefills' tokens not counted."""
+        return (self.tokens - self.prompts) / self.rounds if self.rounds else 0.0
+
+
+class PrepareView(Protocol):
+    """What a one-time preparation (``Strategy.prepare``) may use.
+
+    Attributes:
+        info: the model's facts.
+        device: where the model runs.
+        dtype: the model's dtype name (``"float32"``), recorded in artefacts.
+        encode: a user message -> chat-formatted prompt token ids.
+        eos_token_ids: tokens that end a generation.
+        artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``), or
+            ``None``.
+        log: progress and notices (the runner prints them).
+        draft_head: the reduced head the run's drafter scores tokens with (``None``: the full
+            head); set once the drafter is prepared.
+        draft_weights: the compressed weights the run's drafter drafts with (``None``: the model's
+            own); set with ``draft_head``.
+    """
+
+    info: ModelInfo
+    device: torch.device
+    dtype: str
+    encode: Callable[[str], list[int]]
+    eos_token_ids: frozenset[int]
+    artifact_stem: object
+    log: Callable[[str], None]
+    draft_head: DraftHead | None
+    draft_weights: FusedBlocks | None
+
+    def fingerprint(self) -> str:
+        """A short hash of the model's weights: what is saved for one model is only valid for the
+        weights it was computed on."""
+
+    def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
+        """Calibration prompts (user messages): the first turns of a Spec-Bench JSONL file
+        (``source``; empty: the built-in calibration set)."""
+
+    def cost_model(self) -> CostModel:
+        """The measured cost model of this model on this machine, its draft steps priced with the
+        run's draft head and weights."""
+
+    def memo(self, owner: type, key: object, compute: Callable[[], object]) -> object:
+        """``compute()`` once per ``(owner, key)`` for everything this run prepares (fresh
+        strategy instances of a rebuilt experiment reuse it): ``owner`` is the strategy's class,
+        so that entries of different strategies never meet."""
+
+    def evaluate(
+        self,
+        plan: LayerPlan,
+        prompts: Sequence[torch.Tensor],
+        *,
+        length: LengthController,
+        drafter: Drafter,
+        verifier: Verifier,
+        max_new_tokens: int,
+        max_draft: int,
+    ) -> PlanEvaluation:
+        """Decode each prompt (LongTensor (1, P)) for exactly ``max_new_tokens`` tokens (no EOS
+        stop) by self-speculative decoding with ``plan`` in every round and the given length
+        controller, drafter and verifier (set up for this model here; prepare them first where
+        they need it): the search service of offline plan searches (Self-SD)."""
