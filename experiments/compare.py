@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from framework.engine.cost_model import CostModel
-from framework.experiment.metrics import aggregate, compare_table, cost_model_prediction
+from framework.results.metrics import aggregate, compare_table, cost_model_prediction
 
 
 def final_selector_summary(records: list[dict]) -> dict:

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from framework.config import ConfigError
-from framework.experiment.records import read_records
-from framework.experiment.specbench import model_name, write_answer_files
+from framework.data.specbench import write_answer_files
+from framework.models.loading import model_name
+from framework.results.records import read_records
 
 EPILOG = """example:
   python experiments/specbench_answers.py runs/bench/records.jsonl runs/bench/specbench

@@ -16,10 +16,12 @@ Example:
 
 Strategies see a round through `RoundView` and their one-time preparation through `PrepareView`
 (typed, read-only: never the model adapter or the KV cache). Everything a strategy needs is
-importable from here; the engine (`framework.engine`), the
-policies strategies compose (`framework.policies`) and the testing helpers (`framework.testing`)
-are sub-packages; the experiment tooling (`framework.experiment`, `framework.benchmark`,
-`framework.sweep`) builds on them and is never imported by them.
+importable from here. The sub-packages, lowest first: the kernels (`framework.kernels`), the
+engine (`framework.engine`), what strategies compose (`framework.drafting`: draft builder, reduced
+head and compressed weights, draft gate; `framework.search`: Bayesian optimisation and the work
+budget), then the tooling that is never imported by them: data, models, the testing helpers,
+the session (`RunConfig`, presets, `Experiment`), results, the runner (`framework.experiment`),
+the benchmark and sweeps.
 """
 
 from framework.config import ConfigError, build_config, check_choice, check_range, field_help, param

@@ -47,7 +47,7 @@ def param(
     """A dataclass field with a help string (shown by ``--list``, ``--help`` and the docs).
 
     The keyword-only arguments are command-line metadata, read by the flag generator
-    (``framework.experiment.flags``) where it cannot infer them from the field: ``flag`` the flag's
+    (``framework.session.flags``) where it cannot infer them from the field: ``flag`` the flag's
     name (default ``--<field-with-dashes>``), ``aliases`` further names of the same flag, ``metavar``
     its value's placeholder, ``repeat`` a tuple field whose flag is repeated once per item
     (``--stop A --stop B``) instead of taking a comma-separated list.

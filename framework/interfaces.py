@@ -151,7 +151,7 @@ class Drafter(Strategy):
 
     def draft_head(self) -> DraftHead | None:
         """The reduced LM head this drafter scores tokens with, once prepared
-        (`framework.engine.draft_head.DraftHead`; see `framework.policies.draft_vocab`); ``None``
+        (`framework.engine.draft_head.DraftHead`; see `framework.drafting.draft_vocab`); ``None``
         (the default): the full vocabulary. The decoder gives it to the decode state
         (``DecodeState.draft_head``, used by every draft pass; strategies read it as
         ``RoundView.draft_head``) and to the other strategies'
@@ -161,7 +161,7 @@ class Drafter(Strategy):
     def draft_weights(self) -> FusedBlocks | None:
         """The compressed copy of the model's weights this drafter's passes run, once prepared
         (`framework.engine.adapter.ModelAdapter.draft_branches`: bfloat16 or int8 weights; see
-        `framework.policies.draft_vocab`); ``None`` (the default): the model's own weights. The
+        `framework.drafting.draft_vocab`); ``None`` (the default): the model's own weights. The
         decoder gives it to the decode state (``DecodeState.draft_weights``) and to the other
         strategies' preparation (``PrepareContext.draft_weights``), as `draft_head`."""
         return None

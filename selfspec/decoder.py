@@ -3,7 +3,7 @@
 The CLI (``experiments/run.py``), the benchmark and sweeps build the same objects this class
 builds: a `RunConfig` (from a preset and overrides), an `Experiment` (the model, its tokenizer and
 both decoders) and, for a comparison, the interleaved timing protocol of
-`framework.experiment.timing`.
+`framework.results.timing`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
-from framework.experiment.config import RunConfig
-from framework.experiment.data import encode_chat
-from framework.experiment.experiment import Experiment
-from framework.experiment.timing import decode_interleaved, first_mismatch, warm_up
 from framework.interfaces import Strategy
+from framework.results.timing import decode_interleaved, first_mismatch, warm_up
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
 from framework.types import LayerPlan
 
 #: What a prompt may be: a user message, a chat (a list of ``{"role", "content"}`` messages), or

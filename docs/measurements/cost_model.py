@@ -29,7 +29,7 @@ import torch
 from framework import LayerPlan
 from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel
-from framework.experiment.models import load_model
+from framework.models.loading import load_model
 from strategies.selectors.static import uniform_plan
 
 

@@ -5,7 +5,7 @@ For one model:
 1. builds the token ranking the drafters use (`framework.engine.draft_head.model_ranking`: counts
    of the model's own tokens on the calibration prompts and its greedy answers), or reads it from
    the cache;
-2. decodes the built-in evaluation prompts (``framework/experiment/assets/prompts.jsonl``, none of
+2. decodes the built-in evaluation prompts (``framework/data/assets/prompts.jsonl``, none of
    which is a calibration prompt) greedily and reports the coverage of each K: the share of those
    generated tokens inside the top K, for the built ranking, for token-id order alone (the
    byte-pair merge order, no counts), and for the built ranking plus the tokens of the context so
@@ -33,14 +33,14 @@ import time
 import torch
 
 from framework import get_drafter, get_length, get_selector, get_verifier
+from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.cost_model import head_seconds
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
 from framework.engine.state import DecodeState
 from framework.engine.token_ranking import TokenRanking, model_ranking
-from framework.experiment.config import RunConfig
-from framework.experiment.data import encode_chat, load_prompts
-from framework.experiment.experiment import Experiment
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
 from strategies.selectors.static import uniform_plan
 
 

@@ -8,7 +8,7 @@ For one model on this CPU (float32, the CPU kernels on), for each weight format 
    (uniform plans, `strategies.selectors.static.uniform_plan`), with the reduced draft head of
    ``--draft-vocab`` tokens (0: the full head), as a share of a step; and the cost of one attention
    and one MLP sub-layer of a draft (`framework.engine.cost_model.draft_sublayer_seconds`);
-2. decodes held-out built-in prompts (``framework/experiment/assets/prompts.jsonl``) with each plan
+2. decodes held-out built-in prompts (``framework/data/assets/prompts.jsonl``) with each plan
    and format, a fixed draft length and greedy verification, and reports acceptance (alpha, M) and
    the speedup those rounds give at the measured costs (``M / (k * draft + verify(k + 1))``, in
    steps); every output is compared with plain greedy decoding.
@@ -28,13 +28,13 @@ import time
 import torch
 
 from framework import get_drafter, get_length, get_selector, get_verifier
+from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.cost_model import draft_sublayer_seconds
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.engine.token_ranking import draft_head_for
-from framework.experiment.config import RunConfig
-from framework.experiment.data import encode_chat, load_prompts
-from framework.experiment.experiment import Experiment
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
 from strategies.selectors.static import uniform_plan
 
 FORMATS = ("float32", "bfloat16", "int8")

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from framework.engine.adapter import adapter_for  # noqa: E402
 from framework.engine.decoding import StopCondition, VanillaDecoder  # noqa: E402
-from framework.experiment.models import load_model  # noqa: E402
 from framework.kernels import cpu as kernels  # noqa: E402
+from framework.models.loading import load_model  # noqa: E402
 
 PROMPT = "Explain, step by step, how a bicycle's gears make it easier to ride up a steep hill."
 

@@ -14,7 +14,7 @@ import time
 import torch
 
 from framework.engine.adapter import adapter_for
-from framework.experiment.models import load_model
+from framework.models.loading import load_model
 from strategies.selectors.static import uniform_plan
 
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)

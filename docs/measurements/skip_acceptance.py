@@ -15,10 +15,10 @@ import argparse
 import torch
 
 from framework import get_drafter, get_length, get_selector, get_verifier
+from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
-from framework.experiment.config import RunConfig
-from framework.experiment.data import encode_chat, load_prompts
-from framework.experiment.experiment import Experiment
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
 from strategies.selectors.static import uniform_plan
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -68,8 +68,8 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     the default model.
     """
     from framework import REGISTRIES
-    from framework.experiment.config import RunConfig
     from framework.experiment.runner import run
+    from framework.session.config import RunConfig
 
     cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))
     # Smoke mode only: our prompts, and no W&B run (the default logger is wandb).
@@ -114,7 +114,7 @@ def load_compare_module():
 def compare(outputs: list[Path], cost_path: Path) -> None:
     """What ``python experiments/compare.py A.jsonl B.jsonl --details --cost-model F`` prints."""
     from framework.engine.cost_model import CostModel
-    from framework.experiment.records import read_records
+    from framework.results.records import read_records
 
     compare = load_compare_module()
     runs = {}
@@ -139,9 +139,9 @@ def compare(outputs: list[Path], cost_path: Path) -> None:
 # --8<-- [start:plots]
 def joint_plots(outputs: list[Path], plot_dir: Path) -> list[Path]:
     """Both methods in one speedup chart and one accepted-length histogram."""
-    from framework.experiment import plots
-    from framework.experiment.records import read_records
     from framework.experiment.tracking import summary_metrics
+    from framework.results import plots
+    from framework.results.records import read_records
 
     speedups, accept_lengths = {}, {}
     for path in outputs:

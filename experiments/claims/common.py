@@ -15,12 +15,12 @@ import torch
 
 from framework import REGISTRIES, LayerPlan, PrepareContext
 from framework.config import build_config
+from framework.data.prompts import calibration_texts, encode_chat, load_prompts, stop_token_ids
 from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.experiment.data import calibration_texts, encode_chat, load_prompts, stop_token_ids
-from framework.experiment.timing import first_mismatch
+from framework.results.timing import first_mismatch
 
 from . import stats
 
@@ -399,7 +399,7 @@ def load(
         pctx = prepare_context(adapter)
         eos: list[int] = []
     else:
-        from framework.experiment.models import load_model
+        from framework.models.loading import load_model
 
         model, tok = load_model(model, "float32", "cpu")
         adapter = adapter_for(model)
@@ -434,7 +434,7 @@ def model_label(mode: str, model: str | None) -> str:
     """The model's name in the report (the headline and ``env``)."""
     if mode == "smoke":
         return "tiny random llama (8 blocks)"
-    from framework.experiment.models import DEFAULT_MODEL, MODELS
+    from framework.models.loading import DEFAULT_MODEL, MODELS
 
     name = model or DEFAULT_MODEL
     return re.split(r"[,(]", MODELS[name].description)[0].strip() if name in MODELS else name

@@ -18,7 +18,7 @@ from framework import REGISTRIES, Draft, LayerPlan
 from framework.config import build_config
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.experiment.timing import decode_interleaved, first_mismatch, warm_up
+from framework.results.timing import decode_interleaved, first_mismatch, warm_up
 from strategies.selectors.selfsd_bo import cached_search, load_skip_set, search
 from strategies.selectors.static import uniform_plan
 
@@ -148,7 +148,7 @@ def _generate(decoders: dict[str, Any], ids: torch.Tensor, stop: Any, name: str)
 
 
 def timed_compare(ctx: Ctx, configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each configuration against vanilla with the `framework.experiment.timing` protocol: one
+    """Each configuration against vanilla with the `framework.results.timing` protocol: one
     warm-up generation of each, then ``ctx.repeats`` passes over the prompts, each (vanilla,
     configuration) pair decoded back to back in `rotated` order (which one goes first alternates).
     Returns per configuration the ratio of mean tokens/s, the per-prompt tokens/s of both sides

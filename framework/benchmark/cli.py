@@ -1,6 +1,6 @@
 """Command line of the benchmark: ``python experiments/bench.py --methods vanilla,hf_generate,clasp``.
 
-The flags are generated (`framework.experiment.flags`) from the run options every method shares
+The flags are generated (`framework.session.flags`) from the run options every method shares
 (`framework.benchmark.config.SHARED_RUN_FIELDS` of `RunConfig`: ``--model``, ``--data``,
 ``--max-new-tokens``, ``--no-plots``, ...) and from `BenchConfig`'s own fields (``--methods``,
 ``--repeats``, ``--cost-model``, ...), plus ``--preset-args METHOD=FLAGS`` (repeatable). Bad input
@@ -26,9 +26,9 @@ from framework.benchmark.config import (
 from framework.benchmark.hf import HF_METHODS
 from framework.benchmark.run import run_benchmark
 from framework.config import ConfigError
-from framework.experiment.config import RunConfig
-from framework.experiment.errors import guarded
-from framework.experiment.flags import add_config_flags, config_overrides_from_args
+from framework.session.config import RunConfig
+from framework.session.errors import guarded
+from framework.session.flags import add_config_flags, config_overrides_from_args
 
 #: BenchConfig fields without a generated flag: ``run`` has its own flags, ``preset_args`` is
 #: spelled METHOD=FLAGS, ``command`` is the command line itself.

@@ -17,9 +17,9 @@ from typing import Any
 
 from framework.benchmark.hf import HF_METHODS
 from framework.config import ConfigError, check_range, param, parse_value
-from framework.experiment.config import RunConfig
-from framework.experiment.flags import flag_of
-from framework.experiment.presets import list_presets, load_preset
+from framework.session.config import RunConfig
+from framework.session.flags import flag_of
+from framework.session.presets import list_presets, load_preset
 
 BASELINE = "vanilla"
 #: What a first run shows (README command 1): this framework's default layer-skip method with its

@@ -1,5 +1,5 @@
 """One benchmark run: load the model once, build every method, warm up, then decode every prompt with
-every method back to back in rotating order (`framework.experiment.timing`), check each against
+every method back to back in rotating order (`framework.results.timing`), check each against
 vanilla, and write the records, the report and the plots.
 """
 
@@ -22,23 +22,22 @@ from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, Method
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.config import ConfigError
-from framework.engine.context import PreparedCache
-from framework.engine.cost_model import CostModel
-from framework.engine.decoding import GenerationResult
-from framework.experiment.config import RunConfig
-from framework.experiment.data import Prompt, encode_chat, load_prompts
-from framework.experiment.experiment import Experiment
-from framework.experiment.flags import add_config_flags, config_overrides_from_args
-from framework.experiment.models import dtype_name, load_model
-from framework.experiment.records import turn_record
-from framework.experiment.specbench import (
+from framework.data.prompts import Prompt, encode_chat, load_prompts
+from framework.data.specbench import (
     check_answer_dir,
-    model_name,
     write_answer_files,
     written_on_interrupt,
 )
-from framework.experiment.timing import first_mismatch, mismatch_details, rotated, warm_up
+from framework.engine.context import PreparedCache
+from framework.engine.cost_model import CostModel
+from framework.engine.decoding import GenerationResult
 from framework.interfaces import REGISTRIES
+from framework.models.loading import dtype_name, load_model, model_name
+from framework.results.records import turn_record
+from framework.results.timing import first_mismatch, mismatch_details, rotated, warm_up
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
+from framework.session.flags import add_config_flags, config_overrides_from_args
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
 WARMUP_TOKENS = 16
@@ -209,7 +208,7 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Run the benchmark; returns ``{"out", "report", "summary", "records", "plots",
     "specbench_answers"}`` (the Spec-Bench answer files of ``cfg.specbench_answers``, also written
-    when the run is interrupted; `framework.experiment.specbench`).
+    when the run is interrupted; `framework.data.specbench`).
 
     Args:
         cfg: the configuration.

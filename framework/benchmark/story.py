@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from framework.benchmark.config import BASELINE, RAW_SUFFIX
-from framework.experiment.metrics import plan_for_skip_ratio
+from framework.results.metrics import plan_for_skip_ratio
 
 #: A speedup within this distance of 1.0 reads as "no faster and no slower" (the run-to-run noise
 #: of a shared CPU is about that size).

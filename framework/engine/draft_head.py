@@ -28,7 +28,7 @@ What:
 
 Which K tokens: `framework.engine.token_ranking` (built from the model's own output, cached per
 model). The drafters that run the LM head (``layer_skip``, ``early_exit``, ``hybrid``'s layer-skip
-source) take the head as the option ``draft_vocab`` (`framework.policies.draft_vocab`); the
+source) take the head as the option ``draft_vocab`` (`framework.drafting.draft_vocab`); the
 decoder hands the drafter's head to the decode state (``DecodeState.draft_head``, the generation's
 `LiveDraftHead`: every ``forward_draft`` and ``forward_scratch`` uses it) and to the other
 strategies' preparation (``PrepareContext.draft_head``), so that selectors that score draft-like
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from framework.kernels import cpu as kernels
 
 #: The smallest reduced head `DraftHead` accepts (the drafters' ``draft_vocab`` option asks for at
-#: least `framework.policies.draft_vocab.MIN_DRAFT_VOCAB`).
+#: least `framework.drafting.draft_vocab.MIN_DRAFT_VOCAB`).
 MIN_SIZE = 2
 
 

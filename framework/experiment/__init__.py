@@ -1,2 +1,3 @@
-"""Experiments: run configuration, presets, model loading, data, the Lightning runner, tracking,
-metrics and plots. The composition root that loads the built-in strategies lives here."""
+"""The experiment runner: the command line (``run.py``), the PyTorch Lightning predict loop, and
+tracking (W&B, CSV, the run's plots). It composes the session (`framework.session`), the data
+(`framework.data`), the models (`framework.models`) and the results (`framework.results`)."""

@@ -1,6 +1,6 @@
 """Command line: ``python experiments/run.py --method swift --limit 2`` (also the ``selfspec`` script).
 
-The flags are generated from the fields of `RunConfig` (``framework.experiment.flags``): every
+The flags are generated from the fields of `RunConfig` (``framework.session.flags``): every
 field is a flag (``max_new_tokens`` -> ``--max-new-tokens``), each strategy kind is ``--<kind>
 NAME`` plus ``--<kind>.<f> VALUE`` for every field ``f`` of a registered strategy's config
 (``--selector.skip_ratio 0.3``), and the draft gate is ``--gate.<f>``. The command line builds
@@ -20,14 +20,14 @@ from collections.abc import Sequence
 import yaml
 
 from framework.config import field_defaults, field_help
-from framework.experiment.config import RunConfig
-from framework.experiment.errors import USER_ERRORS, guarded
-from framework.experiment.flags import add_config_flags, config_overrides_from_args
-from framework.experiment.models import describe_models
-from framework.experiment.plugins import import_user_modules
-from framework.experiment.presets import MissingStrategyError, list_presets, load_preset
 from framework.experiment.runner import run
 from framework.interfaces import REGISTRIES
+from framework.models.loading import describe_models
+from framework.session.config import RunConfig
+from framework.session.errors import USER_ERRORS, guarded
+from framework.session.flags import add_config_flags, config_overrides_from_args
+from framework.session.plugins import import_user_modules
+from framework.session.presets import MissingStrategyError, list_presets, load_preset
 
 __all__ = [
     "USER_ERRORS",
@@ -46,7 +46,7 @@ GROUPS = {
     ),
     **dict.fromkeys(("data", "categories", "limit", "max_new_tokens", "stop_strings"), "data"),
     **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),
-    "gate": "draft gate (framework.policies.gate)",
+    "gate": "draft gate (framework.drafting.gate)",
     **dict.fromkeys(
         (
             "output",
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--method",
         default=None,
         metavar="PRESET",
-        help="a preset from framework/experiment/assets/presets/ ("
+        help="a preset from framework/session/assets/presets/ ("
         + ", ".join(list_presets())
         + ") or a YAML file; every other flag overrides it",
     )

@@ -31,13 +31,13 @@ import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.utils.data import DataLoader
 
-from framework.experiment.config import RunConfig
-from framework.experiment.data import Prompt, encode_chat
-from framework.experiment.experiment import Experiment
-from framework.experiment.models import dtype_name, resolve_dtype
-from framework.experiment.records import prompt_key, prompt_record
-from framework.experiment.timing import first_mismatch, mismatch_details, rotated, warm_up
+from framework.data.prompts import Prompt, encode_chat
 from framework.interfaces import REGISTRIES
+from framework.models.loading import dtype_name, resolve_dtype
+from framework.results.records import prompt_key, prompt_record
+from framework.results.timing import first_mismatch, mismatch_details, rotated, warm_up
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
 
 __all__ = [
     "DecodeModule",

@@ -10,9 +10,9 @@ and ``--resume`` continues it.
 The loop is a PyTorch Lightning predict loop (``framework.experiment.lightning``): Lightning places
 the model, splits the prompts over processes (``--devices``, ``--num-nodes``), seeds, shows the
 progress bar and drives the logger (``--logger wandb|csv|none``, ``framework.experiment.tracking``).
-The configuration is ``framework.experiment.config.RunConfig``; the loaded model with both
-decoders is ``framework.experiment.experiment.Experiment`` (usable without Lightning); records and
-the ``--resume`` state are ``framework.experiment.records``. Beside the results ``<stem>.jsonl``
+The configuration is ``framework.session.config.RunConfig``; the loaded model with both
+decoders is ``framework.session.experiment.Experiment`` (usable without Lightning); records and
+the ``--resume`` state are ``framework.results.records``. Beside the results ``<stem>.jsonl``
 a run writes ``<stem>.meta.json``, ``<stem>.config.yaml`` (``run.py --config`` reproduces the run)
 and ``<stem>.md``.
 """
@@ -36,14 +36,15 @@ import transformers
 from pytorch_lightning.loggers import WandbLogger
 
 from framework.config import ConfigError
-from framework.experiment.config import RunConfig
-from framework.experiment.data import load_prompts
-from framework.experiment.experiment import Experiment
+from framework.data.prompts import load_prompts
+from framework.data.specbench import check_answer_dir, write_answer_files
 from framework.experiment.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
-from framework.experiment.metrics import mismatch_lines, results_table, time_breakdown
-from framework.experiment.records import prompt_key, read_records, resume_state
-from framework.experiment.specbench import check_answer_dir, model_name, write_answer_files
 from framework.experiment.tracking import TrackingCallback, make_logger, summary_metrics
+from framework.models.loading import model_name
+from framework.results.metrics import mismatch_lines, results_table, time_breakdown
+from framework.results.records import prompt_key, read_records, resume_state
+from framework.session.config import RunConfig
+from framework.session.experiment import Experiment
 
 
 def default_output(cfg: RunConfig) -> Path:
@@ -70,7 +71,7 @@ def run(
     """Run one experiment as a Lightning predict loop; returns ``{"output", "table", "breakdown",
     "records", "summary", "plots", "run_dir", "specbench_answers"}`` (on rank 0; other ranks get
     ``{}``). With ``cfg.specbench_answers`` the Spec-Bench answer files are written from the
-    results at the end, and when the run is interrupted (`framework.experiment.specbench`).
+    results at the end, and when the run is interrupted (`framework.data.specbench`).
 
     Every prompt's records are appended to ``cfg.output`` as soon as the prompt is done. With
     ``cfg.resume`` the prompts already in the file are skipped (the file must come from the same

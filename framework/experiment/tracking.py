@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 import pytorch_lightning as pl
 
 from framework.config import ConfigError
-from framework.experiment import plots
-from framework.experiment.metrics import aggregate
+from framework.results import plots
+from framework.results.metrics import aggregate
 
 
 def _wandb_host() -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from framework.experiment.cli import USER_ERRORS
+from framework.session.errors import USER_ERRORS
 from framework.sweep.spec import Sweep, SweepError, expand_trials, load_sweep
 from framework.sweep.trial import (
     command_line,

@@ -26,18 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from framework.config import ConfigError
-from framework.experiment.cli import USER_ERRORS
-from framework.experiment.config import RunConfig
-from framework.experiment.data import load_prompts
-from framework.experiment.flags import flag_name
-from framework.experiment.metrics import aggregate
-from framework.experiment.models import load_model
-from framework.experiment.plugins import import_user_modules
+from framework.data.prompts import load_prompts
 from framework.experiment.runner import run as run_experiment
-from framework.experiment.tiny import tiny_model, tiny_tokenizer
 from framework.experiment.tracking import has_wandb_credentials
 from framework.interfaces import REGISTRIES
+from framework.models.loading import load_model
+from framework.results.metrics import aggregate
+from framework.session.config import RunConfig
+from framework.session.errors import USER_ERRORS
+from framework.session.flags import flag_name
+from framework.session.plugins import import_user_modules
 from framework.sweep.spec import Sweep, SweepError
+from framework.testing.tiny import tiny_model, tiny_tokenizer
 
 #: Run options a sweep may not set: the sweep owns the output files (answer files included), and
 #: these only print.

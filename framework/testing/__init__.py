@@ -4,7 +4,6 @@
 
 import re
 
-from framework.experiment.tiny import ARCHS, cached_tiny_model, tiny_model, tiny_tokenizer
 from framework.testing.contracts import (
     CONTRACT_PARTNERS,
     DrafterContract,
@@ -25,6 +24,7 @@ from framework.testing.stubs import (
     random_prompt,
     synthetic_cost_model,
 )
+from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_model, tiny_tokenizer
 
 
 def plain_table(text: str) -> str:

@@ -1,5 +1,5 @@
 """Contract test mixins shipped with the package, one per interface (the tiny random models come
-from `framework.experiment.tiny`, the stubs from `framework.testing.stubs`).
+from `framework.testing.tiny`, the stubs from `framework.testing.stubs`).
 
 Researchers test their own strategies by inheriting a contract mixin and overriding ``make``::
 
@@ -35,7 +35,6 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.engine.view import StateView
-from framework.experiment.tiny import ARCHS, cached_tiny_model, tiny_model
 from framework.interfaces import REGISTRIES, LengthController, Strategy
 from framework.testing.stubs import (
     NoConfig,
@@ -43,6 +42,7 @@ from framework.testing.stubs import (
     prepare_context,
     random_prompt,
 )
+from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_model
 from framework.types import Draft, LayerPlan, LengthHint, Verification
 from framework.view import RoundView
 

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from framework.config import build_config
+from framework.data.prompts import calibration_texts
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.cost_model import CostModel
-from framework.experiment.data import calibration_texts
 from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
 from framework.types import Draft, LayerPlan, LengthHint, Verification
 from framework.view import RoundView
@@ -35,7 +35,7 @@ DEFAULT_NAMES: dict[str, str] = {
 
 
 class FakeClock:
-    """A clock for tests of time budgets (`framework.policies.budget.WorkBudget`): seconds move only when
+    """A clock for tests of time budgets (`framework.search.budget.WorkBudget`): seconds move only when
     the test says so (`advance`, or by setting ``t``); ``reads`` counts how often it was read."""
 
     def __init__(self) -> None:

@@ -16,8 +16,8 @@ from framework import (
     register_drafter,
 )
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.engine.drafting import DraftBuilder
-from framework.policies.draft_vocab import DraftVocab, DraftVocabConfig
+from framework.drafting.builder import DraftBuilder
+from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
     chain verification keeps the draft's KV and hidden states of blocks ``0..E-1`` for the drafted
     positions and runs blocks ``E..L-1`` only there (all blocks for a position never fed to the
     draft, usually the last draft token). Tree verification always recomputes. With ``draft_vocab``
-    K the draft scores only the model's K most frequent tokens (`framework.policies.draft_vocab`).
+    K the draft scores only the model's K most frequent tokens (`framework.drafting.draft_vocab`).
     """
 
     def __init__(self, config: EarlyExitDrafterConfig | None = None) -> None:

@@ -17,10 +17,10 @@ from framework import (
     register_drafter,
 )
 from framework.config import check_choice, check_range, param
+from framework.drafting.draft_vocab import DraftVocabConfig
+from framework.drafting.gate import DraftGate, GateConfig
 from framework.engine.draft_head import DraftHead
 from framework.kernels.fused import FusedBlocks
-from framework.policies.draft_vocab import DraftVocabConfig
-from framework.policies.gate import DraftGate, GateConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter, LayerSkipDrafterConfig
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, Verification, register_drafter
 from framework.config import check_choice, param
-from framework.engine.drafting import DraftBuilder
-from framework.policies.draft_vocab import DraftVocab, DraftVocabConfig
+from framework.drafting.builder import DraftBuilder
+from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class LayerSkipDrafter(DraftVocab, Drafter):
     The draft reuses the committed target KV; its own KV goes only into the layers it runs and
     is discarded by verification. An early-exit plan (``exit_layer``) also works here. With
     ``draft_vocab`` K the draft scores only the model's K most frequent tokens
-    (`framework.policies.draft_vocab`).
+    (`framework.drafting.draft_vocab`).
 
     With ``on_stop="drop"`` the token after which the length controller stopped (below a
     confidence threshold) is discarded instead of verified; the token at the cap is always kept.

@@ -8,7 +8,7 @@ from typing import Any
 
 from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, register_drafter
 from framework.config import check_range, param
-from framework.engine.drafting import NgramIndex, copy_draft
+from framework.drafting.builder import NgramIndex, copy_draft
 
 #: Longest n-gram the config accepts (the index holds max_ngram - min_ngram + 1 keys per token).
 MAX_NGRAM = 32
@@ -55,7 +55,7 @@ class PromptLookupDrafter(Drafter):
     sentence, code being edited); (2) a continuation that runs into the query is continued from
     its own output (an overlapping copy: an occurrence d tokens back proposes the last d tokens
     repeated), so a short loop still fills the draft; (3) the search is an incremental index
-    (`framework.engine.drafting.NgramIndex`, O(new tokens) per round) instead of a scan of the context.
+    (`framework.drafting.builder.NgramIndex`, O(new tokens) per round) instead of a scan of the context.
     Copied tokens report the fixed ``confidence``; for speculative sampling their draft
     distribution is one-hot, for which the acceptance test stays exact.
     """

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from framework import Draft, LayerPlan, LayerSelector, ModelInfo, RoundView, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.policies.budget import BudgetedWork, budget_param, check_budget
+from framework.search.budget import BudgetedWork, budget_param, check_budget
 from framework.utils import upload
 
 

@@ -18,7 +18,7 @@ from framework import (
     register_selector,
 )
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.policies.budget import BudgetedWork, budget_param, check_budget
+from framework.search.budget import BudgetedWork, budget_param, check_budget
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from framework import (
 )
 from framework.config import ConfigError, build_config, check_choice, check_range, param
 from framework.engine.cost_model import CostModel
-from framework.policies.bayesopt import BinaryBayesOpt
+from framework.search.bayesopt import BinaryBayesOpt
 from framework.utils import cache_dir
 from strategies.selectors.static import uniform_plan
 

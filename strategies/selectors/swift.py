@@ -19,7 +19,7 @@ cardinality.
 
 Timeline of one generation: after each verification, once the generation has more than
 ``context_window + 1`` new tokens, run one optimisation step (every ``opt_interval`` rounds),
-unless ``work_budget`` (an extension, `framework.policies.budget.WorkBudget`) says the steps already took
+unless ``work_budget`` (an extension, `framework.search.budget.WorkBudget`) says the steps already took
 their share of wall time: then that step is skipped and its counters do not advance.
 """
 
@@ -34,8 +34,8 @@ import torch
 
 from framework import Draft, LayerPlan, LayerSelector, ModelInfo, RoundView, Verification, register_selector
 from framework.config import ConfigError, check_choice, check_range, param
-from framework.policies.bayesopt import BinaryBayesOpt
-from framework.policies.budget import BudgetedWork, budget_param, check_budget
+from framework.search.bayesopt import BinaryBayesOpt
+from framework.search.budget import BudgetedWork, budget_param, check_budget
 from strategies.selectors.static import uniform_plan
 
 

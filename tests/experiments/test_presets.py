@@ -1,4 +1,4 @@
-"""Every shipped preset (framework/experiment/assets/presets/*.yaml) parses against the CLI; presets whose
+"""Every shipped preset (framework/session/assets/presets/*.yaml) parses against the CLI; presets whose
 strategies are not registered yet fail with a message naming the missing strategy."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import yaml
 from framework import REGISTRIES
 from framework.config import ConfigError
 from framework.experiment.cli import main
-from framework.experiment.presets import PRESET_DIR, list_presets, load_preset
+from framework.session.presets import PRESET_DIR, list_presets, load_preset
 from strategies.length.fixed import FixedLengthConfig
 
 PRESETS = list_presets()
@@ -115,9 +115,9 @@ DEPTHS = (4, 7)
 @pytest.mark.parametrize("depth", DEPTHS)
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_runs_on_models_of_two_depths(name, depth):
-    from framework.experiment.config import RunConfig
-    from framework.experiment.experiment import Experiment
-    from framework.experiment.presets import load_preset
+    from framework.session.config import RunConfig
+    from framework.session.experiment import Experiment
+    from framework.session.presets import load_preset
     from framework.testing import FAST_OVERRIDES, random_prompt, tiny_model, tiny_tokenizer
 
     preset = load_preset(name)
@@ -159,7 +159,7 @@ SAFE_ALSO_CHANGES = {
 
 @pytest.mark.parametrize("name", PAPER_PRESETS)
 def test_paper_presets_run_the_method_as_published(name):
-    from framework.experiment.config import RunConfig
+    from framework.session.config import RunConfig
 
     cfg = RunConfig.from_preset(name)
     assert cfg.gate.enabled is False, f"{name}: the draft gate is not part of the paper"
@@ -170,7 +170,7 @@ def test_paper_presets_run_the_method_as_published(name):
 
 @pytest.mark.parametrize("name", [n for n in PAPER_PRESETS if n + "_safe" in PRESETS])
 def test_safe_variants_add_only_the_gate_the_cap_and_the_head(name):
-    from framework.experiment.config import RunConfig
+    from framework.session.config import RunConfig
 
     paper, safe = RunConfig.from_preset(name), RunConfig.from_preset(name + "_safe")
     assert safe.gate.enabled is True

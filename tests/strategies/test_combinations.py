@@ -15,11 +15,11 @@ import torch
 
 from framework import REGISTRIES
 from framework.config import build_config
+from framework.drafting.draft_vocab import DraftVocabConfig
 from framework.engine.adapter import adapter_for
 from framework.engine.context import PreparedCache
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.kernels import cpu as kernels
-from framework.policies.draft_vocab import DraftVocabConfig
 from framework.testing import default_strategy_instance, prepare_context, random_prompt, tiny_model
 
 KINDS = ("selector", "length", "drafter", "verifier")

@@ -7,7 +7,7 @@ import pytest
 
 from framework.benchmark import BenchConfig, MethodSpec, parse_methods, preset_run_config, run_benchmark
 from framework.config import ConfigError
-from framework.experiment.config import RunConfig
+from framework.session.config import RunConfig
 
 
 def test_methods_resolve_with_vanilla_first():

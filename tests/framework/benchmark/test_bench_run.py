@@ -12,9 +12,9 @@ import pytest
 from framework.benchmark import BenchConfig, HFGenerateDecoder, run_benchmark
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
-from framework.experiment.config import RunConfig
-from framework.experiment.metrics import cost_model_prediction, rounds_prediction
-from framework.experiment.models import dtype_name
+from framework.models.loading import dtype_name
+from framework.results.metrics import cost_model_prediction, rounds_prediction
+from framework.session.config import RunConfig
 from framework.testing import plain_table, synthetic_cost_model
 
 VOCAB = 128  # the tiny model of conftest.py

@@ -7,7 +7,7 @@ import pytest
 
 from framework.benchmark.story import alpha_needed, method_sentence, what_happened
 from framework.engine.cost_model import CostModel
-from framework.experiment.metrics import cost_model_prediction, plan_for_skip_ratio
+from framework.results.metrics import cost_model_prediction, plan_for_skip_ratio
 
 # 10 layers; a step = base 0.2 + 10 x (0.02 + 0.06) = 1.0 s, verification of T tokens 1 + 0.05 (T - 1).
 COST = CostModel(10, 0.2, 0.02, 0.06, tuple(1.0 + 0.05 * t for t in range(16)))

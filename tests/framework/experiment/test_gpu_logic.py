@@ -11,16 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import framework.experiment.experiment as experiment_mod
-import framework.experiment.models as models
+import framework.models.loading as models
+import framework.session.experiment as experiment_mod
 from framework.config import ConfigError
+from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder
-from framework.experiment.config import RunConfig, StrategySpec
-from framework.experiment.data import encode_chat, load_prompts
 from framework.experiment.lightning import DecodeModule
-from framework.experiment.models import ModelLoadError, check_fits, parameter_count, resolve_dtype
-from framework.experiment.timing import NEAR_TIE_ULPS, first_mismatch, mismatch_details, near_tie, ulp
+from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
+from framework.results.timing import NEAR_TIE_ULPS, first_mismatch, mismatch_details, near_tie, ulp
+from framework.session.config import RunConfig, StrategySpec
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -280,8 +280,8 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     assert (fm["turn"], fm["position"]) == (0, len(bad["turns"][0]["tokens"]) - 1)
     assert fm["margin"] > 0 and fm["near_tie"] is False and fm["dtype"] == "float64"
     # the runner's table notes and the W&B summary carry it too
-    from framework.experiment.metrics import mismatch_lines
     from framework.experiment.tracking import summary_metrics
+    from framework.results.metrics import mismatch_lines
 
     records = [van, spec, _van, bad]
     note = mismatch_lines(records)
@@ -345,8 +345,8 @@ def test_without_phase_timing_a_generation_records_prefill_and_decode_only():
 
 
 def test_a_gate_without_a_cost_model_keeps_the_phase_timers(monkeypatch):
+    from framework.drafting.gate import GateConfig, gated
     from framework.engine.decoding import SpeculativeDecoder
-    from framework.policies.gate import GateConfig, gated
     from strategies.drafters.layer_skip import LayerSkipDrafter
     from strategies.length.fixed import FixedLength
     from strategies.selectors.static import StaticSelector
@@ -385,7 +385,7 @@ def test_cuda_graphs_flag_is_checked_and_refused_without_cuda(data, tmp_path):
 
 
 def test_the_phase_table_says_n_a_for_untimed_phases():
-    from framework.experiment.metrics import time_breakdown
+    from framework.results.metrics import time_breakdown
 
     rec = {
         "method": "m",

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from framework.config import ConfigError
-from framework.experiment.config import RunConfig, StrategySpec
-from framework.experiment.experiment import Experiment
 from framework.experiment.lightning import append_records
-from framework.experiment.records import prompt_key, read_records
 from framework.experiment.runner import launch_rank, resolve_output, run
+from framework.results.records import prompt_key, read_records
+from framework.session.config import RunConfig, StrategySpec
+from framework.session.experiment import Experiment
 from framework.testing import plain_table, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig

@@ -8,11 +8,11 @@ import pytest
 
 import strategies.selectors.selfsd_bo as selfsd
 from framework.config import ConfigError, build_config
-from framework.experiment.config import RunConfig, StrategySpec
-from framework.experiment.data import load_prompts
-from framework.experiment.experiment import Experiment, build_decoder
+from framework.data.prompts import load_prompts
+from framework.drafting.gate import GatedLength
 from framework.experiment.runner import run
-from framework.policies.gate import GatedLength
+from framework.session.config import RunConfig, StrategySpec
+from framework.session.experiment import Experiment, build_decoder
 from framework.testing import plain_table
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig

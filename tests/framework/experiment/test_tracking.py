@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from framework.experiment.config import RunConfig, StrategySpec
 from framework.experiment.runner import run
 from framework.experiment.tracking import prompt_metrics, round_rows, summary_metrics, wandb_mode
+from framework.session.config import RunConfig, StrategySpec
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 

@@ -1,4 +1,4 @@
-"""strategies/drafters/prompt_lookup.py and the copy helpers of framework/engine/drafting.py: the contract,
+"""strategies/drafters/prompt_lookup.py and the copy helpers of framework/drafting/builder.py: the contract,
 the n-gram search (longest n, most recent occurrence, overlapping copy, no match), the incremental
 index against a brute-force search, no forward while drafting, accepted copies on repetitive text,
 losslessness with every verifier (token for token, and in distribution for speculative sampling),
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from framework import LayerPlan, LengthController
 from framework.config import ConfigError, build_config
+from framework.drafting.builder import NgramIndex, copy_draft
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.drafting import NgramIndex, copy_draft
 from framework.engine.state import DecodeState
 from framework.testing import DrafterContract, random_prompt, tiny_model
 from strategies.drafters.prompt_lookup import PromptLookupDrafter, PromptLookupDrafterConfig

@@ -8,10 +8,10 @@ import torch
 
 from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError, build_config
+from framework.drafting.builder import DraftConfidence
+from framework.drafting.gate import GateConfig, GatedLength
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.drafting import DraftConfidence
 from framework.engine.state import DecodeState
-from framework.policies.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.adaptive_confidence import AdaptiveConfidenceLength, AdaptiveConfidenceLengthConfig

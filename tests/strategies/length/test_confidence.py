@@ -7,9 +7,9 @@ import torch
 
 from framework import LayerPlan
 from framework.config import ConfigError, build_config
-from framework.engine.drafting import DraftBuilder, DraftConfidence
+from framework.drafting.builder import DraftBuilder, DraftConfidence
+from framework.drafting.gate import GateConfig, GatedLength
 from framework.engine.state import DecodeState
-from framework.policies.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig

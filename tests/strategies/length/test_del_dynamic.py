@@ -8,8 +8,8 @@ import torch
 
 from framework import Draft, LayerPlan, LengthHint, Verification
 from framework.config import ConfigError, build_config
+from framework.drafting.gate import GateConfig, GatedLength
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.policies.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.del_dynamic import DelDynamicLength, DelDynamicLengthConfig

@@ -7,7 +7,7 @@ import torch
 
 from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError
-from framework.policies.gate import GateConfig, GatedLength
+from framework.drafting.gate import GateConfig, GatedLength
 from framework.testing import LengthControllerContract, synthetic_cost_model
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig

@@ -16,7 +16,7 @@ from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.policies.budget import WorkBudget
+from framework.search.budget import WorkBudget
 from framework.testing import FakeClock, LayerSelectorContract, random_prompt, tiny_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig

@@ -13,7 +13,7 @@ from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.policies.budget import WorkBudget
+from framework.search.budget import WorkBudget
 from framework.testing import (
     FakeClock,
     LayerSelectorContract,

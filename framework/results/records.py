@@ -1,0 +1,181 @@
+"""Results records: the JSON lines a run (and a benchmark) writes, reading them back, and the
+state a ``--resume`` continues from.
+
+One record is one prompt decoded by one method (`prompt_record`), with one `turn_record` per
+turn. Records are appended as soon as a prompt is done; `read_records` tolerates the torn last
+line of a killed run and `resume_state` finds the prompts already complete in a file written by
+the same configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from framework.config import ConfigError
+from framework.data.prompts import Prompt
+from framework.drafting.gate import GateConfig
+from framework.engine.decoding import GenerationResult
+from framework.session.config import RunConfig
+
+#: RunConfig fields that may differ between a run and its ``--resume``: they change how or where
+#: prompts are decoded and logged, or which prompts are in the set, never a prompt's result.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "output",
+        "specbench_answers",
+        "resume",
+        "warmup",
+        "threads",
+        "devices",
+        "num_nodes",
+        "logger",
+        "plots",
+        "wandb_project",
+        "limit",
+        "categories",
+    }
+)
+
+
+def turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
+    """One turn of a results record (the fields every JSONL record of a run and a benchmark has)."""
+    return {
+        "tokens": res.tokens,
+        "text": text,
+        "new_tokens": res.new_tokens,
+        "wall_time": res.wall_time,
+        "stop_reason": res.stop_reason,
+        "accept_lengths": res.accept_lengths,
+        "draft_lengths": res.draft_lengths,
+        "drafted": res.drafted,
+        "accepted": res.accepted,
+        "skip_ratios": res.skip_ratios,
+        "plans": res.plans,
+        "exit_layers": res.exit_layers,
+        "timings": res.timings,
+        "target_forwards": res.target_forwards,
+        "draft_forwards": res.draft_forwards,
+        "verify_tokens": res.verify_tokens,
+        "strategy_summary": res.strategy_summary,
+    }
+
+
+def prompt_record(
+    prompt: Prompt,
+    name: str,
+    results: list[tuple[GenerationResult, str]],
+    lossless: bool | None,
+    first_mismatch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One JSONL line: ``prompt`` decoded by the method ``name`` (all turns, as ``(result, text)``);
+    ``lossless`` is the check against the baseline (``None`` where it does not apply);
+    ``first_mismatch`` where a greedy method first differs from it, with the target's top-1/top-2
+    logit margin there (`framework.results.timing.mismatch_details`; ``None``: no mismatch)."""
+    return {
+        "question_id": prompt.question_id,
+        "category": prompt.category,
+        "subcategory": prompt.subcategory,
+        "method": name,
+        "turns": [turn_record(r, t) for r, t in results],
+        "new_tokens": sum(r.new_tokens for r, _ in results),
+        "wall_time": sum(r.wall_time for r, _ in results),
+        "accept_lengths": [a for r, _ in results for a in r.accept_lengths],
+        "drafted": sum(r.drafted for r, _ in results),
+        "accepted": sum(r.accepted for r, _ in results),
+        "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings},
+        "lossless": lossless,
+        "first_mismatch": first_mismatch,
+    }
+
+
+def prompt_key(rec_or_prompt: Prompt | dict[str, Any]) -> tuple[str, str]:
+    """The identity of a prompt in a results file: ``(category, question_id)`` as strings."""
+    if isinstance(rec_or_prompt, Prompt):
+        return rec_or_prompt.category, str(rec_or_prompt.question_id)
+    return rec_or_prompt["category"], str(rec_or_prompt["question_id"])
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a results JSONL (a torn last line from a killed run is ignored).
+
+    Raises:
+        ConfigError: a line other than the last is not JSON (not a results file).
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ConfigError("--output", str(path), f"a results JSONL (line {i + 1} is not JSON)") from None
+    return out
+
+
+def repair_tail(path: Path, log: Callable[[str], None]) -> None:
+    """Cut a torn last line (a run killed mid-write) so that appended records start on a fresh line."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    path.write_bytes(data[:cut])
+    log(
+        f"[selfspec] {path}: dropped an incomplete last line ({len(data) - cut} bytes) left by an interrupted run"
+    )
+
+
+def config_differences(old: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """The fields (outside `RESUMABLE_FIELDS`) in which the metadata config ``old`` of a results
+    file differs from ``cfg``. A file from before the draft gate existed had it off."""
+    old = dict(old)
+    old.setdefault("gate", dataclasses.asdict(GateConfig()))
+    new = json.loads(json.dumps(cfg.describe(), default=str))
+    return sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+
+
+def resume_state(
+    cfg: RunConfig, out_path: Path, methods: list[str], log: Callable[[str], None]
+) -> set[tuple[str, str]]:
+    """Prompts already complete in ``out_path`` (every method recorded), after checking that the
+    file was written by the same configuration (its ``.meta.json``).
+
+    Raises:
+        ConfigError: no ``--output``, no metadata next to the file, or a different configuration.
+    """
+    if cfg.output is None:
+        raise ConfigError("--output", None, "the results file to continue when --resume is given")
+    if not out_path.exists():
+        return set()
+    meta_path = out_path.with_suffix(".meta.json")
+    if not meta_path.exists():
+        raise ConfigError(
+            "--resume",
+            str(out_path),
+            f"a results file written by run.py (its metadata {meta_path.name} is missing)",
+        )
+    old = json.loads(meta_path.read_text()).get("config", {})
+    diff = config_differences(old, cfg)
+    if diff:
+        new = json.loads(json.dumps(cfg.describe(), default=str))
+        detail = "; ".join(f"{k}: file {old.get(k)!r}, now {new.get(k)!r}" for k in diff)
+        raise ConfigError(
+            "--resume",
+            str(out_path),
+            f"a results file from the same configuration (it differs in {detail}); "
+            "resume with the original flags or write to a new --output",
+        )
+    repair_tail(out_path, log)
+    seen: dict[tuple[str, str], set[str]] = {}
+    for rec in read_records(out_path):
+        seen.setdefault(prompt_key(rec), set()).add(rec["method"])
+    return {k for k, got in seen.items() if set(methods) <= got}

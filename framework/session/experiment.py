@@ -1,0 +1,192 @@
+"""A loaded model with both decoders: what a run (and a benchmark, a test, the Python API) decodes
+prompts with.
+
+`build_decoder` turns a `RunConfig` into a `SpeculativeDecoder` (the four strategies, the length
+controller wrapped in the draft gate when ``cfg.gate.enabled``); `Experiment` loads the model (or
+takes one), prepares the strategies once and decodes prompts turn by turn with either decoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from framework.config import ConfigError
+from framework.data.prompts import Prompt, calibration_texts, encode_chat, stop_token_ids
+from framework.drafting.gate import gated
+from framework.engine.adapter import ModelAdapter, adapter_for
+from framework.engine.context import PrepareContext, PreparedCache
+from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.interfaces import REGISTRIES, Strategy
+from framework.models.loading import dtype_name, load_model
+from framework.session.config import RunConfig
+
+#: What may stand in for a configured strategy: an instance, or a class built with its default config.
+StrategyOverrides = Mapping[str, "Strategy | type[Strategy]"]
+
+
+def _strategy(kind: str, cfg: RunConfig, given: Any) -> Strategy:
+    if given is None:
+        return getattr(cfg, kind).build(kind)
+    base = REGISTRIES[kind].base_cls
+    if isinstance(given, type) and issubclass(given, base):
+        return given()
+    if isinstance(given, base):
+        return given
+    raise ConfigError(f"strategies[{kind!r}]", given, f"a {base.__name__} instance or subclass")
+
+
+def build_decoder(
+    adapter: ModelAdapter, cfg: RunConfig, strategies: StrategyOverrides | None = None
+) -> SpeculativeDecoder:
+    """Instantiate the four strategies of ``cfg`` (the length controller inside the draft gate
+    ``cfg.gate``) and the speculative decoder over ``adapter`` (runs every ``setup``).
+
+    Args:
+        adapter: the model adapter.
+        cfg: the run configuration.
+        strategies: per kind, a strategy instance (used as it is) or class (built with its default
+            config) that replaces the configured one, e.g. a researcher's unregistered subclass.
+
+    Raises:
+        ConfigError: an unknown kind, or an object that is not a strategy of its kind.
+    """
+    given = dict(strategies or {})
+    unknown = sorted(set(given) - set(REGISTRIES))
+    if unknown:
+        raise ConfigError("strategies", unknown, f"kinds among {', '.join(REGISTRIES)}")
+    parts = {kind: _strategy(kind, cfg, given.get(kind)) for kind in REGISTRIES}
+    return SpeculativeDecoder(
+        adapter,
+        parts["selector"],
+        gated(parts["length"], cfg.gate),
+        parts["drafter"],
+        parts["verifier"],
+        phase_timing=cfg.phase_timing_flag,
+    )
+
+
+class Experiment:
+    """A loaded model plus both decoders, ready to decode prompts (used by ``run``, benchmarks and
+    tests).
+
+    Args:
+        cfg: the run configuration (model, dtype, device, strategies, gate, stop strings).
+        model: an already loaded model; ``None`` loads ``cfg.model``.
+        tokenizer: its tokenizer (with ``model``).
+        artifact_stem: where strategies keep artefacts (an offline search's skip set).
+        log: where preparation messages go.
+        prompts: checked against the model's context before any (possibly long) preparation.
+        strategies: strategy instances or classes that replace the configured ones (see
+            `build_decoder`); an instance is reused by `rebuild`, a class is built afresh.
+        prepared: the preparation cache (`PreparedCache`) to share with other experiments on
+            the same model (a benchmark's methods: one offline search, one cost model, one token
+            ranking for all); ``None``: this experiment's own.
+
+    Raises:
+        ConfigError: a prompt that does not fit, or a strategy config rejected by the model.
+        ModelLoadError: ``cfg.model`` cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: Any = None,
+        tokenizer: Any = None,
+        *,
+        artifact_stem: Path | None = None,
+        log: Callable[[str], None] = print,
+        prompts: list[Prompt] | None = None,
+        strategies: StrategyOverrides | None = None,
+        prepared: PreparedCache | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.strategies = dict(strategies or {})
+        if model is None:
+            model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
+        self.model, self.tokenizer = model, tokenizer
+        self.adapter = adapter_for(model, fast_kernels=None if cfg.kernels else False)
+        self.adapter.time_lm_head = cfg.phase_timing_flag
+        if cfg.cuda_graphs:  # before any preparation: what a search times is what decodes
+            if self.adapter.device.type != "cuda":
+                raise ConfigError(
+                    "--cuda-graphs", True, f"used with a CUDA device (the model is on {self.adapter.device})"
+                )
+            self.adapter.set_cuda_graphs(True)
+        self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+        self.prepare_ctx = PrepareContext(
+            adapter=self.adapter,
+            encode=lambda text: encode_chat(self.tokenizer, [{"role": "user", "content": text}]),
+            eos_token_ids=frozenset(self.eos),
+            artifact_stem=artifact_stem,
+            log=log,
+            # --dtype auto resolved for the device (artefacts such as a saved skip set are keyed by it)
+            dtype=dtype_name(self.adapter.dtype) if cfg.dtype == "auto" else cfg.dtype,
+            load_prompts=calibration_texts,
+            prepared=PreparedCache() if prepared is None else prepared,
+        )
+        if prompts is not None:  # before any (possibly long) preparation
+            self.check_prompts(prompts)
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Fresh strategy instances (after warm-up, so that state a strategy carries across
+        prompts, such as an adaptive threshold or a sampler's RNG, starts from its defaults).
+
+        Each instance's `Strategy.prepare` runs with the experiment's context; work kept in
+        ``prepare_ctx.prepared`` (an offline search) is not repeated.
+        """
+        self.spec = build_decoder(self.adapter, self.cfg, self.strategies)
+        if not self.cfg.baseline_only:
+            self.spec.prepare(self.prepare_ctx)
+        # The baseline gets its own verifier instance (its own RNG stream when sampling).
+        self.vanilla = VanillaDecoder(self.adapter, self.cfg.verifier.build("verifier"))
+
+    def stop(self, max_new_tokens: int | None = None) -> StopCondition:
+        """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.max_new_tokens``), EOS
+        and the chat template's end-of-turn tokens, and ``cfg.stop_strings``."""
+        return StopCondition(
+            max_new_tokens or self.cfg.max_new_tokens,
+            self.eos,
+            self.cfg.stop_strings,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+        )
+
+    def text(self, tokens: list[int]) -> str:
+        """The answer text of generated tokens (EOS and special tokens removed)."""
+        return self.tokenizer.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
+
+    def check_prompts(self, prompts: list[Prompt]) -> None:
+        """Fail before any decoding if a first turn cannot fit in the context.
+
+        Raises:
+            ConfigError: names the prompt, its length and the model's context.
+        """
+        limit = self.adapter.max_context
+        for p in prompts:
+            n = len(encode_chat(self.tokenizer, [{"role": "user", "content": p.turns[0]}]))
+            if n + self.cfg.max_new_tokens > limit:
+                raise ConfigError(
+                    f"prompt {p.question_id} ({p.category})",
+                    f"{n} tokens + --max-new-tokens {self.cfg.max_new_tokens}",
+                    f"at most the model's context of {limit} tokens",
+                )
+
+    def decode_prompt(
+        self, decoder: Any, prompt: Prompt, max_new_tokens: int | None = None
+    ) -> list[tuple[GenerationResult, str]]:
+        """All turns of ``prompt``; each turn sees this decoder's own earlier answers."""
+        messages: list[dict[str, str]] = []
+        out = []
+        stop = self.stop(max_new_tokens)
+        for turn in prompt.turns:
+            messages.append({"role": "user", "content": turn})
+            ids = torch.tensor([encode_chat(self.tokenizer, messages)], device=self.adapter.device)
+            res = decoder.generate(ids, stop)
+            text = self.text(res.tokens)
+            messages.append({"role": "assistant", "content": text})
+            out.append((res, text))
+        return out
