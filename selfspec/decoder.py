@@ -3,7 +3,7 @@
 The CLI (``experiments/run.py``), the benchmark and sweeps build the same objects this class
 builds: a `RunConfig` (from a preset and overrides), an `Experiment` (the model, its tokenizer and
 both decoders) and, for a comparison, the interleaved timing protocol of
-`framework.results.timing`.
+`framework.results.compare`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
 from framework.interfaces import Strategy
-from framework.results.timing import decode_interleaved, first_mismatch, warm_up
+from framework.results.compare import Method, compare_methods, warm_up
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment
 from framework.types import LayerPlan
@@ -280,7 +280,11 @@ class Decoder:
 
     def _run(self, decoder: Any, ids: torch.Tensor, max_new_tokens: int | None) -> Generation:
         res = decoder.generate(ids, self.experiment.stop(max_new_tokens))
-        return Generation(self.experiment.text(res.tokens), list(res.tokens), GenerationStats.of(res), res)
+        return self._generation(res, self.experiment.text(res.tokens))
+
+    @staticmethod
+    def _generation(res: GenerationResult, text: str) -> Generation:
+        return Generation(text, list(res.tokens), GenerationStats.of(res), res)
 
     def generate(self, prompt: PromptLike, max_new_tokens: int | None = None) -> Generation:
         """Generate with the method (self-speculative decoding).
@@ -311,20 +315,26 @@ class Decoder:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         ids = self.encode(prompt)
-        methods = {"vanilla": self.experiment.vanilla, "method": self.experiment.spec}
+        exp = self.experiment
+        greedy = exp.spec.verifier.lossless == "greedy"
+        methods = [
+            Method("vanilla", exp.vanilla, "baseline", greedy),
+            Method("method", exp.spec, "method", greedy),
+        ]
         if warmup:
-            warm_up(methods, lambda name: self._run(methods[name], ids, min(16, max_new_tokens or 16)))
+            warm_up(methods, lambda m: self._run(m.decoder, ids, min(16, max_new_tokens or 16)))
+
+        def decode(m: Method, ids: torch.Tensor) -> list[tuple[GenerationResult, str]]:
+            res = m.decoder.generate(ids, exp.stop(max_new_tokens))
+            return [(res, exp.text(res.tokens))]
+
         tok_s: dict[str, list[float]] = {"vanilla": [], "method": []}
-        runs: dict[str, Generation] = {}
         mismatch = None
-        for turn in range(repeats):
-            runs = decode_interleaved(
-                list(methods), lambda name: self._run(methods[name], ids, max_new_tokens), turn
-            )
-            for name, gen in runs.items():
-                tok_s[name].append(gen.stats.tokens_per_s)
-            mismatch = mismatch or first_mismatch([runs["method"].tokens], [runs["vanilla"].tokens])
-        greedy = self.experiment.spec.verifier.lossless == "greedy"
+        for cmp in compare_methods(methods, [ids] * repeats, decode):
+            for name, turns in cmp.results.items():
+                tok_s[name].append(turns[0][0].tokens_per_second)
+            mismatch = mismatch or cmp.mismatches.get("method")
+        runs = {name: self._generation(*turns[0]) for name, turns in cmp.results.items()}
         mean = {k: sum(v) / len(v) for k, v in tok_s.items()}
         return Comparison(
             vanilla=runs["vanilla"],

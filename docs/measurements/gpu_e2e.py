@@ -45,7 +45,7 @@ from gpu_costs import SHAPES, build, timed  # noqa: E402
 from framework.engine.adapter import adapter_for  # noqa: E402
 from framework.engine.cost_model import CostModel  # noqa: E402
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder  # noqa: E402
-from framework.results.timing import first_mismatch  # noqa: E402
+from framework.results.compare import first_mismatch  # noqa: E402
 from strategies.drafters.layer_skip import LayerSkipDrafter  # noqa: E402
 from strategies.length.fixed import FixedLength, FixedLengthConfig  # noqa: E402
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig, uniform_plan  # noqa: E402

@@ -5,7 +5,7 @@ DEL: "Part D") this package measures what the framework can measure on one model
 strategies' own code: acceptance (alpha), mean accepted length (M), SWIFT's matchness, CLaSp's
 final-layer cosine, DEL's shadow tokens and eTPL, lossless counts, and, for the few claims about
 speed, same-process interleaved speed ratios against vanilla decoding (the protocol of
-`framework.results.timing`). Most numbers do not depend on timing: "modelled speedup" prices the
+`framework.results.compare`). Most numbers do not depend on timing: "modelled speedup" prices the
 counted rounds of a decode (draft steps and verification sizes) with `CostModel.round_time` of the
 cost model measured once at the start (selector overheads not included), exactly as
 `selfsd_bo`'s objective does.

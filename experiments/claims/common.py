@@ -20,7 +20,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.results.timing import first_mismatch
+from framework.results.compare import first_mismatch
 
 from . import stats
 

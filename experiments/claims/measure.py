@@ -18,7 +18,7 @@ from framework import REGISTRIES, Draft, LayerPlan
 from framework.config import build_config
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.results.timing import decode_interleaved, first_mismatch, warm_up
+from framework.results.compare import Method, compare_methods, first_mismatch, warm_up
 from strategies.selectors.selfsd_bo import cached_search, load_skip_set, search
 from strategies.selectors.static import uniform_plan
 
@@ -147,8 +147,21 @@ def _generate(decoders: dict[str, Any], ids: torch.Tensor, stop: Any, name: str)
     return decoders[name].generate(ids, stop)
 
 
+def _decode_pair(ctx: Ctx, decoders: dict[str, Any], name: str, i: int, turn: int) -> dict[str, Any]:
+    """Prompt ``i`` by vanilla and by ``name``, back to back in `rotated` order (the driver of
+    `framework.results.compare`); ``{label: GenerationResult}``."""
+    methods = [Method("vanilla", decoders["vanilla"]), Method(name, decoders[name])]
+
+    def decode(m: Method, i: int) -> list[tuple[Any, str]]:
+        return [(m.decoder.generate(ctx.ids[i], ctx.stop()), "")]
+
+    cmp = next(compare_methods(methods, [i], decode, start_turn=turn))
+    return {label: turns[0][0] for label, turns in cmp.results.items()}
+
+
 def timed_compare(ctx: Ctx, configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each configuration against vanilla with the `framework.results.timing` protocol: one
+    """Each configuration against vanilla with the `framework.results.compare` protocol (its
+    driver, `compare_methods`, decodes each pair): one
     warm-up generation of each, then ``ctx.repeats`` passes over the prompts, each (vanilla,
     configuration) pair decoded back to back in `rotated` order (which one goes first alternates).
     Returns per configuration the ratio of mean tokens/s, the per-prompt tokens/s of both sides
@@ -177,10 +190,9 @@ def timed_compare(ctx: Ctx, configs: dict[str, dict[str, Any]]) -> dict[str, Any
     turn = 0
     for _ in range(ctx.repeats):
         for i in range(n):
-            generate = functools.partial(_generate, decoders, ctx.ids[i], ctx.stop())
             for name in names:
                 turn += 1
-                got = decode_interleaved(["vanilla", name], generate, turn)
+                got = _decode_pair(ctx, decoders, name, i, turn)
                 tps[name]["vanilla"][i] += got["vanilla"].tokens_per_second
                 tps[name]["method"][i] += got[name].tokens_per_second
                 res_all[name].append((i, got[name]))

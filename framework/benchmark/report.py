@@ -13,8 +13,8 @@ from typing import Any
 from framework.benchmark.config import BASELINE, BenchConfig
 from framework.benchmark.story import what_happened
 from framework.results import plots
+from framework.results.compare import mismatch_note
 from framework.results.metrics import aggregate, cost_model_prediction, rounds_prediction
-from framework.results.timing import mismatch_note
 from framework.utils import align_markdown
 
 #: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.

@@ -1,5 +1,5 @@
 """One benchmark run: load the model once, build every method, warm up, then decode every prompt with
-every method back to back in rotating order (`framework.results.timing`), check each against
+every method back to back in rotating order (`framework.results.compare`), check each against
 vanilla, and write the records, the report and the plots.
 """
 
@@ -22,7 +22,7 @@ from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, Method
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.config import ConfigError
-from framework.data.prompts import Prompt, encode_chat, load_prompts
+from framework.data.prompts import Prompt, load_prompts
 from framework.data.specbench import (
     check_answer_dir,
     write_answer_files,
@@ -30,11 +30,9 @@ from framework.data.specbench import (
 )
 from framework.engine.context import PreparedCache
 from framework.engine.cost_model import CostModel
-from framework.engine.decoding import GenerationResult
 from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, load_model, model_name
-from framework.results.records import turn_record
-from framework.results.timing import first_mismatch, mismatch_details, rotated, warm_up
+from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment
 from framework.session.flags import add_config_flags, config_overrides_from_args
@@ -129,33 +127,6 @@ def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
     return run_cfg
 
 
-def bench_record(
-    prompt: Prompt, spec: MethodSpec, repeat: int, position: int, turns: list[tuple[GenerationResult, str]]
-) -> dict[str, Any]:
-    """One line of ``records.jsonl``: a prompt decoded by one method in one repeat (all turns)."""
-    results = [r for r, _ in turns]
-    new_tokens = sum(r.new_tokens for r in results)
-    wall = sum(r.wall_time for r in results)
-    keys = {k for r in results for k in r.timings}
-    return {
-        "repeat": repeat,
-        "position": position,
-        "question_id": prompt.question_id,
-        "category": prompt.category,
-        "subcategory": prompt.subcategory,
-        "method": spec.label,
-        "kind": spec.kind,
-        "turns": [turn_record(r, text) for r, text in turns],
-        "new_tokens": new_tokens,
-        "wall_time": wall,
-        "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
-        "accept_lengths": [a for r in results for a in r.accept_lengths],
-        "drafted": sum(r.drafted for r in results),
-        "accepted": sum(r.accepted for r in results),
-        "timings": {k: sum(r.timings.get(k, 0.0) for r in results) for k in sorted(keys)},
-    }
-
-
 def head_costs(
     cost: CostModel, specs: list[MethodSpec], decoders: dict[str, Any], adapter: Any
 ) -> dict[str, CostModel]:
@@ -222,200 +193,230 @@ def run_benchmark(
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    run = cfg.run
-    torch.manual_seed(run.seed)
-    if run.threads:
-        torch.set_num_threads(run.threads)
-    specs = cfg.method_specs
-    for label in custom or {}:
-        if any(s.label == label for s in specs):
-            raise ConfigError("custom", label, "a name not used by --methods")
-        specs.append(MethodSpec(label, "custom"))
-    prompts = load_prompts(run.data, run.categories or None, run.limit)
-    out_dir = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
-    records_path = out_dir / "records.jsonl"
-    if records_path.exists() and records_path.stat().st_size:
-        raise ConfigError("--out", str(out_dir), "a new or empty directory (records.jsonl exists)")
-    check_answer_dir(cfg.specbench_answers, [s.label for s in specs], [records_path])
-    preset_cfgs = {s.label: preset_run_config(s, cfg) for s in specs if s.kind == "preset"}
-    cost = load_cost_model(cfg.cost_model) if cfg.cost_model not in ("none", "measure") else None
+    bench = _Bench(cfg, log, custom or {})
+    bench.load(model, tokenizer)
+    bench.write_meta()
+    bench.warm_up()
+    t_start = time.perf_counter()
+    with bench.records_path.open("a", encoding="utf-8") as fh, written_on_interrupt(bench.write_answers):
+        for rep in range(cfg.repeats):
+            bench.decode_repeat(rep, fh)
+    return bench.finish(time.perf_counter() - t_start)
 
-    if model is None:
-        model, tokenizer = load_model(run.model, run.dtype, run.device)
-    base = Experiment(run.replace(baseline_only=True), model, tokenizer, log=log, prompts=prompts)
-    exps: dict[str, Any] = {}
-    decoders: dict[str, Any] = {}
-    # One preparation cache for every method: an offline search (a preset and its ':raw' companion
-    # search the same skip set), the cost model and the token ranking are computed once.
-    prepared = PreparedCache()
-    for s in specs:
-        if s.kind == "baseline":
-            exps[s.label], decoders[s.label] = base, base.vanilla
-        elif s.kind == "hf":
-            exps[s.label] = base
-            decoders[s.label] = HFGenerateDecoder(
-                model,
-                s.label,
-                prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
-                max_matching_ngram_size=cfg.max_matching_ngram_size,
-                early_exit_layer=cfg.early_exit_layer,
-                kernels=cfg.hf_kernels,
+
+class _Bench:
+    """The state of one `run_benchmark`: its methods, their experiments and decoders, and the
+    records written so far (each step a method, so that no function grows long)."""
+
+    def __init__(self, cfg: BenchConfig, log: Callable[[str], None], custom: dict[str, Any]) -> None:
+        run = cfg.run
+        torch.manual_seed(run.seed)
+        if run.threads:
+            torch.set_num_threads(run.threads)
+        self.cfg, self.run, self.log, self.custom = cfg, run, log, custom
+        self.specs = cfg.method_specs
+        for label in custom:
+            if any(s.label == label for s in self.specs):
+                raise ConfigError("custom", label, "a name not used by --methods")
+            self.specs.append(MethodSpec(label, "custom"))
+        self.prompts = load_prompts(run.data, run.categories or None, run.limit)
+        self.out_dir = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.records_path = self.out_dir / "records.jsonl"
+        if self.records_path.exists() and self.records_path.stat().st_size:
+            raise ConfigError("--out", str(self.out_dir), "a new or empty directory (records.jsonl exists)")
+        check_answer_dir(cfg.specbench_answers, [s.label for s in self.specs], [self.records_path])
+        self.preset_cfgs = {s.label: preset_run_config(s, cfg) for s in self.specs if s.kind == "preset"}
+        self.cost = load_cost_model(cfg.cost_model) if cfg.cost_model not in ("none", "measure") else None
+        self.exps: dict[str, Experiment] = {}
+        self.decoders: dict[str, Any] = {}
+        self.errors: dict[str, str] = {}  # an HF method that failed: left out from then on
+        self.records: list[dict[str, Any]] = []
+        self.turn = 0
+        # One preparation cache for every method: an offline search (a preset and its ':raw'
+        # companion search the same skip set), the cost model and the token ranking, computed once.
+        self.prepared = PreparedCache()
+
+    def load(self, model: Any, tokenizer: Any) -> None:
+        """Load the model (unless given) and build every method's experiment and decoder."""
+        run = self.run
+        if model is None:
+            model, tokenizer = load_model(run.model, run.dtype, run.device)
+        self.model = model
+        self.base = Experiment(
+            run.replace(baseline_only=True), model, tokenizer, log=self.log, prompts=self.prompts
+        )
+        for s in self.specs:
+            self.exps[s.label] = self.base
+            if s.kind == "baseline":
+                self.decoders[s.label] = self.base.vanilla
+            elif s.kind == "hf":
+                self.decoders[s.label] = self._hf_decoder(s.label)
+            elif s.kind == "custom":
+                self.decoders[s.label] = self.custom[s.label]
+            else:
+                self.out_dir.mkdir(parents=True, exist_ok=True)  # a search may save its skip set here
+                self.log(f"[bench] preparing {s.label} ...")
+                self.exps[s.label] = Experiment(
+                    self.preset_cfgs[s.label],
+                    model,
+                    tokenizer,
+                    artifact_stem=self.out_dir / s.label,
+                    log=self.log,
+                    prepared=self.prepared,
+                )
+                self.decoders[s.label] = self.exps[s.label].spec
+        self.info = self.base.adapter.info()
+        if self.cost is not None and self.cost.num_layers != self.info.num_layers:
+            raise ConfigError(
+                "--cost-model",
+                self.cfg.cost_model,
+                f"a cost model of a {self.info.num_layers}-layer model, not {self.cost.num_layers}",
             )
-        elif s.kind == "custom":
-            exps[s.label], decoders[s.label] = base, (custom or {})[s.label]
-        else:
-            out_dir.mkdir(parents=True, exist_ok=True)  # a search may save its skip set here
-            log(f"[bench] preparing {s.label} ...")
-            exps[s.label] = Experiment(
-                preset_cfgs[s.label],
-                model,
-                tokenizer,
-                artifact_stem=out_dir / s.label,
-                log=log,
-                prepared=prepared,
-            )
-            decoders[s.label] = exps[s.label].spec
-    info = base.adapter.info()
-    if cost is not None and cost.num_layers != info.num_layers:
-        raise ConfigError(
-            "--cost-model",
-            cfg.cost_model,
-            f"a cost model of a {info.num_layers}-layer model, not {cost.num_layers}",
+
+    def _hf_decoder(self, label: str) -> HFGenerateDecoder:
+        cfg = self.cfg
+        return HFGenerateDecoder(
+            self.model,
+            label,
+            prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
+            max_matching_ngram_size=cfg.max_matching_ngram_size,
+            early_exit_layer=cfg.early_exit_layer,
+            kernels=cfg.hf_kernels,
         )
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    env = environment()
-    meta = {"config": cfg.describe(), "environment": env, "started": time.time(), "prompts": len(prompts)}
-    meta["hf"] = {s.label: decoders[s.label].describe() for s in specs if s.kind == "hf"}
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-    log(
-        f"[bench] {len(prompts)} prompts x {cfg.repeats} repeat(s) | model {info.name} ({dtype_name(base.adapter.dtype)}, "
-        f"{base.adapter.device}) | methods {', '.join(s.label for s in specs)} | output {out_dir}"
-    )
+    def write_meta(self) -> None:
+        """``meta.json`` (the configuration, the machine, the HF methods' settings) and the run's
+        first log line."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.env = environment()
+        meta = {
+            "config": self.cfg.describe(),
+            "environment": self.env,
+            "started": time.time(),
+            "prompts": len(self.prompts),
+        }
+        meta["hf"] = self.hf = {
+            s.label: self.decoders[s.label].describe() for s in self.specs if s.kind == "hf"
+        }
+        (self.out_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+        adapter = self.base.adapter
+        self.log(
+            f"[bench] {len(self.prompts)} prompts x {self.cfg.repeats} repeat(s) | model {self.info.name} "
+            f"({dtype_name(adapter.dtype)}, {adapter.device}) | methods {', '.join(s.label for s in self.specs)} "
+            f"| output {self.out_dir}"
+        )
 
-    errors: dict[str, str] = {}
-
-    def decode(s: MethodSpec, prompt: Prompt, max_new_tokens: int | None = None) -> Any:
-        if s.label in errors:
+    def decode(self, s: MethodSpec, prompt: Prompt, max_new_tokens: int | None = None) -> Any:
+        """``prompt``'s turns by method ``s``, or ``None`` once an HF method has failed (reported)."""
+        if s.label in self.errors:
             return None
         try:
-            return exps[s.label].decode_prompt(decoders[s.label], prompt, max_new_tokens)
+            return self.exps[s.label].decode_prompt(self.decoders[s.label], prompt, max_new_tokens)
         except Exception as err:  # noqa: BLE001 - an HF method's failure is reported, not raised
             if s.kind != "hf":
                 raise
-            errors[s.label] = f"{type(err).__name__}: {err}".strip()
-            log(f"[bench] {s.label} failed and is left out from now on: {errors[s.label]}")
+            self.errors[s.label] = f"{type(err).__name__}: {err}".strip()
+            self.log(f"[bench] {s.label} failed and is left out from now on: {self.errors[s.label]}")
             return None
 
-    warm_up(specs, lambda s: decode(s, prompts[0], min(WARMUP_TOKENS, run.max_new_tokens)), run.warmup)
-    if cfg.cost_model == "measure":
-        cost = prepared.cost_model()
-        if cost is None:
-            log("[bench] measuring the cost model (draft and verification costs) ...")
-            cost = CostModel.measure(base.adapter)
-        # Reusable by a later run on the same machine: --cost-model <out>/cost_model.json
-        (out_dir / "cost_model.json").write_text(json.dumps({"cost_model": cost.to_dict()}, indent=2))
+    def warm_up(self) -> None:
+        """Warm every method up; with ``--cost-model measure``, measure (or take) the cost model."""
+        short = min(WARMUP_TOKENS, self.run.max_new_tokens)
+        warm_up(self.specs, lambda s: self.decode(s, self.prompts[0], short), self.run.warmup)
+        if self.cfg.cost_model == "measure":
+            cost = self.prepared.cost_model()
+            if cost is None:
+                self.log("[bench] measuring the cost model (draft and verification costs) ...")
+                cost = CostModel.measure(self.base.adapter)
+            self.cost = cost
+            # Reusable by a later run on the same machine: --cost-model <out>/cost_model.json
+            (self.out_dir / "cost_model.json").write_text(
+                json.dumps({"cost_model": cost.to_dict()}, indent=2)
+            )
 
-    records: list[dict[str, Any]] = []
+    def decode_repeat(self, rep: int, fh: Any) -> None:
+        """One pass over the prompts (`framework.results.compare.compare_methods`), each prompt's
+        records written as soon as it is decoded."""
+        for s in self.specs:  # fresh strategy state for every repeat (an offline search is reused)
+            if s.kind == "preset":
+                self.exps[s.label].rebuild()
+                self.decoders[s.label] = self.exps[s.label].spec
+        by_label = {s.label: s for s in self.specs}
+        methods = [Method(s.label, self.decoders[s.label], s.kind) for s in self.specs]
+        rounds = compare_methods(
+            methods,
+            self.prompts,
+            lambda m, prompt: self.decode(by_label[m.label], prompt),
+            explain=explain_with(self.base),
+            start_turn=self.turn,
+            baseline=BASELINE,
+        )
+        for i, cmp in enumerate(rounds):
+            self.turn += 1
+            line = []
+            for s in self.specs:
+                if s.label not in cmp.results:
+                    continue
+                rec = cmp.record(s.label, repeat=rep, kind=s.kind)
+                self._write(fh, rec)
+                mark = "" if rec["lossless"] else " MISMATCH"
+                line.append(f"{s.label} {rec['tokens_per_s']:.1f} tok/s{mark}")
+            for label, error in self.errors.items():
+                if not any(r["method"] == label and r.get("error") for r in self.records):
+                    prompt = cmp.prompt
+                    error_rec = {"question_id": prompt.question_id, "category": prompt.category}
+                    self._write(fh, {"repeat": rep, **error_rec, "method": label, "error": error})
+            rtag = f" r{rep + 1}" if self.cfg.repeats > 1 else ""
+            self.log(
+                f"[{i + 1}/{len(self.prompts)}{rtag}] {cmp.prompt.category:<14} q{cmp.prompt.question_id}: "
+                + ", ".join(line)
+            )
 
-    def write_answers() -> dict[str, Path]:  # Spec-Bench's answer files, rewritten from the records
-        if not cfg.specbench_answers:
+    def _write(self, fh: Any, rec: dict[str, Any]) -> None:
+        fh.write(json.dumps(rec, default=str) + "\n")
+        fh.flush()
+        self.records.append(rec)
+
+    def write_answers(self) -> dict[str, Path]:
+        """Spec-Bench's answer files, rewritten from the records (``--specbench-answers``)."""
+        if not self.cfg.specbench_answers:
             return {}
         paths = write_answer_files(
-            records,
-            cfg.specbench_answers,
-            model=model_name(run.model, model),
-            repeats=cfg.repeats,
-            protect=[records_path],
+            self.records,
+            self.cfg.specbench_answers,
+            model=model_name(self.run.model, self.model),
+            repeats=self.cfg.repeats,
+            protect=[self.records_path],
         )
-        log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
+        self.log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
         return paths
 
-    turn = 0
-    t_start = time.perf_counter()
-    with records_path.open("a", encoding="utf-8") as fh, written_on_interrupt(write_answers):
-
-        def write(rec: dict[str, Any]) -> None:
-            fh.write(json.dumps(rec, default=str) + "\n")
-            fh.flush()
-            records.append(rec)
-
-        for rep in range(cfg.repeats):
-            for s in specs:  # fresh strategy state for every repeat (an offline search is reused)
-                if s.kind == "preset":
-                    exps[s.label].rebuild()
-                    decoders[s.label] = exps[s.label].spec
-            for i, prompt in enumerate(prompts):
-                order = rotated([s for s in specs if s.label not in errors], turn)
-                turn += 1
-                results = {}
-                for s in order:
-                    res = decode(s, prompt)
-                    if res is not None:
-                        results[s.label] = res
-                if BASELINE not in results:
-                    raise RuntimeError("the vanilla baseline produced no result")
-                want = [r.tokens for r, _ in results[BASELINE]]
-                line = []
-                for s in specs:
-                    if s.label not in results:
-                        continue
-                    rec = bench_record(prompt, s, rep, order.index(s), results[s.label])
-                    got = [t["tokens"] for t in rec["turns"]]
-                    rec["first_mismatch"] = first_mismatch(got, want)
-                    rec["lossless"] = rec["first_mismatch"] is None
-                    if not rec["lossless"]:  # the target's top-1/top-2 margin there: near-tie or bug?
-                        rec["first_mismatch"] = mismatch_details(
-                            base.adapter,
-                            lambda messages: encode_chat(base.tokenizer, messages),
-                            prompt.turns,
-                            [(r.tokens, text) for r, text in results[BASELINE]],
-                            got,
-                            rec["first_mismatch"],
-                        )
-                    write(rec)
-                    mark = "" if rec["lossless"] else " MISMATCH"
-                    line.append(f"{s.label} {rec['tokens_per_s']:.1f} tok/s{mark}")
-                for label in errors:
-                    if not any(r["method"] == label and r.get("error") for r in records):
-                        write(
-                            {
-                                "repeat": rep,
-                                "question_id": prompt.question_id,
-                                "category": prompt.category,
-                                "method": label,
-                                "error": errors[label],
-                            }
-                        )
-                rtag = f" r{rep + 1}" if cfg.repeats > 1 else ""
-                log(
-                    f"[{i + 1}/{len(prompts)}{rtag}] {prompt.category:<14} q{prompt.question_id}: "
-                    + ", ".join(line)
-                )
-    elapsed = time.perf_counter() - t_start
-
-    heads = head_costs(cost, specs, decoders, base.adapter) if cost is not None else {}
-    method_costs = {s.label: heads.get(s.label, cost) for s in specs}
-    summary = summarize(records, [s.label for s in specs], method_costs)
-    plots = make_plots(out_dir, summary, records, info.num_layers) if run.plots else {}
-    report = render_report(
-        cfg, summary, env, len(prompts), elapsed, plots, meta["hf"], cost, heads, method_costs
-    )
-    (out_dir / "bench.md").write_text(report)
-    log("\n" + report)
-    answers = write_answers()
-    return {
-        "out": str(out_dir),
-        "report": report,
-        "summary": summary,
-        "records": records,
-        "plots": plots,
-        "specbench_answers": [str(p) for p in answers.values()],
-    }
+    def finish(self, elapsed: float) -> dict[str, Any]:
+        """The summary, the plots, the report (``bench.md``) and the answer files."""
+        cost, specs = self.cost, self.specs
+        heads = head_costs(cost, specs, self.decoders, self.base.adapter) if cost is not None else {}
+        method_costs = {s.label: heads.get(s.label, cost) for s in specs}
+        summary = summarize(self.records, [s.label for s in specs], method_costs)
+        plots = (
+            make_plots(self.out_dir, summary, self.records, self.info.num_layers) if self.run.plots else {}
+        )
+        report = render_report(
+            self.cfg, summary, self.env, len(self.prompts), elapsed, plots, self.hf, cost, heads, method_costs
+        )
+        (self.out_dir / "bench.md").write_text(report)
+        self.log("\n" + report)
+        answers = self.write_answers()
+        return {
+            "out": str(self.out_dir),
+            "report": report,
+            "summary": summary,
+            "records": self.records,
+            "plots": plots,
+            "specbench_answers": [str(p) for p in answers.values()],
+        }
 
 
 __all__ = [
-    "bench_record",
     "environment",
     "load_cost_model",
     "parse_preset_flags",

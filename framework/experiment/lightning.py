@@ -31,11 +31,11 @@ import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.utils.data import DataLoader
 
-from framework.data.prompts import Prompt, encode_chat
+from framework.data.prompts import Prompt
 from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, resolve_dtype
-from framework.results.records import prompt_key, prompt_record
-from framework.results.timing import first_mismatch, mismatch_details, rotated, warm_up
+from framework.results.compare import Method, compare_methods, explain_with, warm_up
+from framework.results.records import prompt_key
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment
 
@@ -89,7 +89,7 @@ class DecodeModule(pl.LightningModule):
         # Kept out of nn.Module registration: Lightning must not move or wrap the HF model.
         self.__dict__["_given"] = (model, tokenizer)
         self.exp: Experiment | None = experiment
-        self.methods: list[tuple[str, Any]] = []
+        self.methods: list[Method] = []
         self.done = 0
         self.tok_s: dict[str, list[float]] = {}
 
@@ -137,9 +137,15 @@ class DecodeModule(pl.LightningModule):
                 + f" | max_new_tokens={cfg.max_new_tokens} | output {self.out_path}"
             )
 
-    def _methods(self) -> list[tuple[str, Any]]:
-        base = [("vanilla", self.exp.vanilla)]
-        return base if self.cfg.baseline_only else base + [(self.cfg.method_name, self.exp.spec)]
+    def _methods(self) -> list[Method]:
+        """Vanilla decoding (the baseline), then the configured method unless ``baseline_only``."""
+        greedy = self.exp.spec.verifier.lossless == "greedy"
+        base = [Method("vanilla", self.exp.vanilla, "baseline", greedy)]
+        return (
+            base
+            if self.cfg.baseline_only
+            else base + [Method(self.cfg.method_name, self.exp.spec, "method", greedy)]
+        )
 
     def shard(self) -> list[Prompt]:
         """This rank's prompts: every ``world``-th one, starting at the rank."""
@@ -159,7 +165,7 @@ class DecodeModule(pl.LightningModule):
             return
         first, short = self.prompts[0], min(16, cfg.max_new_tokens)
         warm_up(
-            [dec for _name, dec in self.methods],
+            [m.decoder for m in self.methods],
             lambda dec: exp.decode_prompt(dec, first, max_new_tokens=short),
             repeats=cfg.warmup,
         )
@@ -170,31 +176,24 @@ class DecodeModule(pl.LightningModule):
 
     # ---- one prompt --------------------------------------------------------------------------
     def predict_step(self, prompt: Prompt, batch_idx: int) -> list[dict[str, Any]]:
-        exp, cfg = self.exp, self.cfg
+        exp, cfg, rank = self.exp, self.cfg, self.trainer.global_rank
         # Rotate which method goes first (the global prompt index over this rank's share), so
         # slow drift on a shared machine hits every method alike.
-        turn = batch_idx * self.trainer.world_size + self.trainer.global_rank
-        turns = {name: exp.decode_prompt(dec, prompt) for name, dec in rotated(self.methods, turn)}
-        greedy = exp.spec.verifier.lossless == "greedy"
-        van_tokens = [r.tokens for r, _ in turns["vanilla"]]
-        recs = []
-        for name, _dec in self.methods:
-            got = [r.tokens for r, _ in turns[name]]
-            where = first_mismatch(got, van_tokens) if greedy else None
-            if where is not None:  # the target's top-1/top-2 margin there: a near-tie flip, or a bug?
-                where = mismatch_details(
-                    exp.adapter,
-                    lambda messages: encode_chat(exp.tokenizer, messages),
-                    prompt.turns,
-                    [(r.tokens, text) for r, text in turns["vanilla"]],
-                    got,
-                    where,
-                )
-            rec = prompt_record(prompt, name, turns[name], (where is None) if greedy else None, where)
-            if name != "vanilla":
-                rec["strategies"] = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
-            rec["rank"] = self.trainer.global_rank
-            recs.append(rec)
+        turn = batch_idx * self.trainer.world_size + rank
+        cmp = next(
+            compare_methods(
+                self.methods,
+                [prompt],
+                lambda m, p: exp.decode_prompt(m.decoder, p),
+                explain=explain_with(exp),
+                start_turn=turn,
+            )
+        )
+        strategies = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
+        recs = [
+            cmp.record(m.label, rank=rank, **({} if m.kind == "baseline" else {"strategies": strategies}))
+            for m in self.methods
+        ]
         for rec in recs:
             self.tok_s.setdefault(rec["method"], []).append(rec["new_tokens"] / max(rec["wall_time"], 1e-9))
         self.done += 1

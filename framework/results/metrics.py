@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framework.data.prompts import category_sort_key
-from framework.results.timing import mismatch_note
+from framework.results.compare import mismatch_note
 from framework.types import LayerPlan
 from framework.utils import align_markdown
 
@@ -138,7 +138,7 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
 
 def mismatch_lines(records: list[dict[str, Any]]) -> str:
     """Where each method's greedy output first differs from vanilla's, with the target's top-1/top-2
-    logit margin there (`framework.results.timing.mismatch_note`: a near-tie flip or a bug?);
+    logit margin there (`framework.results.compare.mismatch_note`: a near-tie flip or a bug?);
     empty when every checked output matched."""
     lines = []
     by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)

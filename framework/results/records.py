@@ -1,8 +1,8 @@
 """Results records: the JSON lines a run (and a benchmark) writes, reading them back, and the
 state a ``--resume`` continues from.
 
-One record is one prompt decoded by one method (`prompt_record`), with one `turn_record` per
-turn. Records are appended as soon as a prompt is done; `read_records` tolerates the torn last
+One record is one prompt decoded by one method (`prompt_record`, the one format of the runner
+and the benchmark, with optional fields), with one `turn_record` per turn. Records are appended as soon as a prompt is done; `read_records` tolerates the torn last
 line of a killed run and `resume_state` finds the prompts already complete in a file written by
 the same configuration.
 """
@@ -20,6 +20,11 @@ from framework.data.prompts import Prompt
 from framework.drafting.gate import GateConfig
 from framework.engine.decoding import GenerationResult
 from framework.session.config import RunConfig
+
+#: Fields a record carries only when its writer sets them (`prompt_record`): ``position`` (the
+#: method's place in the prompt's rotated order), ``repeat`` and ``kind`` (the benchmark),
+#: ``strategies`` (each strategy's name and config) and ``rank`` (the runner's process).
+OPTIONAL_FIELDS = frozenset({"position", "repeat", "kind", "strategies", "rank"})
 
 #: RunConfig fields that may differ between a run and its ``--resume``: they change how or where
 #: prompts are decoded and logged, or which prompts are in the set, never a prompt's result.
@@ -70,25 +75,48 @@ def prompt_record(
     results: list[tuple[GenerationResult, str]],
     lossless: bool | None,
     first_mismatch: dict[str, Any] | None = None,
+    **optional: Any,
 ) -> dict[str, Any]:
-    """One JSONL line: ``prompt`` decoded by the method ``name`` (all turns, as ``(result, text)``);
-    ``lossless`` is the check against the baseline (``None`` where it does not apply);
-    ``first_mismatch`` where a greedy method first differs from it, with the target's top-1/top-2
-    logit margin there (`framework.results.timing.mismatch_details`; ``None``: no mismatch)."""
+    """The one results record (a JSONL line of a run and of a benchmark): ``prompt`` decoded by
+    the method ``name`` (all turns, as ``(result, text)``).
+
+    Args:
+        prompt: the prompt.
+        name: the method's label.
+        results: its turns.
+        lossless: the check against the baseline (``None`` where it does not apply: sampling).
+        first_mismatch: where a greedy method first differs from the baseline, with the target's
+            top-1/top-2 logit margin there (`framework.results.compare.mismatch_details`; ``None``:
+            no mismatch).
+        **optional: fields some writers add, in `OPTIONAL_FIELDS` (``position`` in the rotation,
+            the benchmark's ``repeat`` and ``kind``, the runner's ``strategies`` and ``rank``).
+
+    Raises:
+        ValueError: an optional field that is not in `OPTIONAL_FIELDS`.
+    """
+    unknown = sorted(set(optional) - OPTIONAL_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown record fields {unknown}; optional fields are {sorted(OPTIONAL_FIELDS)}")
+    new_tokens = sum(r.new_tokens for r, _ in results)
+    wall = sum(r.wall_time for r, _ in results)
+    keys = sorted({k for r, _ in results for k in r.timings})
     return {
         "question_id": prompt.question_id,
         "category": prompt.category,
         "subcategory": prompt.subcategory,
         "method": name,
+        **{k: optional[k] for k in ("repeat", "position", "kind") if k in optional},
         "turns": [turn_record(r, t) for r, t in results],
-        "new_tokens": sum(r.new_tokens for r, _ in results),
-        "wall_time": sum(r.wall_time for r, _ in results),
+        "new_tokens": new_tokens,
+        "wall_time": wall,
+        "tokens_per_s": new_tokens / wall if wall > 0 else 0.0,
         "accept_lengths": [a for r, _ in results for a in r.accept_lengths],
         "drafted": sum(r.drafted for r, _ in results),
         "accepted": sum(r.accepted for r, _ in results),
-        "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in results[0][0].timings},
+        "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in keys},
         "lossless": lossless,
         "first_mismatch": first_mismatch,
+        **{k: optional[k] for k in ("strategies", "rank") if k in optional},
     }
 
 

@@ -155,6 +155,10 @@ class Experiment:
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
         )
 
+    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat messages -> prompt token ids (the tokenizer's chat template)."""
+        return encode_chat(self.tokenizer, messages)
+
     def text(self, tokens: list[int]) -> str:
         """The answer text of generated tokens (EOS and special tokens removed)."""
         return self.tokenizer.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
@@ -184,7 +188,7 @@ class Experiment:
         stop = self.stop(max_new_tokens)
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
-            ids = torch.tensor([encode_chat(self.tokenizer, messages)], device=self.adapter.device)
+            ids = torch.tensor([self.encode_messages(messages)], device=self.adapter.device)
             res = decoder.generate(ids, stop)
             text = self.text(res.tokens)
             messages.append({"role": "assistant", "content": text})

@@ -4,7 +4,7 @@ synchronised timers and ``--devices 2``. Skipped without CUDA (``-m gpu`` select
 On CUDA greedy equality with vanilla is not guaranteed by construction (a verification over k + 1
 tokens and a one-token step may use different kernels, which round differently), so a mismatch
 is accepted only where the target's top-1/top-2 margin at that position is a near-tie
-(`framework.results.timing.near_tie`); in bfloat16 the mismatch statistics are reported, and
+(`framework.results.compare.near_tie`); in bfloat16 the mismatch statistics are reported, and
 the test asserts only that every preset runs.
 """
 
@@ -61,7 +61,7 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = Fa
 def _decode_all(exp, turns_list):
     """(vanilla turns, method turns, first mismatch with its margin or None) per prompt."""
     from framework.data.prompts import Prompt, encode_chat
-    from framework.results.timing import first_mismatch, mismatch_details
+    from framework.results.compare import first_mismatch, mismatch_details
 
     out = []
     for i, turns in enumerate(turns_list):

@@ -19,7 +19,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.experiment.lightning import DecodeModule
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
-from framework.results.timing import NEAR_TIE_ULPS, first_mismatch, mismatch_details, near_tie, ulp
+from framework.results.compare import NEAR_TIE_ULPS, Method, first_mismatch, mismatch_details, near_tie, ulp
 from framework.session.config import RunConfig, StrategySpec
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
@@ -273,7 +273,7 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     prompt = module.prompts[0]
     van, spec = module.predict_step(prompt, 0)
     assert van["first_mismatch"] is None and spec["first_mismatch"] is None and spec["lossless"] is True
-    module.methods = [("vanilla", module.exp.vanilla), (cfg.method_name, Broken(module.exp.vanilla))]
+    module.methods = [module.methods[0], Method(cfg.method_name, Broken(module.exp.vanilla), "method")]
     _van, bad = module.predict_step(prompt, 1)
     fm = bad["first_mismatch"]
     assert bad["lossless"] is False
