@@ -154,6 +154,29 @@ def parse_value(text: str, tp: Any, flag: str) -> Any:
     return _parse_value(text, tp, flag)
 
 
+def coerce_value(value: Any, tp: Any, flag: str) -> Any:
+    """``value`` for a field annotated ``tp``: a string is parsed (`parse_value`, as on the command
+    line); a typed value is taken as it is, except that a list becomes a tuple (its items coerced)
+    and an integral float for an ``int`` field an int (YAML's ``8.0``). The config's own validation
+    judges the result.
+
+    Raises:
+        ConfigError: a string that does not parse as ``tp``.
+    """
+    if isinstance(value, str):
+        return _parse_value(value, tp, flag)
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return value if value is None or len(args) != 1 else coerce_value(value, args[0], flag)
+    if isinstance(value, (list, tuple)) and (origin is tuple or isinstance(value, list)):
+        inner = get_args(tp)[0] if origin is tuple and get_args(tp) else None
+        return tuple(v if inner is None else coerce_value(v, inner, flag) for v in value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def build_config(cfg_cls: type[C], values: dict[str, Any], flag_prefix: str = "") -> C:
     """Build ``cfg_cls`` from a dict of field values (strings are parsed with the field's type).
 
@@ -173,9 +196,7 @@ def build_config(cfg_cls: type[C], values: dict[str, Any], flag_prefix: str = ""
         flag = f"{flag_prefix}{key}"
         if key not in names:
             raise ConfigError(flag, raw, f"a field of {cfg_cls.__name__} ({', '.join(names) or 'none'})")
-        kwargs[key] = _parse_value(raw, hints[key], flag) if isinstance(raw, str) else raw
-        if isinstance(kwargs[key], list):
-            kwargs[key] = tuple(kwargs[key])
+        kwargs[key] = coerce_value(raw, hints[key], flag)
     try:
         return cfg_cls(**kwargs)
     except ConfigError as err:

@@ -14,13 +14,17 @@ from typing import Any
 
 import torch
 
+from framework.config import ConfigError
 from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
-from framework.session.config import RunConfig
+from framework.session.config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
 from framework.session.experiment import Experiment
 from framework.types import LayerPlan
+
+#: The `RunConfig` sections a `Decoder` takes.
+DECODER_SECTIONS = ("model", "method", "generation")
 
 #: What a prompt may be: a user message, a chat (a list of ``{"role", "content"}`` messages), or
 #: the token ids of an already formatted prompt.
@@ -139,8 +143,10 @@ class Decoder:
     """A loaded model and a self-speculative method, ready to generate.
 
     Build one from a preset (`from_preset`), from strategy names, classes or instances
-    (`from_strategies`), or from a `RunConfig`; pass ``model`` and ``tokenizer`` to use an already
-    loaded Hugging Face model instead of loading ``config.model``.
+    (`from_strategies`), or from the three sections of a `RunConfig` it uses: the model, the
+    method and the generation (the data and the runner sections are the command line's, not a
+    decoder's). Pass ``hf_model`` and ``tokenizer`` to use an already loaded Hugging Face model
+    instead of loading ``model.name_or_path``.
 
     Example:
         >>> import selfspec
@@ -150,8 +156,10 @@ class Decoder:
         >>> print(dec.compare("Explain KV caches in one paragraph."))        # doctest: +SKIP
 
     Args:
-        config: the run configuration (model, dtype, device, the four strategies, the gate, ...).
-        model: an already loaded HF causal LM (with ``tokenizer``; both or neither).
+        model: the model section (which model, dtype, device, kernels, CUDA graphs).
+        method: the method section (the four strategies, the gate, the name).
+        generation: the generation section (token budget, stop strings, seed).
+        hf_model: an already loaded HF causal LM (with ``tokenizer``; both or neither).
         tokenizer: its tokenizer.
         strategies: per kind (``"selector"``, ``"length"``, ``"drafter"``, ``"verifier"``), a
             strategy instance or class to use instead of the config's (a researcher's own
@@ -161,18 +169,25 @@ class Decoder:
 
     def __init__(
         self,
-        config: RunConfig | None = None,
-        model: Any = None,
-        tokenizer: Any = None,
+        model: ModelConfig | None = None,
+        method: MethodConfig | None = None,
+        generation: GenerationConfig | None = None,
         *,
+        hf_model: Any = None,
+        tokenizer: Any = None,
         strategies: Mapping[str, type[Strategy] | Strategy] | None = None,
         log: Any = print,
     ) -> None:
-        if (model is None) != (tokenizer is None):
-            raise ValueError("pass both model and tokenizer (an already loaded model), or neither")
-        self.config = config if config is not None else RunConfig()
+        if (hf_model is None) != (tokenizer is None):
+            raise ValueError("pass both hf_model and tokenizer (an already loaded model), or neither")
+        cfg = RunConfig(
+            model=model or ModelConfig(),
+            method=method or MethodConfig(),
+            generation=generation or GenerationConfig(),
+        )
+        self.model_config, self.method, self.generation = cfg.model, cfg.method, cfg.generation
         self.experiment = Experiment(
-            self.config, model, tokenizer, log=log or (lambda _msg: None), strategies=strategies
+            cfg, hf_model, tokenizer, log=log or (lambda _msg: None), strategies=strategies
         )
 
     # ---- constructors -------------------------------------------------------------------------
@@ -198,17 +213,38 @@ class Decoder:
             tokenizer: the loaded model's tokenizer.
             strategies: strategy instances or classes that replace the preset's (see `Decoder`).
             log: progress messages (``None``: silent).
-            **overrides: `RunConfig.from_preset` overrides: run fields (``max_new_tokens=64``,
-                ``dtype="bfloat16"``), strategies by name (``selector="static"``), strategy fields
-                (``selector={"skip_ratio": 0.3}`` or ``**{"length.threshold": 0.7}``), the gate
-                (``gate={"enabled": False}``).
+            **overrides: `RunConfig.from_preset` overrides of the model, method and generation
+                sections: their fields (``max_new_tokens=64``, ``dtype="bfloat16"``), strategies by
+                name (``selector="static"``), strategy fields (``selector={"skip_ratio": 0.3}`` or
+                ``**{"length.threshold": 0.7}``), the gate (``gate={"enabled": False}``).
+
+        Raises:
+            ConfigError: an option of another section (``logger``, ``resume``, ``limit``: a
+                decoder neither reads data nor writes or logs a run), or an invalid value.
         """
-        if model is not None and not isinstance(model, str):
-            cfg = RunConfig.from_preset(preset, **overrides)
-            return cls(cfg, model, tokenizer, strategies=strategies, log=log)
-        if model is not None:
+        for key in overrides:
+            section = section_of(key)
+            if section not in DECODER_SECTIONS:
+                where = f"the {section} section's" if section else "no"
+                raise ConfigError(
+                    key,
+                    overrides[key],
+                    f"an option of the model, method or generation sections (it is {where} option; a "
+                    "Decoder does not read, write or log a run: experiments/run.py does)",
+                )
+        loaded = model is not None and not isinstance(model, str)
+        if model is not None and not loaded:
             overrides["model"] = model
-        return cls(RunConfig.from_preset(preset, **overrides), strategies=strategies, log=log)
+        cfg = RunConfig.from_preset(preset, **overrides)
+        return cls(
+            cfg.model,
+            cfg.method,
+            cfg.generation,
+            hf_model=model if loaded else None,
+            tokenizer=tokenizer,
+            strategies=strategies,
+            log=log,
+        )
 
     @classmethod
     def from_strategies(
@@ -347,5 +383,5 @@ class Decoder:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())
-        model = self.experiment.adapter.info().name or self.config.model or "(a loaded model)"
-        return f"Decoder({self.config.method_name}: {parts}; model {model})"
+        model = self.experiment.adapter.info().name or self.model_config.name_or_path or "(a loaded model)"
+        return f"Decoder({self.method.label}: {parts}; model {model})"

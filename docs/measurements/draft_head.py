@@ -65,7 +65,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    exp = Experiment(RunConfig(model=a.model, device="cpu", logger="none").replace(baseline_only=True))
+    exp = Experiment(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
     adapter, tok, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx
     info = adapter.info()
     ks = [k for k in (int(x) for x in a.ks.split(",")) if k <= info.vocab_size]

@@ -59,7 +59,7 @@ def main() -> None:
     if not formats or any(f not in FORMATS for f in formats):
         ap.error(f"--formats must name some of {', '.join(FORMATS)}, got {a.formats!r}")
     ratios = [float(r) for r in a.ratios.split(",")]
-    exp = Experiment(RunConfig(model=a.model, device="cpu", logger="none").replace(baseline_only=True))
+    exp = Experiment(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
     adapter, tok, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx
     info = adapter.info()
     weights = {f: (None if f == "float32" else adapter.draft_branches(f)) for f in formats}

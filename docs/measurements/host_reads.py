@@ -43,7 +43,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---|")
     for name in presets:
         cfg = RunConfig.from_preset(name)
-        if cfg.baseline_only:  # the `vanilla` preset: plain decoding, as the runner does it
+        if cfg.method.baseline_only:  # the `vanilla` preset: plain decoding, as the runner does it
             dec = VanillaDecoder(adapter)
         else:
             dec = build_decoder(adapter, cfg)

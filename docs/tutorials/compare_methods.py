@@ -74,7 +74,7 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))
     # Smoke mode only: our prompts, and no W&B run (the default logger is wandb).
     cfg = cfg.replace(data=str(data), logger="none")
-    print(f"== {cfg.method_name}: " + ", ".join(f"{k}={getattr(cfg, k).name}" for k in REGISTRIES))
+    print(f"== {cfg.method.label}: " + ", ".join(f"{k}={getattr(cfg.method, k).name}" for k in REGISTRIES))
     result = run(cfg, log=lambda line: None, model=model, tokenizer=tokenizer)
     print(result["table"])
     print("plots:", ", ".join(Path(p).name for p in result["plots"]))

@@ -1,8 +1,8 @@
 """Command line of the benchmark: ``python experiments/bench.py --methods vanilla,hf_generate,clasp``.
 
-The flags are generated (`framework.session.flags`) from the run options every method shares
-(`framework.benchmark.config.SHARED_RUN_FIELDS` of `RunConfig`: ``--model``, ``--data``,
-``--max-new-tokens``, ``--no-plots``, ...) and from `BenchConfig`'s own fields (``--methods``,
+The flags are generated (`framework.session.flags`) from the `RunConfig` sections every method
+shares (`framework.benchmark.config.SHARED_SECTIONS` and `RUNNER_FIELDS`: ``--model``,
+``--data``, ``--max-new-tokens``, ``--no-plots``, ...) and from `BenchConfig`'s own fields (``--methods``,
 ``--repeats``, ``--cost-model``, ...), plus ``--preset-args METHOD=FLAGS`` (repeatable). Bad input
 exits with status 2 and a message naming the flag; Ctrl-C exits with 130.
 """
@@ -19,14 +19,15 @@ from typing import Any
 from framework.benchmark.config import (
     BASELINE,
     DEFAULT_METHODS,
-    SHARED_RUN_FIELDS,
+    RUNNER_FIELDS,
+    SHARED_SECTIONS,
     BenchConfig,
     allowed_methods,
 )
 from framework.benchmark.hf import HF_METHODS
 from framework.benchmark.run import run_benchmark
 from framework.config import ConfigError
-from framework.session.config import RunConfig
+from framework.session.config import SECTIONS, RunConfig, RunnerConfig
 from framework.session.errors import guarded
 from framework.session.flags import add_config_flags, config_overrides_from_args
 
@@ -51,12 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  python experiments/bench.py --data ../shared/data/spec_bench/question.jsonl --limit 1 "
         "--model qwen2.5-coder-0.5b",
     )
-    add_config_flags(
-        p,
-        RunConfig,
-        exclude=[f.name for f in dataclasses.fields(RunConfig) if f.name not in SHARED_RUN_FIELDS],
-        groups=dict.fromkeys(SHARED_RUN_FIELDS, "run options (shared by every method)"),
-    )
+    not_shared = [s for s in SECTIONS if s not in (*SHARED_SECTIONS, "runner")]
+    not_shared += [f.name for f in dataclasses.fields(RunnerConfig) if f.name not in RUNNER_FIELDS]
+    add_config_flags(p, RunConfig, exclude=not_shared)
     add_config_flags(
         p,
         BenchConfig,

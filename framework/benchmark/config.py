@@ -1,6 +1,7 @@
 """The benchmark's configuration: the methods to compare and the benchmark's own knobs, around one
-`RunConfig` that holds everything a run shares (model, dtype, device, data, categories, limit,
-max_new_tokens, seed, warm-up, threads, kernels, plots).
+`RunConfig` whose sections every method shares (`SHARED_SECTIONS`: the model, the data, the
+generation; of the runner section, `RUNNER_FIELDS`). Each preset method swaps in its own method
+section (`method_run_config`).
 
 A method is ``vanilla`` (our autoregressive baseline, always run), one of the Hugging Face
 ``generate`` methods (`HF_METHODS`), a shipped preset, or a preset YAML file (`parse_methods`).
@@ -8,17 +9,19 @@ A method is ``vanilla`` (our autoregressive baseline, always run), one of the Hu
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import shlex
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from framework.benchmark.hf import HF_METHODS
 from framework.config import ConfigError, check_range, param, parse_value
-from framework.session.config import RunConfig
-from framework.session.flags import flag_of
+from framework.session.config import FLAT_KEYS, MethodConfig, RunConfig
+from framework.session.flags import add_config_flags, config_overrides_from_args, flag_of
 from framework.session.presets import list_presets, load_preset
 
 BASELINE = "vanilla"
@@ -26,24 +29,44 @@ BASELINE = "vanilla"
 #: draft gate, the same with the gate off (what drafting by layer skipping does on this model), and
 #: the hybrid drafter (copies from the context where it can). Hugging Face's methods: ``--methods``.
 DEFAULT_METHODS = ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
-#: The `RunConfig` fields the benchmark exposes (``--model``, ``--max-new-tokens``, ...): they apply
-#: to the vanilla baseline and are shared by every preset method.
-SHARED_RUN_FIELDS = (
-    "model",
-    "dtype",
-    "device",
-    "data",
-    "categories",
-    "limit",
-    "max_new_tokens",
-    "seed",
-    "warmup",
-    "threads",
-    "kernels",
-    "phase_timing",
-    "cuda_graphs",
-    "plots",
-)
+#: The `RunConfig` sections every method shares: the vanilla baseline and every preset decode the
+#: same model, prompts and generation budget; a preset brings its own ``method`` section.
+SHARED_SECTIONS = ("model", "data", "generation")
+#: The runner section's fields the benchmark uses (its own output, tracking and processes are
+#: ``--out``, ``--specbench-answers`` and one process).
+RUNNER_FIELDS = ("warmup", "threads", "plots")
+
+
+def preset_flags_parser() -> argparse.ArgumentParser:
+    """A parser of ``--preset-args`` flags: every run option of ``run.py`` (generated from
+    `RunConfig`; strategy flags for the registered strategies) except the ones the benchmark
+    decides (``--output``, ``--name``)."""
+    parser = argparse.ArgumentParser(prog="--preset-args", add_help=False, exit_on_error=False)
+    add_config_flags(parser, RunConfig, exclude=("output", "name"))
+    return parser
+
+
+def preset_overrides(method: str, given: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The typed overrides of one ``--preset-args`` entry: a mapping as it is, or run.py flags
+    (``"--selector.skip_ratio 0.3 --length.k 4"``) read into ``{"selector.skip_ratio": "0.3",
+    "length.k": "4"}`` (values parsed later with the fields' types).
+
+    Raises:
+        ConfigError: a flag ``run.py`` does not have, a flag without its value, or neither a
+            mapping nor a string.
+    """
+    where = f"--preset-args {method}"
+    if isinstance(given, Mapping):
+        return dict(given)
+    if not isinstance(given, str):
+        raise ConfigError(where, given, "run.py flags (a string) or a mapping of RunConfig overrides")
+    try:
+        args, unknown = preset_flags_parser().parse_known_args(shlex.split(given))
+    except (argparse.ArgumentError, ValueError) as err:
+        raise ConfigError(where, given, f"valid run.py flags ({err})") from None
+    if unknown:
+        raise ConfigError(where, " ".join(unknown), "run.py flags (see run.py --help)")
+    return config_overrides_from_args(args)
 
 
 def allowed_methods() -> list[str]:
@@ -89,7 +112,7 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
             spec = MethodSpec(name, "preset", name)
         elif name.endswith(RAW_SUFFIX) and name[: -len(RAW_SUFFIX)] in shipped:
             base = name[: -len(RAW_SUFFIX)]
-            if not RunConfig.from_preset(base).gate.enabled:
+            if not RunConfig.from_preset(base).method.gate.enabled:
                 raise ConfigError(
                     "--methods", name, f"{base} without {RAW_SUFFIX}: its draft gate is already off"
                 )
@@ -121,7 +144,7 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
                 s.kind == "preset"
                 and not s.raw
                 and raw_label not in labels
-                and RunConfig.from_preset(s.source).gate.enabled
+                and RunConfig.from_preset(s.source).method.gate.enabled
             ):
                 paired.append(MethodSpec(raw_label, "preset", s.source, raw=True))
         out = paired
@@ -136,11 +159,12 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
 class BenchConfig:
     """Everything one benchmark needs (built by `framework.benchmark.cli.main`, or directly in Python).
 
-    ``run`` holds what every method shares (only its `SHARED_RUN_FIELDS` matter: the strategies of
-    the preset methods come from their presets); the other fields are the benchmark's own.
+    ``run`` holds what every method shares (its `SHARED_SECTIONS` and `RUNNER_FIELDS`; each preset
+    method brings its own method section, `method_run_config`); the other fields are the
+    benchmark's own.
 
     Example:
-        ``BenchConfig(methods=("vanilla", "swift"), run=RunConfig(max_new_tokens=64, limit=1), repeats=2)``
+        ``BenchConfig(methods=("vanilla", "swift"), run=RunConfig.of(max_new_tokens=64, limit=1), repeats=2)``
     """
 
     run: RunConfig = field(
@@ -168,10 +192,11 @@ class BenchConfig:
         "JSON file",
     )
     skip_set: str | None = param(None, help="skip-set file for presets whose selector takes one (selfsd)")
-    preset_args: tuple[tuple[str, str], ...] = param(
+    preset_args: tuple[tuple[str, Any], ...] = param(
         (),
-        help="(method, extra run.py flags) pairs; on the command line METHOD=FLAGS, e.g. "
-        "'swift=--selector.skip_ratio 0.3' (repeatable)",
+        help="(method, overrides) pairs: typed RunConfig overrides for one preset ({'selector.skip_ratio': "
+        "0.3}), or run.py flags as typed on the command line, METHOD=FLAGS, e.g. "
+        "'swift=--selector.skip_ratio 0.3' (repeatable), read once into overrides",
     )
     raw: bool = param(
         False,
@@ -203,6 +228,8 @@ class BenchConfig:
             raise ConfigError("--specbench-answers", self.specbench_answers, "a directory path, or '' (off)")
         specs = parse_methods(self.methods, self.raw)
         labels = {s.label for s in specs}
+        normalized = tuple((method, preset_overrides(method, given)) for method, given in self.preset_args)
+        object.__setattr__(self, "preset_args", normalized)  # flags read once, into typed overrides
         for method, _ in self.preset_args:
             spec = next((s for s in specs if s.label == method), None)
             if spec is None or spec.kind != "preset":
@@ -240,9 +267,22 @@ class BenchConfig:
         """The resolved methods, vanilla first when it was not named (and the ``--raw`` companions)."""
         return parse_methods(self.methods, self.raw)
 
+    def method_run_config(
+        self, method: MethodConfig, overrides: Mapping[str, Any] | None = None
+    ) -> RunConfig:
+        """The `RunConfig` one method decodes with: ``run``'s sections with ``method`` swapped in,
+        then ``overrides`` (typed, dotted: `RunConfig.replace`)."""
+        cfg = dataclasses.replace(self.run, method=method)
+        return cfg.replace(**overrides) if overrides else cfg
+
     def shared(self) -> dict[str, Any]:
-        """The run options every preset method takes from ``run`` (`SHARED_RUN_FIELDS`)."""
-        return {name: getattr(self.run, name) for name in SHARED_RUN_FIELDS}
+        """What every method takes from ``run``, flat as `RunConfig.describe` names it: the
+        `SHARED_SECTIONS` and `RUNNER_FIELDS`."""
+        keys = {k for k, (section, name) in FLAT_KEYS.items() if section in SHARED_SECTIONS}
+        keys |= {
+            k for k, (section, name) in FLAT_KEYS.items() if section == "runner" and name in RUNNER_FIELDS
+        }
+        return {k: v for k, v in self.run.describe().items() if k in keys}
 
     def replace(self, **changes: Any) -> BenchConfig:
         """A copy with ``changes`` (BenchConfig fields), validated again."""
@@ -253,15 +293,15 @@ class BenchConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "run"}
         d.update(self.shared())
         d["methods"] = [s.label for s in self.method_specs]
-        d["categories"] = list(self.run.categories)
-        d["preset_args"] = [list(p) for p in self.preset_args]
+        d["preset_args"] = [[m, dict(o)] for m, o in self.preset_args]
         return d
 
 
 __all__ = [
     "BASELINE",
     "DEFAULT_METHODS",
-    "SHARED_RUN_FIELDS",
+    "RUNNER_FIELDS",
+    "SHARED_SECTIONS",
     "BenchConfig",
     "MethodSpec",
     "allowed_methods",

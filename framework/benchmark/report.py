@@ -216,9 +216,9 @@ def render_report(
         f"- machine: {env['cpu']}, {env['cpu_count']} cores, torch threads {env['torch_threads']}{gpu}",
         f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
-        f"- data: {run.data or 'built-in suite'}; {n_prompts} prompts"
-        + (f" (at most {run.limit} per category)" if run.limit else "")
-        + f"; max_new_tokens {run.max_new_tokens}; dtype {run.dtype}; greedy, batch 1; warm-up {run.warmup} "
+        f"- data: {run.data.path or 'built-in suite'}; {n_prompts} prompts"
+        + (f" (at most {run.data.limit} per category)" if run.data.limit else "")
+        + f"; max_new_tokens {run.generation.max_new_tokens}; dtype {run.model.dtype}; greedy, batch 1; warm-up {run.runner.warmup} "
         f"generation(s) per method; {cfg.repeats} repeat(s); {elapsed:.0f} s timed",
     ]
     if hf:

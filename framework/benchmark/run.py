@@ -5,12 +5,10 @@ vanilla, and write the records, the report and the plots.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import platform
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +33,6 @@ from framework.models.loading import dtype_name, load_model, model_name
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment
-from framework.session.flags import add_config_flags, config_overrides_from_args
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
 WARMUP_TOKENS = 16
@@ -68,61 +65,35 @@ def environment() -> dict[str, Any]:
     }
 
 
-def preset_flags_parser() -> argparse.ArgumentParser:
-    """A parser of ``--preset-args`` flags: every run option of ``run.py`` (generated from
-    `RunConfig`; strategy flags for the registered strategies) except the ones the benchmark
-    decides (``--output``, ``--name``)."""
-    parser = argparse.ArgumentParser(prog="--preset-args", add_help=False, exit_on_error=False)
-    add_config_flags(parser, RunConfig, exclude=("output", "name"))
-    return parser
-
-
-def parse_preset_flags(label: str, flags: str) -> dict[str, Any]:
-    """The overrides (``{"selector.skip_ratio": "0.3", ...}``) that ``--preset-args
-    'LABEL=FLAGS'`` gives, read with `preset_flags_parser`.
-
-    Raises:
-        ConfigError: a flag ``run.py`` does not have, or a flag without its value.
-    """
-    where = f"--preset-args {label}"
-    try:
-        args, unknown = preset_flags_parser().parse_known_args(shlex.split(flags))
-    except (argparse.ArgumentError, ValueError) as err:
-        raise ConfigError(where, flags, f"valid run.py flags ({err})") from None
-    if unknown:
-        raise ConfigError(where, " ".join(unknown), "run.py flags (see run.py --help)")
-    return config_overrides_from_args(args)
-
-
 def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
-    """The `RunConfig` of a preset method: the preset with the benchmark's shared run options
-    (`BenchConfig.shared`), the gate off for a ``--raw`` companion, ``--skip-set`` when the
-    preset's selector takes one, then the method's ``--preset-args``; named after the method.
+    """The `RunConfig` of a preset method: the benchmark's shared sections with the preset's method
+    section (`BenchConfig.method_run_config`), the gate off for a ``--raw`` companion,
+    ``--skip-set`` when the preset's selector takes one, then the method's ``--preset-args``
+    overrides; named after the method.
 
     Raises:
-        ConfigError: a bad ``--preset-args`` flag or value, or a preset whose verifier samples.
+        ConfigError: a bad ``--preset-args`` value, or a preset whose verifier samples.
     """
     gate_off = {"gate": {"enabled": False}} if spec.raw else {}
-    run_cfg = RunConfig.from_preset(spec.source, **cfg.shared(), **gate_off, name=spec.label)
+    method = RunConfig.from_preset(spec.source, **gate_off, name=spec.label).method
     overrides: dict[str, Any] = {}
-    selector_cfg = run_cfg.selector.config
+    selector_cfg = method.selector.config
     if (
         cfg.skip_set
         and selector_cfg is not None
         and "skip_set" in {f.name for f in dataclasses.fields(selector_cfg)}
     ):
         overrides["selector.skip_set"] = cfg.skip_set
-    for method, flags in cfg.preset_args:  # a raw companion takes its method's flags too
-        if method == spec.label or (spec.raw and method + RAW_SUFFIX == spec.label):
-            overrides.update(parse_preset_flags(spec.label, flags))
-    if overrides:
-        run_cfg = run_cfg.replace(**overrides)
-    verifier = REGISTRIES["verifier"].get(run_cfg.verifier.name)
+    for label, given in cfg.preset_args:  # a raw companion takes its method's overrides too
+        if label == spec.label or (spec.raw and label + RAW_SUFFIX == spec.label):
+            overrides.update(given)
+    run_cfg = cfg.method_run_config(method, overrides)
+    verifier = REGISTRIES["verifier"].get(run_cfg.method.verifier.name)
     if getattr(verifier, "lossless", "greedy") != "greedy":
         raise ConfigError(
             "--methods",
             spec.source,
-            f"a greedy preset (the benchmark is greedy; its verifier {run_cfg.verifier.name!r} samples)",
+            f"a greedy preset (the benchmark is greedy; its verifier {run_cfg.method.verifier.name!r} samples)",
         )
     return run_cfg
 
@@ -183,7 +154,7 @@ def run_benchmark(
 
     Args:
         cfg: the configuration.
-        model: an already loaded model (else ``cfg.run.model`` is loaded).
+        model: an already loaded model (else ``cfg.run.model.name_or_path`` is loaded).
         tokenizer: its tokenizer.
         log: progress lines.
         custom: extra methods ``{label: decoder}``; a decoder has ``generate(prompt_ids, stop) ->
@@ -210,16 +181,16 @@ class _Bench:
 
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None], custom: dict[str, Any]) -> None:
         run = cfg.run
-        torch.manual_seed(run.seed)
-        if run.threads:
-            torch.set_num_threads(run.threads)
+        torch.manual_seed(run.generation.seed)
+        if run.runner.threads:
+            torch.set_num_threads(run.runner.threads)
         self.cfg, self.run, self.log, self.custom = cfg, run, log, custom
         self.specs = cfg.method_specs
         for label in custom:
             if any(s.label == label for s in self.specs):
                 raise ConfigError("custom", label, "a name not used by --methods")
             self.specs.append(MethodSpec(label, "custom"))
-        self.prompts = load_prompts(run.data, run.categories or None, run.limit)
+        self.prompts = load_prompts(run.data.path, run.data.categories or None, run.data.limit)
         self.out_dir = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
         self.records_path = self.out_dir / "records.jsonl"
         if self.records_path.exists() and self.records_path.stat().st_size:
@@ -240,7 +211,7 @@ class _Bench:
         """Load the model (unless given) and build every method's experiment and decoder."""
         run = self.run
         if model is None:
-            model, tokenizer = load_model(run.model, run.dtype, run.device)
+            model, tokenizer = load_model(run.model.name_or_path, run.model.dtype, run.model.device)
         self.model = model
         self.base = Experiment(
             run.replace(baseline_only=True), model, tokenizer, log=self.log, prompts=self.prompts
@@ -321,8 +292,8 @@ class _Bench:
 
     def warm_up(self) -> None:
         """Warm every method up; with ``--cost-model measure``, measure (or take) the cost model."""
-        short = min(WARMUP_TOKENS, self.run.max_new_tokens)
-        warm_up(self.specs, lambda s: self.decode(s, self.prompts[0], short), self.run.warmup)
+        short = min(WARMUP_TOKENS, self.run.generation.max_new_tokens)
+        warm_up(self.specs, lambda s: self.decode(s, self.prompts[0], short), self.run.runner.warmup)
         if self.cfg.cost_model == "measure":
             cost = self.prepared.cost_model()
             if cost is None:
@@ -384,7 +355,7 @@ class _Bench:
         paths = write_answer_files(
             self.records,
             self.cfg.specbench_answers,
-            model=model_name(self.run.model, self.model),
+            model=model_name(self.run.model.name_or_path, self.model),
             repeats=self.cfg.repeats,
             protect=[self.records_path],
         )
@@ -398,7 +369,9 @@ class _Bench:
         method_costs = {s.label: heads.get(s.label, cost) for s in specs}
         summary = summarize(self.records, [s.label for s in specs], method_costs)
         plots = (
-            make_plots(self.out_dir, summary, self.records, self.info.num_layers) if self.run.plots else {}
+            make_plots(self.out_dir, summary, self.records, self.info.num_layers)
+            if self.run.runner.plots
+            else {}
         )
         report = render_report(
             self.cfg, summary, self.env, len(self.prompts), elapsed, plots, self.hf, cost, heads, method_costs
@@ -419,7 +392,6 @@ class _Bench:
 __all__ = [
     "environment",
     "load_cost_model",
-    "parse_preset_flags",
     "preset_run_config",
     "run_benchmark",
 ]

@@ -97,8 +97,8 @@ class DecodeModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         cfg = self.cfg
         world = self.trainer.world_size
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        if cfg.runner.threads:
+            torch.set_num_threads(cfg.runner.threads)
         elif world > 1 and self.trainer.strategy.root_device.type == "cpu":
             # Several ranks on one machine's cores: split them instead of oversubscribing.
             per_node = max(1, world // max(1, self.trainer.num_nodes))
@@ -108,7 +108,7 @@ class DecodeModule(pl.LightningModule):
             # Each rank on its own device (``cuda:r`` from the trainer; the user's flag was
             # validated already), ``--dtype auto`` resolved for it.
             root = self.trainer.strategy.root_device
-            cfg = cfg.for_rank(str(root), dtype_name(resolve_dtype(cfg.dtype, root)))
+            cfg = cfg.for_rank(str(root), dtype_name(resolve_dtype(cfg.model.dtype, root)))
         mine = self.shard()
         if self.exp is None:
             self.exp = Experiment(
@@ -125,16 +125,16 @@ class DecodeModule(pl.LightningModule):
         if self.trainer.global_rank == 0:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
             meta_path = self.out_path.with_suffix(".meta.json")
-            if not (cfg.resume and meta_path.exists()):  # a resumed run keeps its original metadata
+            if not (cfg.runner.resume and meta_path.exists()):  # a resumed run keeps its original metadata
                 meta_path.write_text(json.dumps(self.meta, indent=2, default=str))
                 # `run.py --config <stem>.config.yaml` reproduces the run.
                 self.cfg.save(self.out_path.with_suffix(".config.yaml"))
             exp = self.exp
             self.log_fn(
                 f"[selfspec] {len(self.prompts)} prompts to decode on {world} process(es), {len(mine)} here | "
-                f"model {exp.adapter.info().name} ({self.model_dtype}, {exp.adapter.device}) | {cfg.method_name}: "
-                + " ".join(f"{k}={getattr(cfg, k).name}" for k in REGISTRIES)
-                + f" | max_new_tokens={cfg.max_new_tokens} | output {self.out_path}"
+                f"model {exp.adapter.info().name} ({self.model_dtype}, {exp.adapter.device}) | {cfg.method.label}: "
+                + " ".join(f"{k}={getattr(cfg.method, k).name}" for k in REGISTRIES)
+                + f" | max_new_tokens={cfg.generation.max_new_tokens} | output {self.out_path}"
             )
 
     def _methods(self) -> list[Method]:
@@ -143,8 +143,8 @@ class DecodeModule(pl.LightningModule):
         base = [Method("vanilla", self.exp.vanilla, "baseline", greedy)]
         return (
             base
-            if self.cfg.baseline_only
-            else base + [Method(self.cfg.method_name, self.exp.spec, "method", greedy)]
+            if self.cfg.method.baseline_only
+            else base + [Method(self.cfg.method.label, self.exp.spec, "method", greedy)]
         )
 
     def shard(self) -> list[Prompt]:
@@ -163,13 +163,13 @@ class DecodeModule(pl.LightningModule):
         cfg, exp = self.cfg, self.exp
         if not self.prompts:
             return
-        first, short = self.prompts[0], min(16, cfg.max_new_tokens)
+        first, short = self.prompts[0], min(16, cfg.generation.max_new_tokens)
         warm_up(
             [m.decoder for m in self.methods],
             lambda dec: exp.decode_prompt(dec, first, max_new_tokens=short),
-            repeats=cfg.warmup,
+            repeats=cfg.runner.warmup,
         )
-        if cfg.warmup:
+        if cfg.runner.warmup:
             exp.rebuild()
             self.methods = self._methods()
         self.t_start = time.perf_counter()
@@ -189,7 +189,7 @@ class DecodeModule(pl.LightningModule):
                 start_turn=turn,
             )
         )
-        strategies = {kind: getattr(cfg, kind).describe() for kind in REGISTRIES}
+        strategies = {kind: getattr(cfg.method, kind).describe() for kind in REGISTRIES}
         recs = [
             cmp.record(m.label, rank=rank, **({} if m.kind == "baseline" else {"strategies": strategies}))
             for m in self.methods
@@ -202,8 +202,8 @@ class DecodeModule(pl.LightningModule):
     def running_speedup(self) -> float | None:
         """Mean tokens/s of the method over mean tokens/s of vanilla, prompts done on this rank."""
         van = self.tok_s.get("vanilla")
-        spec = self.tok_s.get(self.cfg.method_name)
-        if not van or not spec or self.cfg.baseline_only:
+        spec = self.tok_s.get(self.cfg.method.label)
+        if not van or not spec or self.cfg.method.baseline_only:
             return None
         return (sum(spec) / len(spec)) / (sum(van) / len(van))
 

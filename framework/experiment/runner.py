@@ -49,7 +49,7 @@ from framework.session.experiment import Experiment
 
 def default_output(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = "".join(ch if ch.isalnum() or ch in "-_+" else "_" for ch in cfg.method_name)
+    safe = "".join(ch if ch.isalnum() or ch in "-_+" else "_" for ch in cfg.method.label)
     return Path("runs") / f"{safe}-{stamp}.jsonl"
 
 
@@ -70,11 +70,11 @@ def run(
 ) -> dict[str, Any]:
     """Run one experiment as a Lightning predict loop; returns ``{"output", "table", "breakdown",
     "records", "summary", "plots", "run_dir", "specbench_answers"}`` (on rank 0; other ranks get
-    ``{}``). With ``cfg.specbench_answers`` the Spec-Bench answer files are written from the
+    ``{}``). With ``cfg.runner.specbench_answers`` the Spec-Bench answer files are written from the
     results at the end, and when the run is interrupted (`framework.data.specbench`).
 
-    Every prompt's records are appended to ``cfg.output`` as soon as the prompt is done. With
-    ``cfg.resume`` the prompts already in the file are skipped (the file must come from the same
+    Every prompt's records are appended to ``cfg.runner.output`` as soon as the prompt is done. With
+    ``cfg.runner.resume`` the prompts already in the file are skipped (the file must come from the same
     configuration). Ctrl-C stops after the current prompt's records are written and raises
     KeyboardInterrupt.
 
@@ -82,29 +82,33 @@ def run(
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    pl.seed_everything(cfg.seed, verbose=False)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    prompts = load_prompts(cfg.data, cfg.categories or None, cfg.limit)
+    pl.seed_everything(cfg.generation.seed, verbose=False)
+    if cfg.runner.threads:
+        torch.set_num_threads(cfg.runner.threads)
+    prompts = load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit)
     out_path = resolve_output(cfg)
-    method = cfg.method_name
-    names = ["vanilla"] + ([] if cfg.baseline_only else [method])
+    method = cfg.method.label
+    names = ["vanilla"] + ([] if cfg.method.baseline_only else [method])
     rank0 = launch_rank(cfg) == 0
-    check_answer_dir(cfg.specbench_answers, names, [out_path])
+    check_answer_dir(cfg.runner.specbench_answers, names, [out_path])
 
     def write_answers() -> dict[str, Path]:  # Spec-Bench's answer files, rewritten from the results
-        if not cfg.specbench_answers:
+        if not cfg.runner.specbench_answers:
             return {}
         paths = write_answer_files(
             read_records(out_path),
-            cfg.specbench_answers,
-            model=model_name(cfg.model, model),
+            cfg.runner.specbench_answers,
+            model=model_name(cfg.model.name_or_path, model),
             protect=[out_path],
         )
         log(f"[selfspec] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
         return paths
 
-    done = resume_state(cfg, out_path, names, log if rank0 else (lambda _m: None)) if cfg.resume else set()
+    done = (
+        resume_state(cfg, out_path, names, log if rank0 else (lambda _m: None))
+        if cfg.runner.resume
+        else set()
+    )
     todo = [p for p in prompts if prompt_key(p) not in done]
     if done and rank0:
         log(
@@ -113,26 +117,30 @@ def run(
     run_dir = out_path.with_suffix("")
     meta = {"config": cfg.describe(), "environment": environment(), "method": method, "started": time.time()}
     exp = None
-    if cfg.devices * cfg.num_nodes == 1:  # validate and prepare before any logger or file exists
+    if (
+        cfg.runner.devices * cfg.runner.num_nodes == 1
+    ):  # validate and prepare before any logger or file exists
         exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
     module = DecodeModule(cfg, todo, out_path, meta, model, tokenizer, log, experiment=exp)
     tty = sys.stderr.isatty() and rank0
     callbacks: list[Any] = [
         ResultsWriter(out_path),
-        TrackingCallback(out_path, method, run_dir / "plots" if cfg.plots else None, read_records),
+        TrackingCallback(out_path, method, run_dir / "plots" if cfg.runner.plots else None, read_records),
         SpeedupProgressBar() if tty else PlainProgress(),
     ]
     logger = (
-        make_logger(cfg.logger, run_dir, run_dir.name, cfg.wandb_project, cfg.describe()) if rank0 else None
+        make_logger(cfg.runner.logger, run_dir, run_dir.name, cfg.runner.wandb_project, cfg.describe())
+        if rank0
+        else None
     )
     t_start = time.perf_counter()
     sigint = signal.getsignal(signal.SIGINT)
     with _quiet_lightning():
         trainer = pl.Trainer(
-            accelerator=_accelerator(cfg.device),
+            accelerator=_accelerator(cfg.model.device),
             devices=_devices(cfg),
-            num_nodes=cfg.num_nodes,
-            strategy="ddp" if cfg.devices * cfg.num_nodes > 1 else "auto",
+            num_nodes=cfg.runner.num_nodes,
+            strategy="ddp" if cfg.runner.devices * cfg.runner.num_nodes > 1 else "auto",
             logger=logger if logger is not None else False,
             callbacks=callbacks,
             enable_progress_bar=tty,
@@ -161,7 +169,7 @@ def run(
     if mismatches:
         table += "\n\n" + mismatches
     breakdown = time_breakdown(records, names)
-    title = "vanilla (baseline only)" if cfg.baseline_only else f"{method} vs vanilla"
+    title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
     plot_paths = callbacks[1].plot_paths
     report = (
         f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
@@ -195,7 +203,7 @@ def launch_rank(cfg: RunConfig) -> int:
         return int(env["RANK"])
     if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
         return int(env["SLURM_PROCID"])
-    return int(env.get("NODE_RANK", "0")) * cfg.devices + int(env.get("LOCAL_RANK", "0"))
+    return int(env.get("NODE_RANK", "0")) * cfg.runner.devices + int(env.get("LOCAL_RANK", "0"))
 
 
 def _external_launcher() -> bool:
@@ -209,16 +217,16 @@ def _external_launcher() -> bool:
 
 
 def resolve_output(cfg: RunConfig) -> Path:
-    """``cfg.output``, or a fresh ``runs/<method>-<time>.jsonl``; DDP ranks started by Lightning's
+    """``cfg.runner.output``, or a fresh ``runs/<method>-<time>.jsonl``; DDP ranks started by Lightning's
     launcher inherit rank 0's choice through the environment.
 
     Raises:
         ConfigError: several processes started by an external launcher (torchrun, srun) and no
             ``--output``: each would pick its own timestamped file.
     """
-    if cfg.output:
-        return Path(cfg.output)
-    if cfg.devices * cfg.num_nodes > 1 and _external_launcher():
+    if cfg.runner.output:
+        return Path(cfg.runner.output)
+    if cfg.runner.devices * cfg.runner.num_nodes > 1 and _external_launcher():
         raise ConfigError(
             "--output", None, "a results file named explicitly when torchrun or srun starts the processes"
         )
@@ -226,7 +234,7 @@ def resolve_output(cfg: RunConfig) -> Path:
     if inherited and launch_rank(cfg) > 0:
         return Path(inherited)
     path = default_output(cfg)
-    if cfg.devices * cfg.num_nodes > 1:
+    if cfg.runner.devices * cfg.runner.num_nodes > 1:
         os.environ["SELFSPEC_RUN_OUTPUT"] = str(path)
     return path
 
@@ -242,9 +250,9 @@ def _accelerator(device: str) -> str:
 
 
 def _devices(cfg: RunConfig) -> Any:
-    if cfg.device.startswith("cuda:"):  # one named GPU
-        return [int(cfg.device.split(":", 1)[1])]
-    return cfg.devices
+    if cfg.model.device.startswith("cuda:"):  # one named GPU
+        return [int(cfg.model.device.split(":", 1)[1])]
+    return cfg.runner.devices
 
 
 class _quiet_lightning:

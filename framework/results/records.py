@@ -180,7 +180,7 @@ def resume_state(
     Raises:
         ConfigError: no ``--output``, no metadata next to the file, or a different configuration.
     """
-    if cfg.output is None:
+    if cfg.runner.output is None:
         raise ConfigError("--output", None, "the results file to continue when --resume is given")
     if not out_path.exists():
         return set()

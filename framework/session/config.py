@@ -1,24 +1,41 @@
-"""The configuration of a run: `RunConfig`, the single source of truth.
+"""The configuration of a run: `RunConfig`, the single source of truth, in five sections.
+
+- `ModelConfig` (``cfg.model``): which model, in what dtype, on what device, and how it executes
+  (CPU kernels, CUDA graphs, phase timing);
+- `MethodConfig` (``cfg.method``): the four strategies, the draft gate, the method's name;
+- `DataConfig` (``cfg.data``): the prompts;
+- `GenerationConfig` (``cfg.generation``): what one generation may do (token budget, stop
+  strings, seed);
+- `RunnerConfig` (``cfg.runner``): how the runner executes and records a run (output, W&B,
+  warm-up, threads, processes, ``--resume``).
+
+`selfspec.Decoder` takes the model, method and generation sections only; the benchmark shares
+one run's sections with every method and swaps the method section per method.
 
 Every way of configuring a run ends in one frozen `RunConfig`: Python code
 (``RunConfig.from_preset("swift", max_new_tokens=64)``), a preset YAML, a saved config
-(``RunConfig.load``), and the command line, whose flags are generated from the dataclass fields
-(``framework.session.flags``) and applied with the same override rules.
+(``RunConfig.load``), and the command line, whose flags are generated from the sections' fields
+(``framework.session.flags``; one flag per field, the sections do not show on the command line)
+and applied with the same override rules.
 
-Override keys (`RunConfig.from_preset`, `RunConfig.replace`):
+Override keys (`RunConfig.from_preset`, `RunConfig.replace`, `RunConfig.of`):
 
-- any field: ``max_new_tokens=64``, ``model="tiny-random"``, ``categories="qa,rag"``;
+- any field by its flat name, the flag without dashes: ``max_new_tokens=64``,
+  ``model="tiny-random"``, ``data="q.jsonl"``, ``categories="qa,rag"``, ``stop=("###",)``;
+- a dotted section key: ``**{"generation.max_new_tokens": 64}``; a whole section:
+  ``generation=GenerationConfig(...)`` or ``generation={"max_new_tokens": 64}``;
 - a strategy kind with a name: ``selector="static"`` replaces the strategy (its fields are reset
   to the strategy's defaults unless the name is the current one), or with a mapping:
   ``selector={"skip_ratio": 0.3}`` sets fields of the current strategy,
   ``selector={"name": "static", "skip_ratio": 0.3}`` does both; a `StrategySpec` or a strategy's
   config object is taken as it is;
-- a dotted key: ``**{"selector.skip_ratio": 0.3}``, ``**{"gate.enabled": True}``;
+- a dotted strategy key: ``**{"selector.skip_ratio": 0.3}``, ``**{"gate.enabled": True}``;
 - ``gate={"enabled": True}`` or a ``GateConfig``.
 
 Strings are parsed with the field's type, as on the command line (``"64"``, ``"true"``,
-``"3,5"``); typed values are taken as they are. Every error is a `ConfigError` that names the
-key as its flag: ``--selector.skip_ratio must be in [0, 1), got 1.5``.
+``"3,5"``); typed values are coerced (`framework.config.coerce_value`: lists to tuples, YAML's
+``8.0`` to an int), never spelled back as text. Every error is a `ConfigError` that names the key
+as its flag: ``--selector.skip_ratio must be in [0, 1), got 1.5``.
 """
 
 from __future__ import annotations
@@ -33,11 +50,11 @@ from typing import Any, Literal
 
 import yaml
 
-from framework.config import ConfigError, build_config, check_range, param, parse_value
+from framework.config import ConfigError, build_config, check_range, coerce_value, param
 from framework.drafting.gate import GateConfig
 from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
-from framework.session.flags import flag_of
+from framework.session.flags import flag_name
 from framework.session.presets import load_preset
 
 #: Values of ``--logger``.
@@ -107,16 +124,28 @@ def strategy_field(
     )
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything one experiment needs: the model, the data, the four strategies, the draft gate,
-    the output and how the run is executed (see the module docstring for building one)."""
+def _check_bools(pairs: tuple[tuple[str, Any], ...]) -> None:
+    for flag, value in pairs:
+        if not isinstance(value, bool):
+            raise ConfigError(flag, value, "a boolean (true/false)")
 
-    model: str | None = param(
+
+def _check_strings(flag: str, value: Any) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(flag, value, "a tuple of strings")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model, in what dtype, on what device, and how it executes."""
+
+    name_or_path: str | None = param(
         None,
         help="a named model (smollm2-135m-instruct, qwen2.5-coder-0.5b: see --list), a local .gguf file, an "
         "HF model directory or hub id; tiny-random: a tiny random Llama (smoke runs); default: "
         "smollm2-135m-instruct",
+        flag="--model",
+        metavar="MODEL",
     )
     dtype: Literal["float32", "float16", "bfloat16", "float64", "auto"] = param(
         "float32",
@@ -124,10 +153,39 @@ class RunConfig:
         "float32 on CPU)",
     )
     device: str = param("auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
-    data: str | None = param(None, help="Spec-Bench-format JSONL; default: the built-in suite")
-    categories: tuple[str, ...] = param((), help="comma-separated categories to keep (e.g. mt_bench,qa)")
-    limit: int | None = param(None, help="at most N prompts per category")
-    max_new_tokens: int = param(128, help="new tokens per turn; >= 1", metavar="N")
+    kernels: bool = param(
+        True, help="the batch-invariant CPU kernels (framework.kernels.cpu) for float32 on CPU"
+    )
+    phase_timing: Literal["auto", "on", "off"] = param(
+        "auto",
+        help="time each phase of a round and the LM head in the records: on, off, or auto (on for a CPU; "
+        "off for CUDA, where every phase boundary waits for the device, about ten times a round)",
+    )
+    cuda_graphs: bool = param(
+        False,
+        help="run every forward of up to 64 tokens after the prefill (draft steps, plain steps, chain "
+        "and tree verifications) through CUDA graphs of each attention and MLP branch "
+        "(framework.kernels.graphs; CUDA only): about 2x faster plain decoding on a 7B model at "
+        "batch 1 (docs/performance.md)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
+        if self.phase_timing not in PHASE_TIMING:
+            raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
+        _check_bools((("--kernels", self.kernels), ("--cuda-graphs", self.cuda_graphs)))
+
+    @property
+    def phase_timing_flag(self) -> bool | None:
+        """``--phase-timing`` for the decoders and the adapter: ``None`` (auto), ``True`` or ``False``."""
+        return {"auto": None, "on": True, "off": False}[self.phase_timing]
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """The method: the four strategies, the draft gate around the length controller, its name."""
+
     selector: StrategySpec = strategy_field(
         "selector",
         "static",
@@ -145,6 +203,69 @@ class RunConfig:
         default_factory=GateConfig,
         metadata={"help": "the draft gate around the length controller (framework.drafting.gate)"},
     )
+    name: str | None = param(None, help="method name in the results (default <selector>+<length>)")
+    baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
+
+    def __post_init__(self) -> None:
+        for kind in REGISTRIES:
+            spec = getattr(self, kind)
+            if not isinstance(spec, StrategySpec):
+                raise ConfigError(f"--{kind}", spec, "a StrategySpec")
+        if not isinstance(self.gate, GateConfig):
+            raise ConfigError("--gate", self.gate, "a GateConfig")
+        _check_bools((("--baseline-only", self.baseline_only),))
+        if self.name == "vanilla" and not self.baseline_only:
+            raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
+
+    @property
+    def label(self) -> str:
+        """The method's name in records and tables: ``vanilla`` for the baseline alone, ``name``,
+        else ``<selector>+<length>``."""
+        if self.baseline_only:
+            return "vanilla"
+        return self.name or f"{self.selector.name}+{self.length.name}"
+
+    def strategies(self) -> dict[str, StrategySpec]:
+        """The four strategies by kind."""
+        return {kind: getattr(self, kind) for kind in REGISTRIES}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The prompts."""
+
+    path: str | None = param(
+        None, help="Spec-Bench-format JSONL; default: the built-in suite", flag="--data", metavar="DATA"
+    )
+    categories: tuple[str, ...] = param((), help="comma-separated categories to keep (e.g. mt_bench,qa)")
+    limit: int | None = param(None, help="at most N prompts per category")
+
+    def __post_init__(self) -> None:
+        if self.limit is not None:
+            check_range("--limit", self.limit, 1, integer=True)
+        _check_strings("--categories", self.categories)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What one generation may do."""
+
+    max_new_tokens: int = param(128, help="new tokens per turn; >= 1", metavar="N")
+    stop_strings: tuple[str, ...] = param(
+        (), help="an extra string that ends a turn", flag="--stop", metavar="STRING", repeat=True
+    )
+    seed: int = param(0, help="torch seed")
+
+    def __post_init__(self) -> None:
+        check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
+        check_range("--seed", self.seed, integer=True)
+        _check_strings("--stop", self.stop_strings)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How the runner executes and records a run."""
+
     output: str | None = param(None, help="results JSONL (appended); default runs/<method>-<time>.jsonl")
     specbench_answers: str = param(
         "",
@@ -152,29 +273,8 @@ class RunConfig:
         "the end, for Spec-Bench's evaluation/speed.py and equal.py; default: off",
         metavar="DIR",
     )
-    seed: int = param(0, help="torch seed")
     warmup: int = param(1, help="warm-up generations per method before timing")
     threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
-    stop_strings: tuple[str, ...] = param(
-        (), help="an extra string that ends a turn", flag="--stop", metavar="STRING", repeat=True
-    )
-    name: str | None = param(None, help="method name in the results (default <selector>+<length>)")
-    baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
-    kernels: bool = param(
-        True, help="the batch-invariant CPU kernels (framework.kernels.cpu) for float32 on CPU"
-    )
-    phase_timing: Literal["auto", "on", "off"] = param(
-        "auto",
-        help="time each phase of a round and the LM head in the records: on, off, or auto (on for a CPU; "
-        "off for CUDA, where every phase boundary waits for the device, about ten times a round)",
-    )
-    cuda_graphs: bool = param(
-        False,
-        help="run every forward of up to 64 tokens after the prefill (draft steps, plain steps, chain "
-        "and tree verifications) through CUDA graphs of each attention and MLP branch "
-        "(framework.kernels.graphs; CUDA only): about 2x faster plain decoding on a 7B model at "
-        "batch 1 (docs/performance.md)",
-    )
     logger: Literal["wandb", "csv", "none"] = param(
         "wandb", help="wandb (offline without an API key; upload later with `wandb sync`), csv or none"
     )
@@ -185,56 +285,55 @@ class RunConfig:
     num_nodes: int = param(1, help="nodes of a multi-node run (Lightning's DDP environment)")
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_NAMES:
-            raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
-        if self.phase_timing not in PHASE_TIMING:
-            raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
         if self.logger not in LOGGERS:
             raise ConfigError("--logger", self.logger, f"one of {', '.join(LOGGERS)}")
-        check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
         check_range("--warmup", self.warmup, 0, integer=True)
-        check_range("--seed", self.seed, integer=True)
-        if self.limit is not None:
-            check_range("--limit", self.limit, 1, integer=True)
         if self.threads is not None:
             check_range("--threads", self.threads, 1, integer=True)
         check_range("--devices", self.devices, 1, integer=True)
         check_range("--num-nodes", self.num_nodes, 1, integer=True)
-        for flag, value in (
-            ("--baseline-only", self.baseline_only),
-            ("--kernels", self.kernels),
-            ("--cuda-graphs", self.cuda_graphs),
-            ("--plots", self.plots),
-            ("--resume", self.resume),
-        ):
-            if not isinstance(value, bool):
-                raise ConfigError(flag, value, "a boolean (true/false)")
+        _check_bools((("--plots", self.plots), ("--resume", self.resume)))
         if not isinstance(self.specbench_answers, str) or (
             self.specbench_answers and not self.specbench_answers.strip()
         ):
             raise ConfigError("--specbench-answers", self.specbench_answers, "a directory path, or '' (off)")
-        for flag, value in (("--categories", self.categories), ("--stop", self.stop_strings)):
-            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(flag, value, "a tuple of strings")
-        if self.device.startswith("cuda:") and self.devices * self.num_nodes > 1:
+
+
+#: The sections of a `RunConfig`, by field name.
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "method": MethodConfig,
+    "data": DataConfig,
+    "generation": GenerationConfig,
+    "runner": RunnerConfig,
+}
+
+
+def _section(name: str, help: str) -> Any:  # noqa: A002
+    return field(default_factory=SECTIONS[name], metadata={"help": help, "section": True})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one experiment needs, in five sections (see the module docstring for building
+    one): ``model``, ``method``, ``data``, ``generation`` and ``runner``."""
+
+    model: ModelConfig = _section("model", "the model and how it executes")
+    method: MethodConfig = _section("method", "the four strategies and the draft gate")
+    data: DataConfig = _section("data", "the prompts")
+    generation: GenerationConfig = _section("generation", "one generation's budget and stops")
+    runner: RunnerConfig = _section("runner", "how the runner executes and records the run")
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"--{name}", getattr(self, name), f"a {cls.__name__}")
+        if self.model.device.startswith("cuda:") and self.runner.devices * self.runner.num_nodes > 1:
             raise ConfigError(
                 "--device",
-                self.device,
+                self.model.device,
                 "auto or cuda with --devices > 1 (cuda:N names one GPU; --devices N uses GPUs 0..N-1)",
             )
-        if self.name == "vanilla" and not self.baseline_only:
-            raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
-        for kind in REGISTRIES:
-            spec = getattr(self, kind)
-            if not isinstance(spec, StrategySpec):
-                raise ConfigError(f"--{kind}", spec, "a StrategySpec")
-        if not isinstance(self.gate, GateConfig):
-            raise ConfigError("--gate", self.gate, "a GateConfig")
-
-    @property
-    def phase_timing_flag(self) -> bool | None:
-        """``--phase-timing`` for the decoders and the adapter: ``None`` (auto), ``True`` or ``False``."""
-        return {"auto": None, "on": True, "off": False}[self.phase_timing]
 
     def for_rank(self, device: str, dtype: str | None = None) -> RunConfig:
         """This process's own configuration in a run of several (``--devices``/``--num-nodes``):
@@ -246,7 +345,9 @@ class RunConfig:
         several processes); a rank's ``cuda:r`` comes from the trainer, not from the user, and is
         valid because the rank's configuration describes that one process.
         """
-        return dataclasses.replace(self, device=device, dtype=dtype or self.dtype, devices=1, num_nodes=1)
+        model = dataclasses.replace(self.model, device=device, dtype=dtype or self.model.dtype)
+        runner = dataclasses.replace(self.runner, devices=1, num_nodes=1)
+        return dataclasses.replace(self, model=model, runner=runner)
 
     # ---- building ---------------------------------------------------------------------------
     @classmethod
@@ -270,35 +371,45 @@ class RunConfig:
             base.update({k: preset[k] for k in (*REGISTRIES, "gate") if k in preset})
             _apply(draft, base)
         _apply(draft, overrides)
-        return _build(cls, draft)
+        return _build(draft)
+
+    @classmethod
+    def of(cls, **overrides: Any) -> RunConfig:
+        """The defaults with ``overrides`` (``RunConfig.of(max_new_tokens=32, dtype="float64")``)."""
+        return cls.from_preset(None, **overrides)
 
     def replace(self, **overrides: Any) -> RunConfig:
         """A copy with ``overrides`` applied, with the rules of `from_preset`."""
         draft = _draft_of(self)
         _apply(draft, overrides)
-        return _build(type(self), draft)
+        return _build(draft)
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain nested dict (JSON/YAML-able): ``{"model": ..., "selector": {"name": ...,
-        <field>: <value>, ...}, "gate": {...}, ...}``; tuples become lists. `from_dict` inverts it."""
+        """A plain nested dict by section (JSON/YAML-able): ``{"model": {...}, "method":
+        {"selector": {"name": ..., <field>: <value>, ...}, ..., "gate": {...}, ...}, ...}``; tuples
+        become lists. `from_dict` inverts it."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, StrategySpec):
-                out[f.name] = {"name": value.name, **_plain(_fields_of(_config_of(f.name, value)))}
-            else:
-                out[f.name] = _plain(value)
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = {}
+            for f in dataclasses.fields(section):
+                value = getattr(section, f.name)
+                if isinstance(value, StrategySpec):
+                    out[name][f.name] = {"name": value.name, **_plain(_fields_of(_config_of(f.name, value)))}
+                else:
+                    out[name][f.name] = _plain(value)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        """The config `to_dict` wrote (keys left out keep their defaults).
+        """The config `to_dict` wrote (keys left out keep their defaults); a flat dict of override
+        keys (a config saved before the sections) is read too.
 
         Raises:
             ConfigError: not a mapping, an unknown key, or an invalid value (named as its flag).
         """
         if not isinstance(data, Mapping):
-            raise ConfigError("--config", data, "a mapping of RunConfig fields")
+            raise ConfigError("--config", data, "a mapping of RunConfig sections")
         return cls.from_preset(None, **dict(data))
 
     def save(self, path: str | Path) -> Path:
@@ -329,29 +440,66 @@ class RunConfig:
         return cls.from_dict(data)
 
     # ---- reading ----------------------------------------------------------------------------
-    @property
-    def method_name(self) -> str:
-        if self.baseline_only:
-            return "vanilla"
-        return self.name or f"{self.selector.name}+{self.length.name}"
-
     def describe(self) -> dict[str, Any]:
         """The run's metadata form (``.meta.json``, logger config, the ``--resume`` check): every
-        field, each strategy as ``{"name", "config"}``."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in REGISTRIES}
-        out.update({kind: getattr(self, kind).describe() for kind in REGISTRIES})
-        out["gate"] = dataclasses.asdict(self.gate)
-        out["categories"] = list(self.categories)
-        out["stop_strings"] = list(self.stop_strings)
+        field flat by its override key (``model``, ``max_new_tokens``, ...), each strategy as
+        ``{"name", "config"}``, the gate as a dict."""
+        out: dict[str, Any] = {}
+        for key, (section, name) in FLAT_KEYS.items():
+            value = getattr(getattr(self, section), name)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        method = self.method
+        out.update({kind: spec.describe() for kind, spec in method.strategies().items()})
+        out["gate"] = dataclasses.asdict(method.gate)
         return out
 
 
 # ---- the override machinery -----------------------------------------------------------------
-# A draft is a mutable copy of a config: {field: value} for plain fields, {"name": ..., field:
-# value} for each strategy kind, {field: value} for the gate. Overrides edit the draft; `_build`
-# validates it into a RunConfig.
+# A draft is a mutable copy of a config: {section: {field: value}}, where the method section holds
+# {"name": ..., field: value} for each strategy kind and {field: value} for the gate. Overrides
+# edit the draft; `_build` validates it into a RunConfig.
 
-_SECTIONS = {"gate": GateConfig}
+_NESTED = {"gate": GateConfig}  # config dataclasses inside the method section
+#: Flat keys that are not their field's name (the keys before the sections).
+_RENAMED = {("model", "name_or_path"): "model", ("data", "path"): "data"}
+
+
+def _flat_keys() -> dict[str, tuple[str, str]]:
+    """``{flat key: (section, field)}`` of every plain field (strategies and the gate excluded)."""
+    out: dict[str, tuple[str, str]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.name in REGISTRIES or f.name in _NESTED:
+                continue
+            out[_RENAMED.get((section, f.name), f.name)] = (section, f.name)
+    return out
+
+
+#: ``{flat key: (section, field)}``: the override keys of plain fields (`RunConfig.describe` uses
+#: them as its keys).
+FLAT_KEYS = _flat_keys()
+#: Further spellings of flat keys: each field's flag without dashes (``stop`` for ``stop_strings``).
+_ALIASES = {
+    flag_name(f).lstrip("-").replace("-", "_"): key
+    for key, (section, name) in FLAT_KEYS.items()
+    for f in dataclasses.fields(SECTIONS[section])
+    if f.name == name
+}
+
+
+def section_of(key: str) -> str | None:
+    """The section an override key sets (``"generation"`` for ``max_new_tokens``, ``"method"``
+    for ``selector.skip_ratio`` or ``gate``), or ``None`` for a key that is no override."""
+    key = key.replace("-", "_")
+    head = key.split(".", 1)[0]
+    if head in REGISTRIES or head in _NESTED:
+        return "method"
+    if "." in key:
+        return head if head in SECTIONS else None
+    flat = _ALIASES.get(key, key)
+    if flat in FLAT_KEYS:
+        return FLAT_KEYS[flat][0]
+    return key if key in SECTIONS else None
 
 
 def _fields_of(obj: Any) -> dict[str, Any]:
@@ -386,16 +534,16 @@ def _config_of(kind: str, spec: StrategySpec) -> Any:
     return _entry(kind, spec.name).config()
 
 
-def _draft_of(cfg: RunConfig) -> dict[str, Any]:
-    draft: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in REGISTRIES:
-            draft[f.name] = {"name": value.name, **_fields_of(value.config)}
-        elif f.name in _SECTIONS:
-            draft[f.name] = _fields_of(value)
-        else:
-            draft[f.name] = value
+def _draft_of(cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    draft: dict[str, dict[str, Any]] = {}
+    for section in SECTIONS:
+        values = _fields_of(getattr(cfg, section))
+        if section == "method":
+            for kind in REGISTRIES:
+                values[kind] = {"name": values[kind].name, **_fields_of(values[kind].config)}
+            for key in _NESTED:
+                values[key] = _fields_of(values[key])
+        draft[section] = values
     return draft
 
 
@@ -406,11 +554,11 @@ def _name_of_config(kind: str, config: Any) -> str | None:
     return None
 
 
-def _set_strategy(draft: dict[str, Any], kind: str, value: Any) -> None:
+def _set_strategy(method: dict[str, Any], kind: str, value: Any) -> None:
     """Apply ``<kind>=value`` (a name, a StrategySpec, a config object, or a mapping)."""
-    current = draft[kind]
+    current = method[kind]
     if isinstance(value, StrategySpec):
-        draft[kind] = {"name": value.name, **_fields_of(value.config)}
+        method[kind] = {"name": value.name, **_fields_of(value.config)}
         return
     if isinstance(value, str):
         value = {"name": value}
@@ -418,7 +566,7 @@ def _set_strategy(draft: dict[str, Any], kind: str, value: Any) -> None:
         name = _name_of_config(kind, value)
         if name is None:
             raise ConfigError(f"--{kind}", value, f"the config of a registered {kind}")
-        draft[kind] = {"name": name, **_fields_of(value)}
+        method[kind] = {"name": name, **_fields_of(value)}
         return
     if not isinstance(value, Mapping):
         raise ConfigError(
@@ -429,90 +577,134 @@ def _set_strategy(draft: dict[str, Any], kind: str, value: Any) -> None:
     _entry(kind, name)
     if name != current["name"]:
         current = {"name": name}  # another strategy: the fields set for the old one are dropped
-    draft[kind] = {**current, **value}
+    method[kind] = {**current, **value}
 
 
-def _set_section(draft: dict[str, Any], key: str, value: Any) -> None:
-    cls = _SECTIONS[key]
+def _set_nested(method: dict[str, Any], key: str, value: Any) -> None:
+    cls = _NESTED[key]
     if isinstance(value, cls):
-        draft[key] = _fields_of(value)
+        method[key] = _fields_of(value)
     elif isinstance(value, Mapping):
-        draft[key] = {**draft[key], **value}
+        method[key] = {**method[key], **value}
     else:
         raise ConfigError(f"--{key}", value, f"a {cls.__name__} or a mapping of its fields")
 
 
-def _apply(draft: dict[str, Any], overrides: Mapping[str, Any]) -> None:
-    """Edit ``draft`` in place: whole strategies and sections first, then dotted keys, so that
-    ``selector="static"`` and ``**{"selector.skip_ratio": 0.3}`` combine in any order."""
+def _set_section(draft: dict[str, dict[str, Any]], section: str, value: Any) -> None:
+    """Apply ``<section>=value``: a section object, or a mapping of its fields (in the method
+    section, strategies and the gate take the values their own keys take)."""
+    if isinstance(value, SECTIONS[section]):
+        value = _draft_of(RunConfig(**{section: value}))[section]
+        draft[section] = value
+        return
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"--{section}", value, f"a {SECTIONS[section].__name__} or a mapping of its fields")
+    for key, v in value.items():
+        _apply(draft, {f"{section}.{key}": v})
+
+
+def _unknown(raw_key: str, value: Any) -> ConfigError:
+    return ConfigError(
+        "--" + raw_key.replace("_", "-"),
+        value,
+        "a RunConfig field ("
+        + ", ".join([*FLAT_KEYS, *REGISTRIES, *_NESTED])
+        + "), <kind>.<field>, or <section>.<field> with section one of "
+        + ", ".join(SECTIONS),
+    )
+
+
+def _set_dotted(draft: dict[str, dict[str, Any]], key: str, value: Any) -> None:
+    head, sub = key.split(".", 1)
+    method = draft["method"]
+    if head in REGISTRIES:
+        if sub == "name":
+            _set_strategy(method, head, {"name": value})
+        else:
+            method[head] = {**method[head], sub: value}
+    elif head in _NESTED:
+        method[head] = {**method[head], sub: value}
+    elif head in SECTIONS:
+        if head == "method" and (sub in REGISTRIES or sub in _NESTED):
+            _apply(draft, {sub: value})
+        elif sub in draft[head]:
+            draft[head][sub] = value
+        else:
+            names = ", ".join(draft[head])
+            raise ConfigError(f"--{key}", value, f"a field of the {head} section ({names})")
+    else:
+        raise ConfigError(
+            f"--{key}",
+            value,
+            f"<kind>.<field> with kind one of {', '.join([*REGISTRIES, *_NESTED])}, or <section>.<field> "
+            f"with section one of {', '.join(SECTIONS)}",
+        )
+
+
+def _apply(draft: dict[str, dict[str, Any]], overrides: Mapping[str, Any]) -> None:
+    """Edit ``draft`` in place: whole sections, strategies and the gate first, then dotted keys
+    (strategy names before their fields), so that ``selector="static"`` and
+    ``**{"selector.skip_ratio": 0.3}`` combine in any order."""
     dotted = []
     for raw_key, value in overrides.items():
         key = raw_key.replace("-", "_")
+        flat = _ALIASES.get(key, key)
         if "." in key:
             dotted.append((key, value))
         elif key in REGISTRIES:
-            _set_strategy(draft, key, value)
-        elif key in _SECTIONS:
+            _set_strategy(draft["method"], key, value)
+        elif key in _NESTED:
+            _set_nested(draft["method"], key, value)
+        elif key in SECTIONS and (isinstance(value, (Mapping, SECTIONS[key])) or key not in FLAT_KEYS):
             _set_section(draft, key, value)
-        elif key in draft:
-            draft[key] = value
+        elif flat in FLAT_KEYS:
+            section, name = FLAT_KEYS[flat]
+            draft[section][name] = value
         else:
-            plain = [k for k in draft if k not in REGISTRIES and k not in _SECTIONS]
-            raise ConfigError(
-                "--" + raw_key.replace("_", "-"),
-                value,
-                "a RunConfig field ("
-                + ", ".join(plain + list(REGISTRIES) + list(_SECTIONS))
-                + ") or <kind>.<field>",
-            )
-    for key in [k for k, _ in dotted if k.endswith(".name")]:  # names before their fields
-        kind = key.split(".", 1)[0]
-        if kind in REGISTRIES:
-            _set_strategy(draft, kind, {"name": dict(dotted)[key]})
+            raise _unknown(raw_key, value)
+    dotted.sort(key=lambda kv: not kv[0].endswith(".name"))  # names before their fields
     for key, value in dotted:
-        head, sub = key.split(".", 1)
-        if head in REGISTRIES:
-            if sub != "name":
-                draft[head] = {**draft[head], sub: value}
-        elif head in _SECTIONS:
-            draft[head] = {**draft[head], sub: value}
-        else:
-            raise ConfigError(
-                f"--{key}", value, f"<kind>.<field> with kind one of {', '.join([*REGISTRIES, *_SECTIONS])}"
-            )
+        _set_dotted(draft, key, value)
 
 
-def _build(cls: type[RunConfig], draft: dict[str, Any]) -> RunConfig:
+def _build_section(cls: type, values: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        value = draft[f.name]
+        value = values[f.name]
         if f.name in REGISTRIES:
-            values = dict(value)
-            name = values.pop("name")
+            values_ = dict(value)
+            name = values_.pop("name")
             entry = _entry(f.name, name)
             kwargs[f.name] = StrategySpec(
-                name, build_config(entry.config, values, flag_prefix=f"--{f.name}.")
+                name, build_config(entry.config, values_, flag_prefix=f"--{f.name}.")
             )
-        elif f.name in _SECTIONS:
-            kwargs[f.name] = build_config(_SECTIONS[f.name], dict(value), flag_prefix=f"--{f.name}.")
+        elif f.name in _NESTED:
+            kwargs[f.name] = build_config(_NESTED[f.name], dict(value), flag_prefix=f"--{f.name}.")
         else:
-            flag = flag_of(cls, f.name)
             if isinstance(value, str) and f.metadata.get("repeat"):
                 value = (value,)
-            elif isinstance(value, str):
-                value = parse_value(value, hints[f.name], flag)
-            elif isinstance(value, list):
-                value = tuple(value)
-            kwargs[f.name] = value
+            kwargs[f.name] = coerce_value(value, hints[f.name], flag_name(f))
     return cls(**kwargs)
+
+
+def _build(draft: dict[str, dict[str, Any]]) -> RunConfig:
+    return RunConfig(**{name: _build_section(cls, draft[name]) for name, cls in SECTIONS.items()})
 
 
 __all__ = [
     "DTYPE_NAMES",
+    "FLAT_KEYS",
     "LOGGERS",
+    "SECTIONS",
+    "DataConfig",
+    "GenerationConfig",
+    "MethodConfig",
+    "ModelConfig",
     "RunConfig",
+    "RunnerConfig",
     "StrategySpec",
     "UnknownStrategyError",
+    "section_of",
     "strategy_field",
 ]

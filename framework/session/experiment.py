@@ -2,7 +2,7 @@
 prompts with.
 
 `build_decoder` turns a `RunConfig` into a `SpeculativeDecoder` (the four strategies, the length
-controller wrapped in the draft gate when ``cfg.gate.enabled``); `Experiment` loads the model (or
+controller wrapped in the draft gate when ``cfg.method.gate.enabled``); `Experiment` loads the model (or
 takes one), prepares the strategies once and decodes prompts turn by turn with either decoder.
 """
 
@@ -30,7 +30,7 @@ StrategyOverrides = Mapping[str, "Strategy | type[Strategy]"]
 
 def _strategy(kind: str, cfg: RunConfig, given: Any) -> Strategy:
     if given is None:
-        return getattr(cfg, kind).build(kind)
+        return getattr(cfg.method, kind).build(kind)
     base = REGISTRIES[kind].base_cls
     if isinstance(given, type) and issubclass(given, base):
         return given()
@@ -43,7 +43,7 @@ def build_decoder(
     adapter: ModelAdapter, cfg: RunConfig, strategies: StrategyOverrides | None = None
 ) -> SpeculativeDecoder:
     """Instantiate the four strategies of ``cfg`` (the length controller inside the draft gate
-    ``cfg.gate``) and the speculative decoder over ``adapter`` (runs every ``setup``).
+    ``cfg.method.gate``) and the speculative decoder over ``adapter`` (runs every ``setup``).
 
     Args:
         adapter: the model adapter.
@@ -62,10 +62,10 @@ def build_decoder(
     return SpeculativeDecoder(
         adapter,
         parts["selector"],
-        gated(parts["length"], cfg.gate),
+        gated(parts["length"], cfg.method.gate),
         parts["drafter"],
         parts["verifier"],
-        phase_timing=cfg.phase_timing_flag,
+        phase_timing=cfg.model.phase_timing_flag,
     )
 
 
@@ -75,7 +75,7 @@ class Experiment:
 
     Args:
         cfg: the run configuration (model, dtype, device, strategies, gate, stop strings).
-        model: an already loaded model; ``None`` loads ``cfg.model``.
+        model: an already loaded model; ``None`` loads ``cfg.model.name_or_path``.
         tokenizer: its tokenizer (with ``model``).
         artifact_stem: where strategies keep artefacts (an offline search's skip set).
         log: where preparation messages go.
@@ -88,7 +88,7 @@ class Experiment:
 
     Raises:
         ConfigError: a prompt that does not fit, or a strategy config rejected by the model.
-        ModelLoadError: ``cfg.model`` cannot be loaded.
+        ModelLoadError: ``cfg.model.name_or_path`` cannot be loaded.
     """
 
     def __init__(
@@ -106,11 +106,11 @@ class Experiment:
         self.cfg = cfg
         self.strategies = dict(strategies or {})
         if model is None:
-            model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
+            model, tokenizer = load_model(cfg.model.name_or_path, cfg.model.dtype, cfg.model.device)
         self.model, self.tokenizer = model, tokenizer
-        self.adapter = adapter_for(model, fast_kernels=None if cfg.kernels else False)
-        self.adapter.time_lm_head = cfg.phase_timing_flag
-        if cfg.cuda_graphs:  # before any preparation: what a search times is what decodes
+        self.adapter = adapter_for(model, fast_kernels=None if cfg.model.kernels else False)
+        self.adapter.time_lm_head = cfg.model.phase_timing_flag
+        if cfg.model.cuda_graphs:  # before any preparation: what a search times is what decodes
             if self.adapter.device.type != "cuda":
                 raise ConfigError(
                     "--cuda-graphs", True, f"used with a CUDA device (the model is on {self.adapter.device})"
@@ -124,7 +124,7 @@ class Experiment:
             artifact_stem=artifact_stem,
             log=log,
             # --dtype auto resolved for the device (artefacts such as a saved skip set are keyed by it)
-            dtype=dtype_name(self.adapter.dtype) if cfg.dtype == "auto" else cfg.dtype,
+            dtype=dtype_name(self.adapter.dtype) if cfg.model.dtype == "auto" else cfg.model.dtype,
             load_prompts=calibration_texts,
             prepared=PreparedCache() if prepared is None else prepared,
         )
@@ -140,18 +140,18 @@ class Experiment:
         ``prepare_ctx.prepared`` (an offline search) is not repeated.
         """
         self.spec = build_decoder(self.adapter, self.cfg, self.strategies)
-        if not self.cfg.baseline_only:
+        if not self.cfg.method.baseline_only:
             self.spec.prepare(self.prepare_ctx)
         # The baseline gets its own verifier instance (its own RNG stream when sampling).
-        self.vanilla = VanillaDecoder(self.adapter, self.cfg.verifier.build("verifier"))
+        self.vanilla = VanillaDecoder(self.adapter, self.cfg.method.verifier.build("verifier"))
 
     def stop(self, max_new_tokens: int | None = None) -> StopCondition:
-        """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.max_new_tokens``), EOS
-        and the chat template's end-of-turn tokens, and ``cfg.stop_strings``."""
+        """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.generation.max_new_tokens``), EOS
+        and the chat template's end-of-turn tokens, and ``cfg.generation.stop_strings``."""
         return StopCondition(
-            max_new_tokens or self.cfg.max_new_tokens,
+            max_new_tokens or self.cfg.generation.max_new_tokens,
             self.eos,
-            self.cfg.stop_strings,
+            self.cfg.generation.stop_strings,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
         )
 
@@ -172,10 +172,10 @@ class Experiment:
         limit = self.adapter.max_context
         for p in prompts:
             n = len(encode_chat(self.tokenizer, [{"role": "user", "content": p.turns[0]}]))
-            if n + self.cfg.max_new_tokens > limit:
+            if n + self.cfg.generation.max_new_tokens > limit:
                 raise ConfigError(
                     f"prompt {p.question_id} ({p.category})",
-                    f"{n} tokens + --max-new-tokens {self.cfg.max_new_tokens}",
+                    f"{n} tokens + --max-new-tokens {self.cfg.generation.max_new_tokens}",
                     f"at most the model's context of {limit} tokens",
                 )
 

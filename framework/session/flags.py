@@ -37,7 +37,7 @@ Example::
     parser = argparse.ArgumentParser()
     add_config_flags(parser, RunConfig, exclude=("output",))
     args = parser.parse_args(["--max-new-tokens", "64", "--selector.skip_ratio", "0.3"])
-    config_overrides_from_args(args)   # {"max_new_tokens": "64", "selector.skip_ratio": "0.3"}
+    config_overrides_from_args(args)   # {"generation.max_new_tokens": "64", "selector.skip_ratio": "0.3"}
 """
 
 from __future__ import annotations
@@ -112,16 +112,22 @@ def add_config_flags(
     *,
     exclude: Iterable[str] = (),
     groups: Mapping[str, str] | None = None,
+    _section: str = "",
+    _title: str = "",
 ) -> None:
     """Add a flag for every field of the config dataclass ``cfg_cls`` to ``parser``.
+
+    A field marked as a section (metadata ``section=True``: `RunConfig`'s ``model``, ``method``,
+    ...) contributes its own fields' flags, unprefixed (``--max-new-tokens``), under a group named
+    after the section; their override keys are dotted, ``"<section>.<field>"``.
 
     Args:
         parser: the parser to extend.
         cfg_cls: a (frozen) config dataclass whose fields carry ``param(help=...)``.
-        exclude: field names that get no flag (a tool that sets them itself).
+        exclude: field or section names that get no flag (a tool that sets them itself).
         groups: ``{field name: group title}``: fields shown together in ``--help`` (fields not
-            named go to a group titled after ``cfg_cls``; strategy and nested-config fields get a
-            group of their own unless named here).
+            named go to a group titled after their section, or ``cfg_cls``; strategy and
+            nested-config fields get a group of their own unless named here).
 
     Every generated flag defaults to ``None`` (not given); read them back with
     `config_overrides_from_args`.
@@ -129,6 +135,7 @@ def add_config_flags(
     hints = typing.get_type_hints(cfg_cls)
     helps, defaults = field_help(cfg_cls), field_defaults(cfg_cls)
     groups = dict(groups or {})
+    default_title = _title or cfg_cls.__name__
     made: dict[str, argparse._ArgumentGroup] = {}
 
     def group(title: str) -> argparse._ArgumentGroup:
@@ -141,6 +148,10 @@ def add_config_flags(
         if f.name in skip:
             continue
         tp = hints[f.name]
+        if f.metadata.get("section"):
+            title = f"{f.name} ({f.metadata.get('help', '')})"
+            add_config_flags(parser, tp, exclude=skip, groups=groups, _section=f.name, _title=title)
+            continue
         kind = f.metadata.get("strategy")
         if kind is not None:
             _add_strategy_flags(group(groups.get(f.name, "strategies")), f, kind)
@@ -149,8 +160,9 @@ def add_config_flags(
         if nested is not None:
             _add_nested_flags(group(groups.get(f.name, f"{f.name} ({nested.__name__})")), f, nested)
             continue
-        g = group(groups.get(f.name, cfg_cls.__name__))
-        flag, dest = flag_name(f), DEST_PREFIX + f.name
+        g = group(groups.get(f.name, default_title))
+        flag = flag_name(f)
+        dest = DEST_PREFIX + (f"{_section}.{f.name}" if _section else f.name)
         names = [flag, *f.metadata.get("aliases", ())]
         help_text = _help(helps[f.name], defaults.get(f.name))
         if _is_bool(tp):
@@ -221,10 +233,11 @@ def _add_nested_flags(g: argparse._ArgumentGroup, f: dataclasses.Field, cfg_cls:
 
 
 def config_overrides_from_args(namespace: argparse.Namespace) -> dict[str, Any]:
-    """The generated flags that were given, as overrides: ``{"max_new_tokens": "64", "selector":
-    "static", "selector.skip_ratio": "0.3", "gate.enabled": "true", "kernels": False, "stop_strings":
-    ("###",)}``. Values stay as typed (strings, except booleans and repeated flags); the config
-    parses them with its field types."""
+    """The generated flags that were given, as overrides: ``{"generation.max_new_tokens": "64",
+    "selector": "static", "selector.skip_ratio": "0.3", "gate.enabled": "true", "model.kernels":
+    False, "generation.stop_strings": ("###",)}`` (a field of a section under its dotted key).
+    Values stay as typed (strings, except booleans and repeated flags); the config parses them
+    with its field types."""
     out: dict[str, Any] = {}
     for key, value in vars(namespace).items():
         if key.startswith(DEST_PREFIX) and value is not None:

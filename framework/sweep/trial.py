@@ -32,7 +32,7 @@ from framework.experiment.tracking import has_wandb_credentials
 from framework.interfaces import REGISTRIES
 from framework.models.loading import load_model
 from framework.results.metrics import aggregate
-from framework.session.config import RunConfig
+from framework.session.config import FLAT_KEYS, SECTIONS, MethodConfig, RunConfig
 from framework.session.errors import USER_ERRORS
 from framework.session.flags import flag_name
 from framework.session.plugins import import_user_modules
@@ -70,31 +70,36 @@ def _bare(flag: str) -> str:
 
 def run_options() -> dict[str, RunOption]:
     """``{parameter name: RunOption}`` for every run option a sweep may set, generated from
-    `RunConfig`'s fields: each field by its name and its flags' spellings without dashes
-    (``max_new_tokens``, ``stop`` for ``stop_strings``), ``no_<flag>`` for booleans, the strategy
-    flags' short aliases (``skip_set`` for ``selector.skip_set``) and ``method``."""
-    hints = typing.get_type_hints(RunConfig)
+    `RunConfig`'s sections: each field by its flat key (`FLAT_KEYS`) and its flags' spellings
+    without dashes (``max_new_tokens``, ``stop`` for ``stop_strings``), ``no_<flag>`` for booleans,
+    the strategy flags' short aliases (``skip_set`` for ``selector.skip_set``) and ``method``."""
     table: dict[str, RunOption] = {"method": RunOption("method")}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in FORBIDDEN_OPTIONS:
+    for key, (section, name) in FLAT_KEYS.items():
+        if key in FORBIDDEN_OPTIONS:
             continue
+        cls = SECTIONS[section]
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
         repeat = bool(f.metadata.get("repeat"))
         flags = [flag_name(f), *f.metadata.get("aliases", ())]
-        for name in (f.name, *map(_bare, flags)):
-            table.setdefault(name, RunOption(f.name, repeat=repeat))
-        if hints[f.name] is bool:
+        for alias in (key, *map(_bare, flags)):
+            table.setdefault(alias, RunOption(key, repeat=repeat))
+        if typing.get_type_hints(cls)[name] is bool:
             for flag in flags:
-                table.setdefault("no_" + _bare(flag), RunOption(f.name, negate=True))
+                table.setdefault("no_" + _bare(flag), RunOption(key, negate=True))
+    for f in dataclasses.fields(MethodConfig):
         kind = f.metadata.get("strategy")
+        if kind is None:  # the gate (name and baseline_only are plain fields, in the table already)
+            table.setdefault(f.name, RunOption(f.name))
+            continue
+        table.setdefault(kind, RunOption(kind))
         for alias, fname in f.metadata.get("field_aliases", {}).items():
             table.setdefault(_bare(alias), RunOption(f"{kind}.{fname}"))
     return table
 
 
 def _dotted_heads() -> list[str]:
-    """The `RunConfig` fields that take ``<key>.<field>`` parameters: the strategy kinds and the
-    config sections (``gate``)."""
-    return [f.name for f in dataclasses.fields(RunConfig) if f.name in REGISTRIES or f.name == "gate"]
+    """What takes ``<key>.<field>`` parameters: the strategy kinds, the gate and the sections."""
+    return [*REGISTRIES, "gate", *SECTIONS]
 
 
 def format_value(value: Any) -> str:
@@ -173,7 +178,9 @@ def _import_modules(params: dict[str, Any]) -> None:
 
 def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
     """`RunConfig.from_preset` overrides for sweep parameters (``method`` and ``import`` left out):
-    names translated (`run_options`), values spelled as on the command line (`format_value`).
+    names translated (`run_options`), values typed as the sweep file has them (the config coerces
+    them with the fields' types: `framework.config.coerce_value`; no round trip through
+    command-line text).
 
     Raises:
         SweepError: a name that is not a run option (the message lists the allowed ones).
@@ -188,7 +195,7 @@ def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
         if "." in key:
             if key.split(".", 1)[0] not in heads:
                 raise _unknown_name(key, table)
-            out[key] = format_value(value)
+            out[key] = value
             continue
         opt = table.get(key.replace("-", "_"))
         if opt is None:
@@ -196,11 +203,9 @@ def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
         if opt.negate:
             out[opt.key] = not _truth(key, value)
         elif opt.repeat:
-            out[opt.key] = tuple(
-                format_value(v) for v in (value if isinstance(value, (list, tuple)) else [value])
-            )
+            out[opt.key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
         else:
-            out[opt.key] = format_value(value)
+            out[opt.key] = value
     return out
 
 
@@ -297,11 +302,11 @@ def validate_trials(
         raise SweepError(f"{sweep.path}: {errors[0]}{more}")
     seen = set()
     for cfg in configs:
-        key = (cfg.data, cfg.categories, cfg.limit)
+        key = (cfg.data.path, cfg.data.categories, cfg.data.limit)
         if key not in seen:
             seen.add(key)
             try:
-                load_prompts(cfg.data, cfg.categories or None, cfg.limit)
+                load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit)
             except USER_ERRORS as err:
                 raise SweepError(f"{sweep.path}: {err}") from None
     return configs
@@ -352,10 +357,10 @@ _MODEL_CACHE: dict[tuple, tuple[Any, Any]] = {}
 
 def _model_for(cfg: RunConfig) -> tuple[Any, Any]:
     """The loaded model and tokenizer for ``cfg``, kept between trials (one model at a time)."""
-    key = (cfg.model, cfg.dtype, cfg.device)
+    key = (cfg.model.name_or_path, cfg.model.dtype, cfg.model.device)
     if key not in _MODEL_CACHE:
         _MODEL_CACHE.clear()
-        _MODEL_CACHE[key] = load_model(cfg.model, cfg.dtype, cfg.device)
+        _MODEL_CACHE[key] = load_model(cfg.model.name_or_path, cfg.model.dtype, cfg.model.device)
     return _MODEL_CACHE[key]
 
 
@@ -477,8 +482,8 @@ def train(
             model, tokenizer = _model_for(cfg)
         result = run_experiment(cfg, log=log, model=model, tokenizer=tokenizer)
         if "records" not in result:  # a non-zero rank of a multi-process run: rank 0 reports
-            result = {"records": [], "output": str(cfg.output)}
-        metrics = summarize(result["records"], cfg.method_name)
+            result = {"records": [], "output": str(cfg.runner.output)}
+        metrics = summarize(result["records"], cfg.method.label)
         if run is not None:
             run.log(metrics)
             run.summary.update({**metrics, "results_file": result["output"]})

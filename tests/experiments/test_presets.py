@@ -50,27 +50,27 @@ def test_every_preset_parses_or_names_what_is_missing(name, capsys):
     assert data.get("description")
     for kind in REGISTRIES:
         if kind in data:
-            assert cfg[kind]["name"] == data[kind]["name"]
+            assert cfg["method"][kind]["name"] == data[kind]["name"]
             for field, value in data[kind].items():
-                got = cfg[kind][field]
+                got = cfg["method"][kind][field]
                 assert got == (list(value) if isinstance(value, (list, tuple)) else value), (
                     name,
                     kind,
                     field,
                 )
     for field, value in data.get("gate", {}).items():
-        assert cfg["gate"][field] == value, (name, "gate", field)
-    assert cfg["baseline_only"] == bool(data.get("baseline_only", False))
-    assert cfg["name"] == name
+        assert cfg["method"]["gate"][field] == value, (name, "gate", field)
+    assert cfg["method"]["baseline_only"] == bool(data.get("baseline_only", False))
+    assert cfg["method"]["name"] == name
 
 
 def test_flags_override_a_preset_field_by_field(capsys):
     assert main(["--method", "static_confidence", "--length.threshold", "0.75", "--print-config"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
-    assert cfg["length"]["threshold"] == 0.75
-    assert cfg["length"]["max_length"] == 12  # from the preset
-    assert cfg["selector"]["skip_ratio"] == 0.2
-    assert cfg["name"] == "static_confidence"
+    assert cfg["method"]["length"]["threshold"] == 0.75
+    assert cfg["method"]["length"]["max_length"] == 12  # from the preset
+    assert cfg["method"]["selector"]["skip_ratio"] == 0.2
+    assert cfg["method"]["name"] == "static_confidence"
 
 
 def test_a_flag_replacing_the_strategy_drops_the_presets_fields(capsys):
@@ -79,7 +79,7 @@ def test_a_flag_replacing_the_strategy_drops_the_presets_fields(capsys):
     )
     cfg = yaml.safe_load(capsys.readouterr().out)
     # Only the flag's field differs from FixedLengthConfig's defaults (the preset's fields are gone).
-    assert cfg["length"] == {"name": "fixed", **dataclasses.asdict(FixedLengthConfig()), "k": 5}
+    assert cfg["method"]["length"] == {"name": "fixed", **dataclasses.asdict(FixedLengthConfig()), "k": 5}
 
 
 def test_bad_presets_exit_2(tmp_path, capsys):
@@ -162,10 +162,14 @@ def test_paper_presets_run_the_method_as_published(name):
     from framework.session.config import RunConfig
 
     cfg = RunConfig.from_preset(name)
-    assert cfg.gate.enabled is False, f"{name}: the draft gate is not part of the paper"
-    assert getattr(cfg.selector.config, "work_budget", 0.0) == 0.0, f"{name}: the selector's work is capped"
-    assert getattr(cfg.drafter.config, "draft_vocab", 0) == 0, f"{name}: drafts with a reduced head"
-    assert getattr(cfg.drafter.config, "draft_weights", "float32") == "float32", f"{name}: compressed drafts"
+    assert cfg.method.gate.enabled is False, f"{name}: the draft gate is not part of the paper"
+    assert getattr(cfg.method.selector.config, "work_budget", 0.0) == 0.0, (
+        f"{name}: the selector's work is capped"
+    )
+    assert getattr(cfg.method.drafter.config, "draft_vocab", 0) == 0, f"{name}: drafts with a reduced head"
+    assert getattr(cfg.method.drafter.config, "draft_weights", "float32") == "float32", (
+        f"{name}: compressed drafts"
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in PAPER_PRESETS if n + "_safe" in PRESETS])
@@ -173,21 +177,21 @@ def test_safe_variants_add_only_the_gate_the_cap_and_the_head(name):
     from framework.session.config import RunConfig
 
     paper, safe = RunConfig.from_preset(name), RunConfig.from_preset(name + "_safe")
-    assert safe.gate.enabled is True
-    assert getattr(safe.drafter.config, "draft_vocab", 0) > 0
+    assert safe.method.gate.enabled is True
+    assert getattr(safe.method.drafter.config, "draft_vocab", 0) > 0
     # int8 draft weights where they paid on the 0.5B testbed (docs/benchmarks.md); not in
     # swift_safe and layerskip_static_safe, where they did not
     want = "float32" if name in ("swift", "layerskip_static") else "int8"
-    assert safe.drafter.config.draft_weights == want
+    assert safe.method.drafter.config.draft_weights == want
     allowed = {("drafter", "draft_vocab"), ("drafter", "draft_weights"), ("selector", "work_budget")}
     allowed |= SAFE_ALSO_CHANGES.get(name, set())
     for kind in REGISTRIES:
-        a, b = getattr(paper, kind), getattr(safe, kind)
+        a, b = getattr(paper.method, kind), getattr(safe.method, kind)
         assert a.name == b.name, (name, kind)
         for f in dataclasses.fields(a.config):
             if (kind, f.name) not in allowed:
                 assert getattr(a.config, f.name) == getattr(b.config, f.name), (name, kind, f.name)
-    if hasattr(safe.selector.config, "work_budget"):
-        assert safe.selector.config.work_budget > 0
+    if hasattr(safe.method.selector.config, "work_budget"):
+        assert safe.method.selector.config.work_budget > 0
     # The description says which is which.
     assert f"as published - {name}" in load_preset(name + "_safe")["description"]

@@ -39,7 +39,7 @@ def test_from_preset_generates_exactly_the_vanilla_tokens(model_and_tokenizer):
     assert all(isinstance(p, LayerPlan) and p.num_layers == 4 for p in s.plans)
     assert len(s.plans) == sum(1 for k in s.draft_lengths if k)
     assert {"prefill", "draft", "verify"} <= set(s.phase_times)
-    assert dec.config.method_name == "static_confidence"
+    assert dec.method.label == "static_confidence"
 
 
 def test_overrides_reach_the_strategies(model_and_tokenizer):
@@ -47,7 +47,7 @@ def test_overrides_reach_the_strategies(model_and_tokenizer):
     dec = selfspec.Decoder.from_preset(
         "swift", model=model, tokenizer=tok, **{"length.threshold": 0.7}, gate={"enabled": False}, **quiet()
     )
-    assert dec.config.length.config.threshold == 0.7
+    assert dec.method.length.config.threshold == 0.7
     assert dec.strategies["length"].config.threshold == 0.7
     with pytest.raises(ConfigError, match=r"--length\.threshold"):
         selfspec.Decoder.from_preset(
@@ -98,8 +98,19 @@ def test_prompts_as_chat_and_as_ids(model_and_tokenizer):
 
 def test_bad_input_is_named(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    with pytest.raises(ValueError, match="both model and tokenizer"):
+    with pytest.raises(ValueError, match="both hf_model and tokenizer"):
         selfspec.Decoder.from_preset("swift", model=model, **quiet())
+    # a decoder takes the model, method and generation sections only
+    for key, section in (
+        ("logger", "runner"),
+        ("resume", "runner"),
+        ("limit", "data"),
+        ("num_nodes", "runner"),
+    ):
+        with pytest.raises(ConfigError, match=f"it is the {section} section's option"):
+            selfspec.Decoder.from_preset("swift", model="tiny-random", **{key: "x"}, **quiet())
+    with pytest.raises(ConfigError, match="it is no option"):
+        selfspec.Decoder.from_preset("swift", model="tiny-random", sampler=1, **quiet())
     dec = selfspec.Decoder.from_preset("static_confidence", model=model, tokenizer=tok, **quiet())
     with pytest.raises(ValueError, match="empty prompt"):
         dec.generate("  ")

@@ -30,22 +30,27 @@ def test_flags_keep_their_meaning():
     )  # fmt: skip
     run = cfg.run
     assert cfg.methods == ("vanilla", "hf_prompt_lookup", "swift") and cfg.command == "cmd"
-    assert (run.data, run.categories, run.limit, run.max_new_tokens) == ("q.jsonl", ("qa", "rag"), 2, 64)
-    assert (run.threads, run.warmup, run.model, run.dtype, run.device, run.seed) == (
+    assert (run.data.path, run.data.categories, run.data.limit, run.generation.max_new_tokens) == (
+        "q.jsonl",
+        ("qa", "rag"),
+        2,
+        64,
+    )
+    assert (run.runner.threads, run.runner.warmup, run.model.name_or_path, run.model.dtype, run.model.device, run.generation.seed) == (
         2, 0, "m", "float64", "cpu", 7
     )  # fmt: skip
-    assert run.plots is False and run.kernels is True
+    assert run.runner.plots is False and run.model.kernels is True
     assert (cfg.repeats, cfg.out, cfg.cost_model, cfg.skip_set) == (3, "runs/b", "none", "s.json")
     assert (cfg.prompt_lookup_num_tokens, cfg.max_matching_ngram_size, cfg.early_exit_layer) == (5, 3, 2)
     assert cfg.hf_kernels is True
-    assert cfg.preset_args == (("swift", "--selector.skip_ratio 0.3"),)
+    assert cfg.preset_args == (("swift", {"selector.skip_ratio": "0.3"}),)  # read once, into overrides
     default = _config([])
     # The first run's story: the gated default, the same ungated, and the hybrid drafter.
     assert default.methods == ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
-    assert (default.run.max_new_tokens, default.run.dtype, default.run.warmup, default.repeats) == (
+    assert (default.run.generation.max_new_tokens, default.run.model.dtype, default.run.runner.warmup, default.repeats) == (
         128, "float32", 1, 1
     )  # fmt: skip
-    assert default.run.plots and not default.hf_kernels and default.cost_model == "measure"
+    assert default.run.runner.plots and not default.hf_kernels and default.cost_model == "measure"
 
 
 @pytest.mark.parametrize(

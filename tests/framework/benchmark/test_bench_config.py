@@ -26,7 +26,11 @@ def test_preset_file_is_a_method(tmp_path):
     (spec,) = [s for s in cfg.method_specs if s.kind == "preset"]
     assert (spec.label, spec.source) == ("mine", str(path))
     rc = preset_run_config(spec, cfg)
-    assert rc.selector.config.skip_ratio == 0.3 and rc.length.name == "fixed" and rc.name == "mine"
+    assert (
+        rc.method.selector.config.skip_ratio == 0.3
+        and rc.method.length.name == "fixed"
+        and rc.method.name == "mine"
+    )
 
 
 def test_from_overrides_splits_benchmark_and_run_options():
@@ -34,7 +38,11 @@ def test_from_overrides_splits_benchmark_and_run_options():
         methods="vanilla,hf_generate", repeats="3", max_new_tokens="16", categories="qa,rag", plots=False
     )
     assert cfg.methods == ("vanilla", "hf_generate") and cfg.repeats == 3
-    assert cfg.run.max_new_tokens == 16 and cfg.run.categories == ("qa", "rag") and cfg.run.plots is False
+    assert (
+        cfg.run.generation.max_new_tokens == 16
+        and cfg.run.data.categories == ("qa", "rag")
+        and cfg.run.runner.plots is False
+    )
     assert cfg.describe()["max_new_tokens"] == 16 and cfg.describe()["methods"] == ["vanilla", "hf_generate"]
     with pytest.raises(ConfigError, match="--repeats must be a number"):
         BenchConfig.from_overrides(repeats="many")
@@ -47,16 +55,18 @@ def test_from_overrides_splits_benchmark_and_run_options():
 def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
     cfg = BenchConfig(
         methods=("vanilla", "static_confidence", "selfsd"),
-        run=RunConfig(max_new_tokens=32, dtype="float64"),
+        run=RunConfig.of(max_new_tokens=32, dtype="float64"),
         preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),),
         skip_set=str(tmp_path / "s.skipset.json"),
     )
     rc = preset_run_config(MethodSpec("static_confidence", "preset", "static_confidence"), cfg)
-    assert rc.selector.config.skip_ratio == 0.5 and rc.length.config.threshold == 0.9
-    assert rc.method_name == "static_confidence"
-    assert (rc.max_new_tokens, rc.dtype) == (32, "float64"), "the shared run options reach the preset"
+    assert rc.method.selector.config.skip_ratio == 0.5 and rc.method.length.config.threshold == 0.9
+    assert rc.method.label == "static_confidence"
+    assert (rc.generation.max_new_tokens, rc.model.dtype) == (32, "float64"), (
+        "the shared run options reach the preset"
+    )
     rc = preset_run_config(MethodSpec("selfsd", "preset", "selfsd"), cfg)
-    assert rc.selector.config.skip_set == str(tmp_path / "s.skipset.json")
+    assert rc.method.selector.config.skip_set == str(tmp_path / "s.skipset.json")
     with pytest.raises(ConfigError, match="records.jsonl exists"):
         (tmp_path / "records.jsonl").write_text("{}\n")
         run_benchmark(BenchConfig(methods=("vanilla", "hf_generate"), out=str(tmp_path)), object(), None)

@@ -41,7 +41,7 @@ def bench(tiny, data, tmp_path_factory):
     cm.write_text(json.dumps({"cost_model": synthetic_cost_model(4).to_dict()}))
     cfg = BenchConfig(
         methods=METHODS,
-        run=RunConfig(data=str(data), max_new_tokens=10, dtype="float64"),
+        run=RunConfig.of(data=str(data), max_new_tokens=10, dtype="float64"),
         repeats=2,
         out=str(out),
         cost_model=str(cm),
@@ -167,7 +167,7 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
     monkeypatch.setattr(HFGenerateDecoder, "generate", flaky)
     cfg = BenchConfig(
         methods=("vanilla", "hf_generate"),
-        run=RunConfig(data=str(data), max_new_tokens=6, warmup=0, plots=False),
+        run=RunConfig.of(data=str(data), max_new_tokens=6, warmup=0, plots=False),
         out=str(tmp_path),
         cost_model="none",
     )
@@ -225,7 +225,7 @@ def test_raw_runs_each_gated_preset_with_the_gate_off_too(tiny, data, tmp_path):
     model, tok = tiny
     cfg = BenchConfig(
         methods=("vanilla", "static_confidence"),
-        run=RunConfig(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
+        run=RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
         out=str(tmp_path / "out"),
         cost_model="none",
         raw=True,
@@ -265,7 +265,7 @@ def test_a_method_with_a_reduced_draft_head_is_priced_with_it(tiny, data, tmp_pa
     cm.write_text(json.dumps({"cost_model": synthetic_cost_model(4).to_dict()}))
     cfg = BenchConfig(
         methods=("vanilla", "static_confidence"),
-        run=RunConfig(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
+        run=RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
         out=str(tmp_path / "out"),
         cost_model=str(cm),
         preset_args=(
@@ -293,7 +293,7 @@ def test_methods_share_one_preparation_store(tiny, data, tmp_path, monkeypatch):
     model, tok = tiny
     cfg = BenchConfig(
         methods=("vanilla", "selfsd_safe"),
-        run=RunConfig(data=str(data), max_new_tokens=4, dtype="float64", limit=1, categories=("qa",)),
+        run=RunConfig.of(data=str(data), max_new_tokens=4, dtype="float64", limit=1, categories=("qa",)),
         out=str(tmp_path / "out"),
         cost_model="none",
         raw=True,

@@ -24,7 +24,7 @@ from framework.data.specbench import (
 from framework.experiment import cli as run_cli
 from framework.experiment.runner import run
 from framework.results.records import config_differences, read_records
-from framework.session.config import RunConfig, StrategySpec
+from framework.session.config import RunConfig, RunnerConfig, StrategySpec
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
@@ -97,7 +97,7 @@ def bench(tiny, data, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cfg = BenchConfig(
         methods=METHODS,
-        run=RunConfig(data=str(data), max_new_tokens=8, dtype="float64", warmup=0, plots=False),
+        run=RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", warmup=0, plots=False),
         repeats=2,
         out=str(out),
         cost_model="none",
@@ -200,7 +200,7 @@ def test_interrupted_benchmark_writes_the_finished_prompts(tiny, data, tmp_path,
     monkeypatch.setattr(HFGenerateDecoder, "generate", flaky)
     cfg = BenchConfig(
         methods=("vanilla", "hf_generate"),
-        run=RunConfig(data=str(data), max_new_tokens=6, warmup=0, plots=False),
+        run=RunConfig.of(data=str(data), max_new_tokens=6, warmup=0, plots=False),
         out=str(tmp_path / "b"),
         cost_model="none",
         specbench_answers=str(tmp_path / "a"),
@@ -217,7 +217,7 @@ def test_run_writes_answer_files_and_the_converter_agrees(tiny, data, tmp_path, 
 
     model, tok = tiny
     out = tmp_path / "r.jsonl"
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         model="tiny-random",  # the tiny model is passed in; named, so that the metadata says which
         data=str(data),
         output=str(out),
@@ -266,7 +266,7 @@ def test_interrupted_run_writes_the_finished_prompts(tiny, data, tmp_path, monke
         return real(self, decoder, prompt, max_new_tokens)
 
     monkeypatch.setattr(Experiment, "decode_prompt", flaky)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         data=str(data),
         output=str(tmp_path / "r.jsonl"),
         max_new_tokens=6,
@@ -277,25 +277,30 @@ def test_interrupted_run_writes_the_finished_prompts(tiny, data, tmp_path, monke
     )
     with pytest.raises(KeyboardInterrupt):
         run(cfg, log=lambda s: None, model=model, tokenizer=tok)
-    for name in ("vanilla", cfg.method_name):
+    for name in ("vanilla", cfg.method.label):
         assert [x["question_id"] for x in read_answer_file(tmp_path / "sb" / f"{name}.jsonl")] == [1]
 
 
 def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
     # accepted by both command lines, off by default
     args = run_cli.build_parser().parse_args(["--specbench-answers", "sb"])
-    assert run_cli.config_from_args(args).specbench_answers == "sb"
-    assert RunConfig().specbench_answers == "" and BenchConfig().specbench_answers == ""
+    assert run_cli.config_from_args(args).runner.specbench_answers == "sb"
+    assert RunConfig().runner.specbench_answers == "" and BenchConfig().specbench_answers == ""
     args = bench_cli.build_parser().parse_args(
         ["--methods", "vanilla,hf_generate", "--specbench-answers", "sb"]
     )
     assert bench_cli.config_from_args(args).specbench_answers == "sb"
     # where the answers go does not change a result: --resume accepts another directory
-    assert config_differences(RunConfig().describe(), RunConfig(specbench_answers="elsewhere")) == []
+    assert (
+        config_differences(
+            RunConfig().describe(), RunConfig(runner=RunnerConfig(specbench_answers="elsewhere"))
+        )
+        == []
+    )
     # bad values: a clear error naming the flag
     for bad in (3, "  "):
         with pytest.raises(ConfigError, match="--specbench-answers must be a directory path"):
-            RunConfig(specbench_answers=bad)
+            RunConfig.of(specbench_answers=bad)
         with pytest.raises(ConfigError, match="--specbench-answers must be a directory path"):
             BenchConfig(specbench_answers=bad)
     a_file = tmp_path / "file.txt"

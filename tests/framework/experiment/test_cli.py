@@ -12,6 +12,7 @@ import yaml
 
 from framework import REGISTRIES
 from framework.experiment.cli import main
+from framework.session.config import FLAT_KEYS
 from framework.utils import MissingDependencyError, require
 from strategies.length.fixed import FixedLengthConfig
 
@@ -60,10 +61,10 @@ def test_print_config_resolves_strategy_flags(capsys):
     )
     assert code == 0
     cfg = yaml.safe_load(out)
-    assert cfg["length"] == {"name": "fixed", **dataclasses.asdict(FixedLengthConfig()), "k": 6}
-    assert cfg["selector"]["skip_attn"] == [3, 5]
-    assert cfg["categories"] == ["qa", "rag"]
-    assert cfg["logger"] == "wandb"  # the one default, as documented
+    assert cfg["method"]["length"] == {"name": "fixed", **dataclasses.asdict(FixedLengthConfig()), "k": 6}
+    assert cfg["method"]["selector"]["skip_attn"] == [3, 5]
+    assert cfg["data"]["categories"] == ["qa", "rag"]
+    assert cfg["runner"]["logger"] == "wandb"  # the one default, as documented
 
 
 def test_every_documented_flag_keeps_its_meaning(capsys, tmp_path):
@@ -79,7 +80,8 @@ def test_every_documented_flag_keeps_its_meaning(capsys, tmp_path):
     ]  # fmt: skip
     code, out, err = run_cli(capsys, *argv, "--print-config")
     assert code == 0, err
-    cfg = yaml.safe_load(out)
+    saved = yaml.safe_load(out)  # by section; each flag's value where its key says
+    cfg = {key: saved[section][name] for key, (section, name) in FLAT_KEYS.items()} | saved["method"]
     want = {
         "model": "tiny-random", "dtype": "float64", "device": "cpu", "threads": 2, "kernels": False,
         "data": "q.jsonl", "categories": ["qa", "rag"], "limit": 3, "max_new_tokens": 16,
@@ -111,7 +113,10 @@ def test_print_config_file_then_config_file_reproduces_the_config(capsys, tmp_pa
         capsys, "--config", str(saved), "--length", "fixed", "--max-new-tokens", "9", "--print-config"
     )
     cfg = yaml.safe_load(out)
-    assert cfg["length"]["k"] == 6 and cfg["max_new_tokens"] == 9 and cfg["name"] == "swift"
+    method = cfg["method"]
+    assert (
+        method["length"]["k"] == 6 and cfg["generation"]["max_new_tokens"] == 9 and method["name"] == "swift"
+    )
     code, _, err = run_cli(capsys, "--config", str(tmp_path / "missing.yaml"), "--print-config")
     assert code == 2 and "--config must be a saved RunConfig file" in err
 

@@ -20,7 +20,7 @@ from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.experiment.lightning import DecodeModule
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
 from framework.results.compare import NEAR_TIE_ULPS, Method, first_mismatch, mismatch_details, near_tie, ulp
-from framework.session.config import RunConfig, StrategySpec
+from framework.session.config import ModelConfig, RunConfig, StrategySpec
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -48,7 +48,7 @@ def cfg_for(data, out, **kw) -> RunConfig:
         logger="none",
     )
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.of(**base)
 
 
 def fake_trainer(root: torch.device, rank: int = 1, world: int = 2):
@@ -77,8 +77,10 @@ def test_a_rank_decodes_on_its_own_cuda_device(data, tmp_path, monkeypatch, dtyp
     module.trainer = fake_trainer(torch.device("cuda", 1))
     module.setup("predict")
     assert loaded == [(None, want, "cuda:1")]
-    assert module.exp.cfg.device == "cuda:1" and module.exp.cfg.dtype == want
-    assert module.cfg.devices == 2 and module.cfg.dtype == dtype  # the run's own config is unchanged
+    assert module.exp.cfg.model.device == "cuda:1" and module.exp.cfg.model.dtype == want
+    assert (
+        module.cfg.runner.devices == 2 and module.cfg.model.dtype == dtype
+    )  # the run's own config is unchanged
     assert [p.question_id for p in module.shard()] == [2, 4]
     assert module.meta["dtype_resolved"] == "float64"  # the dtype the (stub) model really has
     assert not (tmp_path / "r.meta.json").exists()  # rank 1 writes no metadata
@@ -100,15 +102,20 @@ def test_a_cpu_rank_keeps_float32_for_auto(data, tmp_path, monkeypatch):
 
 
 def test_for_rank_describes_one_process():
-    cfg = RunConfig(devices=4, num_nodes=2, dtype="auto")
+    cfg = RunConfig.of(devices=4, num_nodes=2, dtype="auto")
     rank = cfg.for_rank("cuda:3", "bfloat16")
-    assert (rank.device, rank.dtype, rank.devices, rank.num_nodes) == ("cuda:3", "bfloat16", 1, 1)
-    assert cfg.for_rank("cpu").dtype == "auto"
+    assert (rank.model.device, rank.model.dtype, rank.runner.devices, rank.runner.num_nodes) == (
+        "cuda:3",
+        "bfloat16",
+        1,
+        1,
+    )
+    assert cfg.for_rank("cpu").model.dtype == "auto"
 
 
 # ---- B: --dtype auto -------------------------------------------------------------------------
 def test_dtype_auto_is_bfloat16_on_cuda_and_float32_on_cpu():
-    assert RunConfig(dtype="auto").dtype == "auto"
+    assert RunConfig.of(dtype="auto").model.dtype == "auto"
     assert resolve_dtype("auto", "cpu") is torch.float32
     assert resolve_dtype("auto", torch.device("cpu")) is torch.float32
     assert resolve_dtype("auto", torch.device("cuda", 0)) is torch.bfloat16  # no CUDA call
@@ -117,7 +124,7 @@ def test_dtype_auto_is_bfloat16_on_cuda_and_float32_on_cpu():
     with pytest.raises(ValueError, match="--dtype must be one of"):
         resolve_dtype("half", "cpu")
     with pytest.raises(ConfigError, match="--dtype"):
-        RunConfig(dtype="half")
+        RunConfig.of(dtype="half")
 
 
 def test_load_model_resolves_auto_on_cpu():
@@ -273,7 +280,7 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     prompt = module.prompts[0]
     van, spec = module.predict_step(prompt, 0)
     assert van["first_mismatch"] is None and spec["first_mismatch"] is None and spec["lossless"] is True
-    module.methods = [module.methods[0], Method(cfg.method_name, Broken(module.exp.vanilla), "method")]
+    module.methods = [module.methods[0], Method(cfg.method.label, Broken(module.exp.vanilla), "method")]
     _van, bad = module.predict_step(prompt, 1)
     fm = bad["first_mismatch"]
     assert bad["lossless"] is False
@@ -286,14 +293,14 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     records = [van, spec, _van, bad]
     note = mismatch_lines(records)
     assert note.startswith(
-        f"Mismatches against vanilla, {cfg.method_name}: q{prompt.question_id} (turn 0, pos "
+        f"Mismatches against vanilla, {cfg.method.label}: q{prompt.question_id} (turn 0, pos "
     )
     assert "not a near-tie: a bug?" in note
     assert mismatch_lines([van, spec]) == ""
-    overall = summary_metrics(records, cfg.method_name)["overall"]
+    overall = summary_metrics(records, cfg.method.label)["overall"]
     assert overall["mismatches"] == 1 and overall["near_tie_mismatches"] == 0
     assert overall["min_mismatch_margin"] == overall["max_mismatch_margin"] == fm["margin"]
-    assert "mismatches" not in summary_metrics([van, spec], cfg.method_name)["overall"]
+    assert "mismatches" not in summary_metrics([van, spec], cfg.method.label)["overall"]
 
 
 # ---- phase timing (--phase-timing): every phase boundary waits for a CUDA device ------------------
@@ -364,8 +371,12 @@ def test_a_gate_without_a_cost_model_keeps_the_phase_timers(monkeypatch):
 
 def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
     with pytest.raises(ConfigError, match="--phase-timing"):
-        RunConfig(phase_timing="sometimes")
-    assert [RunConfig(phase_timing=v).phase_timing_flag for v in ("auto", "on", "off")] == [None, True, False]
+        RunConfig.of(phase_timing="sometimes")
+    assert [RunConfig.of(phase_timing=v).model.phase_timing_flag for v in ("auto", "on", "off")] == [
+        None,
+        True,
+        False,
+    ]
     cfg = cfg_for(data, tmp_path / "r.jsonl", phase_timing="off")
     exp = experiment_mod.Experiment(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
     assert exp.adapter.time_lm_head is False
@@ -374,7 +385,7 @@ def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
 
 def test_cuda_graphs_flag_is_checked_and_refused_without_cuda(data, tmp_path):
     with pytest.raises(ConfigError, match="--cuda-graphs"):
-        RunConfig(cuda_graphs="yes")
+        ModelConfig(cuda_graphs="yes")  # a typed value is checked, not parsed
     cfg = cfg_for(data, tmp_path / "r.jsonl", cuda_graphs=True)
     with pytest.raises(ConfigError, match="--cuda-graphs must be used with a CUDA device"):
         experiment_mod.Experiment(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())

@@ -47,7 +47,7 @@ def cfg_for(data, out, **kw):
         logger="none",
     )
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.of(**base)
 
 
 def keys(records):

@@ -43,7 +43,7 @@ def cfg_for(data, out, **kw):
         length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.of(**base)
 
 
 def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):

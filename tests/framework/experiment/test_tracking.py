@@ -50,7 +50,7 @@ def cfg_for(data, out, **kw):
         length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.of(**base)
 
 
 def test_wandb_mode_offline_without_credentials(no_wandb_account, monkeypatch):

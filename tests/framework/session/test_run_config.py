@@ -14,7 +14,17 @@ from framework.config import ConfigError
 from framework.drafting.gate import GateConfig
 from framework.experiment.cli import main
 from framework.registry import UnknownNameError
-from framework.session.config import RunConfig, StrategySpec, UnknownStrategyError
+from framework.session.config import (
+    FLAT_KEYS,
+    SECTIONS,
+    GenerationConfig,
+    MethodConfig,
+    RunConfig,
+    RunnerConfig,
+    StrategySpec,
+    UnknownStrategyError,
+    section_of,
+)
 from framework.session.flags import add_config_flags, config_overrides_from_args
 from framework.session.presets import PRESET_DIR, list_presets
 from strategies.length.fixed import FixedLengthConfig
@@ -25,16 +35,16 @@ from strategies.selectors.static import StaticSelectorConfig
 def test_every_shipped_preset_builds_and_round_trips(name, tmp_path):
     cfg = RunConfig.from_preset(name)
     data = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
-    assert cfg.name == name and cfg.baseline_only == bool(data.get("baseline_only", False))
+    assert cfg.method.name == name and cfg.method.baseline_only == bool(data.get("baseline_only", False))
     for kind in REGISTRIES:
-        spec = getattr(cfg, kind)
+        spec = getattr(cfg.method, kind)
         if kind in data:
             assert spec.name == data[kind]["name"]
             for field, value in data[kind].items():
                 if field != "name":
                     got = getattr(spec.config, field)
                     assert got == (tuple(value) if isinstance(value, list) else value)
-    assert cfg.gate == GateConfig(**data.get("gate", {}))
+    assert cfg.method.gate == GateConfig(**data.get("gate", {}))
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
     for suffix in (".yaml", ".json"):
         path = cfg.save(tmp_path / f"c{suffix}")
@@ -44,71 +54,123 @@ def test_every_shipped_preset_builds_and_round_trips(name, tmp_path):
 def test_defaults_have_one_source():
     cfg = RunConfig.from_preset()
     assert cfg.to_dict() == RunConfig().to_dict()
-    assert cfg.logger == "wandb"
-    assert (cfg.selector.name, cfg.length.name, cfg.drafter.name, cfg.verifier.name) == (
+    assert cfg.runner.logger == "wandb"
+    assert (
+        cfg.method.selector.name,
+        cfg.method.length.name,
+        cfg.method.drafter.name,
+        cfg.method.verifier.name,
+    ) == (
         "static",
         "confidence",
         "layer_skip",
         "greedy",
     )
-    assert cfg.gate == GateConfig() and not cfg.gate.enabled
+    assert cfg.method.gate == GateConfig() and not cfg.method.gate.enabled
 
 
 def test_overrides_plain_fields_typed_and_as_strings():
     cfg = RunConfig.from_preset("swift", max_new_tokens=64, model="tiny-random")
-    assert cfg.max_new_tokens == 64 and cfg.model == "tiny-random" and cfg.selector.name == "swift"
+    assert (
+        cfg.generation.max_new_tokens == 64
+        and cfg.model.name_or_path == "tiny-random"
+        and cfg.method.selector.name == "swift"
+    )
     parsed = RunConfig.from_preset(
         None, max_new_tokens="64", categories="qa,rag", kernels="false", limit="none", stop_strings="a, b"
     )
-    assert parsed.max_new_tokens == 64 and parsed.categories == ("qa", "rag") and parsed.kernels is False
-    assert parsed.limit is None
-    assert parsed.stop_strings == ("a, b",)  # one stop string, never split
-    assert RunConfig.from_preset(None, categories=["qa"]).categories == ("qa",)
+    assert parsed.generation.max_new_tokens == 64 and parsed.data.categories == ("qa", "rag")
+    assert parsed.model.kernels is False and parsed.data.limit is None
+    assert parsed.generation.stop_strings == ("a, b",)  # one stop string, never split
+    assert RunConfig.from_preset(None, categories=["qa"]).data.categories == ("qa",)
+    # typed values are coerced, never spelled back as text: YAML's 8.0 for an int, a list
+    typed = RunConfig.of(max_new_tokens=8.0, stop=["x", "y"], limit=2.0)
+    assert typed.generation == GenerationConfig(max_new_tokens=8, stop_strings=("x", "y"))
+    assert typed.data.limit == 2 and isinstance(typed.data.limit, int)
+
+
+def test_sections_hold_every_field_and_take_dotted_and_whole_overrides():
+    cfg = RunConfig.of(**{"generation.max_new_tokens": 12, "model.dtype": "float64", "data.limit": "3"})
+    assert (cfg.generation.max_new_tokens, cfg.model.dtype, cfg.data.limit) == (12, "float64", 3)
+    cfg = RunConfig.of(generation={"seed": 5}, runner=RunnerConfig(logger="none"), method={"length": "fixed"})
+    assert cfg.generation.seed == 5 and cfg.runner.logger == "none" and cfg.method.length.name == "fixed"
+    assert RunConfig.of(model={"name_or_path": "tiny-random"}).model.name_or_path == "tiny-random"
+    assert RunConfig.of(model="tiny-random").model.name_or_path == "tiny-random"  # the flat key
+    # every plain field sits in exactly one section, under one flat key
+    seen = [(section, name) for section, name in FLAT_KEYS.values()]
+    assert len(seen) == len(set(seen))
+    for section, cls in SECTIONS.items():
+        names = {f.name for f in dataclasses.fields(cls)} - {
+            "selector",
+            "length",
+            "drafter",
+            "verifier",
+            "gate",
+        }
+        assert names == {n for s, n in seen if s == section}
+    assert section_of("max_new_tokens") == "generation" and section_of("stop") == "generation"
+    assert section_of("selector.skip_ratio") == section_of("gate") == "method"
+    assert section_of("logger") == "runner" and section_of("model") == "model" and section_of("x") is None
+    with pytest.raises(ConfigError, match="--generation.nope must be a field of the generation section"):
+        RunConfig.of(**{"generation.nope": 1})
+    with pytest.raises(ConfigError, match="--device must be auto or cuda with --devices > 1"):
+        RunConfig.of(device="cuda:1", devices=2)
+
+
+def test_a_flat_config_saved_before_the_sections_still_loads(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text(
+        "model: tiny-random\nmax_new_tokens: 16\nlogger: none\nselector: {name: static, skip_ratio: 0.3}\n"
+    )
+    cfg = RunConfig.load(old)
+    assert cfg.model.name_or_path == "tiny-random" and cfg.generation.max_new_tokens == 16
+    assert cfg.runner.logger == "none" and cfg.method.selector.config.skip_ratio == 0.3
 
 
 def test_strategy_by_name_replaces_it_and_drops_the_presets_fields():
     base = RunConfig.from_preset("static_confidence")
-    assert base.length.config.max_length == 12 and base.length.name == "confidence"
+    assert base.method.length.config.max_length == 12 and base.method.length.name == "confidence"
     other = RunConfig.from_preset("static_confidence", length="fixed")
-    assert other.length == StrategySpec("fixed", FixedLengthConfig())
+    assert other.method.length == StrategySpec("fixed", FixedLengthConfig())
     same = RunConfig.from_preset("static_confidence", selector="static")
-    assert same.selector == base.selector  # the preset's own strategy keeps its fields
+    assert same.method.selector == base.method.selector  # the preset's own strategy keeps its fields
 
 
 def test_strategy_by_mapping_spec_config_and_dotted_key():
     cfg = RunConfig.from_preset("static_confidence", selector={"skip_ratio": 0.3})
-    assert cfg.selector.config.skip_ratio == 0.3 and cfg.selector.name == "static"
+    assert cfg.method.selector.config.skip_ratio == 0.3 and cfg.method.selector.name == "static"
     cfg = RunConfig.from_preset("swift", selector={"name": "static", "skip_ratio": 0.3})
-    assert cfg.selector == StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3))
+    assert cfg.method.selector == StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3))
     cfg = RunConfig.from_preset(None, **{"selector.skip_ratio": 0.25, "length.max_length": "8"})
-    assert cfg.selector.config.skip_ratio == 0.25 and cfg.length.config.max_length == 8
+    assert cfg.method.selector.config.skip_ratio == 0.25 and cfg.method.length.config.max_length == 8
     # A dotted field applies to the strategy named beside it, whatever the order of the keys.
     cfg = RunConfig.from_preset("swift", **{"length.k": 3}, length="fixed")
-    assert cfg.length == StrategySpec("fixed", FixedLengthConfig(k=3))
+    assert cfg.method.length == StrategySpec("fixed", FixedLengthConfig(k=3))
     cfg = RunConfig.from_preset(None, length=FixedLengthConfig(k=2))
-    assert cfg.length == StrategySpec("fixed", FixedLengthConfig(k=2))
+    assert cfg.method.length == StrategySpec("fixed", FixedLengthConfig(k=2))
     cfg = RunConfig.from_preset(None, length=StrategySpec("fixed", FixedLengthConfig(k=7)))
-    assert cfg.length.config.k == 7
+    assert cfg.method.length.config.k == 7
 
 
 def test_gate_overrides():
-    assert RunConfig.from_preset(None, gate={"enabled": True}).gate == GateConfig(enabled=True)
-    assert RunConfig.from_preset(None, gate=GateConfig(enabled=True, probe=4)).gate.probe == 4
+    assert RunConfig.from_preset(None, gate={"enabled": True}).method.gate == GateConfig(enabled=True)
+    assert RunConfig.from_preset(None, gate=GateConfig(enabled=True, probe=4)).method.gate.probe == 4
     cfg = RunConfig.from_preset(None, **{"gate.enabled": "true", "gate.margin": "0.1"})
-    assert cfg.gate == GateConfig(enabled=True, margin=0.1)
+    assert cfg.method.gate == GateConfig(enabled=True, margin=0.1)
 
 
 def test_replace_starts_from_self():
     cfg = RunConfig.from_preset("swift", max_new_tokens=32, **{"selector.work_budget": 0.05})
     new = cfg.replace(limit=2, gate={"enabled": True})
-    assert new.limit == 2 and new.max_new_tokens == 32 and new.selector == cfg.selector
-    assert new.gate.enabled and new.name == "swift"
-    assert cfg.replace(selector="static").selector == StrategySpec("static", StaticSelectorConfig())
-    assert cfg.replace(selector="swift").selector == cfg.selector
+    assert new.data.limit == 2 and new.generation.max_new_tokens == 32
+    assert new.method.selector == cfg.method.selector
+    assert new.method.gate.enabled and new.method.name == "swift"
+    assert cfg.replace(selector="static").method.selector == StrategySpec("static", StaticSelectorConfig())
+    assert cfg.replace(selector="swift").method.selector == cfg.method.selector
     # A config built by hand (config None: the defaults) works the same way.
-    hand = RunConfig(length=StrategySpec("fixed"))
-    assert hand.replace(**{"length.k": 2}).length == StrategySpec("fixed", FixedLengthConfig(k=2))
-    assert hand.to_dict()["length"] == {"name": "fixed", "k": FixedLengthConfig().k}
+    hand = RunConfig(method=MethodConfig(length=StrategySpec("fixed")))
+    assert hand.replace(**{"length.k": 2}).method.length == StrategySpec("fixed", FixedLengthConfig(k=2))
+    assert hand.to_dict()["method"]["length"] == {"name": "fixed", "k": FixedLengthConfig().k}
 
 
 @pytest.mark.parametrize(
@@ -174,10 +236,15 @@ def test_to_dict_is_plain_and_from_dict_inverts_it(tmp_path):
     )
     d = cfg.to_dict()
     assert yaml.safe_load(yaml.safe_dump(d)) == d  # only plain YAML types
-    assert d["selector"]["name"] == "static" and d["selector"]["skip_attn"] == [1]
-    assert d["gate"]["enabled"] is True and d["categories"] == ["qa", "rag"]
+    method = d["method"]
+    assert method["selector"]["name"] == "static" and method["selector"]["skip_attn"] == [1]
+    assert method["gate"]["enabled"] is True and d["data"]["categories"] == ["qa", "rag"]
     assert RunConfig.from_dict(d) == cfg
-    assert list(d) == [f.name for f in dataclasses.fields(RunConfig)]
+    assert list(d) == [f.name for f in dataclasses.fields(RunConfig)] == list(SECTIONS)
+    # the metadata form stays flat, with the keys of the files written before the sections
+    flat = cfg.describe()
+    assert flat["max_new_tokens"] == 128 and flat["categories"] == ["qa", "rag"] and flat["model"] is None
+    assert flat["selector"]["name"] == "static" and flat["gate"]["enabled"] is True
 
 
 def test_generated_flags_cover_every_field_and_read_back_as_overrides():
@@ -196,16 +263,20 @@ def test_generated_flags_cover_every_field_and_read_back_as_overrides():
         ]
     )
     assert config_overrides_from_args(args) == {
-        "max_new_tokens": "64",
+        "generation.max_new_tokens": "64",
         "selector.skip_ratio": "0.3",
-        "plots": False,
-        "stop_strings": ("a",),
+        "runner.plots": False,
+        "generation.stop_strings": ("a",),
         "gate.enabled": "true",
     }
     with pytest.raises(SystemExit):
         parser.parse_args(["--output", "x"])  # excluded
     cfg = RunConfig.from_preset(None, **config_overrides_from_args(args))
-    assert cfg.max_new_tokens == 64 and cfg.selector.config.skip_ratio == 0.3 and cfg.gate.enabled
+    assert (
+        cfg.generation.max_new_tokens == 64
+        and cfg.method.selector.config.skip_ratio == 0.3
+        and cfg.method.gate.enabled
+    )
 
 
 def test_print_config_file_then_config_file_gives_the_same_config(tmp_path, capsys):

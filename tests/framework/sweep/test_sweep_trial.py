@@ -24,12 +24,18 @@ def test_parameters_are_spelled_as_on_the_command_line():
         },
         output="x.jsonl",
     )
-    assert cfg.selector.config.skip_attn == (1, 2) and cfg.selector.config.keep_first_last is False
-    assert cfg.categories == ("qa", "code") and cfg.stop_strings == ("END", "STOP")
-    assert cfg.length.config.max_length == 8 and cfg.max_new_tokens == 16 and cfg.output == "x.jsonl"
+    assert (
+        cfg.method.selector.config.skip_attn == (1, 2) and cfg.method.selector.config.keep_first_last is False
+    )
+    assert cfg.data.categories == ("qa", "code") and cfg.generation.stop_strings == ("END", "STOP")
+    assert (
+        cfg.method.length.config.max_length == 8
+        and cfg.generation.max_new_tokens == 16
+        and cfg.runner.output == "x.jsonl"
+    )
     # a nested wandb.config (W&B's nested parameters) is flattened
     nested = trial.build_run_config({"selector": {"name": "swift", "skip_ratio": 0.4}, "limit": 1})
-    assert nested.selector.name == "swift" and nested.selector.config.skip_ratio == 0.4
+    assert nested.method.selector.name == "swift" and nested.method.selector.config.skip_ratio == 0.4
 
 
 def test_wandb_mode_never_prompts(tmp_path, monkeypatch):
@@ -55,12 +61,16 @@ def test_a_trial_config_is_the_preset_with_the_parameters():
     want = RunConfig.from_preset(
         "swift", max_new_tokens=64, **{"selector.skip_ratio": 0.3, "gate.enabled": False}
     )
-    assert cfg == want and cfg.name == "swift"
+    assert cfg == want and cfg.method.name == "swift"
     # the short flags and the negated booleans of run.py
     cfg = trial.build_run_config(
         {"method": "selfsd", "skip_set": "s.json", "no_plots": True, "kernels": "false"}
     )
-    assert cfg.selector.config.skip_set == "s.json" and cfg.plots is False and cfg.kernels is False
+    assert (
+        cfg.method.selector.config.skip_set == "s.json"
+        and cfg.runner.plots is False
+        and cfg.model.kernels is False
+    )
 
 
 def test_parameter_names_come_from_the_run_config():

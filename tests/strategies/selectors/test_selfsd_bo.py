@@ -157,7 +157,7 @@ def test_cli_short_flags():
     args = build_parser().parse_args(
         ["--selector", "selfsd_bo", "--skip-set", "s.json", "--calib-data", "c.jsonl", "--calib-limit", "3"]
     )
-    cfg = config_from_args(args).selector.config
+    cfg = config_from_args(args).method.selector.config
     assert (cfg.skip_set, cfg.calib_data, cfg.calib_limit) == ("s.json", "c.jsonl", 3)
 
 
@@ -198,4 +198,4 @@ def test_cache_is_off_by_default_and_on_in_the_self_sd_presets():
 
     assert SelfSDConfig().cache is False
     for name in ("selfsd", "selfsd_safe", "selfsd_sampling"):
-        assert RunConfig.from_preset(name).selector.config.cache is True, name
+        assert RunConfig.from_preset(name).method.selector.config.cache is True, name
