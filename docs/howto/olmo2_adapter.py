@@ -1,4 +1,4 @@
-"""How-to script: a model adapter for OLMo 2, checked against Hugging Face's own logits.
+"""How-to script: an architecture for OLMo 2, checked against Hugging Face's own logits.
 
 ``docs/howto/new_architecture.md`` includes this file section by section. Run it from the
 repository root (a few seconds on a CPU, nothing is downloaded):
@@ -9,11 +9,11 @@ repository root (a few seconds on a CPU, nothing is downloaded):
 # --8<-- [start:adapter]
 from __future__ import annotations
 
-from framework.engine.adapter import ModelAdapter, cache_kwarg, register_adapter
+from framework.engine.architecture import Architecture, cache_kwarg, register_architecture
 
 
-@register_adapter("olmo2")
-class Olmo2Adapter(ModelAdapter):
+@register_architecture("olmo2")
+class Olmo2(Architecture):
     """OLMo 2: the Llama module layout, but each sub-layer normalises its output, not its input.
 
     Block i computes ``h = h + post_attention_layernorm(attn(h))`` and then
@@ -42,7 +42,7 @@ class Olmo2Adapter(ModelAdapter):
         return self._rotary(hidden, position_ids)  # RoPE (cos, sin), passed to every attention
 
     def attention_branch(self, i, hidden, pos_emb, mask, cache):
-        # The residual update only; the adapter adds it to h. HF's attention module writes its
+        # The residual update only; the engine adds it to h. HF's attention module writes its
         # K/V into `cache` through cache.update(), so no cache code is needed here.
         blk = self._blocks[i]
         out = blk.self_attn(
@@ -99,8 +99,8 @@ def positions(start: int, n: int) -> torch.Tensor:
 @torch.inference_mode()
 def check_against_hf() -> None:
     model = tiny_olmo2()
-    adapter = adapter_for(model)  # finds Olmo2Adapter through config.model_type == "olmo2"
-    assert isinstance(adapter, Olmo2Adapter)
+    adapter = adapter_for(model)  # finds Olmo2 through config.model_type == "olmo2"
+    assert isinstance(adapter.arch, Olmo2)
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
     want = model(ids).logits  # (1, 12, V), Hugging Face's own forward
 

@@ -68,7 +68,7 @@ def lm_head_cost(adapter, reps: int) -> float:
     with torch.inference_mode():
         for rep in range(reps * 5 + 1):
             start = time.perf_counter()
-            adapter.lm_head(adapter.final_norm(h))
+            adapter.arch.lm_head(adapter.arch.final_norm(h))
             if rep:
                 times.append(time.perf_counter() - start)
     return statistics.median(times)

@@ -66,7 +66,7 @@ def set_engine(adapter, engine: str) -> None:
     if adapter.fast_kernels != on and adapter.set_fast_kernels(on) != on:
         raise SystemExit(f"could not install the kernels: {kernels.unavailable_reason}")
     if on and not hasattr(adapter, "_bench_fused"):
-        adapter._bench_fused = adapter.fused or adapter.build_fused()
+        adapter._bench_fused = adapter.fused or adapter.arch.build_fused()
     adapter.fused = adapter._bench_fused if fuse else None
     if fuse and adapter.fused is None:
         raise SystemExit("this model has no fused branches")

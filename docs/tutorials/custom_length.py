@@ -129,31 +129,28 @@ def show_config_handling() -> None:
 # --8<-- [start:check]
 def check_lossless(budgets=(0.25, 1.0, 4.0), num_prompts: int = 3, max_new_tokens: int = 32) -> None:
     """Greedy speculative decoding with the controller emits exactly the vanilla greedy tokens."""
-    from framework import get_drafter, get_selector, get_verifier
-    from framework.engine.adapter import adapter_for
-    from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-    from framework.testing import random_prompt, tiny_model
+    import selfspec
+    from framework.testing import random_prompt, tiny_model, tiny_tokenizer
 
-    adapter = adapter_for(tiny_model("llama", num_layers=6))  # random weights, float64
-    vanilla = VanillaDecoder(adapter)
-    stop = StopCondition(max_new_tokens)  # no EOS: every generation runs to max_new_tokens
-    static = get_selector("static")
+    model, tokenizer = tiny_model("llama", num_layers=6), tiny_tokenizer()  # random weights, float64
     for budget in budgets:
-        spec = SpeculativeDecoder(
-            adapter,
-            static(static.Config(skip_ratio=0.25)),  # skips 2 of the 8 eligible sub-layers
-            RiskBudgetLength(RiskBudgetConfig(budget=budget, max_length=8)),
-            get_drafter("layer_skip")(),
-            get_verifier("greedy")(),
+        dec = selfspec.Decoder.from_strategies(
+            selector="static",
+            length=RiskBudgetLength(RiskBudgetConfig(budget=budget, max_length=8)),
+            model=model,
+            tokenizer=tokenizer,
+            max_new_tokens=max_new_tokens,
+            log=None,
+            **{"selector.skip_ratio": 0.25},  # skips 2 of the 8 eligible sub-layers
         )
         drafted = accepted = rounds = 0
         for seed in range(num_prompts):
-            prompt = random_prompt(8, adapter.info().vocab_size, seed)  # LongTensor (1, 8)
-            want = vanilla.generate(prompt, stop).tokens
-            got = spec.generate(prompt, stop)
-            assert got.tokens == want, f"budget {budget}, prompt {seed}: output differs from vanilla"
+            prompt = random_prompt(8, model.config.vocab_size, seed)[0].tolist()  # token ids
+            cmp = dec.compare(prompt, warmup=False)
+            assert cmp.lossless, f"budget {budget}, prompt {seed}: output differs from vanilla"
+            got = cmp.method.result
             drafted, accepted = drafted + got.drafted, accepted + got.accepted
-            rounds += spec.length.summary()["rounds"]  # drafting rounds of this generation
+            rounds += dec.strategies["length"].summary()["rounds"]  # drafting rounds of this generation
         print(
             f"budget {budget}: {num_prompts} prompts identical to vanilla; "
             f"mean draft length {drafted / max(rounds, 1):.2f}, alpha {accepted / max(drafted, 1):.2f}"

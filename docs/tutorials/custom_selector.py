@@ -104,31 +104,26 @@ def tiny_llama(num_layers: int = 6, seed: int = 0) -> LlamaForCausalLM:
 
 # --8<-- [start:check]
 def check_lossless(num_prompts: int = 3, max_new_tokens: int = 24) -> None:
-    from framework import get_drafter, get_length, get_verifier
-    from framework.engine.adapter import adapter_for
-    from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+    import selfspec
+    from framework.testing import random_prompt, tiny_tokenizer
 
-    adapter = adapter_for(tiny_llama())
-    spec = SpeculativeDecoder(
-        adapter,
-        MiddleMLPSelector(MiddleMLPConfig(fraction=0.5)),
-        get_length("fixed")(),  # default config: k = 4
-        get_drafter("layer_skip")(),
-        get_verifier("greedy")(),
+    dec = selfspec.Decoder.from_strategies(
+        selector=MiddleMLPSelector(MiddleMLPConfig(fraction=0.5)),  # an instance: registered or not
+        length="fixed",  # by name, default config: k = 4
+        model=tiny_llama(),
+        tokenizer=tiny_tokenizer(),
+        max_new_tokens=max_new_tokens,
+        log=None,
     )
-    vanilla = VanillaDecoder(adapter)
-    stop = StopCondition(max_new_tokens)  # no EOS: every generation runs to max_new_tokens
-    print("plan:", spec.selector.summary()["plan"])
-
-    g = torch.Generator().manual_seed(0)
+    print("plan:", dec.strategies["selector"].summary()["plan"])
     for i in range(num_prompts):
-        prompt = torch.randint(0, 128, (1, 8), generator=g)  # LongTensor (B=1, P=8)
-        ref = vanilla.generate(prompt, stop)
-        out = spec.generate(prompt, stop)
-        assert out.tokens == ref.tokens, f"prompt {i}: speculative output differs from vanilla greedy"
+        prompt = random_prompt(8, 128, 2 + i)[0].tolist()  # token ids (seeds whose answer is no EOS)
+        cmp = dec.compare(prompt, warmup=False)  # vanilla and the method, token for token
+        assert cmp.lossless, f"prompt {i}: speculative output differs from vanilla greedy"
+        m = cmp.method.stats
         print(
-            f"prompt {i}: {out.new_tokens} tokens identical to vanilla; "
-            f"M = {out.mean_accepted_length:.2f}, alpha = {out.acceptance_rate:.2f}"
+            f"prompt {i}: {len(cmp.method.tokens)} tokens identical to vanilla; "
+            f"M = {m.mean_accepted_length:.2f}, alpha = {m.acceptance_rate:.2f}"
         )
 
 

@@ -1,31 +1,22 @@
-"""Run an unmodified Hugging Face causal LM block by block, with sub-layer skipping and early exit.
+"""The engine's executor of one Hugging Face causal LM: `ModelAdapter` runs a model's blocks,
+through its `framework.engine.architecture.Architecture` (where the pieces are), with any
+sub-layer skipped and an early exit, and owns how the forward runs: the CPU kernels and fused
+branches (`framework.kernels`), CUDA graphs, compressed draft weights, the LM-head timer and the
+counters of the work done.
 
-The adapter owns the loop over decoder blocks; inside a block it calls the model's own modules
-(norms, attention, MLP), so no modeling file is forked and new transformers releases keep working.
-For each block ``i`` of a pre-norm decoder::
-
-    h = h + attn_i(norm1_i(h))     unless plan skips attention i   (a skipped attention writes no KV)
-    h = h + mlp_i(norm2_i(h))      unless plan skips MLP i
-    ... after block E-1 when plan.exit_layer == E: final_norm -> lm_head
-
-An architecture is supported by a small registered `ModelAdapter` subclass that says where
-its embedding, blocks, rotary embedding, final norm and LM head live and how to call one attention
-and one MLP branch. `LlamaFamilyAdapter` covers Llama, Mistral, Qwen2, Qwen3 and SmolLM.
+One forward is one `Pass` (what to run and what to return) over hidden states; `forward` starts
+from token ids, `forward_from` from residuals that already went through the first blocks.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from framework.engine.architecture import Architecture, architecture_for
 from framework.engine.kv_cache import KVCache
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
@@ -36,39 +27,9 @@ from framework.utils import no_clock, synced_clock
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
 
-_ADAPTERS: dict[str, type[ModelAdapter]] = {}
-
-
-def register_adapter(*model_types: str) -> Callable[[type[ModelAdapter]], type[ModelAdapter]]:
-    """Class decorator: use this adapter for HF configs whose ``model_type`` is in ``model_types``."""
-
-    def decorator(cls: type[ModelAdapter]) -> type[ModelAdapter]:
-        for mt in model_types:
-            if mt in _ADAPTERS:
-                raise ValueError(
-                    f"an adapter for model_type {mt!r} is already registered ({_ADAPTERS[mt].__name__})"
-                )
-            _ADAPTERS[mt] = cls
-        cls.model_types = tuple(model_types)
-        return cls
-
-    return decorator
-
-
-def cache_kwarg(attention: nn.Module) -> str:
-    """The name under which this transformers release's attention module takes its KV cache:
-    ``cache`` from transformers 5.24 (``past_key_values`` is deprecated there, removed in 5.40),
-    ``past_key_values`` before."""
-    params = inspect.signature(attention.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def supported_model_types() -> list[str]:
-    return sorted(_ADAPTERS)
-
 
 def adapter_for(model: nn.Module, *, fast_kernels: bool | None = None) -> ModelAdapter:
-    """Wrap ``model`` with the adapter registered for its ``config.model_type``.
+    """The executor of ``model`` (its registered `Architecture` for ``config.model_type``).
 
     Args:
         model: an HF causal LM.
@@ -77,16 +38,9 @@ def adapter_for(model: nn.Module, *, fast_kernels: bool | None = None) -> ModelA
             (default): yes for a float32 model on a CPU unless ``SELFSPEC_KERNEL=0``.
 
     Raises:
-        ValueError: no adapter is registered for that architecture.
+        ValueError: no architecture is registered for that model type.
     """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in _ADAPTERS:
-        raise ValueError(
-            f"no model adapter for model_type {model_type!r}; supported: {', '.join(supported_model_types())}. "
-            "An architecture is added with a small @register_adapter subclass of ModelAdapter "
-            "(see docs/howto/new_architecture.md)."
-        )
-    adapter = _ADAPTERS[model_type](model)
+    adapter = ModelAdapter(architecture_for(model))
     adapter.set_fast_kernels(fast_kernels)
     return adapter
 
@@ -118,154 +72,133 @@ class ForwardOutput:
         return idx if self.head is None else self.head.tokens(idx)
 
 
-class ModelAdapter(ABC):
-    """Block-level access to one HF causal LM architecture.
-
-    Subclasses implement the architecture-specific pieces; `forward` is shared.
+@dataclass(frozen=True)
+class Pass:
+    """What one forward runs and returns (`ModelAdapter.run`).
 
     Attributes:
+        plan: sub-layers to skip / the exit layer; ``None`` runs every sub-layer.
+        start: the first block to run (``0 <= start <= stop``): residuals that went through blocks
+            ``< start`` already (verification completing an early-exit draft's blocks).
+        stop: one past the last block; ``None``: ``plan.blocks_run`` (L without a plan).
+        logits_at: ``"all"``, ``"last"``, a LongTensor of positions in ``[0, T)``, or ``None``
+            (no LM head at all).
+        capture_hidden: also return the residual after each block run (index 0: the input).
+        base, visible, tree_mask, persist: where the new tokens' KV goes and what they attend to
+            (`framework.engine.kv_cache.KVCache.begin`): a scratch pass (``persist=False``) leaves
+            the committed cache untouched; a ``tree_mask`` (T, T) verifies a token tree.
+        head: a reduced draft head for the logits (``None``: the full LM head).
+        weights: a draft's compressed copy of the fused branches (`ModelAdapter.draft_branches`)
+            to run instead of the model's own (``None``: the model's weights).
+    """
+
+    plan: LayerPlan | None = None
+    start: int = 0
+    stop: int | None = None
+    logits_at: str | torch.Tensor | None = "all"
+    capture_hidden: bool = False
+    base: int | None = None
+    visible: int | None = None
+    tree_mask: torch.Tensor | None = None
+    persist: bool = True
+    head: DraftHead | None = None
+    weights: FusedBlocks | None = None
+
+
+@dataclass(frozen=True)
+class _Route:
+    """The paths one forward takes (`ModelAdapter._route`)."""
+
+    hidden: torch.Tensor  # contiguous when the fused branches run
+    fused: FusedBlocks | None
+    graphs: BranchGraphs | None
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+
+
+class ModelAdapter:
+    """The executor of one model: runs its architecture's blocks and owns how they run.
+
+    Args:
+        arch: the model's `Architecture`.
+
+    Attributes:
+        arch: the architecture mapping (blocks, branches, norms, head).
         lm_head_seconds: wall time spent in final norm + LM head (for time breakdowns), counted
             while `times_lm_head`.
         time_lm_head: ``True`` / ``False`` turn that timer on or off; ``None`` (the default): on
             for a synchronous device (CPU) only, because on CUDA the timer waits for the device
             twice in every forward that computes logits.
+        forward_calls: forwards run.
+        block_evals: blocks entered x tokens, for the layer-cost accounting.
+        layer_loads: blocks entered per call, whatever the number of tokens (DEL's "layers
+            loaded" cost model, in which a memory-bound forward of n blocks costs n).
         fast_kernels: whether the model runs through `framework.kernels.cpu` (`set_fast_kernels`).
+        fused: the fused branches of `framework.kernels.fused` (``None``: the modules).
+        graphs: CUDA graphs of the attention and MLP branches (`set_cuda_graphs`; ``None``: eager).
     """
 
-    model_types: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.config = model.config
+    def __init__(self, arch: Architecture) -> None:
+        self.arch = arch
         self.lm_head_seconds = 0.0
         self.time_lm_head: bool | None = None
         self.forward_calls = 0
-        self.block_evals = 0  # blocks entered x tokens, for the layer-cost accounting
-        #: blocks entered per call, whatever the number of tokens (DEL's "layers loaded" cost
-        #: model, in which a memory-bound forward of n blocks costs n)
+        self.block_evals = 0
         self.layer_loads = 0
-        self.fast_kernels = kernels.is_installed(model)
-        #: the fused branches of `framework.kernels.fused` (set by `set_fast_kernels`; ``None``: modules)
+        self.fast_kernels = kernels.is_installed(arch.model)
         self.fused: FusedBlocks | None = None
-        #: CUDA graphs of the attention and MLP branches (`set_cuda_graphs`; ``None``: eager)
         self.graphs: BranchGraphs | None = None
         self._draft_branches: dict[str, FusedBlocks] = {}  # `draft_branches`, per format
 
-    # ---- architecture-specific pieces ---------------------------------------------------
+    # ---- the model's facts (its architecture's) ------------------------------------------------
     @property
-    @abstractmethod
-    def blocks(self) -> list[nn.Module]:
-        """The decoder blocks in order."""
+    def model(self) -> nn.Module:
+        return self.arch.model
 
-    @abstractmethod
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) -> (B, T, d)."""
+    @property
+    def config(self) -> Any:
+        return self.arch.config
 
-    @abstractmethod
-    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
-        """Position embeddings for the attention modules (e.g. RoPE cos/sin)."""
-
-    @abstractmethod
-    def attention_branch(
-        self, i: int, hidden: torch.Tensor, pos_emb: Any, mask: torch.Tensor | None, cache: KVCache
-    ) -> torch.Tensor:
-        """The residual update of block i's attention sub-layer (norm included); writes KV."""
-
-    @abstractmethod
-    def mlp_branch(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
-        """The residual update of block i's MLP sub-layer (norm included)."""
-
-    @abstractmethod
-    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
-
-    def build_fused(self) -> FusedBlocks | None:
-        """The fused branches for this architecture (`framework.kernels.fused`), or ``None`` (default:
-        every branch runs through the modules). Called by `set_fast_kernels` once the kernels are
-        installed."""
-        return None
-
-    @abstractmethod
-    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
-
-    def head_parameters(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(weight (V, d), bias (V,) or None)`` of the LM head, for a reduced draft head
-        (`framework.engine.draft_head.DraftHead`). Default: the HF model's output embeddings."""
-        head = self.model.get_output_embeddings()
-        if head is None or not hasattr(head, "weight"):
-            raise ValueError(f"{type(self.model).__name__} exposes no output embeddings (LM head weight)")
-        return head.weight, getattr(head, "bias", None)
-
-    def fingerprint(self) -> str:
-        """A short hash of the model's shape and a slice of its embedding: what is saved for one
-        model (a searched skip set, a token ranking) is only valid for the weights it was computed
-        on, whatever path they were loaded from."""
-        info = self.info()
-        emb = self.model.get_input_embeddings().weight[:4, :64].detach().float().cpu()
-        h = hashlib.sha256()
-        h.update(
-            json.dumps(
-                [getattr(self.config, "model_type", ""), info.num_layers, info.hidden_size, info.vocab_size]
-            ).encode()
-        )
-        h.update(emb.numpy().tobytes())
-        return h.hexdigest()[:16]
-
-    # ---- facts -----------------------------------------------------------------------------
     @property
     def num_layers(self) -> int:
-        return len(self.blocks)
+        return self.arch.num_layers
 
     @property
     def hidden_size(self) -> int:
-        """The residual width d."""
-        return int(self.config.hidden_size)
+        return self.arch.hidden_size
 
     @property
     def num_kv_heads(self) -> int:
-        c = self.config
-        return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        return self.arch.num_kv_heads
 
     @property
     def head_dim(self) -> int:
-        c = self.config
-        return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return self.arch.head_dim
 
     @property
     def max_context(self) -> int:
-        """Longest supported sequence: the position limit, or the sliding window if smaller
-        (sliding-window masks are not implemented; the window bounds the context instead)."""
-        c = self.config
-        limit = getattr(c, "max_position_embeddings", None) or 2048
-        window = getattr(c, "sliding_window", None)
-        if window and getattr(c, "use_sliding_window", True):
-            limit = min(limit, window)
-        return int(limit)
+        return self.arch.max_context
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.arch.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.arch.dtype
+
+    def info(self, name: str = "") -> ModelInfo:
+        return self.arch.info(name)
+
+    def fingerprint(self) -> str:
+        return self.arch.fingerprint()
 
     @property
     def times_lm_head(self) -> bool:
         """Whether forwards add their final norm + LM head time to ``lm_head_seconds``."""
         return self.time_lm_head if self.time_lm_head is not None else self.device.type == "cpu"
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    def info(self, name: str = "") -> ModelInfo:
-        c = self.config
-        return ModelInfo(
-            num_layers=self.num_layers,
-            hidden_size=c.hidden_size,
-            vocab_size=c.vocab_size,
-            max_context=self.max_context,
-            name=name or getattr(c, "_name_or_path", ""),
-            dtype=self.dtype,
-            device=self.device,
-        )
-
+    # ---- how it runs -----------------------------------------------------------------------------
     def set_fast_kernels(self, enabled: bool | None = None) -> bool:
         """Route the model's linear layers and attention through `framework.kernels.cpu`, or back.
 
@@ -296,7 +229,7 @@ class ModelAdapter(ABC):
         else:
             kernels.uninstall(self.model)
         self.fast_kernels = kernels.is_installed(self.model)
-        self.fused = self.build_fused() if self.fast_kernels else None
+        self.fused = self.arch.build_fused() if self.fast_kernels else None
         self._draft_branches.clear()
         return self.fast_kernels
 
@@ -333,12 +266,16 @@ class ModelAdapter(ABC):
         Raises:
             ValueError: ``capture=True`` on a device that is not CUDA.
         """
-        self.graphs = BranchGraphs(self, capture=capture, max_tokens=max_tokens) if enabled else None
+        self.graphs = BranchGraphs(self.arch, capture=capture, max_tokens=max_tokens) if enabled else None
         return self.graphs
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        """A KV cache of ``capacity`` slots: the CUDA graphs' pool when they are on and it is free,
+        else buffers of its own."""
         graphs = self.graphs
         buffers = graphs.lease(capacity, batch) if graphs is not None else None
+        if buffers is None or graphs is None:
+            return self.arch.new_cache(capacity, batch)
         cache = KVCache(
             self.num_layers,
             batch,
@@ -348,13 +285,12 @@ class ModelAdapter(ABC):
             self.dtype,
             self.device,
             buffers=buffers,
-            on_release=graphs.give_back if buffers is not None and graphs is not None else None,
+            on_release=graphs.give_back,
         )
-        if buffers is not None and graphs is not None:
-            graphs.lent_to(cache)
+        graphs.lent_to(cache)
         return cache
 
-    # ---- the shared forward ------------------------------------------------------------
+    # ---- forwards --------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(
         self,
@@ -362,49 +298,11 @@ class ModelAdapter(ABC):
         position_ids: torch.Tensor,
         cache: KVCache,
         plan: LayerPlan | None = None,
-        *,
-        logits_at: str | torch.Tensor | None = "all",
-        capture_hidden: bool = False,
-        base: int | None = None,
-        visible: int | None = None,
-        tree_mask: torch.Tensor | None = None,
-        persist: bool = True,
-        head: DraftHead | None = None,
-        weights: FusedBlocks | None = None,
+        **options: Any,
     ) -> ForwardOutput:
-        """Run the (partial) model over new tokens, reading and writing ``cache``.
-
-        Args:
-            input_ids: LongTensor (B, T).
-            position_ids: LongTensor (B, T), absolute positions (RoPE).
-            cache: the KV cache; see `KVCache.begin` for ``base``/``visible``/``tree_mask``/
-                ``persist``.
-            plan: sub-layers to skip / exit layer; ``None`` runs the full model.
-            logits_at: ``"all"``, ``"last"``, a LongTensor of positions in ``[0, T)``, or ``None``
-                (no LM head at all).
-            capture_hidden: also return every block's output (pre-norm).
-            head: a reduced draft head for the logits (``None``: the full LM head).
-            weights: a draft's compressed copy of the fused branches (`draft_branches`) to run
-                instead of the model's own (``None``: the model's weights).
-
-        Returns:
-            ForwardOutput.
-        """
-        return self.forward_from(
-            self.embed(input_ids),
-            position_ids,
-            cache,
-            plan,
-            start=0,
-            logits_at=logits_at,
-            capture_hidden=capture_hidden,
-            base=base,
-            visible=visible,
-            tree_mask=tree_mask,
-            persist=persist,
-            head=head,
-            weights=weights,
-        )
+        """`run` from token ids (B, T) with positions (B, T) (absolute, for RoPE); ``options`` are
+        the other fields of `Pass` (``logits_at`` defaults to ``"all"``)."""
+        return self.run(self.arch.embed(input_ids), position_ids, cache, Pass(plan, **options))
 
     @torch.inference_mode()
     def forward_from(
@@ -415,112 +313,120 @@ class ModelAdapter(ABC):
         plan: LayerPlan | None = None,
         *,
         start: int,
-        stop: int | None = None,
-        logits_at: str | torch.Tensor | None = None,
-        capture_hidden: bool = False,
-        base: int | None = None,
-        visible: int | None = None,
-        tree_mask: torch.Tensor | None = None,
-        persist: bool = True,
-        head: DraftHead | None = None,
-        weights: FusedBlocks | None = None,
+        **options: Any,
     ) -> ForwardOutput:
-        """Run blocks ``start .. stop-1`` on residuals that already went through blocks ``< start``.
+        """`run` from residuals (B, T, d) that went through blocks ``< start``; ``options`` are
+        the other fields of `Pass` (``logits_at`` defaults to ``None``: no LM head)."""
+        options.setdefault("logits_at", None)
+        return self.run(hidden, position_ids, cache, Pass(plan, start=start, **options))
 
-        `forward` is ``forward_from(embed(input_ids), start=0)``. Starting later resumes a pass
-        (verification completing the blocks an early-exit draft did not run); a single block
-        (``stop = start + 1``) with ``persist=False`` and a ``tree_mask`` evaluates candidate
-        states without touching the committed cache (CLaSp's dynamic programme).
-
-        Args:
-            hidden: FloatTensor (B, T, d), the residual stream after ``start`` blocks.
-            position_ids: LongTensor (B, T), absolute positions (RoPE).
-            cache: as in `forward`; only blocks ``start .. stop-1`` read or write it.
-            plan: sub-layers to skip; ``None`` runs every sub-layer of the range.
-            start: first block to run (``0 <= start <= stop``).
-            stop: one past the last block; default ``plan.blocks_run`` (L without a plan).
-            logits_at: as in `forward` (default ``None``: no LM head).
-            capture_hidden: also return the residual after each block run; index 0 is ``hidden``.
-            head: a reduced draft head for the logits (``None``: the full LM head).
-            weights: as in `forward`: the fused branches to run (a draft's compressed weights);
-                ``None``: `fused`. A forward they do not apply to runs the model's own path.
+    @torch.inference_mode()
+    def run(self, hidden: torch.Tensor, position_ids: torch.Tensor, cache: KVCache, p: Pass) -> ForwardOutput:
+        """Run blocks ``p.start .. stop-1`` of the (partial) model on ``hidden`` (B, T, d),
+        reading and writing ``cache``.
 
         Returns:
-            ForwardOutput whose ``hidden_states`` are (stop - start + 1, B, T, d).
+            ForwardOutput whose ``hidden_states`` are (stop - start + 1, B, T, d) with
+            ``p.capture_hidden``.
 
         Raises:
-            ValueError: a plan of the wrong length, or a block range outside ``[0, L]``.
+            ValueError: a plan of the wrong length, a block range outside ``[0, L]``, or a bad
+                ``logits_at``.
         """
-        if plan is not None and plan.num_layers != self.num_layers:
-            raise ValueError(f"the plan has {plan.num_layers} blocks but the model has {self.num_layers}")
-        if stop is None:
-            stop = self.num_layers if plan is None else plan.blocks_run
-        if not 0 <= start <= stop <= self.num_layers:
-            raise ValueError(
-                f"block range must satisfy 0 <= start <= stop <= {self.num_layers}, got [{start}, {stop})"
-            )
+        plan, n = p.plan, self.num_layers
+        if plan is not None and plan.num_layers != n:
+            raise ValueError(f"the plan has {plan.num_layers} blocks but the model has {n}")
+        stop = p.stop if p.stop is not None else (n if plan is None else plan.blocks_run)
+        if not 0 <= p.start <= stop <= n:
+            raise ValueError(f"block range must satisfy 0 <= start <= stop <= {n}, got [{p.start}, {stop})")
         self.forward_calls += 1
-        h = hidden
-        pos_emb = self.rotary(h, position_ids)
-        captured = [h] if capture_hidden else None
-        fused = self.fused if weights is None else weights
-        fused = fused if fused is not None and fused.applies(h) else None
-        if fused is not None:
-            h = h.contiguous()
-            cos, sin = (p.contiguous() for p in pos_emb)
-        graphs = self.graphs
-        if graphs is not None and (cache.empty or not graphs.serves(cache, h)):
-            graphs = None  # a prefill (each prompt length would be captured once, for one use)
-        cache.begin(h.shape[1], base=base, visible=visible, tree_mask=tree_mask, persist=persist)
+        captured = [hidden] if p.capture_hidden else None
+        pos_emb = self.arch.rotary(hidden, position_ids)
+        route = self._route(hidden, cache, p, pos_emb)
+        cache.begin(hidden.shape[1], base=p.base, visible=p.visible, tree_mask=p.tree_mask, persist=p.persist)
         try:
-            if graphs is not None:
-                graphs.set_rotary(pos_emb)
-            for i in range(start, stop):
-                if plan is None or plan.runs_attn(i):
-                    whole, tree = cache.block_mask(i) if graphs is not None else (False, None)
-                    if whole and graphs is not None:
-                        h = h + graphs.attention(i, h, cache.claim(i)[2], tree)
-                    elif fused is not None and fused.attn[i] is not None:
-                        h = fused.attention(i, h, cos, sin, cache)
-                    else:
-                        h = h + self.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
-                if plan is None or plan.runs_mlp(i):
-                    if graphs is not None:
-                        h = h + graphs.mlp(i, h)
-                    elif fused is not None and fused.mlp[i] is not None:
-                        h = fused.mlp_branch(i, h)
-                    else:
-                        h = h + self.mlp_branch(i, h)
-                if captured is not None:
-                    captured.append(h)
+            if route.graphs is not None:
+                route.graphs.set_rotary(pos_emb)
+            h = self._blocks(route.hidden, pos_emb, cache, p, stop, route, captured)
         finally:
             cache.end()
-        self.block_evals += (stop - start) * h.shape[1]
-        self.layer_loads += stop - start
-        logits = None
-        if logits_at is not None:
-            timed = self.times_lm_head
-            clock = synced_clock(self.device) if timed else no_clock
-            t0 = clock()
-            sel = h
-            if isinstance(logits_at, str):
-                if logits_at == "last":
-                    sel = h[:, -1:]
-                elif logits_at != "all":
-                    raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {logits_at!r}")
-            else:
-                sel = h.index_select(1, logits_at.to(h.device))
-            normed = self.final_norm(sel)
-            logits = self.lm_head(normed) if head is None else head.logits(normed)
-            if timed:
-                self.lm_head_seconds += clock() - t0
+        self.block_evals += (stop - p.start) * h.shape[1]
+        self.layer_loads += stop - p.start
+        logits = self._logits(h, p) if p.logits_at is not None else None
         hidden_states = torch.stack(captured) if captured is not None else None
-        return ForwardOutput(logits, hidden_states, h, head if logits is not None else None)
+        return ForwardOutput(logits, hidden_states, h, p.head if logits is not None else None)
+
+    def _route(self, hidden: torch.Tensor, cache: KVCache, p: Pass, pos_emb: Any) -> _Route:
+        """Which paths this forward's branches may take: the CUDA graphs (a short forward on the
+        graphs' KV pool, never a prefill) and the fused branches (the draft's compressed weights,
+        or the model's, where they apply); decided before the cache is written."""
+        fused = self.fused if p.weights is None else p.weights
+        fused = fused if fused is not None and fused.applies(hidden) else None
+        cos = sin = None
+        if fused is not None:
+            hidden = hidden.contiguous()
+            cos, sin = (e.contiguous() for e in pos_emb)
+        graphs = self.graphs
+        if graphs is not None and (cache.empty or not graphs.serves(cache, hidden)):
+            graphs = None  # a prefill (each prompt length would be captured once, for one use)
+        return _Route(hidden, fused, graphs, cos, sin)
+
+    def _blocks(
+        self,
+        h: torch.Tensor,
+        pos_emb: Any,
+        cache: KVCache,
+        p: Pass,
+        stop: int,
+        route: _Route,
+        captured: list | None,
+    ) -> torch.Tensor:
+        """Blocks ``p.start .. stop-1`` over ``h``, each branch the plan runs by ``route``: the CUDA
+        graphs, the fused branches, or the model's modules."""
+        plan, arch, fused, graphs = p.plan, self.arch, route.fused, route.graphs
+        for i in range(p.start, stop):
+            if plan is None or plan.runs_attn(i):
+                whole, tree = cache.block_mask(i) if graphs is not None else (False, None)
+                if whole and graphs is not None:
+                    h = h + graphs.attention(i, h, cache.claim(i)[2], tree)
+                elif fused is not None and fused.attn[i] is not None:
+                    h = fused.attention(i, h, route.cos, route.sin, cache)
+                else:
+                    h = h + arch.attention_branch(i, h, pos_emb, cache.attention_mask(i), cache)
+            if plan is None or plan.runs_mlp(i):
+                if graphs is not None:
+                    h = h + graphs.mlp(i, h)
+                elif fused is not None and fused.mlp[i] is not None:
+                    h = fused.mlp_branch(i, h)
+                else:
+                    h = h + arch.mlp_branch(i, h)
+            if captured is not None:
+                captured.append(h)
+        return h
+
+    def _logits(self, h: torch.Tensor, p: Pass) -> torch.Tensor:
+        """Final norm and LM head (or ``p.head``) at ``p.logits_at``, timed while `times_lm_head`."""
+        timed = self.times_lm_head
+        clock = synced_clock(self.device) if timed else no_clock
+        t0 = clock()
+        sel, at = h, p.logits_at
+        if isinstance(at, str):
+            if at == "last":
+                sel = h[:, -1:]
+            elif at != "all":
+                raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {at!r}")
+        else:
+            sel = h.index_select(1, at.to(h.device))
+        normed = self.arch.final_norm(sel)
+        logits = self.arch.lm_head(normed) if p.head is None else p.head.logits(normed)
+        if timed:
+            self.lm_head_seconds += clock() - t0
+        return logits
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on pre-norm residuals of any shape (..., d) (shadow predictions)."""
         with torch.inference_mode():
-            return self.lm_head(self.final_norm(hidden))
+            return self.arch.lm_head(self.arch.final_norm(hidden))
 
     @torch.inference_mode()
     def top1_from_hidden(
@@ -546,8 +452,10 @@ class ModelAdapter(ABC):
         flat = hidden.reshape(-1, hidden.shape[-1])
         toks, probs = [], []
         for lo in range(0, flat.shape[0], chunk):
-            normed = self.final_norm(flat[lo : lo + chunk])
-            logits = (self.lm_head(normed) if head is None else head.logits(normed)).float()  # (n, V or K)
+            normed = self.arch.final_norm(flat[lo : lo + chunk])
+            logits = (
+                self.arch.lm_head(normed) if head is None else head.logits(normed)
+            ).float()  # (n, V or K)
             top, idx = logits.max(dim=-1)
             toks.append(idx if head is None else head.tokens(idx))
             probs.append(torch.exp(top - torch.logsumexp(logits, dim=-1)))
@@ -558,63 +466,3 @@ class ModelAdapter(ABC):
                 torch.zeros(shape, dtype=torch.float32, device=hidden.device),
             )
         return torch.cat(toks).reshape(shape), torch.cat(probs).reshape(shape)
-
-
-@register_adapter("llama", "mistral", "qwen2", "qwen3", "smollm3")
-class LlamaFamilyAdapter(ModelAdapter):
-    """Pre-norm decoders laid out like ``LlamaForCausalLM``.
-
-    ``model.model.{embed_tokens, layers, norm, rotary_emb}`` and ``model.lm_head``; every block has
-    ``input_layernorm``, ``self_attn``, ``post_attention_layernorm`` and ``mlp``. The attention
-    module is called as HF calls it (hidden states, RoPE cos/sin, an additive mask, a cache with
-    ``update``), so q/k norms (Qwen3), biases (Qwen2) and GQA come from HF's own code.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        inner = model.model
-        self._blocks = list(inner.layers)
-        self._embed = inner.embed_tokens
-        self._norm = inner.norm
-        self._rotary = inner.rotary_emb
-        self._head = model.lm_head
-        for i, blk in enumerate(self._blocks):
-            for attr in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"):
-                if not hasattr(blk, attr):
-                    raise ValueError(
-                        f"block {i} of {type(model).__name__} has no {attr}: not a Llama-family layout"
-                    )
-        self._cache_kwarg = cache_kwarg(self._blocks[0].self_attn) if self._blocks else "past_key_values"
-
-    @property
-    def blocks(self) -> list[nn.Module]:
-        return self._blocks
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self._embed(input_ids)
-
-    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
-        return self._rotary(hidden, position_ids)
-
-    def build_fused(self) -> FusedBlocks | None:
-        return FusedBlocks.build(self)
-
-    def attention_branch(self, i, hidden, pos_emb, mask, cache):
-        blk = self._blocks[i]
-        out = blk.self_attn(
-            hidden_states=blk.input_layernorm(hidden),
-            position_embeddings=pos_emb,
-            attention_mask=mask,
-            **{self._cache_kwarg: cache},
-        )
-        return out[0]
-
-    def mlp_branch(self, i, hidden):
-        blk = self._blocks[i]
-        return blk.mlp(blk.post_attention_layernorm(hidden))
-
-    def final_norm(self, hidden):
-        return self._norm(hidden)
-
-    def lm_head(self, hidden):
-        return self._head(hidden)

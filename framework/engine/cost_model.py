@@ -368,9 +368,10 @@ def head_seconds(adapter: Any, head: DraftHead | None = None, *, reps: int = 31)
     def sync() -> None:
         device_sync(adapter.device)
 
-    fns = [lambda: adapter.lm_head(adapter.final_norm(x))]
+    arch = adapter.arch
+    fns = [lambda: arch.lm_head(arch.final_norm(x))]
     if head is not None:
-        fns.append(lambda: head.logits(adapter.final_norm(x)))
+        fns.append(lambda: head.logits(arch.final_norm(x)))
     samples: list[list[float]] = [[] for _ in fns]
     for rep in range(reps + 1):
         for fn, out in zip(fns, samples, strict=True):

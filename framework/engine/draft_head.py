@@ -58,7 +58,8 @@ class DraftHead:
     with `start`'s `LiveDraftHead`, which adds the tokens of its own context when ``context``.
 
     Args:
-        adapter: the model adapter (`ModelAdapter`): its final norm and LM head weights.
+        adapter: the model's executor (`framework.engine.adapter.ModelAdapter`): its architecture's
+            LM head weights.
         ids: the K token ids the draft may propose (distinct, in ``[0, V)``), any order.
         name: a short description for logs and records (e.g. ``"top-8192 of calibration counts"``).
         context: each generation's head also scores the tokens of its context: the prompt's and
@@ -79,7 +80,7 @@ class DraftHead:
     def __init__(
         self, adapter: Any, ids: Sequence[int] | torch.Tensor, *, name: str = "", context: bool = False
     ) -> None:
-        weight, bias = adapter.head_parameters()
+        weight, bias = adapter.arch.head_parameters()
         vocab = int(weight.shape[0])
         ids_t = torch.as_tensor(ids, dtype=torch.long).flatten().cpu()
         k = int(ids_t.numel())
@@ -150,12 +151,12 @@ class DraftHead:
         gen = torch.Generator().manual_seed(0)
         with torch.inference_mode():
             x = torch.randn(1, 1, d, generator=gen).to(device=self.weight.device, dtype=self.weight.dtype)
-            full = adapter.lm_head(x)[..., self.ids].float()
+            full = adapter.arch.lm_head(x)[..., self.ids].float()
             mine = F.linear(x, self.weight, self.bias).float()
         tol = 1e-3 * (1.0 + float(full.abs().max()))
         if not torch.allclose(full, mine, atol=tol, rtol=1e-3):
             raise ValueError(
-                f"{type(adapter).__name__}'s LM head is not a plain linear map of the final norm's output "
+                f"{type(adapter.arch).__name__}'s LM head is not a plain linear map of the final norm's output "
                 "(e.g. logit soft-capping or scaling), so a reduced draft head cannot reproduce it; "
                 "use the full vocabulary (draft_vocab 0)"
             )

@@ -91,24 +91,8 @@ def run(
     names = ["vanilla"] + ([] if cfg.method.baseline_only else [method])
     rank0 = launch_rank(cfg) == 0
     check_answer_dir(cfg.runner.specbench_answers, names, [out_path])
-
-    def write_answers() -> dict[str, Path]:  # Spec-Bench's answer files, rewritten from the results
-        if not cfg.runner.specbench_answers:
-            return {}
-        paths = write_answer_files(
-            read_records(out_path),
-            cfg.runner.specbench_answers,
-            model=model_name(cfg.model.name_or_path, model),
-            protect=[out_path],
-        )
-        log(f"[selfspec] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
-        return paths
-
-    done = (
-        resume_state(cfg, out_path, names, log if rank0 else (lambda _m: None))
-        if cfg.runner.resume
-        else set()
-    )
+    answers = _AnswerFiles(cfg, out_path, model, log)
+    done = resume_state(cfg, out_path, names, log if rank0 else _silent) if cfg.runner.resume else set()
     todo = [p for p in prompts if prompt_key(p) not in done]
     if done and rank0:
         log(
@@ -123,9 +107,12 @@ def run(
         exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
     module = DecodeModule(cfg, todo, out_path, meta, model, tokenizer, log, experiment=exp)
     tty = sys.stderr.isatty() and rank0
+    tracking = TrackingCallback(
+        out_path, method, run_dir / "plots" if cfg.runner.plots else None, read_records
+    )
     callbacks: list[Any] = [
         ResultsWriter(out_path),
-        TrackingCallback(out_path, method, run_dir / "plots" if cfg.runner.plots else None, read_records),
+        tracking,
         SpeedupProgressBar() if tty else PlainProgress(),
     ]
     logger = (
@@ -134,53 +121,13 @@ def run(
         else None
     )
     t_start = time.perf_counter()
-    sigint = signal.getsignal(signal.SIGINT)
-    with _quiet_lightning():
-        trainer = pl.Trainer(
-            accelerator=_accelerator(cfg.model.device),
-            devices=_devices(cfg),
-            num_nodes=cfg.runner.num_nodes,
-            strategy="ddp" if cfg.runner.devices * cfg.runner.num_nodes > 1 else "auto",
-            logger=logger if logger is not None else False,
-            callbacks=callbacks,
-            enable_progress_bar=tty,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            use_distributed_sampler=False,
-            inference_mode=True,
-            default_root_dir=str(run_dir),
-        )
-        try:
-            trainer.predict(module, return_predictions=False)
-        except SystemExit:
-            # Lightning turns Ctrl-C into SystemExit(1) after a graceful shutdown (and ignores
-            # further SIGINTs); give the caller the interruption back, with the usual handler.
-            signal.signal(signal.SIGINT, sigint)
-            if trainer.interrupted:
-                if trainer.global_rank == 0:
-                    write_answers()
-                raise KeyboardInterrupt from None
-            raise
+    trainer = _predict(cfg, module, _trainer_args(cfg, run_dir, callbacks, logger, tty), answers.write)
     if trainer.global_rank != 0:
         return {}
     records = read_records(out_path)
-    table = results_table(records, method)
-    mismatches = mismatch_lines(records)
-    if mismatches:
-        table += "\n\n" + mismatches
-    breakdown = time_breakdown(records, names)
-    title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
-    plot_paths = callbacks[1].plot_paths
-    report = (
-        f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
-        f"{len(todo)} prompts decoded in {time.perf_counter() - t_start:.0f} s"
-        + (f" ({len(prompts) - len(todo)} resumed from the file)" if done else "")
-        + f"; results: {out_path}\n"
-        + (f"plots: {run_dir / 'plots'}\n" if plot_paths else "")
-    )
-    out_path.with_suffix(".md").write_text(report)
-    log("\n" + report)
-    answers = write_answers()
+    progress = (len(todo), len(prompts) - len(todo), bool(done), t_start)
+    table, breakdown = _report(cfg, records, names, out_path, tracking.plot_paths, log, progress)
+    written = answers.write()
     if logger is not None:
         _close_logger(logger, log)
     return {
@@ -189,10 +136,108 @@ def run(
         "breakdown": breakdown,
         "records": records,
         "summary": summary_metrics(records, method),
-        "plots": [str(p) for p in plot_paths],
+        "plots": [str(p) for p in tracking.plot_paths],
         "run_dir": str(run_dir),
-        "specbench_answers": [str(p) for p in answers.values()],
+        "specbench_answers": [str(p) for p in written.values()],
     }
+
+
+def _silent(_msg: str) -> None:
+    """A log that drops its messages (ranks other than 0)."""
+
+
+class _AnswerFiles:
+    """Spec-Bench's answer files of a run (``--specbench-answers``), rewritten from its results."""
+
+    def __init__(self, cfg: RunConfig, out_path: Path, model: Any, log: Callable[[str], None]) -> None:
+        self.cfg, self.out_path, self.model, self.log = cfg, out_path, model, log
+
+    def write(self) -> dict[str, Path]:
+        if not self.cfg.runner.specbench_answers:
+            return {}
+        paths = write_answer_files(
+            read_records(self.out_path),
+            self.cfg.runner.specbench_answers,
+            model=model_name(self.cfg.model.name_or_path, self.model),
+            protect=[self.out_path],
+        )
+        self.log(f"[selfspec] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
+        return paths
+
+
+def _trainer_args(
+    cfg: RunConfig, run_dir: Path, callbacks: list[Any], logger: Any, tty: bool
+) -> dict[str, Any]:
+    """The `pl.Trainer` of a run: its devices and processes, our callbacks and logger, no
+    checkpoints, no distributed sampler (the module shards the prompts itself)."""
+    return {
+        "accelerator": _accelerator(cfg.model.device),
+        "devices": _devices(cfg),
+        "num_nodes": cfg.runner.num_nodes,
+        "strategy": "ddp" if cfg.runner.devices * cfg.runner.num_nodes > 1 else "auto",
+        "logger": logger if logger is not None else False,
+        "callbacks": callbacks,
+        "enable_progress_bar": tty,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "use_distributed_sampler": False,
+        "inference_mode": True,
+        "default_root_dir": str(run_dir),
+    }
+
+
+def _predict(
+    cfg: RunConfig, module: DecodeModule, trainer_args: dict[str, Any], on_interrupt: Callable[[], Any]
+) -> pl.Trainer:
+    """Run the predict loop; Ctrl-C writes ``on_interrupt`` (rank 0) and raises KeyboardInterrupt."""
+    sigint = signal.getsignal(signal.SIGINT)
+    with _quiet_lightning():
+        trainer = pl.Trainer(**trainer_args)
+        try:
+            trainer.predict(module, return_predictions=False)
+        except SystemExit:
+            # Lightning turns Ctrl-C into SystemExit(1) after a graceful shutdown (and ignores
+            # further SIGINTs); give the caller the interruption back, with the usual handler.
+            signal.signal(signal.SIGINT, sigint)
+            if trainer.interrupted:
+                if trainer.global_rank == 0:
+                    on_interrupt()
+                raise KeyboardInterrupt from None
+            raise
+    return trainer
+
+
+def _report(
+    cfg: RunConfig,
+    records: list[dict[str, Any]],
+    names: list[str],
+    out_path: Path,
+    plot_paths: list[Path],
+    log: Callable[[str], None],
+    progress: tuple[int, int, bool, float],
+) -> tuple[str, str]:
+    """The run's report (``<output>.md``, and logged): the results table with its mismatch notes,
+    where the time goes, what was decoded (``progress``: prompts decoded now, prompts resumed from
+    the file, whether the run resumed, its start time); returns ``(table, breakdown)``."""
+    decoded, resumed, did_resume, t_start = progress
+    method = cfg.method.label
+    table = results_table(records, method)
+    mismatches = mismatch_lines(records)
+    if mismatches:
+        table += "\n\n" + mismatches
+    breakdown = time_breakdown(records, names)
+    title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
+    run_dir = out_path.with_suffix("")
+    report = (
+        f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
+        f"{decoded} prompts decoded in {time.perf_counter() - t_start:.0f} s"
+        + (f" ({resumed} resumed from the file)" if did_resume else "")
+        + f"; results: {out_path}\n"
+        + (f"plots: {run_dir / 'plots'}\n" if plot_paths else "")
+    )
+    out_path.with_suffix(".md").write_text(report)
+    log("\n" + report)
+    return table, breakdown
 
 
 def launch_rank(cfg: RunConfig) -> int:

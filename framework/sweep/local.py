@@ -138,12 +138,7 @@ def run_sweep(
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    for notice in sweep.notices:
-        log(f"note: {notice}")
-    if sweep.method == "bayes":
-        log(
-            "note: method bayes runs locally as random search (Bayesian search needs the W&B server: wandb agent)"
-        )
+    _notices(sweep, log)
     trials = expand_trials(sweep, count, seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(out_dir) if out_dir else Path("runs") / "sweeps" / f"{sweep.name}-{stamp}"
@@ -160,20 +155,42 @@ def run_sweep(
     validate_trials(sweep, trials, overrides=overrides)
     mode, notice = wandb_mode(mode)
     result = SweepResult(sweep, out, trials=trials)
+    header = _header(sweep, len(trials), seed, overrides)
     if dry_run:
-        log(_header(sweep, len(trials), seed, overrides))
-        for i, params in enumerate(trials, 1):
-            log(f"trial {i}: {command_line(params)}")
+        log(header + "".join(f"\ntrial {i}: {command_line(params)}" for i, params in enumerate(trials, 1)))
         log(f"\n{len(trials)} trials validated; nothing was run (--dry-run)")
         return result
     if notice:
         log(notice)
     out.mkdir(parents=True, exist_ok=True)
-    jsonl, md = out / "trials.jsonl", out / "results.md"
-    md.write_text(
-        _header(sweep, len(trials), seed, overrides) + "\n" + results_table(sweep, []) + "\n",
-        encoding="utf-8",
+    (out / "results.md").write_text(header + "\n" + results_table(sweep, []) + "\n", encoding="utf-8")
+    init = _wandb_init(sweep, out, mode, stamp)
+    log(
+        f"sweep {sweep.name}: {len(trials)} trials -> {out}"
+        + (f" (W&B {mode})" if mode != "disabled" else "")
     )
+    trial_args = {"model": model, "tokenizer": tokenizer, "mode": mode, "overrides": overrides}
+    try:
+        for i, params in enumerate(trials, 1):
+            _run_trial(result, i, params, init, trial_args, log)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    _finish(result, header, mode, log)
+    return result
+
+
+def _notices(sweep: Sweep, log: Callable[[str], None]) -> None:
+    """What the sweep file left to defaults, and how ``bayes`` runs here."""
+    for notice in sweep.notices:
+        log(f"note: {notice}")
+    if sweep.method == "bayes":
+        log(
+            "note: method bayes runs locally as random search (Bayesian search needs the W&B server: wandb agent)"
+        )
+
+
+def _wandb_init(sweep: Sweep, out: Path, mode: str, stamp: str) -> dict[str, Any]:
+    """The ``wandb.init`` arguments every trial shares (project, group, tags, directory)."""
     init: dict[str, Any] = {"project": sweep.project, "group": f"{sweep.name}-{stamp}", "tags": [sweep.name]}
     if sweep.entity:
         init["entity"] = sweep.entity
@@ -183,55 +200,60 @@ def run_sweep(
         if not os.environ.get("WANDB_DIR"):
             init["dir"] = str(out)
         init["settings"] = wb.Settings(console="off", silent=True)
-    log(
-        f"sweep {sweep.name}: {len(trials)} trials -> {out}"
-        + (f" (W&B {mode})" if mode != "disabled" else "")
-    )
+    return init
+
+
+def _run_trial(
+    result: SweepResult,
+    i: int,
+    params: dict[str, Any],
+    init: dict[str, Any],
+    trial_args: dict[str, Any],
+    log: Callable[[str], None],
+) -> None:
+    """Trial ``i`` through `train`; its row appended to the result, ``trials.jsonl`` and
+    ``results.md`` at once (a value only the model can reject fails the trial, not the sweep)."""
+    sweep, out, n = result.sweep, result.out_dir, len(result.trials)
+    tag = f"[trial {i}/{n}]"
+    log(f"{tag} {describe_params(params, sweep.swept or list(params))}")
+    row: dict[str, Any] = {"trial": i, "params": params, "status": "ok", "metrics": {}}
+    t0 = time.perf_counter()
     try:
-        for i, params in enumerate(trials, 1):
-            tag = f"[trial {i}/{len(trials)}]"
-            log(f"{tag} {describe_params(params, sweep.swept or list(params))}")
-            row: dict[str, Any] = {"trial": i, "params": params, "status": "ok", "metrics": {}}
-            t0 = time.perf_counter()
-            try:
-                res = train(
-                    params,
-                    model=model,
-                    tokenizer=tokenizer,
-                    output=str(out / f"trial-{i:03d}.jsonl"),
-                    mode=mode,
-                    init={**init, "name": f"{sweep.name}-{i:03d}"},
-                    overrides=overrides,
-                    log=lambda s, tag=tag: log(f"{tag} {s}"),
-                )
-                row.update(metrics=res["metrics"], output=res["output"], wandb=res["wandb_dir"])
-            except (SweepError, *USER_ERRORS) as err:  # what only the model can reject (a skip set)
-                row.update(status="failed", error=str(err))
-                log(f"{tag} failed: {err}")
-            row["seconds"] = round(time.perf_counter() - t0, 2)
-            result.rows.append(row)
-            with jsonl.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row, default=str) + "\n")
-            with md.open("a", encoding="utf-8") as fh:
-                fh.write(results_table(sweep, [row]).splitlines()[-1] + "\n")
-            if row["status"] == "ok":
-                log(
-                    f"{tag} {sweep.metric} {_cell(row['metrics'].get(sweep.metric))} ({row['seconds']:.0f} s)"
-                )
-    except KeyboardInterrupt:
-        result.interrupted = True
+        res = train(
+            params,
+            output=str(out / f"trial-{i:03d}.jsonl"),
+            init={**init, "name": f"{sweep.name}-{i:03d}"},
+            log=lambda s: log(f"{tag} {s}"),
+            **trial_args,
+        )
+        row.update(metrics=res["metrics"], output=res["output"], wandb=res["wandb_dir"])
+    except (SweepError, *USER_ERRORS) as err:  # what only the model can reject (a skip set)
+        row.update(status="failed", error=str(err))
+        log(f"{tag} failed: {err}")
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    result.rows.append(row)
+    with (out / "trials.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row, default=str) + "\n")
+    with (out / "results.md").open("a", encoding="utf-8") as fh:
+        fh.write(results_table(sweep, [row]).splitlines()[-1] + "\n")
+    if row["status"] == "ok":
+        log(f"{tag} {sweep.metric} {_cell(row['metrics'].get(sweep.metric))} ({row['seconds']:.0f} s)")
+
+
+def _finish(result: SweepResult, header: str, mode: str, log: Callable[[str], None]) -> None:
+    """``results.md`` rewritten sorted by the metric, the table logged, where the W&B runs are."""
+    sweep, out = result.sweep, result.out_dir
     result.table = results_table(sweep, result.rows)
-    done = f"{len(result.rows)} of {len(trials)} trials" + (" (interrupted)" if result.interrupted else "")
-    md.write_text(
-        _header(sweep, len(trials), seed, overrides) + f"\n{done}, best first:\n\n{result.table}\n",
-        encoding="utf-8",
+    done = f"{len(result.rows)} of {len(result.trials)} trials" + (
+        " (interrupted)" if result.interrupted else ""
     )
+    md = out / "results.md"
+    md.write_text(header + f"\n{done}, best first:\n\n{result.table}\n", encoding="utf-8")
     log(f"\n## Sweep {sweep.name}: {done}, best {sweep.metric} first\n\n{result.table}\n")
-    log(f"results: {md} and {jsonl}")
+    log(f"results: {md} and {out / 'trials.jsonl'}")
     if mode == "offline":
         runs = Path(os.environ.get("WANDB_DIR") or out) / "wandb"
         log(f"W&B offline runs: {runs}/offline-run-*; upload them with `wandb sync {runs}/offline-run-*`")
-    return result
 
 
 __all__ = ["SweepResult", "results_table", "run_sweep"]

@@ -203,21 +203,7 @@ def parse_param(name: Any, spec: Any) -> Param:
         raise SweepError(
             f"parameter {name!r}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(PARAM_KEYS)})"
         )
-    dist = spec.get("distribution")
-    if dist is None:
-        if "value" in spec:
-            dist = "constant"
-        elif "values" in spec:
-            dist = "categorical"
-        elif "min" in spec or "max" in spec:
-            both_int = all(
-                isinstance(spec.get(k), int) and not isinstance(spec.get(k), bool) for k in ("min", "max")
-            )
-            dist = "int_uniform" if both_int else "uniform"
-        elif "mu" in spec or "sigma" in spec:
-            dist = "normal"
-        else:
-            raise SweepError(f"parameter {name!r}: give value, values, min/max or a distribution")
+    dist = spec.get("distribution") or _inferred_distribution(name, spec)
     if dist in UNSUPPORTED_DISTRIBUTIONS:
         raise SweepError(
             f"parameter {name!r}: distribution {dist!r} is not supported by the local runner (supported: "
@@ -232,17 +218,7 @@ def parse_param(name: Any, spec: Any) -> Param:
             raise SweepError(f"parameter {name!r}: distribution constant needs 'value'")
         return Param(name, dist, values=(spec["value"],))
     if dist == "categorical":
-        values = spec.get("values")
-        if not isinstance(values, list) or not values:
-            raise SweepError(f"parameter {name!r}: values must be a non-empty list, got {values!r}")
-        probs = spec.get("probabilities")
-        if probs is not None:
-            if not isinstance(probs, list) or len(probs) != len(values):
-                raise SweepError(f"parameter {name!r}: probabilities must be a list as long as values")
-            probs = [_number(name, "probabilities", p) for p in probs]
-            if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
-                raise SweepError(f"parameter {name!r}: probabilities must be >= 0 and sum to 1, got {probs}")
-        return Param(name, dist, values=tuple(values), probabilities=tuple(probs) if probs else None)
+        return _categorical(name, spec)
     if dist in ("normal", "q_normal"):
         mu = _number(name, "mu", spec.get("mu", 0.0))
         sigma = _number(name, "sigma", spec.get("sigma", 1.0))
@@ -250,6 +226,42 @@ def parse_param(name: Any, spec: Any) -> Param:
             raise SweepError(f"parameter {name!r}: sigma must be > 0, got {sigma}")
         q = _number(name, "q", spec.get("q", 1)) if dist == "q_normal" else None
         return Param(name, dist, mu=mu, sigma=sigma, q=q)
+    return _ranged(name, dist, spec)
+
+
+def _inferred_distribution(name: str, spec: dict[str, Any]) -> str:
+    """W&B's inference of a distribution from the keys given: value -> constant, values ->
+    categorical, min/max of ints -> int_uniform (else uniform), mu/sigma -> normal."""
+    if "value" in spec:
+        return "constant"
+    if "values" in spec:
+        return "categorical"
+    if "min" in spec or "max" in spec:
+        both_int = all(
+            isinstance(spec.get(k), int) and not isinstance(spec.get(k), bool) for k in ("min", "max")
+        )
+        return "int_uniform" if both_int else "uniform"
+    if "mu" in spec or "sigma" in spec:
+        return "normal"
+    raise SweepError(f"parameter {name!r}: give value, values, min/max or a distribution")
+
+
+def _categorical(name: str, spec: dict[str, Any]) -> Param:
+    values = spec.get("values")
+    if not isinstance(values, list) or not values:
+        raise SweepError(f"parameter {name!r}: values must be a non-empty list, got {values!r}")
+    probs = spec.get("probabilities")
+    if probs is not None:
+        if not isinstance(probs, list) or len(probs) != len(values):
+            raise SweepError(f"parameter {name!r}: probabilities must be a list as long as values")
+        probs = [_number(name, "probabilities", p) for p in probs]
+        if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+            raise SweepError(f"parameter {name!r}: probabilities must be >= 0 and sum to 1, got {probs}")
+    return Param(name, "categorical", values=tuple(values), probabilities=tuple(probs) if probs else None)
+
+
+def _ranged(name: str, dist: str, spec: dict[str, Any]) -> Param:
+    """A distribution between ``min`` and ``max`` (uniform, int, log, quantised)."""
     for key in ("min", "max"):
         if key not in spec:
             raise SweepError(f"parameter {name!r}: distribution {dist} needs min and max")
@@ -299,26 +311,8 @@ def load_sweep(path: str | Path) -> Sweep:
     method = data.get("method")
     if method not in SEARCH_METHODS:
         raise SweepError(f"{path}: method must be one of {', '.join(SEARCH_METHODS)}, got {method!r}")
-    notices = []
-    metric = data.get("metric")
-    if metric is None:
-        name, goal = "speedup", "maximize"
-        notices.append("no metric in the sweep file: ranking by speedup (maximize)")
-    else:
-        if not isinstance(metric, dict) or "name" not in metric:
-            raise SweepError(
-                f"{path}: metric must be a mapping {{name: speedup, goal: maximize}}, got {metric!r}"
-            )
-        name, goal = metric["name"], metric.get("goal", "minimize")
-        if "goal" not in metric:
-            notices.append("metric.goal not given: minimize (W&B's default)")
-        if goal not in ("maximize", "minimize"):
-            raise SweepError(f"{path}: metric.goal must be maximize or minimize, got {goal!r}")
-        if not _known_metric(name):
-            raise SweepError(
-                f"{path}: metric.name {name!r} is not logged by a trial (logged: {', '.join(METRICS)}, "
-                "and <category>/<metric> such as qa/speedup)"
-            )
+    notices: list[str] = []
+    name, goal = _metric(path, data.get("metric"), notices)
     params = data.get("parameters")
     if params is None:
         raise SweepError(f"{path}: missing 'parameters' (the run options to sweep)")
@@ -356,6 +350,29 @@ def load_sweep(path: str | Path) -> Sweep:
         run_cap=run_cap,
         notices=tuple(notices),
     )
+
+
+def _metric(path: Path, metric: Any, notices: list[str]) -> tuple[str, str]:
+    """``(name, goal)`` of a sweep file's ``metric`` (``speedup``, maximised, when it has none;
+    W&B's default goal, minimize, when it names none: both noted in ``notices``)."""
+    if metric is None:
+        notices.append("no metric in the sweep file: ranking by speedup (maximize)")
+        return "speedup", "maximize"
+    if not isinstance(metric, dict) or "name" not in metric:
+        raise SweepError(
+            f"{path}: metric must be a mapping {{name: speedup, goal: maximize}}, got {metric!r}"
+        )
+    name, goal = metric["name"], metric.get("goal", "minimize")
+    if "goal" not in metric:
+        notices.append("metric.goal not given: minimize (W&B's default)")
+    if goal not in ("maximize", "minimize"):
+        raise SweepError(f"{path}: metric.goal must be maximize or minimize, got {goal!r}")
+    if not _known_metric(name):
+        raise SweepError(
+            f"{path}: metric.name {name!r} is not logged by a trial (logged: {', '.join(METRICS)}, "
+            "and <category>/<metric> such as qa/speedup)"
+        )
+    return name, goal
 
 
 def _known_metric(name: Any) -> bool:

@@ -303,3 +303,21 @@ def test_strategies_never_see_the_engine_state(module):
         f"{line} {fn}(state: {ann})" for line, fn, ann in _state_params(MODULES[module]) if ann != "RoundView"
     ]
     assert not bad, f"{module}: {bad}"
+
+
+#: The longest function or method ``framework/`` may hold (docstring included): a driver that
+#: grows past it is split into named steps.
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_in_the_framework_is_longer_than_the_limit():
+    long = []
+    for m, path in MODULES.items():
+        if not m.startswith("framework"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{m}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)

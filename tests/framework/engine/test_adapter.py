@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from framework import LayerPlan
-from framework.engine.adapter import adapter_for, supported_model_types
+from framework.engine.adapter import adapter_for
+from framework.engine.architecture import supported_model_types
 from framework.testing import ARCHS, random_prompt
 
 ATOL = 1e-8
@@ -196,7 +197,7 @@ def test_unsupported_architecture():
     with pytest.raises(ValueError) as exc:
         adapter_for(gpt2)
     msg = str(exc.value)
-    assert "'gpt2'" in msg and "llama" in msg and "register_adapter" in msg
+    assert "'gpt2'" in msg and "llama" in msg and "register_architecture" in msg
     with pytest.raises(ValueError, match="None"):
         adapter_for(torch.nn.Linear(2, 2))
 

@@ -68,11 +68,11 @@ def test_rowwise_model_ops_are_row_invariant():
     with torch.inference_mode():
         norm = blk.input_layernorm(h)
         act = model.model.layers[0].mlp.act_fn(h * 3)
-        cos, sin = adapter.rotary(h, _pos(20, 9))
+        cos, sin = adapter.arch.rotary(h, _pos(20, 9))
         for j in range(9):
             assert torch.equal(blk.input_layernorm(h[:, j : j + 1]), norm[:, j : j + 1])
             assert torch.equal(model.model.layers[0].mlp.act_fn(h[:, j : j + 1] * 3), act[:, j : j + 1])
-            c1, s1 = adapter.rotary(h[:, j : j + 1], _pos(20 + j, 1))
+            c1, s1 = adapter.arch.rotary(h[:, j : j + 1], _pos(20 + j, 1))
             assert torch.equal(c1, cos[:, j : j + 1]) and torch.equal(s1, sin[:, j : j + 1])
 
 

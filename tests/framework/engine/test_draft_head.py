@@ -24,7 +24,7 @@ def test_logits_are_the_lm_head_columns_of_the_ids(adapter):
     head = DraftHead(adapter, IDS)
     x = torch.randn(2, 3, adapter.info().hidden_size, dtype=adapter.dtype)
     with torch.inference_mode():
-        full = adapter.lm_head(x)
+        full = adapter.arch.lm_head(x)
         mine = head.logits(x)
     assert mine.shape == (2, 3, len(IDS))
     torch.testing.assert_close(mine, full[..., IDS])
@@ -57,7 +57,7 @@ def test_bad_ids_are_rejected(adapter, ids, match):
 
 
 def test_a_head_that_is_not_a_plain_linear_map_is_rejected(adapter):
-    class Scaled:  # an adapter whose LM head scales its logits (as soft-capping would change them)
+    class Scaled:  # an architecture whose LM head scales its logits (as soft-capping would change them)
         def __init__(self, inner):
             self.inner = inner
 
@@ -67,8 +67,11 @@ def test_a_head_that_is_not_a_plain_linear_map_is_rejected(adapter):
         def lm_head(self, x):
             return 2.0 * self.inner.lm_head(x)
 
-    with pytest.raises(ValueError, match="not a plain linear map"):
-        DraftHead(Scaled(adapter), IDS)
+    class Wrapped:  # an executor of that architecture
+        arch = Scaled(adapter.arch)
+
+    with pytest.raises(ValueError, match="Scaled's LM head is not a plain linear map"):
+        DraftHead(Wrapped(), IDS)
 
 
 def test_forward_with_a_head_returns_its_columns_and_top1_maps_to_ids(adapter):
@@ -93,7 +96,7 @@ def test_top1_from_hidden_with_a_head(adapter):
     h = torch.randn(5, adapter.info().hidden_size, dtype=adapter.dtype)
     toks, probs = adapter.top1_from_hidden(h, head=head)
     with torch.inference_mode():
-        sub = adapter.lm_head(adapter.final_norm(h))[:, IDS].float()
+        sub = adapter.arch.lm_head(adapter.arch.final_norm(h))[:, IDS].float()
     assert toks.tolist() == torch.tensor(IDS)[sub.argmax(-1)].tolist()
     torch.testing.assert_close(probs, torch.softmax(sub, -1).max(-1).values)
 
@@ -122,7 +125,7 @@ def test_live_head_with_context_adds_prompt_and_committed_tokens(adapter):
         assert (live.committed, live.covered) == (3, 2)
         assert set(live.ids.tolist()) == set(IDS) | {1, 2, 3}
         logits = live.logits(x)
-        full = adapter.lm_head(x)
+        full = adapter.arch.lm_head(x)
     torch.testing.assert_close(logits, full[..., live.ids])
     assert not head.mask[1] and head.size == len(IDS)  # the shared head is unchanged
 
@@ -134,7 +137,7 @@ def test_live_head_buffers_grow(adapter):
         for t in range(30, 127):
             live.observe(torch.tensor([[t]]))
         x = torch.randn(1, 1, adapter.info().hidden_size, dtype=adapter.dtype)
-        torch.testing.assert_close(live.logits(x), adapter.lm_head(x)[..., live.ids])
+        torch.testing.assert_close(live.logits(x), adapter.arch.lm_head(x)[..., live.ids])
     assert live.size == len(set(IDS) | {1} | set(range(30, 127)))
 
 
