@@ -69,6 +69,11 @@ def preset_overrides(method: str, given: str | Mapping[str, Any]) -> dict[str, A
     return config_overrides_from_args(args)
 
 
+def method_section(source: str | MethodConfig) -> MethodConfig:
+    """The method section of a preset name or YAML file (or the section itself)."""
+    return source if isinstance(source, MethodConfig) else RunConfig.from_preset(source).method
+
+
 def allowed_methods() -> list[str]:
     """Every method name `parse_methods` accepts (besides preset YAML files)."""
     return [BASELINE, *HF_METHODS, *(p for p in list_presets() if p != BASELINE)]
@@ -80,7 +85,8 @@ class MethodSpec:
 
     label: str
     kind: str
-    source: str = ""  # the preset name or YAML path
+    #: the preset name or YAML path, or the method section itself (a `MethodConfig` given in Python)
+    source: str | MethodConfig = ""
     #: a ``RAW_SUFFIX`` companion of a gated preset: the same method with the draft gate off
     raw: bool = False
 
@@ -101,6 +107,16 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
     shipped = set(list_presets())
     out: list[MethodSpec] = []
     for raw in methods:
+        if isinstance(raw, MethodConfig):  # a method section given in Python
+            spec = MethodSpec(raw.label, "preset", raw)
+            if raw.baseline_only or spec.label == BASELINE or spec.label in HF_METHODS:
+                raise ConfigError(
+                    "--methods", spec.label, "a method section with strategies and its own name"
+                )
+            if any(s.label == spec.label for s in out):
+                raise ConfigError("--methods", spec.label, "each method once (two methods share the name)")
+            out.append(spec)
+            continue
         name = raw.strip()
         if not name:
             continue
@@ -144,7 +160,7 @@ def parse_methods(methods: Sequence[str], with_raw: bool = False) -> list[Method
                 s.kind == "preset"
                 and not s.raw
                 and raw_label not in labels
-                and RunConfig.from_preset(s.source).method.gate.enabled
+                and method_section(s.source).gate.enabled
             ):
                 paired.append(MethodSpec(raw_label, "preset", s.source, raw=True))
         out = paired
@@ -171,10 +187,11 @@ class BenchConfig:
         default_factory=RunConfig,
         metadata={"help": "the run options every method shares (model, data, max_new_tokens, ...)"},
     )
-    methods: tuple[str, ...] = param(
+    methods: tuple[str | MethodConfig, ...] = param(
         DEFAULT_METHODS,
         help="comma-separated: vanilla, hf_generate, hf_prompt_lookup, hf_early_exit, any preset, a gated "
-        "preset with ':raw' (its gate off), or preset YAML files",
+        "preset with ':raw' (its gate off), or preset YAML files; in Python also method sections "
+        "(MethodConfig, named by their label)",
     )
     repeats: int = param(1, help="repetitions of the whole interleaved run")
     out: str | None = param(None, help="output directory (default runs/bench-<time>)")

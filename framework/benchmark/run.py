@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec
+from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec, method_section
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.config import ConfigError
@@ -31,7 +31,7 @@ from framework.engine.cost_model import CostModel
 from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, load_model, model_name
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
-from framework.session.config import RunConfig
+from framework.session.config import MethodConfig, RunConfig
 from framework.session.experiment import Experiment
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
@@ -74,8 +74,9 @@ def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
     Raises:
         ConfigError: a bad ``--preset-args`` value, or a preset whose verifier samples.
     """
-    gate_off = {"gate": {"enabled": False}} if spec.raw else {}
-    method = RunConfig.from_preset(spec.source, **gate_off, name=spec.label).method
+    method = dataclasses.replace(method_section(spec.source), name=spec.label)
+    if spec.raw:
+        method = dataclasses.replace(method, gate=dataclasses.replace(method.gate, enabled=False))
     overrides: dict[str, Any] = {}
     selector_cfg = method.selector.config
     if (
@@ -92,7 +93,7 @@ def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
     if getattr(verifier, "lossless", "greedy") != "greedy":
         raise ConfigError(
             "--methods",
-            spec.source,
+            spec.label if isinstance(spec.source, MethodConfig) else spec.source,
             f"a greedy preset (the benchmark is greedy; its verifier {run_cfg.method.verifier.name!r} samples)",
         )
     return run_cfg

@@ -9,7 +9,8 @@ import statistics
 
 import pytest
 
-from framework.benchmark import BenchConfig, HFGenerateDecoder, run_benchmark
+from framework.benchmark import BenchConfig, HFGenerateDecoder, preset_run_config, run_benchmark
+from framework.config import ConfigError
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
 from framework.models.loading import dtype_name
@@ -360,3 +361,36 @@ def test_the_header_names_the_resolved_dtype(tiny, data, tmp_path):
     run_benchmark(cfg, model, tok, log=logs.append)
     header = next(line for line in logs if line.startswith("[bench]") and "prompts x" in line)
     assert f"({dtype_name(next(model.parameters()).dtype)}, cpu)" in header and "auto" not in header
+
+
+def test_methods_may_be_method_sections(tiny, data, tmp_path):
+    """In Python the benchmark takes method sections too: each decodes with the run's shared
+    sections and its own strategies, under its label; a gated section gets its ':raw' companion."""
+    from framework.benchmark.config import parse_methods
+    from framework.session.config import MethodConfig
+
+    mine = RunConfig.from_preset("static_confidence", name="mine", **{"selector.skip_ratio": 0.5}).method
+    assert [(s.label, s.raw) for s in parse_methods(["vanilla", mine], with_raw=True)] == [
+        ("vanilla", False),
+        ("mine", False),
+        ("mine:raw", True),
+    ]
+    with pytest.raises(ConfigError, match="each method once"):
+        parse_methods([mine, mine])
+    with pytest.raises(ConfigError, match="with strategies and its own name"):
+        parse_methods([MethodConfig(baseline_only=True)])
+    model, tok = tiny
+    cfg = BenchConfig(
+        methods=("vanilla", mine),
+        run=RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", limit=1),
+        out=str(tmp_path / "out"),
+        cost_model="none",
+        raw=True,
+    )
+    run_cfg = preset_run_config(cfg.method_specs[1], cfg)
+    assert run_cfg.method.selector.config.skip_ratio == 0.5 and run_cfg.method.name == "mine"
+    assert run_cfg.data == cfg.run.data and run_cfg.generation == cfg.run.generation
+    run_benchmark(cfg, model, tok, log=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in records} == {"vanilla", "mine", "mine:raw"}
+    assert all(r["lossless"] for r in records)
