@@ -81,7 +81,7 @@ class Strategy(ABC):
     def prepare(self, ctx: PrepareView) -> None:  # noqa: B027 - optional hook
         """Called once per experiment after ``setup``, before the warm-up, with the model and a
         prompt encoder: offline work (e.g. Self-SD's Bayesian search of the skip set) goes here.
-        Must be cheap when repeated with the same ``ctx`` (keep results in ``ctx.store``)."""
+        Must be cheap when repeated with the same ``ctx`` (keep results with ``ctx.once``)."""
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Called before each generation (each turn of each prompt).
