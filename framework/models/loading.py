@@ -433,7 +433,7 @@ def describe_models() -> str:
     return "\n".join(lines)
 
 
-def load_model(model: str | None = None, dtype: str = "float32", device: str = "auto"):
+def load_model(model: str | None = None, dtype: str = "auto", device: str = "auto"):
     """Load ``(model, tokenizer)``.
 
     Args:

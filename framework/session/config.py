@@ -148,9 +148,9 @@ class ModelConfig:
         metavar="MODEL",
     )
     dtype: Literal["float32", "float16", "bfloat16", "float64", "auto"] = param(
-        "float32",
-        help="float32 (exact greedy equality on CPU), float16, bfloat16, float64, or auto (bfloat16 on CUDA, "
-        "float32 on CPU)",
+        "auto",
+        help="auto (bfloat16 on CUDA, where greedy outputs may differ from plain decoding at near-ties; "
+        "float32 on CPU, exact), float32, float16, bfloat16 or float64",
     )
     device: str = param("auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     kernels: bool = param(

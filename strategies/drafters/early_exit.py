@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, Literal
 
 from framework import (
@@ -38,6 +40,12 @@ class EarlyExitDrafterConfig(DraftVocabConfig):
         "blocks >= E for the drafted positions (LayerSkip's shared cache); false recomputes them. "
         "Off whatever is set here when draft_weights is compressed (those blocks are not the target's)",
     )
+    checkpoint_exit: bool = param(
+        True,
+        help="on a LayerSkip checkpoint (facebook/layerskip-*, recognised by its name: "
+        "LAYERSKIP_EXITS), exit where the papers did instead of at exit_ratio; an explicit "
+        "exit_layer still wins",
+    )
     on_stop: Literal["keep", "drop"] = param(
         "keep",
         help="'keep': the token after which the length controller stopped drafting is verified "
@@ -51,7 +59,52 @@ class EarlyExitDrafterConfig(DraftVocabConfig):
             check_range("exit_layer", self.exit_layer, 1, None, integer=True)
         check_range("exit_ratio", self.exit_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
         check_choice("reuse_kv", self.reuse_kv, (True, False))
+        check_choice("checkpoint_exit", self.checkpoint_exit, (True, False))
         check_choice("on_stop", self.on_stop, ("keep", "drop"))
+
+
+@dataclass(frozen=True)
+class CheckpointExit:
+    """Where the papers exit on one LayerSkip checkpoint (Elhoushi et al., ACL 2024, trained for
+    early exit with layer dropout and an early-exit loss).
+
+    Attributes:
+        num_layers: the checkpoint's depth L (a model of another depth is not that checkpoint).
+        exit_layer: E.
+        draft_length: the gamma used with it.
+        source: which paper and table chose it.
+    """
+
+    num_layers: int
+    exit_layer: int
+    draft_length: int
+    source: str
+
+
+#: The LayerSkip checkpoints and the exit the papers used, by the checkpoint's name (lower case,
+#: the part after ``layerskip-``). Where LayerSkip's own choice is known (DEL's ``LS†``,
+#: Entezari Zarch et al. 2025, App. B: HumanEval on LLaMA-2-7B and -13B) it is used; elsewhere
+#: DEL's grid-searched LayerSkip baseline (Table 1).
+LAYERSKIP_EXITS: dict[str, CheckpointExit] = {
+    "llama2-7b": CheckpointExit(
+        32, 8, 6, "LayerSkip's E8-gamma6 (HumanEval; 8-12 for summarisation), DEL App. B"
+    ),
+    "llama2-13b": CheckpointExit(40, 7, 4, "LayerSkip's E7-gamma4 (HumanEval; E15 for XSUM), DEL App. B"),
+    "llama2-70b": CheckpointExit(80, 9, 6, "DEL Table 1, grid-searched LayerSkip baseline E9-gamma6"),
+    "codellama-7b": CheckpointExit(32, 7, 6, "DEL Table 1, grid-searched LayerSkip baseline E7-gamma6"),
+    "codellama-34b": CheckpointExit(48, 9, 6, "DEL Table 1, grid-searched LayerSkip baseline E9-gamma6"),
+    "llama3-8b": CheckpointExit(32, 3, 6, "DEL Table 1, grid-searched LayerSkip baseline E3-gamma6"),
+    "llama3.2-1b": CheckpointExit(16, 3, 6, "DEL Table 1, grid-searched LayerSkip baseline E3-gamma6"),
+}
+
+
+def layerskip_checkpoint(name: str, num_layers: int) -> CheckpointExit | None:
+    """The `LAYERSKIP_EXITS` entry of a model named ``name`` (a hub id such as
+    ``facebook/layerskip-llama2-7B`` or a local directory of that name), if its depth matches;
+    else ``None``."""
+    m = re.search(r"layerskip-([a-z0-9.\-]+?)(?:-hf)?$", PurePath(name.rstrip("/")).name.lower())
+    entry = LAYERSKIP_EXITS.get(m.group(1)) if m else None
+    return entry if entry is not None and entry.num_layers == num_layers else None
 
 
 def default_exit_layer(num_layers: int, exit_layer: int | None, exit_ratio: float) -> int:
@@ -81,6 +134,8 @@ class EarlyExitDrafter(DraftVocab, Drafter):
         super().__init__(config)
         self._default_exit = 1
         self._num_layers = 0
+        #: the LayerSkip checkpoint recognised at set-up (its paper's exit), or ``None``
+        self.checkpoint: CheckpointExit | None = None
         self._reuse: dict[str, int] | None = None  # the generation's reuse counters, after a round
         self._counts = {"rounds": 0, "draft_steps": 0, "dropped": 0}
 
@@ -93,7 +148,11 @@ class EarlyExitDrafter(DraftVocab, Drafter):
                 "--drafter.exit_layer", c.exit_layer, f"in [1, {n - 1}] (the model has {n} blocks)"
             )
         self._num_layers = n
-        self._default_exit = default_exit_layer(n, c.exit_layer, c.exit_ratio)
+        self.checkpoint = layerskip_checkpoint(info.name, n) if c.checkpoint_exit else None
+        if self.checkpoint is not None and c.exit_layer is None:
+            self._default_exit = self.checkpoint.exit_layer
+        else:
+            self._default_exit = default_exit_layer(n, c.exit_layer, c.exit_ratio)
 
     def reset(self) -> None:
         self._reuse = None
@@ -146,6 +205,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
     def summary(self) -> dict[str, Any]:
         return {
             "default_exit_layer": self._default_exit,
+            **({"checkpoint_exit": self.checkpoint.source} if self.checkpoint is not None else {}),
             **self._counts,
             **(self._reuse or {}),
             **self.head_summary(),

@@ -48,7 +48,7 @@ def test_flags_keep_their_meaning():
     # The first run's story: the gated default, the same ungated, and the hybrid drafter.
     assert default.methods == ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
     assert (default.run.generation.max_new_tokens, default.run.model.dtype, default.run.runner.warmup, default.repeats) == (
-        128, "float32", 1, 1
+        128, "auto", 1, 1
     )  # fmt: skip
     assert default.run.runner.plots and not default.hf_kernels and default.cost_model == "measure"
 

@@ -233,3 +233,32 @@ def test_drop_refuses_a_stop_rule_on_the_sampled_token_under_speculative_samplin
         else:
             with pytest.raises(ValueError, match="biases speculative sampling"):
                 drafter.draft(state, LayerPlan.full(L), length, 8)
+
+
+def _named(name: str, layers: int) -> ModelInfo:
+    return ModelInfo(num_layers=layers, hidden_size=64, vocab_size=128, max_context=512, name=name)
+
+
+def test_a_layerskip_checkpoint_exits_where_its_paper_did():
+    d = EarlyExitDrafter(EarlyExitDrafterConfig(exit_ratio=0.8))
+    d.setup(_named("facebook/layerskip-llama2-7B", 32))
+    assert d.exit_layer(LayerPlan.full(32)) == 8  # LayerSkip's E8, not 0.8 x 32
+    assert "E8-gamma6" in d.summary()["checkpoint_exit"]
+    d.setup(_named("/models/layerskip-llama2-13B/", 40))  # a local directory of that name
+    assert d.exit_layer(LayerPlan.full(40)) == 7
+    d.setup(_named("/models/layerskip-llama3.2-1B", 16))
+    assert d.exit_layer(LayerPlan.full(16)) == 3
+
+
+def test_checkpoint_exit_needs_the_name_and_the_depth_and_yields_to_an_explicit_exit():
+    ratio = EarlyExitDrafter(EarlyExitDrafterConfig(exit_ratio=0.8))
+    ratio.setup(_named("meta-llama/Llama-2-7b-hf", 32))  # not a LayerSkip checkpoint
+    assert ratio.exit_layer(LayerPlan.full(32)) == 26 and ratio.checkpoint is None
+    ratio.setup(_named("facebook/layerskip-llama2-7B", 30))  # another depth: not that checkpoint
+    assert ratio.exit_layer(LayerPlan.full(30)) == 24
+    explicit = EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=12))
+    explicit.setup(_named("facebook/layerskip-llama2-7B", 32))
+    assert explicit.exit_layer(LayerPlan.full(32)) == 12
+    off = EarlyExitDrafter(EarlyExitDrafterConfig(exit_ratio=0.5, checkpoint_exit=False))
+    off.setup(_named("facebook/layerskip-llama2-7B", 32))
+    assert off.exit_layer(LayerPlan.full(32)) == 16 and "checkpoint_exit" not in off.summary()
