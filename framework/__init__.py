@@ -51,7 +51,16 @@ from framework.interfaces import (
     register_verifier,
 )
 from framework.registry import RegistryError, UnknownNameError
-from framework.types import DecodeStats, Draft, LayerPlan, LengthHint, ModelInfo, RoundRecord, Verification
+from framework.types import (
+    DecodeStats,
+    Draft,
+    ForwardSizes,
+    LayerPlan,
+    LengthHint,
+    ModelInfo,
+    RoundRecord,
+    Verification,
+)
 from framework.view import PlanEvaluation, PrepareView, RoundView
 
 __all__ = [
@@ -64,6 +73,7 @@ __all__ = [
     "DecodeStats",
     "Draft",
     "Drafter",
+    "ForwardSizes",
     "LayerPlan",
     "LayerSelector",
     "LengthController",

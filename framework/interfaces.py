@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from framework.registry import BuiltinPackage, Registry
-from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
+from framework.types import Draft, ForwardSizes, LayerPlan, LengthHint, ModelInfo, Verification
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -104,6 +104,11 @@ class LayerSelector(Strategy):
     def plan(self, state: RoundView) -> LayerPlan:
         """The LayerPlan for the next draft round."""
 
+    def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
+        """The token counts of the forwards this selector runs itself (scratch passes, block
+        evaluations): default none. ``--cuda-graphs`` records their graphs before timing."""
+        return ForwardSizes()
+
     def length_hint(self, state: RoundView) -> LengthHint | None:
         """A suggestion for this round's draft length and stopping threshold, asked right after
         `plan` and passed to ``LengthController.max_length``; ``None`` (the default): none."""
@@ -131,6 +136,12 @@ class LengthController(Strategy):
             hint: the selector's suggestion for this round (`LayerSelector.length_hint`), or
                 ``None``; a controller that does not use hints ignores it.
         """
+
+    def max_draft_length(self) -> int | None:
+        """The most tokens this controller drafts in one round (its configured cap), or ``None``
+        when it has none (the decoder's ``max_draft`` then bounds it). ``--cuda-graphs`` records
+        the verifications of up to this many drafts before timing."""
+        return None
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
         """Called after each draft token; ``False`` stops drafting (that token is kept).
@@ -165,6 +176,11 @@ class Drafter(Strategy):
         decoder gives it to the decode state (``DecodeState.draft_weights``) and to the other
         strategies' preparation (``PrepareContext.draft_weights``), as `draft_head`."""
         return None
+
+    def forward_sizes(self, max_draft: int) -> ForwardSizes:
+        """The token counts of the draft forwards of a round of at most ``max_draft`` tokens:
+        default one token per step. A drafter that runs no forward (copying) returns none."""
+        return ForwardSizes.of(chain=(1,))
 
     @abstractmethod
     def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
@@ -205,6 +221,11 @@ class Verifier(Strategy):
         0 (the default) keeps none; tree verification asks for its widest band.
         """
         return 0
+
+    def forward_sizes(self, max_draft: int) -> ForwardSizes:
+        """The token counts of the verifications of drafts of at most ``max_draft`` tokens:
+        default a chain, ``pending`` and 0..``max_draft`` drafts."""
+        return ForwardSizes.of(chain=range(1, max_draft + 2))
 
     @abstractmethod
     def verify(self, state: RoundView, draft: Draft) -> Verification:

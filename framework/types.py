@@ -342,3 +342,30 @@ class DecodeStats:
     verify_tokens: int = 0
     verify_blocks_saved: int = 0
     reused_positions: int = 0
+
+
+@dataclass(frozen=True)
+class ForwardSizes:
+    """The token counts T of the forwards a method runs after the prefill, as its strategies
+    declare them (``forward_sizes``): what ``--cuda-graphs`` records before timing, so that no
+    timed generation records a graph.
+
+    Attributes:
+        chain: causal forwards (draft steps, plain steps, chain verifications).
+        tree: token-tree verifications.
+        scratch: forwards whose attention hides part of the prefix (teacher-forced scratch passes,
+            CLaSp's block evaluations): only their MLP branches take the graphs.
+    """
+
+    chain: frozenset[int] = frozenset()
+    tree: frozenset[int] = frozenset()
+    scratch: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(
+        cls, chain: Iterable[int] = (), tree: Iterable[int] = (), scratch: Iterable[int] = ()
+    ) -> ForwardSizes:
+        return cls(frozenset(chain), frozenset(tree), frozenset(scratch))
+
+    def __or__(self, other: ForwardSizes) -> ForwardSizes:
+        return ForwardSizes(self.chain | other.chain, self.tree | other.tree, self.scratch | other.scratch)

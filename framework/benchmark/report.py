@@ -79,7 +79,8 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         ``skip_ratio``, ``drafted``, ``prompts``, ``mismatches`` (distinct prompts that differ from
         vanilla in any repeat), ``mismatched`` (their ids), ``mismatch_at`` ({id: its first
         mismatch, with the target's top-1/top-2 margin there: `mismatch_note`}), ``error``, ``gate`` (`gate_counts`:
-        rounds and declined rounds of the draft gate, ``None`` without one) and ``cost_model`` (the
+        rounds and declined rounds of the draft gate, ``None`` without one), ``graph_captures`` and
+        ``capture_seconds`` (CUDA graphs recorded inside its timed decodes) and ``cost_model`` (the
         prediction at the measured alpha, for methods that drafted with our decoders).
     """
     ok = [r for r in records if not r.get("error")]
@@ -121,6 +122,8 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             "mismatch_at": where,
             "error": errors.get(method),
             "gate": gate_counts(mine),
+            "graph_captures": sum(t.get("graph_captures", 0) for r in mine for t in r.get("turns", [])),
+            "capture_seconds": sum(t.get("capture_seconds", 0.0) for r in mine for t in r.get("turns", [])),
             "cost_model": None,
         }
         kind = mine[0].get("kind") if mine else None
@@ -191,6 +194,35 @@ def tokens_per_s_markdown(summary: dict[str, Any]) -> str:
     return align_markdown("\n".join(rows))
 
 
+def _notes(summary: dict[str, Any]) -> list[str]:
+    """The notes under the tables: failed methods, and where a method differs from vanilla."""
+    notes = []
+    for method, e in summary["methods"].items():
+        if e["error"]:
+            notes.append(f"- **{method} failed**: `{_cell(e['error'])}`")
+        if e["mismatches"] and method != BASELINE:
+            at = e.get("mismatch_at") or {}
+            ids = ", ".join(mismatch_note(q, at.get(q)) for q in e["mismatched"][:20])
+            rate = e["mismatches"] / max(1, e["prompts"])
+            notes.append(
+                f"- {method}: {e['mismatches']} prompt(s) differ from vanilla ({e['mismatches']}/{e['prompts']}, "
+                f"mismatch rate {rate:.0%}): {ids}"
+            )
+    return notes
+
+
+def graphs_line(graphs: tuple[int, float], summary: dict[str, Any]) -> str:
+    """The report's line on CUDA graphs: recorded before timing, and recorded inside timed decodes
+    per method (0 everywhere when the run recorded every graph it needed beforehand)."""
+    n, seconds = graphs
+    methods = summary.get("methods", {})
+    timed = ", ".join(
+        f"{m} {s.get('graph_captures', 0)} ({s.get('capture_seconds', 0.0):.2f} s)"
+        for m, s in methods.items()
+    )
+    return f"- CUDA graphs: {n} recorded before timing ({seconds:.1f} s); recorded while timed: {timed or 'none'}"
+
+
 def render_report(
     cfg: BenchConfig,
     summary: dict[str, Any],
@@ -202,11 +234,13 @@ def render_report(
     cost: Any,
     heads: Mapping[str, Any] | None = None,
     method_costs: Mapping[str, Any] | None = None,
+    graphs: tuple[int, float] | None = None,
 ) -> str:
     """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
     reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
     model each method was priced with, for the plain-language reading under the table
-    (`framework.benchmark.story.what_happened`)."""
+    (`framework.benchmark.story.what_happened`). ``graphs``: with ``--cuda-graphs``, the graphs
+    recorded before timing and their seconds (the records say how many were recorded while timed)."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg.run
     lines = [
@@ -223,6 +257,8 @@ def render_report(
     ]
     if hf:
         lines.append("- HF methods: " + "; ".join(f"{k}: {v}" for k, v in hf.items()))
+    if graphs is not None:
+        lines.append(graphs_line(graphs, summary))
     if cost is not None:
         lines.append(f"- cost model ({cost.device}, context {cost.context}): {cost.describe()}")
     for method, mcost in (heads or {}).items():
@@ -253,18 +289,7 @@ def render_report(
         "",
         tokens_per_s_markdown(summary),
     ]
-    notes = []
-    for method, e in summary["methods"].items():
-        if e["error"]:
-            notes.append(f"- **{method} failed**: `{_cell(e['error'])}`")
-        if e["mismatches"] and method != BASELINE:
-            at = e.get("mismatch_at") or {}
-            ids = ", ".join(mismatch_note(q, at.get(q)) for q in e["mismatched"][:20])
-            rate = e["mismatches"] / max(1, e["prompts"])
-            notes.append(
-                f"- {method}: {e['mismatches']} prompt(s) differ from vanilla ({e['mismatches']}/{e['prompts']}, "
-                f"mismatch rate {rate:.0%}): {ids}"
-            )
+    notes = _notes(summary)
     if notes:
         lines += ["", *notes]
     if plots:

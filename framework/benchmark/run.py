@@ -292,7 +292,15 @@ class _Bench:
             return None
 
     def warm_up(self) -> None:
-        """Warm every method up; with ``--cost-model measure``, measure (or take) the cost model."""
+        """With ``--cuda-graphs``, record every graph each method can use (`Experiment.prepare_graphs`);
+        warm every method up; with ``--cost-model measure``, measure (or take) the cost model."""
+        self.graphs: tuple[int, float] | None = None
+        if self.run.model.cuda_graphs:
+            recorded = [
+                e.prepare_graphs(self.prompts) for e in {id(e): e for e in self.exps.values()}.values()
+            ]
+            self.graphs = (sum(n for n, _ in recorded), sum(t for _, t in recorded))
+            self.log(f"[bench] CUDA graphs: {self.graphs[0]} recorded before timing ({self.graphs[1]:.1f} s)")
         short = min(WARMUP_TOKENS, self.run.generation.max_new_tokens)
         warm_up(self.specs, lambda s: self.decode(s, self.prompts[0], short), self.run.runner.warmup)
         if self.cfg.cost_model == "measure":
@@ -375,7 +383,17 @@ class _Bench:
             else {}
         )
         report = render_report(
-            self.cfg, summary, self.env, len(self.prompts), elapsed, plots, self.hf, cost, heads, method_costs
+            self.cfg,
+            summary,
+            self.env,
+            len(self.prompts),
+            elapsed,
+            plots,
+            self.hf,
+            cost,
+            heads,
+            method_costs,
+            graphs=self.graphs,
         )
         (self.out_dir / "bench.md").write_text(report)
         self.log("\n" + report)

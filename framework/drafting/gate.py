@@ -510,6 +510,9 @@ class GatedLength(LengthController):
     def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.gate.limit(state, self.inner.max_length(state, hint))
 
+    def max_draft_length(self) -> int | None:
+        return self.inner.max_draft_length()
+
     @property
     def needs_phase_timings(self) -> bool:
         """A gate without a cost model prices drafts from the decode state's phase timings

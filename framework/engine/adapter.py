@@ -10,6 +10,7 @@ from token ids, `forward_from` from residuals that already went through the firs
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -268,6 +269,37 @@ class ModelAdapter:
         """
         self.graphs = BranchGraphs(self.arch, capture=capture, max_tokens=max_tokens) if enabled else None
         return self.graphs
+
+    def prepare_graphs(
+        self, capacity: int, *, chain: Iterable[int] = (), tree: Iterable[int] = (), mlp: Iterable[int] = ()
+    ) -> tuple[int, float]:
+        """Before timing: size the CUDA graphs' KV pool for ``capacity`` slots and record every
+        graph forwards of these token counts can use (`BranchGraphs.precapture`), so that no
+        generation records one. A no-op without graphs.
+
+        Returns:
+            ``(graphs recorded, seconds)``.
+        """
+        g = self.graphs
+        if g is None:
+            return 0, 0.0
+        g.reserve(capacity)
+        d, dev = self.hidden_size, self.device
+
+        def rotary(t: int) -> Any:
+            h = torch.zeros(1, t, d, dtype=self.dtype, device=dev)
+            return self.arch.rotary(h, torch.arange(t, device=dev)[None])
+
+        n0, s0 = g.captures, g.capture_seconds
+        with torch.inference_mode():
+            g.precapture(rotary, chain=chain, tree=tree, mlp=mlp)
+        return g.captures - n0, g.capture_seconds - s0
+
+    def graph_counts(self) -> tuple[int, float]:
+        """``(graphs recorded, seconds)`` so far (0 without graphs): what a generation adds to it
+        is what it recorded while it ran."""
+        g = self.graphs
+        return (0, 0.0) if g is None else (g.captures, g.capture_seconds)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """A KV cache of ``capacity`` slots: the CUDA graphs' pool when they are on and it is free,

@@ -16,7 +16,7 @@ from framework.engine.adapter import ModelAdapter
 from framework.engine.state import DecodeState
 from framework.engine.view import StateView
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
-from framework.types import Draft, LayerPlan, RoundRecord, Verification
+from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
 from framework.utils import PhaseTimer, synced_clock
 
 if TYPE_CHECKING:
@@ -91,6 +91,9 @@ class GenerationResult:
         target_forwards / draft_forwards: forward counts.
         verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1 per round;
             a token tree: its nodes + 1).
+        graph_captures: CUDA graphs recorded during this generation (`--cuda-graphs`; 0 when the
+            run recorded them all before timing, `ModelAdapter.prepare_graphs`), and
+        capture_seconds: the wall time they took (inside ``wall_time``).
         strategy_summary: per-strategy summaries (``Strategy.summary()``).
     """
 
@@ -103,6 +106,8 @@ class GenerationResult:
     target_forwards: int = 0
     draft_forwards: int = 0
     verify_tokens: int = 0
+    graph_captures: int = 0
+    capture_seconds: float = 0.0
     strategy_summary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -194,10 +199,23 @@ def _prefill(
     return t0, new, stop.find_cut(new, 0)
 
 
+@dataclass(frozen=True)
+class _Counters:
+    """The adapter's lifetime counters when a generation starts (it reports the difference)."""
+
+    lm_head_seconds: float
+    graph_captures: int
+    capture_seconds: float
+
+    @classmethod
+    def of(cls, adapter: ModelAdapter) -> _Counters:
+        return cls(adapter.lm_head_seconds, *adapter.graph_counts())
+
+
 def _finish(
     state: DecodeState,
     t0: float,
-    lm0: float,
+    start: _Counters,
     new: list[int],
     cut: tuple[int, str],
     *,
@@ -219,7 +237,8 @@ def _finish(
     if decode_phase is not None:
         timings[decode_phase] = wall - timings["prefill"]
     if state.adapter.times_lm_head:
-        timings["lm_head"] = state.adapter.lm_head_seconds - lm0
+        timings["lm_head"] = state.adapter.lm_head_seconds - start.lm_head_seconds
+    captures, capture_seconds = state.adapter.graph_counts()
     keep, reason = cut
     return GenerationResult(
         tokens=new[:keep],
@@ -230,6 +249,8 @@ def _finish(
         target_forwards=state.stats.target_forwards,
         draft_forwards=state.stats.draft_forwards,
         verify_tokens=state.stats.verify_tokens,
+        graph_captures=captures - start.graph_captures,
+        capture_seconds=capture_seconds - start.capture_seconds,
         **fields,
     )
 
@@ -248,6 +269,10 @@ class VanillaDecoder:
 
     name = "vanilla"
 
+    def forward_sizes(self) -> ForwardSizes:
+        """One token per step after the prefill."""
+        return ForwardSizes.of(chain=(1,))
+
     def __init__(self, adapter: ModelAdapter, verifier: Verifier | None = None) -> None:
         self.adapter = adapter
         if verifier is not None:
@@ -259,7 +284,7 @@ class VanillaDecoder:
         adapter = self.adapter
         _check_context(adapter, prompt_ids.shape[1], stop.max_new_tokens)
         state = DecodeState(adapter, prompt_ids, _capacity(prompt_ids.shape[1], stop.max_new_tokens, 0))
-        lm0 = adapter.lm_head_seconds
+        counters = _Counters.of(adapter)
         t0, new, cut = _prefill(state, self.choose, stop)
         while cut is None:
             out = state.forward_verify(state.pending, logits_at="last")
@@ -269,7 +294,7 @@ class VanillaDecoder:
             new.append(int(tok.item()))
             state.stats.rounds.append(PLAIN_ROUND)
             cut = stop.find_cut(new, len(new) - 1)
-        return _finish(state, t0, lm0, new, cut, plain=True, decode_phase="verify")
+        return _finish(state, t0, counters, new, cut, plain=True, decode_phase="verify")
 
 
 class SpeculativeDecoder:
@@ -342,6 +367,16 @@ class SpeculativeDecoder:
             return True
         return self.phase_timing if self.phase_timing is not None else self.adapter.device.type == "cpu"
 
+    def forward_sizes(self) -> ForwardSizes:
+        """The token counts of every forward this decoder runs after the prefill, as its strategies
+        declare them: draft steps, verifications of up to the length controller's cap (at most
+        ``max_draft``), token trees, the selector's own passes, and ``pending`` alone (a declined
+        round)."""
+        k = min(self.max_draft, self.length.max_draft_length() or self.max_draft)
+        info = self.adapter.info()
+        sizes = ForwardSizes.of(chain=(1,)) | self.drafter.forward_sizes(k) | self.verifier.forward_sizes(k)
+        return sizes | self.selector.forward_sizes(info)
+
     def strategies(self) -> dict[str, Any]:
         return {
             "selector": self.selector,
@@ -365,7 +400,7 @@ class SpeculativeDecoder:
             self.verifier,
             self.drafter,
         )
-        lm0 = adapter.lm_head_seconds
+        counters = _Counters.of(adapter)
         phases = self.times_phases()
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
         timer = PhaseTimer(state.stats.timings, adapter.device, enabled=phases)
@@ -378,7 +413,7 @@ class SpeculativeDecoder:
             new.extend(result.committed_host())  # the tokens committed, read once per round
             cut = stop.find_cut(new, start)
         summary = {k: v for k, v in ((k, s.summary()) for k, s in self.strategies().items()) if v}
-        return _finish(state, t0, lm0, new, cut, phases=phases, strategy_summary=summary)
+        return _finish(state, t0, counters, new, cut, phases=phases, strategy_summary=summary)
 
     def _round(
         self, state: DecodeState, view: StateView, budget: int, timer: PhaseTimer

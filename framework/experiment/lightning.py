@@ -163,6 +163,9 @@ class DecodeModule(pl.LightningModule):
         cfg, exp = self.cfg, self.exp
         if not self.prompts:
             return
+        n, seconds = exp.prepare_graphs(self.shard() or self.prompts)
+        if n:
+            self.log_fn(f"[selfspec] CUDA graphs: {n} recorded before timing ({seconds:.1f} s)")
         first, short = self.prompts[0], min(16, cfg.generation.max_new_tokens)
         warm_up(
             [m.decoder for m in self.methods],

@@ -7,8 +7,8 @@ Python and driver work, while the device needs a few tens of microseconds for th
 captured CUDA graph replays a branch's kernels with one launch.
 
 A skip plan decides per sub-layer whether a branch runs, so graphs are captured per branch (block
-``i``'s attention, block ``i``'s MLP) and per number of tokens T (1 to `BranchGraphs.max_tokens`,
-captured when first met), and any plan replays the ones it runs: draft steps of every selector,
+``i``'s attention, block ``i``'s MLP) and per number of tokens T (1 to `BranchGraphs.max_tokens`;
+recorded before timing, `precapture`, else when first met), and any plan replays the ones it runs: draft steps of every selector,
 plain steps, chain verifications and token-tree verifications share them. Prefills (a forward into
 an empty cache: each prompt length would be captured for one use), longer blocks and scratch
 evaluations that hide part of the prefix run eagerly.
@@ -20,16 +20,24 @@ How a branch becomes static (a graph fixes every address and shape):
 - the KV cache is a pool of buffers at a fixed address, which the adapter's ``new_cache`` lends to one
   KV cache at a time (`BranchGraphs.lease`); the keys/values of the T new tokens are written at
   slots ``pos .. pos + T - 1`` computed inside the graph from a device tensor ``pos``
-  (``index_copy_``), and attention reads the layer's whole capacity under a mask computed inside
-  the graph from the same slots (causal, or a token tree's mask copied into a static (T, T)
-  buffer), so neither depends on the step;
+  (``index_copy_``), and attention reads the first ``span`` slots of the layer under a mask
+  computed inside the graph from the same slots (causal, or a token tree's mask copied into a
+  static (T, T) buffer), so neither depends on the step. The span is the used length rounded up to
+  a power of two (at least `MIN_SPAN`, at most the pool's capacity): one graph per span, so a step
+  after a long prompt reads what is used, not the whole pool;
 - the branch itself is the model's own modules, called as `ModelAdapter.attention_branch` and
   `ModelAdapter.mlp_branch` call them (no forked modeling code), with a small cache object whose
   ``update`` does the slot write.
 
-Numerics: attending over the whole capacity under a mask gives the same function as attending to
-the used prefix (masked scores are ``finfo.min``, whose softmax weight is exactly 0), but the
-reduction runs over more slots, so results agree to rounding, not bit for bit. On CUDA greedy
+Capturing costs time (each graph is recorded once), so a timed run records none: before timing,
+the runner and the benchmark size the pool for the run's longest prompt and answer (`reserve`)
+and record every graph the method can use (`precapture`: each token count it drafts and verifies,
+each span up to the pool's capacity). `captures` and `capture_seconds` count what was recorded;
+the decoders report the captures inside each generation.
+
+Numerics: attending over a span under a mask gives the same function as attending to the used
+prefix (masked scores are ``finfo.min``, whose softmax weight is exactly 0), but the reduction
+runs over more slots, so results agree to rounding, not bit for bit. On CUDA greedy
 equality with plain decoding is not guaranteed by construction anyway (docs/performance.md);
 plain decoding with ``--cuda-graphs`` takes the same graphs.
 
@@ -40,8 +48,9 @@ tests check the static path's arithmetic (``tests/framework/kernels/test_graphs.
 from __future__ import annotations
 
 import gc
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -50,20 +59,26 @@ from framework.kernels.protocols import BranchModel, CacheSlots
 
 #: Smallest pool capacity (slots); a larger request rounds up to the next power of two.
 MIN_CAPACITY = 512
+#: Smallest attention span (slots) a graph reads; spans are powers of two up to the pool capacity.
+MIN_SPAN = 256
+
+
+def _pow2(n: int, lo: int) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
 
 
 class _SlotCache:
     """What an HF attention module needs of a cache: ``update`` writes the new tokens' K/V of one
-    layer at ``slots`` (a device tensor) and returns the layer's whole buffers."""
+    layer at ``slots`` (a device tensor) and returns the layer's first ``span`` slots."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
-        self.keys, self.values, self.slots = keys, values, slots
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, span: int) -> None:
+        self.keys, self.values, self.slots, self.span = keys, values, slots, span
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         k, v = self.keys[layer_idx], self.values[layer_idx]
         k.index_copy_(2, self.slots, key)
         v.index_copy_(2, self.slots, value)
-        return k, v
+        return k[:, :, : self.span], v[:, :, : self.span]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # pragma: no cover - HF compatibility only
         return 0
@@ -82,7 +97,9 @@ class BranchGraphs:
 
     Attributes:
         replays: branch calls served (graph replays, or static calls without capture).
-        captures: graphs captured so far (each branch and T once per pool).
+        captures: graphs recorded so far (each branch, T and span once per pool); without capture,
+            the first use of each, where a capture would have happened.
+        capture_seconds: wall time spent recording them.
     """
 
     def __init__(self, adapter: BranchModel, *, capture: bool | None = None, max_tokens: int = 64) -> None:
@@ -96,10 +113,11 @@ class BranchGraphs:
             raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {self.device}")
         self.replays = 0
         self.captures = 0
+        self.capture_seconds = 0.0
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self._holder: Callable[[], Any] | None = None
-        self._graphs: dict[tuple[str, int, int], tuple[Any, torch.Tensor]] = {}
+        self._graphs: dict[tuple[str, int, int, int], tuple[Any, torch.Tensor] | None] = {}
         self._pool = None
         self._hidden = adapter.hidden_size
         with torch.inference_mode(False):
@@ -128,19 +146,39 @@ class BranchGraphs:
             gc.collect()  # a holder kept alive only by a reference cycle
             if self._holder() is not None:
                 return None
-        if capacity > self.capacity:
-            cap = max(MIN_CAPACITY, 1 << (capacity - 1).bit_length())
-            a = self.adapter
-            shape = (a.num_layers, 1, a.num_kv_heads, cap, a.head_dim)
-            self._graphs.clear()
-            self.keys = self.values = None
-            with torch.inference_mode(False):
-                # zeros, not empty: masked slots still enter the attention product (times 0)
-                self.keys = torch.zeros(shape, dtype=a.dtype, device=self.device)
-                self.values = torch.zeros(shape, dtype=a.dtype, device=self.device)
-                self._arange = torch.arange(cap, device=self.device)
+        self.reserve(capacity)
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
+
+    def reserve(self, capacity: int) -> None:
+        """Make the pool hold at least ``capacity`` slots (rounded up to a power of two, at least
+        `MIN_CAPACITY`). Growing it reallocates the pool and drops every graph recorded on it, so
+        a run sizes it before it records any (`precapture`)."""
+        if capacity <= self.capacity:
+            return
+        cap = _pow2(capacity, MIN_CAPACITY)
+        a = self.adapter
+        shape = (a.num_layers, 1, a.num_kv_heads, cap, a.head_dim)
+        self._graphs.clear()
+        self.keys = self.values = None
+        with torch.inference_mode(False):
+            # zeros, not empty: masked slots still enter the attention product (times 0)
+            self.keys = torch.zeros(shape, dtype=a.dtype, device=self.device)
+            self.values = torch.zeros(shape, dtype=a.dtype, device=self.device)
+            self._arange = torch.arange(cap, device=self.device)
+
+    def span(self, end: int) -> int:
+        """The attention span of a forward whose new tokens end at slot ``end``: ``end`` rounded up
+        to a power of two, at least `MIN_SPAN`, at most the pool's capacity."""
+        return min(self.capacity, _pow2(end, MIN_SPAN))
+
+    def spans(self) -> list[int]:
+        """Every span a forward on the current pool can use."""
+        out, s = [], min(self.capacity, MIN_SPAN)
+        while s < self.capacity:
+            out.append(s)
+            s *= 2
+        return [*out, self.capacity]
 
     def lent_to(self, cache: CacheSlots) -> None:
         """Record that ``cache`` holds the pool (until it is released or garbage)."""
@@ -186,54 +224,114 @@ class BranchGraphs:
             self.pos.fill_(slot)
             self._pos_value = slot
         t = hidden.shape[1]
+        span = self.span(slot + t)
         if tree is None:
-            return self._run(("attn", i, t), hidden, lambda: self._static_attention(i, t, False))
+            return self._run(("attn", i, t, span), hidden, lambda: self._static_attention(i, t, False, span))
+        self._tree_buffer(t).copy_(tree, non_blocking=True)
+        return self._run(("tree", i, t, span), hidden, lambda: self._static_attention(i, t, True, span))
+
+    def _tree_buffer(self, t: int) -> torch.Tensor:
         buf = self._tree.get(t)
         if buf is None:
             with torch.inference_mode(False):
                 buf = self._tree[t] = torch.zeros(t, t, dtype=torch.bool, device=self.device)
-        buf.copy_(tree, non_blocking=True)
-        return self._run(("tree", i, t), hidden, lambda: self._static_attention(i, t, True))
+        return buf
 
     def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         """Block ``i``'s MLP branch output (without the residual)."""
         t = hidden.shape[1]
-        return self._run(("mlp", i, t), hidden, lambda: self.adapter.mlp_branch(i, self._x[t]))
+        return self._run(("mlp", i, t, 0), hidden, lambda: self.adapter.mlp_branch(i, self._x[t]))
 
-    def _static_attention(self, i: int, t: int, tree: bool) -> torch.Tensor:
+    def _static_attention(self, i: int, t: int, tree: bool, span: int) -> torch.Tensor:
         assert self.keys is not None and self.values is not None and self._arange is not None
         dtype = self.adapter.dtype
         slots = self.pos + self._offsets[:t]  # (T,)
+        arange = self._arange[:span]
         if tree:  # every slot before pos, and the tree's own pattern over the block's slots
-            rel = self._arange - self.pos  # (capacity,)
+            rel = arange - self.pos  # (span,)
             inside = (rel >= 0) & (rel < t)
             among = self._tree[t].index_select(1, rel.clamp(0, t - 1)) & inside[None, :]
-            hidden = ~((rel < 0)[None, :] | among)  # (T, capacity)
+            hidden = ~((rel < 0)[None, :] | among)  # (T, span)
         else:  # causal: beyond each token's own slot
-            hidden = self._arange[None, :] > slots[:, None]
+            hidden = arange[None, :] > slots[:, None]
         mask = torch.zeros(hidden.shape, dtype=dtype, device=self.device)
         mask = mask.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
-        cache = _SlotCache(self.keys, self.values, slots)
+        cache = _SlotCache(self.keys, self.values, slots, span)
         return self.adapter.attention_branch(i, self._x[t], self._rope[t], mask, cache)
 
-    def _run(
-        self, key: tuple[str, int, int], hidden: torch.Tensor, fn: Callable[[], torch.Tensor]
-    ) -> torch.Tensor:
-        t = hidden.shape[1]
+    def _input(self, t: int) -> torch.Tensor:
         x = self._x.get(t)
         if x is None:
             with torch.inference_mode(False):
                 x = self._x[t] = torch.zeros(1, t, self._hidden, dtype=self.adapter.dtype, device=self.device)
-        x.copy_(hidden)
+        return x
+
+    def _run(
+        self, key: tuple[str, int, int, int], hidden: torch.Tensor, fn: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        self._input(hidden.shape[1]).copy_(hidden)
         self.replays += 1
-        if not self.capture:
+        if key not in self._graphs:
+            t0 = time.perf_counter()
+            self._graphs[key] = self._record(fn) if self.capture else None
+            if self.capture:
+                torch.cuda.synchronize(self.device)  # the recording's device work, timed whole
+            self.captures += 1
+            self.capture_seconds += time.perf_counter() - t0
+        entry = self._graphs[key]
+        if entry is None:  # not capturing: the static branch runs as it is
             return fn()
-        entry = self._graphs.get(key)
-        if entry is None:
-            entry = self._graphs[key] = self._record(fn)
         graph, out = entry
         graph.replay()
         return out
+
+    # ------------------------------------------------------------------ before timing
+    def precapture(
+        self,
+        rotary: Callable[[int], Any],
+        *,
+        chain: Iterable[int] = (),
+        tree: Iterable[int] = (),
+        mlp: Iterable[int] = (),
+    ) -> int:
+        """Record, on the current pool, every graph forwards of these token counts can use, so
+        that none is recorded while timed: each block's attention for ``chain`` (causal) and
+        ``tree`` (a token tree's mask) counts at every span (`spans`), its MLP for all three.
+        Counts above `max_tokens` take the eager path and are skipped. The recording forwards
+        write garbage into the pool's slots, so the pool must not be lent (between generations).
+
+        Args:
+            rotary: ``T -> the (cos, sin) of T positions`` (the architecture's rotary embedding).
+            chain: token counts T of causal forwards.
+            tree: token counts T of token-tree verifications.
+            mlp: token counts T of forwards whose attention runs eagerly (scratch passes).
+
+        Returns:
+            The graphs recorded now.
+
+        Raises:
+            RuntimeError: the pool is lent to a live cache.
+        """
+        if self._holder is not None and self._holder() is not None:
+            raise RuntimeError("precapture needs the KV pool back (a cache still holds it)")
+        self.reserve(MIN_CAPACITY)
+        before = self.captures
+        fits = lambda ts: sorted({t for t in ts if 1 <= t <= self.max_tokens})  # noqa: E731
+        chain_t, tree_t = fits(chain), fits(tree)
+        for t in sorted({*chain_t, *tree_t, *fits(mlp)}):
+            x = self._input(t)
+            self.set_rotary(rotary(t))
+            for i in range(self.adapter.num_layers):
+                self.mlp(i, x)
+                for span in self.spans() if t in chain_t or t in tree_t else ():
+                    slot = max(0, span - t)  # a forward ending inside this span
+                    if t in chain_t:
+                        self.attention(i, x, slot)
+                    if t in tree_t:
+                        self.attention(
+                            i, x, slot, torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
+                        )
+        return self.captures - before
 
     def _record(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
         """Warm ``fn`` up on a side stream, then capture it. The warm-up runs on the real inputs,

@@ -65,6 +65,8 @@ def turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
         "target_forwards": res.target_forwards,
         "draft_forwards": res.draft_forwards,
         "verify_tokens": res.verify_tokens,
+        "graph_captures": res.graph_captures,
+        "capture_seconds": res.capture_seconds,
         "strategy_summary": res.strategy_summary,
     }
 

@@ -163,6 +163,29 @@ class Experiment:
         """The answer text of generated tokens (EOS and special tokens removed)."""
         return self.tokenizer.decode([t for t in tokens if t not in self.eos], skip_special_tokens=True)
 
+    def prepare_graphs(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> tuple[int, float]:
+        """With ``--cuda-graphs``, before anything is timed: size the graphs' KV pool for the
+        longest of ``prompts`` (every turn, each answer ``max_new_tokens`` long) and record every
+        graph the decoders can use (`ModelAdapter.prepare_graphs` with the decoders'
+        ``forward_sizes``), so that timed generations record none (their ``graph_captures``).
+
+        Returns:
+            ``(graphs recorded, seconds)``; ``(0, 0.0)`` without graphs.
+        """
+        if self.adapter.graphs is None:
+            return 0, 0.0
+        budget = max_new_tokens or self.cfg.generation.max_new_tokens
+        longest = 0
+        for p in prompts:
+            messages: list[dict[str, str]] = []
+            for turn in p.turns:
+                messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ""}]
+            longest = max(longest, len(self.encode_messages(messages[:-1])) + len(p.turns) * (budget + 8))
+        sizes = self.vanilla.forward_sizes() | self.spec.forward_sizes()
+        return self.adapter.prepare_graphs(
+            longest + self.spec.max_draft + 8, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch
+        )
+
     def check_prompts(self, prompts: list[Prompt]) -> None:
         """Fail before any decoding if a first turn cannot fit in the context.
 

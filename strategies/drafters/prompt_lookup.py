@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, register_drafter
+from framework import Draft, Drafter, ForwardSizes, LayerPlan, LengthController, RoundView, register_drafter
 from framework.config import check_range, param
 from framework.drafting.builder import NgramIndex, copy_draft
 
@@ -83,6 +83,9 @@ class PromptLookupDrafter(Drafter):
         else:
             self._counts["no_match"] += 1
         return n, cont
+
+    def forward_sizes(self, max_draft: int) -> ForwardSizes:
+        return ForwardSizes()  # copies: no forward
 
     def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         n, cont = self.lookup(state, max_tokens)

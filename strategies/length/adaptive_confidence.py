@@ -110,6 +110,9 @@ class AdaptiveConfidenceLength(LengthController):
         self._ar = 0.0
         self._updates = 0
 
+    def max_draft_length(self) -> int | None:
+        return self.config.max_length
+
     def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.config.max_length
 

@@ -74,6 +74,9 @@ class ConfidenceLength(LengthController):
 
     needs_confidence = True
 
+    def max_draft_length(self) -> int | None:
+        return self.config.max_length
+
     def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.config.max_length
 

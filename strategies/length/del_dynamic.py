@@ -93,6 +93,10 @@ class DelDynamicLength(LengthController):
         mismatched = self._fcs / self._f if self._f > 1e-12 else 0.0
         return min(1.0, max(0.0, 0.5 * (matched + mismatched)))
 
+    def max_draft_length(self) -> int | None:
+        """Its own cap, unless it follows a selector's hints (whose lengths it does not know)."""
+        return None if self.config.use_selector_hint else self.config.max_length
+
     def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         if self.config.use_selector_hint and hint is not None:
             self._cap = max(0, min(int(hint.max_length), 64))

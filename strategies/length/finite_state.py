@@ -68,6 +68,9 @@ class FiniteStateLength(LengthController):
             self._k = self.config.k_init
         self._rounds = 0
 
+    def max_draft_length(self) -> int | None:
+        return self.config.k_max
+
     def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self._k
 

@@ -27,5 +27,8 @@ class FixedLength(LengthController):
     # A fixed controller always drafts K: the gate values drafting K, not the best k <= K.
     exact_length = True
 
+    def max_draft_length(self) -> int | None:
+        return self.config.k
+
     def max_length(self, state: RoundView, hint: LengthHint | None = None) -> int:
         return self.config.k

@@ -11,7 +11,16 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from framework import Draft, LayerPlan, LayerSelector, ModelInfo, RoundView, Verification, register_selector
+from framework import (
+    Draft,
+    ForwardSizes,
+    LayerPlan,
+    LayerSelector,
+    ModelInfo,
+    RoundView,
+    Verification,
+    register_selector,
+)
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
 from framework.utils import upload
@@ -336,6 +345,13 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         else:
             eligible = [i for i in range(self._L) if i not in self._protected]
             self._set_plan(uniform_blocks(self._L, self._m, eligible))
+
+    def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
+        """Its DP's block evaluations: up to M + 1 candidate states at once (one with
+        ``sequence_parallel`` off)."""
+        c = self.config
+        m = c.num_skip if c.num_skip is not None else round(c.skip_ratio * info.num_layers)
+        return ForwardSizes.of(scratch=range(1, (m + 2) if c.sequence_parallel else 2))
 
     def plan(self, state: RoundView) -> LayerPlan:
         if not self._L:

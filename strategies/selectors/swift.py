@@ -32,7 +32,16 @@ from typing import Any, Literal
 
 import torch
 
-from framework import Draft, LayerPlan, LayerSelector, ModelInfo, RoundView, Verification, register_selector
+from framework import (
+    Draft,
+    ForwardSizes,
+    LayerPlan,
+    LayerSelector,
+    ModelInfo,
+    RoundView,
+    Verification,
+    register_selector,
+)
 from framework.config import ConfigError, check_choice, check_range, param
 from framework.search.bayesopt import BinaryBayesOpt
 from framework.search.budget import BudgetedWork, budget_param, check_budget
@@ -212,6 +221,10 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         self.gen_seconds = 0.0
         self.gen_matchness: list[float] = []
         self.gen_start = time.perf_counter()
+
+    def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
+        """Its teacher-forced scratch passes over up to ``context_window`` tokens."""
+        return ForwardSizes.of(scratch=range(1, self.config.context_window + 1))
 
     def plan(self, state: RoundView) -> LayerPlan:
         return self.current

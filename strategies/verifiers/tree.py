@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, RoundView, Verification, Verifier, register_verifier
+from framework import Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
 from framework.config import ConfigError, check_range, param
 from framework.utils import upload
 
@@ -113,6 +113,11 @@ class TreeVerifier(Verifier):
         if top1 is None:
             top1 = draft.top_probs[0, :, 0].tolist()
         return [widths[sum(p > e for e in edges)] for p in top1]
+
+    def forward_sizes(self, max_draft: int) -> ForwardSizes:
+        """``pending`` alone (a round without drafts), and trees of up to ``max_draft`` depths of
+        the widest band each."""
+        return ForwardSizes.of(chain=(1,), tree=range(2, 2 + max_draft * max(self.config.band_widths)))
 
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         if draft.tokens.shape[0] != 1:

@@ -121,6 +121,22 @@ def test_every_preset_with_cuda_graphs_in_float32_is_lossless_up_to_near_ties(na
     assert graphs.captures > 0 and graphs.replays > graphs.captures  # plain steps replay graphs
 
 
+@pytest.mark.parametrize("name", ["static_confidence", "swift", "clasp", "hybrid"])
+def test_no_graph_is_captured_inside_a_timed_decode_after_prepare_graphs(name):
+    """Issue 26: every graph a method can use is captured before timing (the pool sized for the
+    longest prompt and answer): the decodes of prompts of different lengths capture none."""
+    from framework.data.prompts import Prompt
+
+    exp = _experiment(name, torch.bfloat16, graphs=True)
+    prompts = [Prompt(i, "qa", "", tuple(t)) for i, t in enumerate(PROMPTS)]
+    prompts.append(Prompt(9, "qa", "", (" ".join(["w9"] * 150),)))  # a long prompt, last
+    recorded, seconds = exp.prepare_graphs(prompts)
+    assert recorded > 0 and seconds > 0
+    for prompt in prompts:
+        for res, _text in exp.decode_prompt(exp.vanilla, prompt) + exp.decode_prompt(exp.spec, prompt):
+            assert res.graph_captures == 0, f"{name}: {res.graph_captures} graphs captured while timed"
+
+
 def test_cuda_graphs_compute_what_the_eager_path_computes():
     from framework import LayerPlan
     from framework.engine.adapter import adapter_for

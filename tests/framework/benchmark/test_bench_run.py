@@ -394,3 +394,21 @@ def test_methods_may_be_method_sections(tiny, data, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert {r["method"] for r in records} == {"vanilla", "mine", "mine:raw"}
     assert all(r["lossless"] for r in records)
+
+
+def test_records_carry_graph_captures_and_the_report_counts_them(bench):
+    """Every turn records the CUDA graphs its generation recorded (none without --cuda-graphs);
+    the summary sums them per method, and the header line names what was recorded before and
+    while timed."""
+    from framework.benchmark.report import graphs_line, summarize
+
+    _, records, _ = bench
+    turns = [t for r in records if not r.get("error") for t in r["turns"]]
+    assert turns and all(t["graph_captures"] == 0 and t["capture_seconds"] == 0.0 for t in turns)
+    timed = json.loads(json.dumps(records))
+    timed[0]["turns"][0].update(graph_captures=3, capture_seconds=0.25)
+    summary = summarize(timed, ["vanilla", "static_confidence"])
+    assert summary["methods"][timed[0]["method"]]["graph_captures"] == 3
+    line = graphs_line((120, 4.5), summary)
+    assert line.startswith("- CUDA graphs: 120 recorded before timing (4.5 s); recorded while timed: ")
+    assert f"{timed[0]['method']} 3 (0.25 s)" in line

@@ -19,12 +19,17 @@ from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
 from strategies.verifiers.greedy import GreedyVerifier
+from strategies.verifiers.tree import TreeVerifier
 
 
-def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0):
+def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0, **overrides):
     """(eager adapter, static-branch adapter) over two copies of one model, no CPU kernels."""
-    eager = adapter_for(tiny_model(arch, num_layers, seed=seed, dtype=torch.float32), fast_kernels=False)
-    static = adapter_for(tiny_model(arch, num_layers, seed=seed, dtype=torch.float32), fast_kernels=False)
+    eager = adapter_for(
+        tiny_model(arch, num_layers, seed=seed, dtype=torch.float32, **overrides), fast_kernels=False
+    )
+    static = adapter_for(
+        tiny_model(arch, num_layers, seed=seed, dtype=torch.float32, **overrides), fast_kernels=False
+    )
     static.set_cuda_graphs(True, capture=False)
     return eager, static
 
@@ -92,7 +97,9 @@ def test_chain_and_tree_verifications_take_the_static_branches_and_a_long_block_
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     before = static.graphs.replays
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two siblings
-    assert static.graphs.captures == 0  # (nothing is captured on a CPU)
+    # Nothing is recorded on a CPU, but each first use of a (branch, T, span) counts, where CUDA
+    # would record a graph: T = 6 and T = 1, each block's attention and MLP.
+    assert static.graphs.captures == 2 * 2 * 3
     outs = [
         s.forward_verify(
             block[:, :3],
@@ -183,3 +190,73 @@ def test_capturing_needs_cuda():
     with pytest.raises(ValueError, match="CUDA device"):
         adapter.set_cuda_graphs(True, capture=True)
     assert adapter.set_cuda_graphs(False) is None and adapter.graphs is None
+
+
+def _decoders(adapter, verifier=None):
+    spec = SpeculativeDecoder(
+        adapter,
+        StaticSelector(StaticSelectorConfig(skip_ratio=0.3)),
+        FixedLength(FixedLengthConfig(k=3)),
+        LayerSkipDrafter(),
+        verifier or GreedyVerifier(),
+    )
+    spec.prepare(prepare_context(adapter))
+    return VanillaDecoder(adapter), spec
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_no_graph_is_recorded_inside_a_timed_decode_once_every_size_was_recorded(tree):
+    """``prepare_graphs`` sizes the pool for the longest prompt and records every (branch, T,
+    span) the decoders declare (their ``forward_sizes``): generations of prompts of very different
+    lengths, crossing a span boundary, then record none, and the output is still plain greedy's."""
+    _, static = _adapters(num_layers=4, seed=3)
+    van, spec = _decoders(static, TreeVerifier() if tree else None)
+    prompts = [random_prompt(n, seed=n) for n in (5, 300, 40)]  # the long one crosses span 256
+    stop = StopCondition(24)
+    sizes = van.forward_sizes() | spec.forward_sizes()
+    if tree:  # pending alone; trees of up to 3 depths of 10 candidates
+        assert sizes.chain == {1} and sizes.tree == set(range(2, 32))
+    else:  # pending alone, drafts of one token, verifications of up to 3 drafts
+        assert sizes.chain == set(range(1, 5)) and not sizes.tree
+    capacity = 300 + 24 + spec.max_draft + 8
+    recorded, _ = static.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
+    assert recorded > 0 and static.graphs.capacity >= capacity
+    pool = static.graphs.keys
+    for prompt in prompts:
+        want = van.generate(prompt, stop)
+        got = spec.generate(prompt, stop)
+        assert (want.graph_captures, got.graph_captures) == (0, 0)
+        assert got.tokens == want.tokens and got.drafted > 0
+    assert static.graphs.keys is pool  # never regrown: no graph was dropped
+
+
+def test_without_prepare_graphs_the_timed_decodes_record_them():
+    """The control: the first generations record their graphs while they run, and a longer prompt
+    later regrows the pool and records again."""
+    _, static = _adapters(num_layers=4, seed=3, max_position_embeddings=2048)
+    van, spec = _decoders(static)
+    stop = StopCondition(16)
+    assert spec.generate(random_prompt(5, seed=1), stop).graph_captures > 0
+    assert spec.generate(random_prompt(5, seed=2), stop).graph_captures == 0  # the same sizes again
+    assert spec.generate(random_prompt(600, seed=3), stop).graph_captures > 0  # a bigger pool
+
+
+def test_the_experiment_sizes_the_pool_for_the_longest_prompt_and_answer(tmp_path):
+    from framework.data.prompts import Prompt
+    from framework.session.config import RunConfig
+    from framework.session.experiment import Experiment
+    from framework.testing import tiny_tokenizer
+
+    cfg = RunConfig.of(max_new_tokens=20, dtype="float32", kernels=False, logger="none")
+    exp = Experiment(
+        cfg, tiny_model("llama", 4, seed=1, dtype=torch.float32), tiny_tokenizer(), log=lambda m: None
+    )
+    assert exp.prepare_graphs([]) == (0, 0.0)  # no graphs: nothing to record
+    exp.adapter.set_cuda_graphs(True, capture=False)
+    long_turns = (" ".join(["w7"] * 400), "w3 w4")  # two turns: the second sees the first answer
+    prompts = [Prompt(1, "qa", "qa", ("w5 w6",)), Prompt(2, "mt_bench", "writing", long_turns)]
+    recorded, _ = exp.prepare_graphs(prompts)
+    assert recorded > 0 and exp.adapter.graphs.capacity >= 400 + 2 * 20
+    for p in prompts:
+        for res, _text in exp.decode_prompt(exp.spec, p):
+            assert res.graph_captures == 0
