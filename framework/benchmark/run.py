@@ -212,7 +212,8 @@ class _Bench:
         """Load the model (unless given) and build every method's experiment and decoder."""
         run = self.run
         if model is None:
-            model, tokenizer = load_model(run.model.name_or_path, run.model.dtype, run.model.device)
+            m = run.model
+            model, tokenizer = load_model(m.name_or_path, m.dtype, m.device, m.device_map)
         self.model = model
         self.base = Experiment(
             run.replace(baseline_only=True), model, tokenizer, log=self.log, prompts=self.prompts

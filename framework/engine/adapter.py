@@ -19,6 +19,7 @@ from torch import nn
 
 from framework.engine.architecture import Architecture, architecture_for
 from framework.engine.kv_cache import KVCache
+from framework.engine.placement import BlockPlacement
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
 from framework.kernels.graphs import BranchGraphs
@@ -150,6 +151,10 @@ class ModelAdapter:
         self.fused: FusedBlocks | None = None
         self.graphs: BranchGraphs | None = None
         self._draft_branches: dict[str, FusedBlocks] = {}  # `draft_branches`, per format
+        #: where the blocks live (`place`); split across devices, the forwards move the residual
+        #: stream at the boundaries and return everything on the input device
+        self.placement = BlockPlacement.of_blocks(arch.blocks)
+        self._head_devices = self._output_devices()
 
     # ---- the model's facts (its architecture's) ------------------------------------------------
     @property
@@ -193,6 +198,30 @@ class ModelAdapter:
 
     def fingerprint(self) -> str:
         return self.arch.fingerprint()
+
+    def place(self, placement: BlockPlacement) -> None:
+        """Run the model split as ``placement`` says (``--device-map``): its weights are moved
+        there (`Architecture.place`), and its caches get one KV buffer per shard. The CPU kernels'
+        fused branches and CUDA graphs serve one device only: a split model runs without them.
+
+        Raises:
+            ValueError: CUDA graphs are on, or the placement is for another depth.
+        """
+        if placement.split and self.graphs is not None:
+            raise ValueError(
+                "CUDA graphs need the model on one device: turn --cuda-graphs off with --device-map"
+            )
+        self.arch.place(placement)
+        self.placement = placement
+        self._head_devices = self._output_devices()
+        self._draft_branches.clear()
+
+    def _output_devices(self) -> tuple[torch.device, torch.device]:
+        """The final norm's and the LM head's devices."""
+        _, outputs = self.arch.edge_modules()
+        devs = [next(m.parameters()).device for m in outputs if any(True for _ in m.parameters())]
+        out = self.placement.output_device
+        return (devs[0] if devs else out, devs[-1] if devs else out)
 
     @property
     def times_lm_head(self) -> bool:
@@ -265,8 +294,11 @@ class ModelAdapter:
             max_tokens: the longest forward that takes the graphs.
 
         Raises:
-            ValueError: ``capture=True`` on a device that is not CUDA.
+            ValueError: ``capture=True`` on a device that is not CUDA, or a model split across
+                devices (`place`).
         """
+        if enabled and self.placement.split:
+            raise ValueError("CUDA graphs need the model on one device (it is split: --device-map)")
         self.graphs = BranchGraphs(self.arch, capture=capture, max_tokens=max_tokens) if enabled else None
         return self.graphs
 
@@ -304,6 +336,10 @@ class ModelAdapter:
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """A KV cache of ``capacity`` slots: the CUDA graphs' pool when they are on and it is free,
         else buffers of its own."""
+        if self.placement.split:
+            return self.arch.new_cache(
+                capacity, batch, shards=[(s.blocks, s.device) for s in self.placement.shards]
+            )
         graphs = self.graphs
         buffers = graphs.lease(capacity, batch) if graphs is not None else None
         if buffers is None or graphs is None:
@@ -379,12 +415,18 @@ class ModelAdapter:
         try:
             if route.graphs is not None:
                 route.graphs.set_rotary(pos_emb)
-            h = self._blocks(route.hidden, pos_emb, cache, p, stop, route, captured)
+            if self.placement.split:
+                h = self._blocks_split(route.hidden, pos_emb, cache, p, stop, captured)
+            else:
+                h = self._blocks(route.hidden, pos_emb, cache, p, stop, route, captured)
         finally:
             cache.end()
         self.block_evals += (stop - p.start) * h.shape[1]
         self.layer_loads += stop - p.start
         logits = self._logits(h, p) if p.logits_at is not None else None
+        if self.placement.split:  # everything back on the input device
+            h = h.to(hidden.device)
+            captured = None if captured is None else [c.to(hidden.device) for c in captured]
         hidden_states = torch.stack(captured) if captured is not None else None
         return ForwardOutput(logits, hidden_states, h, p.head if logits is not None else None)
 
@@ -393,7 +435,7 @@ class ModelAdapter:
         graphs' KV pool, never a prefill) and the fused branches (the draft's compressed weights,
         or the model's, where they apply); decided before the cache is written."""
         fused = self.fused if p.weights is None else p.weights
-        fused = fused if fused is not None and fused.applies(hidden) else None
+        fused = fused if fused is not None and fused.applies(hidden) and not self.placement.split else None
         cos = sin = None
         if fused is not None:
             hidden = hidden.contiguous()
@@ -436,6 +478,38 @@ class ModelAdapter:
                 captured.append(h)
         return h
 
+    def _blocks_split(
+        self, h: torch.Tensor, pos_emb: Any, cache: KVCache, p: Pass, stop: int, captured: list | None
+    ) -> torch.Tensor:
+        """`_blocks` of a model split across devices (`place`): the model's modules only, the
+        residual stream and the position embeddings moved to each shard's device as they get there."""
+        plan, arch, placement = p.plan, self.arch, self.placement
+        on_device: dict[torch.device, Any] = {h.device: pos_emb}
+        for i in range(p.start, stop):
+            dev = placement.device_of(i)
+            if h.device != dev:
+                h = h.to(dev)
+            if dev not in on_device:
+                on_device[dev] = tuple(e.to(dev) for e in pos_emb)
+            if plan is None or plan.runs_attn(i):
+                h = h + arch.attention_branch(i, h, on_device[dev], cache.attention_mask(i), cache)
+            if plan is None or plan.runs_mlp(i):
+                h = h + arch.mlp_branch(i, h)
+            if captured is not None:
+                captured.append(h)
+        return h
+
+    def _head(self, x: torch.Tensor, head: DraftHead | None) -> torch.Tensor:
+        """Final norm and LM head (or ``head``) of ``x`` (..., d), on their devices when the model
+        is split, the logits back on ``x``'s device."""
+        if not self.placement.split:
+            normed = self.arch.final_norm(x)
+            return self.arch.lm_head(normed) if head is None else head.logits(normed)
+        norm_dev, head_dev = self._head_devices
+        normed = self.arch.final_norm(x.to(norm_dev)).to(head_dev)
+        logits = self.arch.lm_head(normed) if head is None else head.logits(normed)
+        return logits.to(x.device)
+
     def _logits(self, h: torch.Tensor, p: Pass) -> torch.Tensor:
         """Final norm and LM head (or ``p.head``) at ``p.logits_at``, timed while `times_lm_head`."""
         timed = self.times_lm_head
@@ -449,8 +523,7 @@ class ModelAdapter:
                 raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {at!r}")
         else:
             sel = h.index_select(1, at.to(h.device))
-        normed = self.arch.final_norm(sel)
-        logits = self.arch.lm_head(normed) if p.head is None else p.head.logits(normed)
+        logits = self._head(sel, p.head)
         if timed:
             self.lm_head_seconds += clock() - t0
         return logits
@@ -458,7 +531,7 @@ class ModelAdapter:
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on pre-norm residuals of any shape (..., d) (shadow predictions)."""
         with torch.inference_mode():
-            return self.arch.lm_head(self.arch.final_norm(hidden))
+            return self._head(hidden, None)
 
     @torch.inference_mode()
     def top1_from_hidden(
@@ -484,12 +557,9 @@ class ModelAdapter:
         flat = hidden.reshape(-1, hidden.shape[-1])
         toks, probs = [], []
         for lo in range(0, flat.shape[0], chunk):
-            normed = self.arch.final_norm(flat[lo : lo + chunk])
-            logits = (
-                self.arch.lm_head(normed) if head is None else head.logits(normed)
-            ).float()  # (n, V or K)
+            logits = self._head(flat[lo : lo + chunk], head).float()  # (n, V or K)
             top, idx = logits.max(dim=-1)
-            toks.append(idx if head is None else head.tokens(idx))
+            toks.append(idx if head is None else head.tokens(idx).to(idx.device))
             probs.append(torch.exp(top - torch.logsumexp(logits, dim=-1)))
         shape = hidden.shape[:-1]
         if not toks:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from framework.engine.kv_cache import KVCache
+from framework.engine.placement import BlockPlacement
 from framework.kernels.fused import FusedBlocks
 from framework.types import ModelInfo
 
@@ -204,11 +205,48 @@ class Architecture(ABC):
             device=self.device,
         )
 
-    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        """A fresh KV cache of ``capacity`` slots for this model's shapes (its own buffers)."""
+    def new_cache(
+        self, capacity: int, batch: int = 1, *, shards: list[tuple[range, torch.device]] | None = None
+    ) -> KVCache:
+        """A fresh KV cache of ``capacity`` slots for this model's shapes (its own buffers; one per
+        shard of a model split across devices, on the shard's device)."""
         return KVCache(
-            self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device
+            self.num_layers,
+            batch,
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            self.dtype,
+            self.device,
+            shards=shards,
         )
+
+    def edge_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        """``(input side, output side)``: the modules outside the blocks, placed with the first
+        and the last blocks of a model split across devices. Default: the HF model's input and
+        output embeddings; an architecture with a final norm or a rotary module outside the blocks
+        adds them."""
+        return [self.model.get_input_embeddings()], [self.model.get_output_embeddings()]
+
+    def place(self, placement: BlockPlacement) -> None:
+        """Move the weights where ``placement`` says: each shard's blocks to its device, the input
+        side (`edge_modules`) to the first shard's, the output side to the last shard's. A head
+        tied to the input embeddings is untied onto the last device when the two differ (its
+        weight is then held twice)."""
+        if placement.num_layers != self.num_layers:
+            raise ValueError(f"the placement has {placement.num_layers} blocks, the model {self.num_layers}")
+        inputs, outputs = self.edge_modules()
+        emb, head = self.model.get_input_embeddings(), self.model.get_output_embeddings()
+        tied = emb is not None and head is not None and head.weight is emb.weight
+        if tied and placement.input_device != placement.output_device:
+            head.weight = nn.Parameter(emb.weight.detach().clone(), requires_grad=emb.weight.requires_grad)
+        for m in inputs:
+            m.to(placement.input_device)
+        for shard in placement.shards:
+            for i in shard.blocks:
+                self.blocks[i].to(shard.device)
+        for m in outputs:
+            m.to(placement.output_device)
 
 
 @register_architecture("llama", "mistral", "qwen2", "qwen3", "smollm3")
@@ -266,6 +304,9 @@ class LlamaFamily(Architecture):
 
     def final_norm(self, hidden):
         return self._norm(hidden)
+
+    def edge_modules(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        return [self._embed, self._rotary], [self._norm, self._head]
 
     def lm_head(self, hidden):
         return self._head(hidden)

@@ -23,12 +23,14 @@ invariants, and ``tests/framework/engine/test_kv_cache.py`` checks them against 
 The cache implements the one method Hugging Face attention modules call on a cache,
 ``update(key, value, layer_idx, *args)``, so unmodified HF attention writes into it directly.
 
-Shapes: buffers are ``(L, B, H_kv, capacity, D)``.
+Shapes: buffers are ``(L, B, H_kv, capacity, D)``. A cache of a model split across devices
+(``shards``) holds one such buffer per shard, ``(blocks of the shard, B, H_kv, capacity, D)`` on
+the shard's device; the semantics are the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,9 @@ class KVCache:
             C >= ``capacity`` (the pool of `framework.kernels.graphs.BranchGraphs`, lent by
             `ModelAdapter.new_cache`; whatever they hold beyond the pointers is never read).
         on_release: called with the cache by `release` (gives a lent pool back).
+        shards: ``(blocks, device)`` per shard of a model split across devices (consecutive block
+            ranges covering ``0..L-1``): one buffer per shard on its device instead of one for all
+            (``device`` and ``buffers`` are then not used).
     """
 
     def __init__(
@@ -74,22 +79,31 @@ class KVCache:
         *,
         buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
         on_release: Callable[[KVCache], None] | None = None,
+        shards: Sequence[tuple[range, torch.device]] | None = None,
     ) -> None:
         self.num_layers = num_layers
         shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
+        if shards is None:
+            shards = [(range(num_layers), torch.device(device))]
+        if [i for r, _ in shards for i in r] != list(range(num_layers)):
+            raise ValueError(
+                f"cache shards must cover layers 0..{num_layers - 1} in order, got {[r for r, _ in shards]}"
+            )
+        self._shard_ranges = [r for r, _ in shards]
         if buffers is not None:
-            self.keys, self.values = buffers
-            if (
-                self.keys.shape[:3] != shape[:3]
-                or self.keys.shape[3] < capacity
-                or self.keys.shape[4] != head_dim
-            ):
-                raise ValueError(f"cache buffers of shape {tuple(self.keys.shape)} do not hold {shape}")
+            k, v = buffers
+            if k.shape[:3] != shape[:3] or k.shape[3] < capacity or k.shape[4] != head_dim or len(shards) > 1:
+                raise ValueError(f"cache buffers of shape {tuple(k.shape)} do not hold {shape}")
+            self._k_shards, self._v_shards = [k], [v]
         else:
             # Normal (not inference-mode) tensors: writable inside and outside torch.inference_mode.
             with torch.inference_mode(False):
-                self.keys = torch.zeros(shape, dtype=dtype, device=device)
-                self.values = torch.zeros(shape, dtype=dtype, device=device)
+                self._k_shards = [
+                    torch.zeros(len(r), *shape[1:], dtype=dtype, device=dev) for r, dev in shards
+                ]
+                self._v_shards = [
+                    torch.zeros(len(r), *shape[1:], dtype=dtype, device=dev) for r, dev in shards
+                ]
         self._on_release = on_release
         self._layer_views()
         #: slots [0, committed) are the target's KV of committed tokens in every layer.
@@ -98,35 +112,64 @@ class KVCache:
         self.lengths = [0] * num_layers
         self._write: _Write | None = None
         self._written: list[bool] = [False] * num_layers
-        self._mask_cache: dict[tuple[int, int], torch.Tensor | None] = {}
+        self._mask_cache: dict[tuple[int, int, torch.device], torch.Tensor | None] = {}
 
     # ------------------------------------------------------------------ properties
     @property
+    def keys(self) -> torch.Tensor:
+        """The keys buffer (L, B, H_kv, capacity, D).
+
+        Raises:
+            ValueError: a cache split across devices has one buffer per shard (`committed_kv`
+                reads any layer).
+        """
+        if len(self._k_shards) > 1:
+            raise ValueError(
+                "a cache split across devices has no single keys buffer: use committed_kv(layer)"
+            )
+        return self._k_shards[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The values buffer (L, B, H_kv, capacity, D); see `keys`."""
+        if len(self._v_shards) > 1:
+            raise ValueError(
+                "a cache split across devices has no single values buffer: use committed_kv(layer)"
+            )
+        return self._v_shards[0]
+
+    @property
     def capacity(self) -> int:
-        return self.keys.shape[3]
+        return self._k_shards[0].shape[3]
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.keys.dtype
+        return self._k_shards[0].dtype
+
+    def device_of(self, layer: int) -> torch.device:
+        """Where ``layer``'s KV lives."""
+        return self._k_layers[layer].device
 
     def _ensure_capacity(self, needed: int) -> None:
         if needed <= self.capacity:
             return
         new_cap = max(needed, 2 * self.capacity)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            with torch.inference_mode(False):
-                buf = torch.zeros(*old.shape[:3], new_cap, old.shape[4], dtype=old.dtype, device=old.device)
-            buf[:, :, :, : old.shape[3]] = old
-            setattr(self, name, buf)
+        for bufs in (self._k_shards, self._v_shards):
+            for k, old in enumerate(bufs):
+                with torch.inference_mode(False):
+                    buf = torch.zeros(
+                        *old.shape[:3], new_cap, old.shape[4], dtype=old.dtype, device=old.device
+                    )
+                buf[:, :, :, : old.shape[3]] = old
+                bufs[k] = buf
         self._layer_views()
 
     def _layer_views(self) -> None:
         # Per-layer views (B, H_kv, capacity, D) of the buffers: `update` runs once per layer and
         # token, and narrowing a view is cheaper than indexing the 5-d buffer.
         with torch.inference_mode(False):  # normal views: writable inside and outside inference mode
-            self._k_layers = list(self.keys.unbind(0))
-            self._v_layers = list(self.values.unbind(0))
+            self._k_layers = [layer for buf in self._k_shards for layer in buf.unbind(0)]
+            self._v_layers = [layer for buf in self._v_shards for layer in buf.unbind(0)]
 
     # ------------------------------------------------------------------ one forward
     def begin(
@@ -245,14 +288,14 @@ class KVCache:
         assert w is not None
         base = self._base(layer)
         visible = base if w.visible is None else w.visible
-        key = (base, visible)
+        device = self._k_layers[layer].device
+        key = (base, visible, device)
         if key in self._mask_cache:
             return self._mask_cache[key]
         t = w.num_new
         if t == 1 and visible == base and w.tree_mask is None:
             mask = None
         else:
-            device = self.keys.device
             allowed = torch.zeros(t, base + t, dtype=torch.bool, device=device)
             allowed[:, :visible] = True
             block = (
@@ -307,7 +350,7 @@ class KVCache:
                 f"cannot commit {num} positions: layers {short} hold only {min(self.lengths) - c}"
             )
         if keep is not None:
-            keep = keep.to(self.keys.device)
+            keep = keep.to(self._k_shards[0].device)
             if keep.numel() != num:
                 raise ValueError(f"keep has {keep.numel()} offsets, expected {num}")
             written = min(self.lengths) - c
@@ -317,14 +360,15 @@ class KVCache:
                     f"keep offsets must be in [0, {written}) (the verified block), got {keep.tolist()}"
                 )
             idx = c + keep
-            self.keys[:, :, :, c : c + num] = self.keys.index_select(3, idx)
-            self.values[:, :, :, c : c + num] = self.values.index_select(3, idx)
+            for buf in (*self._k_shards, *self._v_shards):
+                at = idx.to(buf.device, non_blocking=True)
+                buf[:, :, :, c : c + num] = buf.index_select(3, at)
         self.committed = c + num
         self.rollback()
 
     def committed_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed (B, H_kv, committed, D) keys and values of ``layer`` (views)."""
-        return self.keys[layer, :, :, : self.committed], self.values[layer, :, :, : self.committed]
+        return self._k_layers[layer][:, :, : self.committed], self._v_layers[layer][:, :, : self.committed]
 
     def release(self) -> None:
         """Say that this cache will not be used again (the decoders call it when a generation

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from framework.engine.placement import BlockPlacement
 from framework.models.fetch import (
     GGUFSource,
     ModelLoadError,
@@ -257,9 +258,9 @@ def fit_message(name: str, need: int, free: int, total: int, device: torch.devic
     return (
         f"--model {name!r} does not fit one GPU: its parameters take {need / gib:.1f} GiB in "
         f"{dtype_name(dtype)}, {device} has {free / gib:.1f} GiB free of {total / gib:.1f} GiB (before the KV "
-        "cache and activations). Use a smaller --dtype (bfloat16 halves float32), a GPU with more "
-        "memory, or a smaller model; one model is not split across GPUs (--devices runs one whole copy "
-        "per GPU)."
+        "cache and activations). Split it across GPUs with --device-map auto (or DEVICE[=BLOCKS],...), "
+        "use a smaller --dtype (bfloat16 halves float32), or a GPU with more memory (--devices runs one "
+        "whole copy per GPU)."
     )
 
 
@@ -433,7 +434,7 @@ def describe_models() -> str:
     return "\n".join(lines)
 
 
-def load_model(model: str | None = None, dtype: str = "auto", device: str = "auto"):
+def load_model(model: str | None = None, dtype: str = "auto", device: str = "auto", device_map: str = ""):
     """Load ``(model, tokenizer)``.
 
     Args:
@@ -443,9 +444,13 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
         dtype: one of float32, float16, bfloat16, float64, or ``auto`` (`resolve_dtype`: bfloat16
             on CUDA, float32 on CPU).
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:N``.
+        device_map: split the model across devices (``--device-map``): ``auto`` (accelerate's
+            balanced placement) or ``DEVICE[=BLOCKS],...`` (`framework.engine.placement`); the
+            weights go straight to their devices. ``""``: the whole model on ``device``.
 
     On CUDA the weights are loaded straight onto the GPU (``device_map``), never staged whole in
-    host memory, after a check that they fit its free memory (`check_fits`).
+    host memory, after a check that they fit its free memory (`check_fits`; a split model is not
+    checked: its devices share it).
 
     Raises:
         ModelLoadError: the model cannot be fetched or loaded, is not a causal LM, or does not fit
@@ -454,10 +459,14 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
+    if device_map and device_map != "auto" and "cuda" in device_map:
+        dev = torch.device("cuda")  # --dtype auto follows the GPU the split uses
+    elif device_map == "auto" and torch.cuda.is_available():
+        dev = torch.device("cuda")
     torch_dtype = resolve_dtype(dtype, dev)
     name = model or DEFAULT_MODEL
     if name == TINY_MODEL:
-        net = tiny_model("llama", num_layers=4, dtype=torch_dtype).to(dev).eval()
+        net = tiny_model("llama", num_layers=4, dtype=torch_dtype).to("cpu" if device_map else dev).eval()
         return net, tiny_tokenizer()
     src: str | Path = name
     if name in MODELS:
@@ -485,7 +494,11 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
         raise ModelLoadError(
             f"--model {str(src)!r} is a {config.model_type!r} model, not a causal language model"
         )
-    if dev.type == "cuda":
+    if device_map:
+        net = AutoModelForCausalLM.from_pretrained(
+            src, dtype=torch_dtype, device_map=hf_device_map(device_map, config)
+        ).eval()
+    elif dev.type == "cuda":
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         check_fits(config, torch_dtype, dev, name)
@@ -495,6 +508,27 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
         net = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype).to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(src)
     return net, tokenizer
+
+
+def hf_device_map(device_map: str, config: Any) -> str | dict[str, str]:
+    """Hugging Face's ``device_map`` for ``--device-map``: ``"auto"`` as it is; a
+    ``DEVICE[=BLOCKS],...`` split as a module map of the Llama layout (the embedding and the
+    rotary embedding with the first shard, the final norm and the LM head with the last).
+
+    Raises:
+        ModelLoadError: a split that does not fit the model's depth.
+    """
+    if device_map == "auto":
+        return "auto"
+    try:
+        placement = BlockPlacement.parse(device_map, int(config.num_hidden_layers))
+    except ValueError as err:
+        raise ModelLoadError(f"--device-map {device_map!r}: {err}") from None
+    first, last = str(placement.input_device), str(placement.output_device)
+    out = {"model.embed_tokens": first, "model.rotary_emb": first}
+    for shard in placement.shards:
+        out.update({f"model.layers.{i}": str(shard.device) for i in shard.blocks})
+    return out | {"model.norm": last, "lm_head": last}
 
 
 def model_name(configured: str | None, loaded: Any = None) -> str | None:

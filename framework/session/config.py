@@ -52,6 +52,7 @@ import yaml
 
 from framework.config import ConfigError, build_config, check_range, coerce_value, param
 from framework.drafting.gate import GateConfig
+from framework.engine.placement import BlockPlacement
 from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
@@ -153,6 +154,14 @@ class ModelConfig:
         "float32 on CPU, exact), float32, float16, bfloat16 or float64",
     )
     device: str = param("auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    device_map: str = param(
+        "",
+        help="split one model across devices, for a model larger than one GPU: auto (accelerate's "
+        "balanced placement over the GPUs, then the CPU) or DEVICE[=BLOCKS],... (cuda:0=20,cuda:1: 20 "
+        "blocks on cuda:0, the rest on cuda:1; no counts: an even split). Each block's KV cache lives "
+        "with it. Default: the whole model on --device",
+        metavar="MAP",
+    )
     kernels: bool = param(
         True, help="the batch-invariant CPU kernels (framework.kernels.cpu) for float32 on CPU"
     )
@@ -175,6 +184,17 @@ class ModelConfig:
         if self.phase_timing not in PHASE_TIMING:
             raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
         _check_bools((("--kernels", self.kernels), ("--cuda-graphs", self.cuda_graphs)))
+        if not isinstance(self.device_map, str):
+            raise ConfigError("--device-map", self.device_map, "auto or DEVICE[=BLOCKS],...")
+        if self.device_map and self.device_map != "auto":
+            try:  # the syntax now; the block counts once the model's depth is known
+                BlockPlacement.parse(self.device_map, 1 << 20)
+            except ValueError as err:
+                raise ConfigError(
+                    "--device-map", self.device_map, f"auto or DEVICE[=BLOCKS],... ({err})"
+                ) from None
+        if self.device_map and self.cuda_graphs:
+            raise ConfigError("--cuda-graphs", True, "off with --device-map (CUDA graphs serve one device)")
 
     @property
     def phase_timing_flag(self) -> bool | None:
@@ -328,6 +348,13 @@ class RunConfig:
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"--{name}", getattr(self, name), f"a {cls.__name__}")
+        if self.model.device_map and self.runner.devices * self.runner.num_nodes > 1:
+            raise ConfigError(
+                "--device-map",
+                self.model.device_map,
+                "used with one process (--devices 1): it splits one model across devices; --devices N "
+                "runs N whole copies",
+            )
         if self.model.device.startswith("cuda:") and self.runner.devices * self.runner.num_nodes > 1:
             raise ConfigError(
                 "--device",

@@ -20,6 +20,7 @@ from framework.drafting.gate import gated
 from framework.engine.adapter import ModelAdapter, adapter_for
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.placement import BlockPlacement
 from framework.interfaces import REGISTRIES, Strategy
 from framework.models.loading import dtype_name, load_model
 from framework.session.config import RunConfig
@@ -105,11 +106,19 @@ class Experiment:
     ) -> None:
         self.cfg = cfg
         self.strategies = dict(strategies or {})
+        m = cfg.model
         if model is None:
-            model, tokenizer = load_model(cfg.model.name_or_path, cfg.model.dtype, cfg.model.device)
+            model, tokenizer = load_model(m.name_or_path, m.dtype, m.device, m.device_map)
         self.model, self.tokenizer = model, tokenizer
-        self.adapter = adapter_for(model, fast_kernels=None if cfg.model.kernels else False)
-        self.adapter.time_lm_head = cfg.model.phase_timing_flag
+        self.adapter = adapter_for(model, fast_kernels=None if m.kernels else False)
+        if m.device_map and m.device_map != "auto":  # where load_model put it, or a model given
+            try:
+                self.adapter.place(BlockPlacement.parse(m.device_map, self.adapter.num_layers))
+            except ValueError as err:
+                raise ConfigError(
+                    "--device-map", m.device_map, f"a split of {self.adapter.num_layers} blocks ({err})"
+                ) from None
+        self.adapter.time_lm_head = m.phase_timing_flag
         if cfg.model.cuda_graphs:  # before any preparation: what a search times is what decodes
             if self.adapter.device.type != "cuda":
                 raise ConfigError(

@@ -357,10 +357,11 @@ _MODEL_CACHE: dict[tuple, tuple[Any, Any]] = {}
 
 def _model_for(cfg: RunConfig) -> tuple[Any, Any]:
     """The loaded model and tokenizer for ``cfg``, kept between trials (one model at a time)."""
-    key = (cfg.model.name_or_path, cfg.model.dtype, cfg.model.device)
+    key = (cfg.model.name_or_path, cfg.model.dtype, cfg.model.device, cfg.model.device_map)
     if key not in _MODEL_CACHE:
         _MODEL_CACHE.clear()
-        _MODEL_CACHE[key] = load_model(cfg.model.name_or_path, cfg.model.dtype, cfg.model.device)
+        m = cfg.model
+        _MODEL_CACHE[key] = load_model(m.name_or_path, m.dtype, m.device, m.device_map)
     return _MODEL_CACHE[key]
 
 

@@ -137,6 +137,46 @@ def test_no_graph_is_captured_inside_a_timed_decode_after_prepare_graphs(name):
             assert res.graph_captures == 0, f"{name}: {res.graph_captures} graphs captured while timed"
 
 
+def test_a_model_split_between_cuda_and_cpu_decodes_as_the_unsplit_model():
+    """Issue 26: ``--device-map cuda:0=3,cpu`` (the code path of two GPUs) in float32 decodes the
+    unsplit model's tokens (up to near-tie flips: the CPU blocks round differently), and the
+    speculative decoder on the split model equals vanilla decoding on it likewise."""
+    from framework.data.prompts import Prompt, encode_chat
+    from framework.results.compare import first_mismatch, mismatch_details
+    from framework.session.config import RunConfig
+    from framework.session.experiment import Experiment
+    from framework.testing import tiny_model, tiny_tokenizer
+
+    def experiment(device_map: str, device: str):
+        cfg = RunConfig.from_preset(
+            "static_confidence", max_new_tokens=24, dtype="float32", device=device, device_map=device_map
+        )
+        model = tiny_model("llama", num_layers=6, seed=6, dtype=torch.float32, max_position_embeddings=256)
+        return Experiment(
+            cfg, model.to("cpu" if device_map else "cuda"), tiny_tokenizer(VOCAB), log=lambda _m: None
+        )
+
+    whole, split = experiment("", "cuda"), experiment("cuda:0=3,cpu", "cuda")
+    assert split.adapter.placement.split and split.adapter.device.type == "cuda"
+    for _van, _spec, where in _decode_all(split, PROMPTS):
+        assert where is None or where["near_tie"], f"split: {where} is not a near-tie flip"
+    for i, turns in enumerate(PROMPTS):
+        prompt = Prompt(question_id=i, category="qa", subcategory="", turns=tuple(turns))
+        want = whole.decode_prompt(whole.vanilla, prompt)
+        got = [r.tokens for r, _ in split.decode_prompt(split.vanilla, prompt)]
+        where = first_mismatch(got, [r.tokens for r, _ in want])
+        if where is not None:  # the target's margin there, on the unsplit model
+            where = mismatch_details(
+                whole.adapter,
+                lambda m: encode_chat(whole.tokenizer, m),
+                prompt.turns,
+                [(r.tokens, t) for r, t in want],
+                got,
+                where,
+            )
+        assert where is None or where["near_tie"], f"split vs whole: {where} is not a near-tie flip"
+
+
 def test_cuda_graphs_compute_what_the_eager_path_computes():
     from framework import LayerPlan
     from framework.engine.adapter import adapter_for

@@ -65,7 +65,8 @@ def test_a_rank_decodes_on_its_own_cuda_device(data, tmp_path, monkeypatch, dtyp
     the user may not name ``cuda:1`` together with ``--devices 2``."""
     loaded = []
 
-    def fake_load(model, dtype, device):  # stands for the GPU load: a tiny CPU model
+    def fake_load(model, dtype, device, device_map=""):  # stands for the GPU load: a tiny CPU model
+        assert device_map == ""
         loaded.append((model, dtype, device))
         return tiny_model("llama", num_layers=4, max_position_embeddings=256), tiny_tokenizer()
 
@@ -91,7 +92,9 @@ def test_a_cpu_rank_keeps_float32_for_auto(data, tmp_path, monkeypatch):
     monkeypatch.setattr(
         experiment_mod,
         "load_model",
-        lambda m, d, dev: loaded.append((d, dev)) or (tiny_model("llama", num_layers=4), tiny_tokenizer()),
+        lambda m, d, dev, dmap="": (
+            loaded.append((d, dev)) or (tiny_model("llama", num_layers=4), tiny_tokenizer())
+        ),
     )
     cfg = cfg_for(data, tmp_path / "r.jsonl", devices=2, dtype="auto")
     module = DecodeModule(cfg, load_prompts(data), tmp_path / "r.jsonl", {}, log=lambda s: None)
