@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -168,6 +170,12 @@ def test_reproduction_script_smoke_mode():
             *("--new-tokens", "16", "--reps", "1", "--prompts", "2"),
         ],
         [
+            "docs/measurements/gpu_e2e.py",
+            *("--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--reps", "1", "--prompts", "2"),
+            *("--trace", "docs/measurements/traces/smollm2-135m.json", "--trace-turns", "2"),
+            *("--trace-methods", "clasp,static_confidence:raw"),
+        ],
+        [
             "docs/measurements/host_reads.py",
             "--presets",
             "static_confidence,swift,vanilla",
@@ -179,7 +187,7 @@ def test_reproduction_script_smoke_mode():
             *("--model", "tiny-random", "--reps", "2", "--accept-tokens", "12", "--draft-vocab", "0"),
         ],
     ],
-    ids=["gpu_costs", "gpu_e2e", "host_reads", "draft_weights"],
+    ids=["gpu_costs", "gpu_e2e", "gpu_e2e_trace", "host_reads", "draft_weights"],
 )
 def test_measurement_scripts_smoke(script):
     """The GPU measurement script (docs/performance.md; written to run unchanged on any CUDA
@@ -199,6 +207,15 @@ def test_measurement_scripts_smoke(script):
         ):
             assert part in proc.stdout, part
         assert "| selfsd |" in proc.stdout
+    elif "--trace" in script:
+        rows = [line for line in proc.stdout.splitlines() if line.startswith("| smollm2-135m-instruct/")]
+        assert len(rows) == 2 * 2, proc.stdout  # two methods, eager and graphs
+        for row in rows:  # the replay commits what the trace recorded; no graph recorded while timed
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            alpha, recorded = (float(x) for x in cells[6].replace("(", " ").replace(")", " ").split())
+            m, recorded_m = (float(x) for x in cells[7].replace("(", " ").replace(")", " ").split())
+            assert abs(alpha - recorded) <= 0.02 and abs(m - recorded_m) <= 0.05, row
+            assert cells[10] == "0", row
     elif "gpu_e2e" in script[0]:
         rows = [line for line in proc.stdout.splitlines() if line.startswith(("| eager |", "| graphs |"))]
         assert len(rows) == 2, proc.stdout
@@ -215,6 +232,101 @@ def test_measurement_scripts_smoke(script):
         assert all(row.rstrip(" |").endswith("0/7") for row in rows[3:]), rows  # every output exact
     else:
         assert "| swift |" in proc.stdout and "| vanilla |" in proc.stdout
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "measurements" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _turn(drafted, committed, ratios):
+    return {"draft_lengths": drafted, "accept_lengths": committed, "skip_ratios": ratios}
+
+
+def test_record_traces_keeps_every_round_and_refuses_inconsistent_turns():
+    rt = _script("record_traces")
+    # a declined round (0 drafted) has no skip ratio; the others take theirs in order
+    assert rt.turn_rounds(_turn([3, 0, 2], [4, 1, 1], [0.5, 0.25])) == [
+        [3, 4, 0.5],
+        [0, 1, 0.0],
+        [2, 1, 0.25],
+    ]
+    with pytest.raises(ValueError, match="same rounds"):
+        rt.turn_rounds(_turn([3, 0, 2], [4, 1, 1], [0.5]))
+    with pytest.raises(ValueError, match="committed 5"):
+        rt.turn_rounds(_turn([3], [5], [0.5]))
+    records = [
+        {"method": "vanilla", "turns": [_turn([], [1] * 4, [])]},
+        {"method": "m", "repeat": 0, "turns": [_turn([3, 0], [4, 1], [0.5]), _turn([2], [2], [0.25])]},
+        {"method": "m", "repeat": 1, "turns": [_turn([1], [1], [0.5])]},  # later repeats: not kept
+        {"method": "hf_generate", "turns": [_turn([], [1], [])]},
+    ]
+    out = rt.traces(records)
+    assert list(out) == ["m"]
+    m = out["m"]
+    assert (m["drafted"], m["committed"], m["turns"]) == ([3, 0, 2], [4, 1, 2], [2, 1])
+    assert m["skip_ratios"] == [0.25, 0.5] and m["plan"] == [1, -1, 0]
+    assert m["alpha"] == round(4 / 5, 4) and m["M"] == round(7 / 3, 4) and m["declined"] == round(1 / 3, 4)
+    assert json.loads(rt.dumps({"source": {"model": "x"}, "methods": out})) == {
+        "source": {"model": "x"},
+        "methods": out,
+    }
+    with pytest.raises(ValueError, match="no rounds of"):
+        rt.traces(records, ["swift"])
+
+
+def test_committed_traces_describe_their_rounds():
+    """The trace files gpu_e2e.py replays are consistent: lists of one length, turns that add up,
+    summaries that match the rounds."""
+    files = sorted((ROOT / "docs" / "measurements" / "traces").glob("*.json"))
+    files = [f for f in files if "skipset" not in f.name]
+    assert files
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["source"]["model"] and doc["source"]["command"]
+        for name, m in doc["methods"].items():
+            n = m["rounds"]
+            assert len(m["drafted"]) == len(m["committed"]) == len(m["plan"]) == n == sum(m["turns"]), name
+            assert all(1 <= c <= d + 1 for d, c in zip(m["drafted"], m["committed"], strict=True)), name
+            assert all((p >= 0) == (d > 0) for d, p in zip(m["drafted"], m["plan"], strict=True)), name
+            assert m["alpha"] == round(sum(c - 1 for c in m["committed"]) / max(1, sum(m["drafted"])), 4)
+
+
+@pytest.mark.slow
+def test_gpu_all_runs_its_issue_26_parts_on_a_cpu(tmp_path):
+    """docs/measurements/gpu_all.sh (run on GPU machines in one call) through its CPU knobs: the
+    trace replay on a tiny shape and the real-model benchmark on the tiny random model."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(
+        OMP_NUM_THREADS="1",
+        GPU_PARTS="replay real",
+        GPU_REPLAY_SHAPES="tiny",
+        GPU_REPLAY_TURNS="1",
+        GPU_REPLAY_EXTRA="--device cpu --dtype float32 --prompts 1 --trace-methods clasp",
+        GPU_REAL_MODEL="tiny-random",
+        GPU_REAL_MODES="eager",
+        GPU_REAL_METHODS="vanilla,swift,prompt_lookup",
+        GPU_REAL_EXTRA="--dtype float32 --categories qa --max-new-tokens 8",
+    )
+    proc = subprocess.run(
+        ["bash", "docs/measurements/gpu_all.sh", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "replay tiny: rc 0" in proc.stdout and "real eager: rc 0" in proc.stdout, proc.stdout + proc.stderr
+    replay = (tmp_path / "replay-tiny.md").read_text()
+    assert "| smollm2-135m-instruct/clasp | graphs |" in replay
+    assert "| qwen2.5-coder-0.5b/clasp | graphs |" in replay
+    records = [
+        json.loads(line) for line in (tmp_path / "real-eager" / "records.jsonl").read_text().splitlines()
+    ]
+    assert {r["method"] for r in records} == {"vanilla", "swift", "prompt_lookup"}
 
 
 def test_snippet_sections_exist():

@@ -60,6 +60,16 @@ SHAPES = {
     "llama2-13b": dict(
         hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40
     ),
+    # SmolLM2-135M's shape (a CPU-sized check of a replayed trace against its real run)
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4),
 }
 #: What the papers report on LLaMA-2-13B (../shared/reference/seeds-selfsd-swift.md): Self-SD's BO
@@ -77,13 +87,12 @@ def build(shape: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     float32 copy, no host staging)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        **SHAPES[shape],
+    defaults = dict(
         num_key_value_heads=SHAPES[shape]["num_attention_heads"],
         vocab_size=128 if shape == "tiny" else 32000,
-        max_position_embeddings=4096,
         tie_word_embeddings=False,
     )
+    cfg = LlamaConfig(**{**defaults, **SHAPES[shape]}, max_position_embeddings=4096)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model = model.to(dtype=dtype).to_empty(device=device)

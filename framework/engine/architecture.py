@@ -142,9 +142,11 @@ class Architecture(ABC):
     def fingerprint(self) -> str:
         """A short hash of the model's shape and a slice of its embedding: what is saved for one
         model (a searched skip set, a token ranking) is only valid for the weights it was computed
-        on, whatever path they were loaded from."""
+        on, whatever path they were loaded from. The slice is hashed rounded to bfloat16, so one
+        checkpoint loaded in float32 or bfloat16 has one fingerprint (a skip set searched on a
+        CPU in float32 serves a GPU run in bfloat16)."""
         info = self.info()
-        emb = self.model.get_input_embeddings().weight[:4, :64].detach().float().cpu()
+        emb = self.model.get_input_embeddings().weight[:4, :64].detach().to(torch.bfloat16).float().cpu()
         h = hashlib.sha256()
         h.update(
             json.dumps(

@@ -347,3 +347,14 @@ def test_attention_is_called_without_deprecated_keywords(arch, tiny_models):
         cache = adapter.new_cache(12)
         adapter.forward(ids, _pos(0, 5), cache)
         adapter.forward(ids[:, :1], _pos(5, 1), cache)
+
+
+def test_fingerprint_names_the_weights_not_their_dtype():
+    """One checkpoint in float32 and in bfloat16 has one fingerprint (a skip set searched on a CPU
+    serves a GPU run); other weights have another."""
+    from framework.testing import tiny_model
+
+    a, b = tiny_model(seed=0), tiny_model(seed=1)
+    fp = adapter_for(a).fingerprint()
+    assert adapter_for(tiny_model(seed=0).to(torch.bfloat16)).fingerprint() == fp
+    assert adapter_for(b).fingerprint() != fp
