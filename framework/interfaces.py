@@ -40,7 +40,7 @@ from framework.types import Draft, ForwardSizes, LayerPlan, LengthHint, ModelInf
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
-    from framework.kernels.fused import FusedBlocks
+    from framework.kernels.protocols import DraftWeights
     from framework.view import PrepareView, RoundView
 
 
@@ -169,7 +169,7 @@ class Drafter(Strategy):
         preparation (``PrepareContext.draft_head``)."""
         return None
 
-    def draft_weights(self) -> FusedBlocks | None:
+    def draft_weights(self) -> DraftWeights | None:
         """The compressed copy of the model's weights this drafter's passes run, once prepared
         (`framework.engine.adapter.ModelAdapter.draft_branches`: bfloat16 or int8 weights; see
         `framework.drafting.draft_vocab`); ``None`` (the default): the model's own weights. The

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from framework.engine.cost_model import CostModel
     from framework.engine.draft_head import DraftHead
     from framework.interfaces import Drafter, LengthController, Verifier
-    from framework.kernels.fused import FusedBlocks
+    from framework.kernels.protocols import DraftWeights
 
 
 @runtime_checkable
@@ -207,7 +207,7 @@ class PrepareView(Protocol):
     artifact_stem: object
     log: Callable[[str], None]
     draft_head: DraftHead | None
-    draft_weights: FusedBlocks | None
+    draft_weights: DraftWeights | None
 
     def fingerprint(self) -> str:
         """A short hash of the model's weights: what is saved for one model is only valid for the

@@ -203,6 +203,12 @@ def test_measurement_scripts_smoke(script):
         for part in (
             "## Targets (issue 17), eager",
             "## Targets (issue 17), graphs",
+            "## Targets (issue 27), graphs",
+            "## Bandwidth floor (measured copy:",
+            "| fp8 | reference |",  # fp8 drafts through the modules (no CPU kernel: the reference)
+            "| int8 | cpu-fused |",
+            "| draft skipping 45%, int8 weights (steps) |",
+            "| plain step (x bandwidth floor) |",
             "# Eager against CUDA graphs",
         ):
             assert part in proc.stdout, part

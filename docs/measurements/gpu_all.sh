@@ -4,8 +4,9 @@
 #   GPU_PARTS="replay real tests" bash docs/measurements/gpu_all.sh OUTDIR   # some parts
 # Parts (each has its own time limit in seconds, overridable, and writes its log under OUTDIR; a part
 # that fails does not stop the others):
-#   costs   (issue 17) gpu_costs.py on random Llama-2-7B and 13B shapes in bfloat16, eager and with
-#           CUDA graphs of the branches;
+#   costs   (issues 17, 27) gpu_costs.py on random Llama-2-7B and 13B shapes in bfloat16, eager and
+#           with CUDA graphs of the branches: step costs, the bandwidth floor (a 1 GiB copy) and each
+#           forward as a multiple of it, drafts with fp8 and int8 weights (framework.kernels.lowbit);
 #   e2e     (issue 17) gpu_e2e.py: end-to-end speculative decoding on the 7B shape made redundant
 #           where the draft skips (a controlled acceptance, --scale), eager and with CUDA graphs;
 #   replay  (issue 26, item 4) gpu_e2e.py --trace: the acceptance traces recorded on SmolLM2-135M and
@@ -45,16 +46,17 @@ want() { [[ " $parts " == *" $1 "* ]]; }
 } | tee "$out/env.txt"
 
 if want costs; then
-  timeout "${GPU_7B_TIMEOUT:-120}" python docs/measurements/gpu_costs.py --shape llama2-7b \
+  timeout "${GPU_7B_TIMEOUT:-160}" python docs/measurements/gpu_costs.py --shape llama2-7b \
     --new-tokens "$tokens" --reps "$reps" --json "$out/llama2-7b.json" >"$out/llama2-7b.md" 2>&1
   echo "llama2-7b: rc $?"
-  timeout "${GPU_13B_TIMEOUT:-130}" python docs/measurements/gpu_costs.py --shape llama2-13b \
+  timeout "${GPU_13B_TIMEOUT:-180}" python docs/measurements/gpu_costs.py --shape llama2-13b \
     --new-tokens "$tokens" --reps "$reps" --json "$out/llama2-13b.json" >"$out/llama2-13b.md" 2>&1
   echo "llama2-13b: rc $?"
   for f in llama2-7b llama2-13b; do
     echo "== $f"
     sed -n '/^# Eager against/,$p' "$out/$f.md"
-    grep -E "NOT met|: met|Error|failed" "$out/$f.md" | tail -n 16
+    sed -n '/^## Bandwidth floor/,/^## Targets (issue 17)/p' "$out/$f.md" | head -n 24
+    grep -E "NOT met|: met|Error|failed" "$out/$f.md" | tail -n 24
   done
 fi
 

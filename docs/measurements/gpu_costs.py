@@ -16,7 +16,11 @@ framework's own adapter and decode loop:
 4. one speculative decode untimed, with every phase timed (``phase_timing=True``), and under the
    device-read counter (`framework.testing.syncs.count_host_reads`), each alone: its wall time per
    round under each, its phase shares and its device reads per round;
-5. the issue's targets, each said met or not;
+5. the bandwidth floor (issue 27): the device's achievable bandwidth (a 1 GiB device-to-device
+   copy), the weight bytes each forward streams, and every step time as a multiple of its floor
+   (plain steps, drafts, verifications); drafts with fp8 and int8 weights
+   (`framework.kernels.lowbit`) against the model's own;
+6. the issues' targets (17 and 27), each said met or not;
 
 all of it eagerly and then with CUDA graphs of the branches (``--graphs both``, the
 default; `framework.kernels.graphs`), with a table of the two side by side.
@@ -45,6 +49,8 @@ from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
+from framework.kernels.fused import FusedBlocks
+from framework.kernels.lowbit import LowBitLinears
 from framework.testing.syncs import count_host_reads
 from framework.types import LayerPlan
 from framework.utils import device_sync
@@ -253,6 +259,95 @@ def predictions(cost: CostModel) -> dict[str, dict]:
     }
 
 
+def bandwidth(device, nbytes: int, reps: int = 7) -> float:
+    """The device's achievable memory bandwidth in bytes/s: a copy of ``nbytes`` from one buffer to
+    another (``nbytes`` read and ``nbytes`` written), median of ``reps`` after a warm-up."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    times = [timed(device, lambda: dst.copy_(src)) for _ in range(reps + 1)][1:]
+    return 2 * nbytes / statistics.median(times)
+
+
+def _param_bytes(module, weights=None) -> int:
+    """Bytes of ``module``'s parameters a forward reads: a linear layer's weight from ``weights``'
+    low-bit copy where it has one."""
+    total = 0
+    for m in module.modules():
+        for name, p in m.named_parameters(recurse=False):
+            packed = weights.nbytes_of(m) if isinstance(weights, LowBitLinears) and name == "weight" else None
+            total += p.numel() * p.element_size() if packed is None else packed
+    return total
+
+
+def weight_bytes(adapter, plan: LayerPlan, weights=None) -> int:
+    """Bytes of weights one decoding step (one token) through ``plan`` streams: the norm and the
+    projections of each sub-layer it runs (``weights``' compressed copy where given: the CPU
+    kernels' fused copy scales by its byte ratio) and the final norm and LM head."""
+    total = 0
+    for i, blk in enumerate(adapter.arch.blocks):
+        if plan.runs_attn(i):
+            total += _param_bytes(blk.input_layernorm) + _param_bytes(blk.self_attn, weights)
+        if plan.runs_mlp(i):
+            total += _param_bytes(blk.post_attention_layernorm) + _param_bytes(blk.mlp, weights)
+    if isinstance(weights, FusedBlocks) and adapter.fused is not None and adapter.fused.nbytes:
+        total = int(total * weights.nbytes / adapter.fused.nbytes)
+    head = adapter.model.get_output_embeddings()
+    return total + _param_bytes(head) + _param_bytes(adapter.model.model.norm)
+
+
+def floor_and_formats(adapter, cost: CostModel, reps: int, plan45: LayerPlan) -> dict:
+    """Issue 27: every step time as a multiple of its bandwidth floor (weight bytes read / the
+    measured bandwidth), and the draft cost with each compressed format (fp8, int8) next to the
+    model's own weights."""
+    n, dev = adapter.num_layers, adapter.device
+    bw = bandwidth(dev, (1 << 30) if dev.type == "cuda" else (64 << 20))
+    full = LayerPlan.full(n)
+    rows = {
+        "plain step": (cost.step, weight_bytes(adapter, full)),
+        "draft 45% skipped": (cost.draft_step(plan45), weight_bytes(adapter, plan45)),
+        "verify 8 tokens": (cost.verify(8), weight_bytes(adapter, full)),
+    }
+    formats: dict[str, dict] = {}
+    for fmt in ("fp8", "int8"):
+        w = adapter.draft_branches(fmt)
+        if w is None:
+            formats[fmt] = {"kernel": "none"}
+            continue
+        priced = cost.with_weights(adapter, w, reps=reps)
+        formats[fmt] = {
+            "kernel": getattr(w, "kernel", "cpu-fused"),
+            "nbytes": w.nbytes,
+            "draft_full_steps": priced.draft_step(full) / cost.step,
+            "draft45_steps": priced.draft_step(plan45) / cost.step,
+        }
+        rows[f"draft 45% skipped, {fmt}"] = (priced.draft_step(plan45), weight_bytes(adapter, plan45, w))
+        rows[f"draft every layer, {fmt}"] = (priced.draft_step(full), weight_bytes(adapter, full, w))
+    table = {
+        k: {"seconds": t, "bytes": b, "floor": b / bw, "x_floor": t / (b / bw)} for k, (t, b) in rows.items()
+    }
+    return {"bandwidth": bw, "rows": table, "formats": formats}
+
+
+def print_floor(fl: dict) -> None:
+    print(f"## Bandwidth floor (measured copy: {fl['bandwidth'] / 1e9:.0f} GB/s)\n")
+    print("| forward | weights read (MB) | floor (ms) | measured (ms) | x floor |\n|---|---:|---:|---:|---:|")
+    for k, r in fl["rows"].items():
+        print(
+            f"| {k} | {r['bytes'] / 1e6:.2f} | {1e3 * r['floor']:.3f} | {1e3 * r['seconds']:.3f} | {r['x_floor']:.2f} |"
+        )
+    print("\n| draft weights | kernel | MB | draft, every layer (steps) | draft, 45% skipped (steps) |")
+    print("|---|---|---:|---:|---:|")
+    for fmt, f in fl["formats"].items():
+        if "nbytes" in f:
+            print(
+                f"| {fmt} | {f['kernel']} | {f['nbytes'] / 1e6:.2f} | {f['draft_full_steps']:.3f} | "
+                f"{f['draft45_steps']:.3f} |"
+            )
+        else:
+            print(f"| {fmt} | none (nothing to compress) | | | |")
+    print()
+
+
 def phases(adapter, new_tokens: int) -> dict:
     """One speculative decode (uniform 45% skip set, 4 tokens a round) three times: plain (its wall
     time per round), with every phase timed, and under the device-read counter. Each instrument
@@ -362,6 +457,13 @@ def report(model, adapter, args, label: str) -> dict:
     p45 = uniform_plan(n, min(0.99, 0.45 * n / max(1, n - 2)))
     d45 = cost.draft_step(p45) / cost.step
     v8 = cost.verify(8) / cost.step
+    fl = floor_and_formats(adapter, cost, max(3, args.reps), p45)
+    print_floor(fl)
+    step_x = fl["rows"]["plain step"]["x_floor"]
+    low = min(
+        (f["draft45_steps"] for f in fl["formats"].values() if "draft45_steps" in f), default=float("nan")
+    )
+    compiled = sp.get("hf_static_compile")
     checks = [
         ("our vanilla >= HF eager generate (tokens/s)", sp["ours"] >= sp["hf_eager"]),
         ("engine overhead <= 10% of a step", overhead <= 0.10 * cost.step),
@@ -376,6 +478,27 @@ def report(model, adapter, args, label: str) -> dict:
     print(f"## Targets (issue 17), {label}\n")
     for text, ok in checks:
         print(f"- {text}: {'met' if ok else 'NOT met'}")
+    checks27 = [
+        (f"plain step <= 1.5x its bandwidth floor ({step_x:.2f}x)", step_x <= 1.5),
+        (f"a draft skipping {100 * p45.skip_ratio:.0f}% <= 0.58 of a step ({d45:.3f})", d45 <= 0.58),
+        (f"... with compressed draft weights <= 0.35 of a step (best {low:.3f})", low <= 0.35),
+        (f"verifying 8 tokens <= 1.15 steps ({v8:.3f})", v8 <= 1.15),
+        (
+            f"predicted swift >= 1.6x ({sw['predicted']:.2f}x; the 13B shape is the target)",
+            sw["predicted"] >= 1.6,
+        ),
+    ]
+    if compiled:
+        checks27.append(
+            (
+                f"our vanilla >= 1.3x HF's compiled static cache ({sp['ours'] / compiled:.2f}x)",
+                sp["ours"] >= 1.3 * compiled,
+            )
+        )
+    print(f"\n## Targets (issue 27), {label}\n")
+    for text, ok in checks27:
+        print(f"- {text}: {'met' if ok else 'NOT met'}")
+    checks += checks27
     print()
     return {
         "speed": sp,
@@ -388,6 +511,7 @@ def report(model, adapter, args, label: str) -> dict:
         "trees": trees,
         "predictions": pred,
         "phases": ph,
+        "floor": fl,
         "checks": dict(checks),
     }
 
@@ -480,6 +604,20 @@ def main() -> None:
             ("draft skipping 45% (steps)", e["draft45"], g["draft45"], ".3f"),
             ("verify 8 tokens (ms)", 1e3 * e["verify8"] * e["step"], 1e3 * g["verify8"] * g["step"], ".2f"),
             ("verify 8 tokens (steps)", e["verify8"], g["verify8"], ".3f"),
+            (
+                "plain step (x bandwidth floor)",
+                e["floor"]["rows"]["plain step"]["x_floor"],
+                g["floor"]["rows"]["plain step"]["x_floor"],
+                ".2f",
+            ),
+        ]
+        rows += [
+            (f"draft skipping 45%, {fmt} weights (steps)", ef["draft45_steps"], gf["draft45_steps"], ".3f")
+            for fmt in ("fp8", "int8")
+            for ef, gf in [(e["floor"]["formats"][fmt], g["floor"]["formats"][fmt])]
+            if "draft45_steps" in ef and "draft45_steps" in gf
+        ]
+        rows += [
             (
                 "predicted selfsd",
                 e["predictions"]["selfsd"]["predicted"],

@@ -18,8 +18,9 @@ head could have proposed (``summary()["vocab_coverage"]``). The drafter itself o
             out = state.forward_draft(x, plan, logits_at="last")     # the state's draft head
             tok, conf = builder.add(out.logits[:, -1], out.head)
 
-The same mixin offers ``draft_weights`` ("bfloat16" or "int8"): draft passes run a compressed copy
-of the model's fused branches (`framework.engine.adapter.ModelAdapter.draft_branches`), returned by
+The same mixin offers ``draft_weights`` ("bfloat16", "int8", "fp8" or "auto"): draft passes run a
+compressed copy of the model's weights (`framework.engine.adapter.ModelAdapter.draft_branches`: the
+CPU kernels' fused branches, or the modules' low-bit linear layers elsewhere), returned by
 ``draft_weights()`` and handed on like the head. A self-speculative draft then saves bytes in every
 sub-layer it runs, not only in those it skips (a quantised self-draft, as in QSpec or ML-SpecQD;
 our own code): on a memory-bound CPU an int8 copy streams a quarter of the bytes. Verification
@@ -35,9 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework.config import ConfigError, check_choice, check_range, param
+from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
+from framework.engine.cost_model import draft_sublayer_seconds
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.token_ranking import draft_head_for
-from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
+from framework.kernels.lowbit import LowBitLinears
+from framework.kernels.protocols import DraftWeights
 from framework.view import RoundView
 
 #: The smallest ``draft_vocab`` (K) accepted: tree verification keeps up to 10 candidates per step.
@@ -61,11 +65,21 @@ class DraftVocabConfig:
     )
     draft_weights: str = param(
         "float32",
-        help="how draft passes store the model's weights: 'float32' (the model's own), 'bfloat16' "
-        "or 'int8' (a copy rounded to bfloat16, or int8 with one scale per output row: half or a "
-        "quarter of the bytes a memory-bound CPU step reads; activations, KV cache and verification "
-        "stay float32, so the output is unchanged). Needs the CPU kernels (a float32 model on a CPU); "
-        "elsewhere drafts run the model's own weights and the run says so",
+        help="how draft passes store the model's weights: 'float32' (the model's own, whatever its "
+        "dtype), 'bfloat16', 'int8' or 'fp8' (a copy in bfloat16, int8 with one scale per output row, "
+        "or float8 e4m3 row-wise with per-token fp8 activations: fewer bytes for a memory-bound step "
+        "to stream). The CPU kernels run bfloat16 and int8 in their fused branches; elsewhere (CUDA, "
+        "fp8, a bfloat16 model) the blocks' linear layers run the copy through the model's modules. "
+        "'auto': int8 on the CPU kernels, else the fastest of fp8 and int8 that drafts faster than "
+        "the model's own weights (measured once), else the model's own. The KV cache and "
+        "verification keep the model's own weights, so the output is unchanged",
+    )
+    weights_check: bool = param(
+        True,
+        help="off the CPU kernels, draft once with the compressed copy and with the model's own "
+        "weights (medians) and keep the copy only if it drafts faster; a copy without a fast "
+        "kernel on this device (the float32 reference) is never kept. False keeps it regardless "
+        "(acceptance studies); the run says what it drafted with",
     )
     vocab_context: bool = param(
         True,
@@ -77,7 +91,8 @@ class DraftVocabConfig:
     def __post_init__(self) -> None:
         check_range("draft_vocab", self.draft_vocab, 0, None, integer=True)
         check_choice("vocab_context", self.vocab_context, (True, False))
-        check_choice("draft_weights", self.draft_weights, tuple(WEIGHT_FORMATS))
+        check_choice("draft_weights", self.draft_weights, (*DRAFT_WEIGHT_FORMATS, "auto"))
+        check_choice("weights_check", self.weights_check, (True, False))
         if 0 < self.draft_vocab < MIN_DRAFT_VOCAB:
             raise ConfigError(
                 "draft_vocab", self.draft_vocab, f"0 (the whole vocabulary) or >= {MIN_DRAFT_VOCAB}"
@@ -96,7 +111,7 @@ class DraftVocab:
         self._head: DraftHead | None = None
         self._prepared = False
         self._live: LiveDraftHead | None = None  # the last generation's head (its coverage counts)
-        self._weights: FusedBlocks | None = None
+        self._weights: DraftWeights | None = None
         self._weights_note = ""  # why draft_weights is not what the config asked for
 
     def prepare(self, ctx: Any) -> None:
@@ -107,12 +122,12 @@ class DraftVocab:
         self._prepared = True
         self._weights, self._weights_note = None, ""
         if c.draft_weights != "float32":
-            self._weights = ctx.adapter.draft_branches(c.draft_weights)
-            if self._weights is None:
-                self._weights_note = (
-                    f"draft_weights={c.draft_weights} needs the CPU kernels (a float32 model on a CPU, "
-                    "SELFSPEC_KERNEL not 0): drafts run the model's own weights"
-                )
+            self._weights, self._weights_note = ctx.once(
+                DraftVocab,
+                ("draft_weights", c.draft_weights, c.weights_check),
+                lambda: _draft_weights(ctx, c),
+            )
+            if self._weights_note:
                 ctx.log(f"note: {self._weights_note}")
         if c.draft_vocab and c.draft_vocab < ctx.adapter.info().vocab_size:
             try:
@@ -127,11 +142,11 @@ class DraftVocab:
         self._head = head
         self._prepared = True
 
-    def use_weights(self, weights: FusedBlocks | None) -> None:
+    def use_weights(self, weights: DraftWeights | None) -> None:
         """Draft with ``weights`` (e.g. a search that must draft as the run's drafter does)."""
         self._weights = weights
 
-    def draft_weights(self) -> FusedBlocks | None:
+    def draft_weights(self) -> DraftWeights | None:
         """The compressed weights drafts run (built in ``prepare``); ``None``: the model's own."""
         return self._weights
 
@@ -169,3 +184,50 @@ class DraftVocab:
             out["draft_vocab_now"] = live.size
             out["vocab_coverage"] = round(live.covered / live.committed, 4) if live.committed else None
         return out
+
+
+def _draft_weights(ctx: Any, c: DraftVocabConfig) -> tuple[DraftWeights | None, str]:
+    """``(the weights drafts run, a note when they are not what the config asked for)``.
+
+    A named format: the adapter's copy in it, dropped (``None``: the model's own) when there is
+    nothing to compress or, with ``weights_check``, when it does not draft faster. ``auto``: int8
+    in the CPU kernels' fused branches where they run; elsewhere the fastest of the fp8 and int8
+    copies with a fast kernel, if it drafts faster than the model's own weights.
+    """
+    adapter, own = ctx.adapter, "drafts run the model's own weights"
+    if c.draft_weights == "auto":
+        if adapter.fused is not None:
+            return adapter.draft_branches("int8"), ""
+        candidates = {f: adapter.draft_branches(f) for f in ("fp8", "int8")}
+        usable = {f: w for f, w in candidates.items() if isinstance(w, LowBitLinears) and w.kernel == "fast"}
+        if not usable:
+            return None, f"draft_weights=auto: no fast low-bit kernel on {adapter.device}: {own}"
+        return _fastest(ctx, usable, "draft_weights=auto")
+    fmt = c.draft_weights
+    weights = adapter.draft_branches(fmt)
+    if weights is None:
+        return None, f"draft_weights={fmt}: nothing to compress (the model is {adapter.dtype}): {own}"
+    if not isinstance(weights, LowBitLinears) or not c.weights_check:
+        return weights, ""
+    if weights.kernel == "reference":
+        return None, (
+            f"draft_weights={fmt} has no fast kernel on {adapter.device} (only the float32 "
+            f"reference, slower than the model's own weights): {own} (weights_check=False keeps it)"
+        )
+    return _fastest(ctx, {fmt: weights}, f"draft_weights={fmt}")
+
+
+def _fastest(ctx: Any, options: dict[str, LowBitLinears], what: str) -> tuple[DraftWeights | None, str]:
+    """The copy among ``options`` whose draft block (one attention and one MLP sub-layer, medians
+    of interleaved draft steps) is fastest, if faster than the model's own weights."""
+    costs = draft_sublayer_seconds(ctx.adapter, [None, *options.values()], reps=5)
+    per = {f: sum(c) for f, c in zip(["float32", *options], costs, strict=True)}
+    said = ", ".join(f"{f} {t * 1e6:.0f} us" for f, t in per.items())
+    best = min(options, key=per.__getitem__)
+    if per[best] < per["float32"]:
+        ctx.log(f"note: {what}: drafts run {best} ({options[best].kernel} kernel); a draft block: {said}")
+        return options[best], ""
+    return None, (
+        f"{what} measured no faster than the model's own weights on {ctx.adapter.device} (a draft "
+        f"block: {said}): drafts run the model's own weights (weights_check=False keeps the copy)"
+    )

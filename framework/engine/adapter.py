@@ -11,6 +11,7 @@ from token ids, `forward_from` from residuals that already went through the firs
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +24,17 @@ from framework.engine.placement import BlockPlacement
 from framework.kernels import cpu as kernels
 from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
 from framework.kernels.graphs import BranchGraphs
+from framework.kernels.lowbit import LOWBIT_FORMATS, LowBitLinears
+from framework.kernels.protocols import DraftWeights
 from framework.types import LayerPlan, ModelInfo
 from framework.utils import no_clock, synced_clock
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
+
+#: What ``--drafter.draft_weights`` may name: the model's own ("float32"), the CPU kernels' formats
+#: and the modules' low-bit formats (`ModelAdapter.draft_branches`).
+DRAFT_WEIGHT_FORMATS = ("float32", *LOWBIT_FORMATS)
 
 
 def adapter_for(model: nn.Module, *, fast_kernels: bool | None = None) -> ModelAdapter:
@@ -90,8 +97,9 @@ class Pass:
             (`framework.engine.kv_cache.KVCache.begin`): a scratch pass (``persist=False``) leaves
             the committed cache untouched; a ``tree_mask`` (T, T) verifies a token tree.
         head: a reduced draft head for the logits (``None``: the full LM head).
-        weights: a draft's compressed copy of the fused branches (`ModelAdapter.draft_branches`)
-            to run instead of the model's own (``None``: the model's weights).
+        weights: a draft's compressed copy of the weights (`ModelAdapter.draft_branches`: the
+            fused branches' or the modules' low-bit linear layers) to run instead of the model's
+            own (``None``: the model's weights).
     """
 
     plan: LayerPlan | None = None
@@ -104,7 +112,7 @@ class Pass:
     tree_mask: torch.Tensor | None = None
     persist: bool = True
     head: DraftHead | None = None
-    weights: FusedBlocks | None = None
+    weights: DraftWeights | None = None
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,7 @@ class ModelAdapter:
         self.fast_kernels = kernels.is_installed(arch.model)
         self.fused: FusedBlocks | None = None
         self.graphs: BranchGraphs | None = None
-        self._draft_branches: dict[str, FusedBlocks] = {}  # `draft_branches`, per format
+        self._draft_branches: dict[str, DraftWeights | None] = {}  # `draft_branches`, per format
         #: where the blocks live (`place`); split across devices, the forwards move the residual
         #: stream at the boundaries and return everything on the input device
         self.placement = BlockPlacement.of_blocks(arch.blocks)
@@ -263,21 +271,27 @@ class ModelAdapter:
         self._draft_branches.clear()
         return self.fast_kernels
 
-    def draft_branches(self, fmt: str) -> FusedBlocks | None:
-        """The fused branches with their weights in ``fmt`` for drafts (`FusedBlocks.compressed`:
-        ``"bfloat16"`` or ``"int8"``), built once per format; ``fused`` itself for ``"float32"``.
-        ``None`` where the branches are not fused (no CPU kernels: another device or dtype,
-        ``SELFSPEC_KERNEL=0``): drafts then run the model's own weights.
+    def draft_branches(self, fmt: str) -> DraftWeights | None:
+        """The model's weights in ``fmt`` for drafts, built once per format: with the CPU kernels'
+        fused branches, ``"bfloat16"`` and ``"int8"`` are their compressed copies
+        (`FusedBlocks.compressed`); every other case (``"fp8"``, another device or dtype,
+        ``SELFSPEC_KERNEL=0``) compresses the blocks' linear layers and runs them through the
+        modules (`framework.kernels.lowbit.LowBitLinears`). ``"float32"``: ``fused`` (the model's
+        own). ``None``: nothing to compress (``"bfloat16"`` on a bfloat16 model), drafts run the
+        model's own weights.
 
         Raises:
             ValueError: an unknown format.
         """
-        if fmt not in WEIGHT_FORMATS:
-            raise ValueError(f"draft weight format must be one of {sorted(WEIGHT_FORMATS)}, got {fmt!r}")
-        if self.fused is None or fmt == "float32":
+        if fmt not in DRAFT_WEIGHT_FORMATS:
+            raise ValueError(f"draft weight format must be one of {list(DRAFT_WEIGHT_FORMATS)}, got {fmt!r}")
+        if fmt == "float32":
             return self.fused
         if fmt not in self._draft_branches:
-            self._draft_branches[fmt] = self.fused.compressed(fmt)
+            if self.fused is not None and fmt in WEIGHT_FORMATS:
+                self._draft_branches[fmt] = self.fused.compressed(fmt)
+            else:
+                self._draft_branches[fmt] = LowBitLinears.build(self.arch, fmt)
         return self._draft_branches[fmt]
 
     def set_cuda_graphs(
@@ -303,11 +317,18 @@ class ModelAdapter:
         return self.graphs
 
     def prepare_graphs(
-        self, capacity: int, *, chain: Iterable[int] = (), tree: Iterable[int] = (), mlp: Iterable[int] = ()
+        self,
+        capacity: int,
+        *,
+        chain: Iterable[int] = (),
+        tree: Iterable[int] = (),
+        mlp: Iterable[int] = (),
+        weights: DraftWeights | None = None,
     ) -> tuple[int, float]:
         """Before timing: size the CUDA graphs' KV pool for ``capacity`` slots and record every
         graph forwards of these token counts can use (`BranchGraphs.precapture`), so that no
-        generation records one. A no-op without graphs.
+        generation records one; with a draft's low-bit ``weights``, the graphs that run them
+        (the fused CPU branches take no graphs). A no-op without graphs.
 
         Returns:
             ``(graphs recorded, seconds)``.
@@ -323,7 +344,10 @@ class ModelAdapter:
             return self.arch.rotary(h, torch.arange(t, device=dev)[None])
 
         n0, s0 = g.captures, g.capture_seconds
-        with torch.inference_mode():
+        lowbit = weights.active() if isinstance(weights, LowBitLinears) else None
+        if weights is not None and lowbit is None:
+            return 0, 0.0
+        with torch.inference_mode(), lowbit or nullcontext():
             g.precapture(rotary, chain=chain, tree=tree, mlp=mlp)
         return g.captures - n0, g.capture_seconds - s0
 
@@ -415,10 +439,11 @@ class ModelAdapter:
         try:
             if route.graphs is not None:
                 route.graphs.set_rotary(pos_emb)
-            if self.placement.split:
-                h = self._blocks_split(route.hidden, pos_emb, cache, p, stop, captured)
-            else:
-                h = self._blocks(route.hidden, pos_emb, cache, p, stop, route, captured)
+            with p.weights.active() if isinstance(p.weights, LowBitLinears) else nullcontext():
+                if self.placement.split:
+                    h = self._blocks_split(route.hidden, pos_emb, cache, p, stop, captured)
+                else:
+                    h = self._blocks(route.hidden, pos_emb, cache, p, stop, route, captured)
         finally:
             cache.end()
         self.block_evals += (stop - p.start) * h.shape[1]
@@ -434,7 +459,7 @@ class ModelAdapter:
         """Which paths this forward's branches may take: the CUDA graphs (a short forward on the
         graphs' KV pool, never a prefill) and the fused branches (the draft's compressed weights,
         or the model's, where they apply); decided before the cache is written."""
-        fused = self.fused if p.weights is None else p.weights
+        fused = self.fused if p.weights is None else p.weights if isinstance(p.weights, FusedBlocks) else None
         fused = fused if fused is not None and fused.applies(hidden) and not self.placement.split else None
         cos = sin = None
         if fused is not None:

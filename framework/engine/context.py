@@ -20,7 +20,7 @@ from framework.view import PlanEvaluation, RoundView
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
-    from framework.kernels.fused import FusedBlocks
+    from framework.kernels.protocols import DraftWeights
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ class PreparedCache:
         return cache
 
 
-def _cost_key(head: DraftHead | None, weights: FusedBlocks | None) -> tuple[str, str]:
+def _cost_key(head: DraftHead | None, weights: DraftWeights | None) -> tuple[str, str]:
     return (head.key if head is not None else "", weights.weights if weights is not None else "float32")
 
 
@@ -131,7 +131,7 @@ class PrepareContext:
     dtype: str = "float32"
     load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None
     draft_head: DraftHead | None = None
-    draft_weights: FusedBlocks | None = None
+    draft_weights: DraftWeights | None = None
 
     @property
     def info(self) -> ModelInfo:

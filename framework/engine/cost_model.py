@@ -34,7 +34,7 @@ from framework.utils import device_sync
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
-    from framework.kernels.fused import FusedBlocks
+    from framework.kernels.protocols import DraftWeights
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ class CostModel:
             draft_vocab=0 if head is None else head.size,
         )
 
-    def with_weights(self, adapter: Any, weights: FusedBlocks | None, *, reps: int = 7) -> CostModel:
+    def with_weights(self, adapter: Any, weights: DraftWeights | None, *, reps: int = 7) -> CostModel:
         """This cost model with its draft sub-layers priced for ``weights`` (a draft's compressed
         copy, `framework.engine.adapter.ModelAdapter.draft_branches`; ``None``: the model's own).
 
@@ -243,7 +243,7 @@ class CostModel:
         context: int = 128,
         reps: int = 7,
         draft_head: DraftHead | None = None,
-        draft_weights: FusedBlocks | None = None,
+        draft_weights: DraftWeights | None = None,
     ) -> CostModel:
         """Time the model through ``adapter`` on a random prompt of ``context`` tokens.
 
@@ -317,7 +317,7 @@ class CostModel:
 
 @torch.inference_mode()
 def draft_sublayer_seconds(
-    adapter: Any, weights: Sequence[FusedBlocks | None], *, context: int = 128, reps: int = 7
+    adapter: Any, weights: Sequence[DraftWeights | None], *, context: int = 128, reps: int = 7
 ) -> list[tuple[float, float]]:
     """Seconds of one attention and one MLP sub-layer of a one-token draft step, for each of
     ``weights`` (``None``: the model's own): ``[(attn, mlp), ...]``. From draft steps through every

@@ -33,7 +33,7 @@ from framework.engine.adapter import ForwardOutput, ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
-from framework.kernels.fused import FusedBlocks
+from framework.kernels.protocols import DraftWeights
 from framework.types import DecodeStats, LayerPlan, ModelInfo, Verification
 
 
@@ -106,7 +106,7 @@ class DecodeState:
         #: Set by the decoder from ``Drafter.draft_weights()``: the compressed copy of the model's
         #: fused branches every draft pass runs (`ModelAdapter.draft_branches`, e.g. int8
         #: weights); ``None`` = the model's own weights. Verification always runs the model's own.
-        self.draft_weights: FusedBlocks | None = None
+        self.draft_weights: DraftWeights | None = None
         self.draft_len = 0  # tokens fed to the draft model in the current round
         self.round = 0
         self.stats = DecodeStats()

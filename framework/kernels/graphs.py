@@ -7,7 +7,8 @@ Python and driver work, while the device needs a few tens of microseconds for th
 captured CUDA graph replays a branch's kernels with one launch.
 
 A skip plan decides per sub-layer whether a branch runs, so graphs are captured per branch (block
-``i``'s attention, block ``i``'s MLP) and per number of tokens T (1 to `BranchGraphs.max_tokens`;
+``i``'s attention, block ``i``'s MLP), per weights (the model's own, or a draft's low-bit copy:
+`framework.kernels.lowbit`) and per number of tokens T (1 to `BranchGraphs.max_tokens`;
 recorded before timing, `precapture`, else when first met), and any plan replays the ones it runs: draft steps of every selector,
 plain steps, chain verifications and token-tree verifications share them. Prefills (a forward into
 an empty cache: each prompt length would be captured for one use), longer blocks and scratch
@@ -55,6 +56,7 @@ from typing import Any
 
 import torch
 
+from framework.kernels.lowbit import active_format
 from framework.kernels.protocols import BranchModel, CacheSlots
 
 #: Smallest pool capacity (slots); a larger request rounds up to the next power of two.
@@ -117,7 +119,8 @@ class BranchGraphs:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self._holder: Callable[[], Any] | None = None
-        self._graphs: dict[tuple[str, int, int, int], tuple[Any, torch.Tensor] | None] = {}
+        # (branch, block, T, span, low-bit format or None) -> (graph, output), None uncaptured
+        self._graphs: dict[tuple[str, int, int, int, str | None], tuple[Any, torch.Tensor] | None] = {}
         self._pool = None
         self._hidden = adapter.hidden_size
         with torch.inference_mode(False):
@@ -271,6 +274,7 @@ class BranchGraphs:
     ) -> torch.Tensor:
         self._input(hidden.shape[1]).copy_(hidden)
         self.replays += 1
+        key = (*key, active_format())  # a draft's low-bit weights record graphs of their own
         if key not in self._graphs:
             t0 = time.perf_counter()
             self._graphs[key] = self._record(fn) if self.capture else None

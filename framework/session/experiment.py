@@ -191,9 +191,17 @@ class Experiment:
                 messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ""}]
             longest = max(longest, len(self.encode_messages(messages[:-1])) + len(p.turns) * (budget + 8))
         sizes = self.vanilla.forward_sizes() | self.spec.forward_sizes()
-        return self.adapter.prepare_graphs(
-            longest + self.spec.max_draft + 8, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch
+        capacity = longest + self.spec.max_draft + 8
+        n, seconds = self.adapter.prepare_graphs(
+            capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch
         )
+        weights = self.spec.drafter.draft_weights() if not self.cfg.method.baseline_only else None
+        if weights is not None and weights.weights != "float32":  # a draft's own graphs (low-bit)
+            more = self.adapter.prepare_graphs(
+                capacity, chain=sizes.chain, mlp=sizes.scratch, weights=weights
+            )
+            n, seconds = n + more[0], seconds + more[1]
+        return n, seconds
 
     def check_prompts(self, prompts: list[Prompt]) -> None:
         """Fail before any decoding if a first turn cannot fit in the context.

@@ -20,7 +20,7 @@ from framework.config import check_choice, check_range, param
 from framework.drafting.draft_vocab import DraftVocabConfig
 from framework.drafting.gate import DraftGate, GateConfig
 from framework.engine.draft_head import DraftHead
-from framework.kernels.fused import FusedBlocks
+from framework.kernels.protocols import DraftWeights
 from strategies.drafters.layer_skip import LayerSkipDrafter, LayerSkipDrafterConfig
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 
@@ -99,6 +99,7 @@ class HybridDrafter(Drafter):
                 vocab_file=c.vocab_file,
                 vocab_context=c.vocab_context,
                 draft_weights=c.draft_weights,
+                weights_check=c.weights_check,
             )
         )
         # Statistics carry across generations (the same model and plan accept alike), as the run's
@@ -125,7 +126,7 @@ class HybridDrafter(Drafter):
         """The layer-skip source's head (copies score no tokens)."""
         return self.layer_skip.draft_head()
 
-    def draft_weights(self) -> FusedBlocks | None:
+    def draft_weights(self) -> DraftWeights | None:
         """The layer-skip source's weights (copies run no forward)."""
         return self.layer_skip.draft_weights()
 

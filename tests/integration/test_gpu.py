@@ -34,7 +34,7 @@ def _presets() -> list[str]:
     return list_presets()
 
 
-def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = False):
+def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = False, **overrides):
     from framework.session.config import RunConfig
     from framework.session.experiment import Experiment
     from framework.session.presets import load_preset
@@ -49,7 +49,7 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = Fa
     }
     dtype_name = str(dtype).removeprefix("torch.")
     cfg = RunConfig.from_preset(
-        name, max_new_tokens=24, dtype=dtype_name, device="cuda", cuda_graphs=graphs, **fast
+        name, max_new_tokens=24, dtype=dtype_name, device="cuda", cuda_graphs=graphs, **{**fast, **overrides}
     )
     model = tiny_model("llama", num_layers=depth, seed=depth, dtype=dtype, max_position_embeddings=256)
     model = model.to("cuda")
@@ -298,3 +298,48 @@ def test_a_greedy_round_reads_the_cuda_device_once_and_times_no_phase():
     assert reads.total <= rounds + 2, reads.table(rounds)
     assert not reads.uploads, dict(reads.uploads)
     assert set(res.timings) == {"prefill", "decode"} and not adapter.times_lm_head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_low_bit_kernels_on_cuda_match_their_reference(dtype, record_property):
+    """Issue 27: fp8 (``torch._scaled_mm``, row-wise) and int8 weight-only on the device agree with
+    the float32 reference; on Hopper the fp8 kernel is the fast one."""
+    from framework.engine.adapter import adapter_for
+    from framework.kernels.lowbit import LowBitLinears, reference_linear
+    from framework.testing import tiny_model
+
+    adapter = adapter_for(tiny_model("llama", num_layers=2, seed=3, dtype=dtype).to("cuda"))
+    kernels = {}
+    for fmt in ("fp8", "int8"):
+        lb = LowBitLinears.build(adapter.arch, fmt)
+        kernels[fmt] = lb.kernel
+        mod = next(iter(lb._packed))
+        x = torch.randn(1, 3, mod.in_features, device="cuda", dtype=dtype)
+        p = lb._packed[mod]
+        with lb.active():
+            got = mod(x).float()
+        want = reference_linear(x, p.q, p.scale, mod.bias, fmt).float()
+        assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max()) + 1e-3, fmt
+    record_property("kernels", json.dumps(kernels))
+    print(f"low-bit kernels on {torch.cuda.get_device_name()} ({dtype}): {kernels}")
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert kernels["fp8"] == "fast"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_low_bit_drafts_on_cuda_are_lossless_up_to_near_ties(fmt, graphs):
+    """Issue 27: a compressed draft (kept regardless of speed) composes with every plan and with
+    the graphs; verification keeps the model's own weights."""
+    exp = _experiment(
+        "static_confidence",
+        torch.float32,
+        graphs=graphs,
+        **{"drafter.draft_weights": fmt, "drafter.weights_check": False},
+    )
+    assert exp.spec.drafter.draft_weights().weights == fmt
+    for _van, spec, where in _decode_all(exp, PROMPTS):
+        assert all(r.new_tokens > 0 for r, _ in spec)
+        assert where is None or where["near_tie"], f"{fmt}: {where} is not a near-tie flip"
+    if graphs:
+        assert fmt in {key[-1] for key in exp.adapter.graphs._graphs}

@@ -17,6 +17,7 @@ from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
 from framework.kernels import cpu as kernels
+from framework.kernels.lowbit import LowBitLinears
 from framework.testing import prepare_context, random_prompt, tiny_model
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
@@ -252,37 +253,170 @@ def test_verification_and_plain_steps_never_run_the_compressed_copy(kernel_adapt
     assert calls["own"] == adapter.num_layers * (1 + len(res.accept_lengths))
 
 
-def test_compressed_weights_fall_back_to_the_model_where_there_are_no_kernels(adapter):
-    """A float64 model has no fused branches: drafts run the model's own weights, and the run says so."""
+def test_a_copy_without_a_fast_kernel_is_not_kept_unless_asked(adapter):
+    """A float64 model has no fused branches and a CPU no low-bit kernel: only the float32
+    reference could run the copy (slower than the model's own), so drafts run the model's own
+    weights and the run says so; ``weights_check=False`` keeps the copy."""
     d = _drafter("layer_skip", draft_weights="int8")
     notes: list[str] = []
     d.prepare(dataclasses.replace(prepare_context(adapter), log=notes.append))
     assert d.draft_weights() is None
-    assert any("draft_weights=int8 needs the CPU kernels" in n for n in notes)
+    assert any("draft_weights=int8 has no fast kernel on cpu" in n for n in notes)
     assert d.summary()["draft_weights"] == "float32"
+    kept = _drafter("layer_skip", draft_weights="int8", weights_check=False)
+    kept.prepare(prepare_context(adapter))
+    assert isinstance(kept.draft_weights(), LowBitLinears) and kept.summary()["draft_weights"] == "int8"
 
 
-def test_early_exit_reuse_is_off_with_compressed_weights(kernel_adapter):
-    d = _drafter("early_exit", draft_weights="int8", exit_layer=2)  # reuse_kv defaults to true
-    dec = SpeculativeDecoder(
-        kernel_adapter, StaticSelector(), FixedLength(FixedLengthConfig(k=3)), d, GreedyVerifier()
+def test_a_bfloat16_copy_of_a_bfloat16_model_is_the_model_itself():
+    bf16 = adapter_for(tiny_model("llama", num_layers=2, seed=1, dtype=torch.bfloat16))
+    d = _drafter("layer_skip", draft_weights="bfloat16", weights_check=False)
+    notes: list[str] = []
+    d.prepare(dataclasses.replace(prepare_context(bf16), log=notes.append))
+    assert d.draft_weights() is None and any("nothing to compress" in n for n in notes)
+
+
+@pytest.fixture(scope="module")
+def module_adapter():
+    """float32 through the modules (no CPU kernels): the path every low-bit format takes on CUDA."""
+    return adapter_for(tiny_model("llama", num_layers=4, seed=7, dtype=torch.float32), fast_kernels=False)
+
+
+@pytest.mark.parametrize("name", HEAD_DRAFTERS)
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "bfloat16"])
+def test_low_bit_copies_run_in_drafts_only_and_the_output_is_unchanged(
+    module_adapter, monkeypatch, name, fmt
+):
+    adapter = module_adapter
+    d = _drafter(name, draft_weights=fmt, weights_check=False)
+    seen: dict = {}
+    dec = _spied_decoder(adapter, d, "draft_weights", seen, "compressed_drafts")
+    dec.prepare(prepare_context(adapter))
+    weights = d.draft_weights()
+    assert isinstance(weights, LowBitLinears) and weights is adapter.draft_branches(fmt)
+    rows: list[int] = []
+    real = LowBitLinears.linear
+    monkeypatch.setattr(
+        LowBitLinears, "linear", lambda self, mod, x: rows.append(x.shape[-2]) or real(self, mod, x)
     )
-    dec.prepare(prepare_context(kernel_adapter))
-    prompt = random_prompt(6, 128, 3)
+    prompt = random_prompt(6, 128, 1)
     res = dec.generate(prompt, StopCondition(16))
-    assert res.tokens == VanillaDecoder(kernel_adapter).generate(prompt, StopCondition(16)).tokens
-    assert res.drafted > 0 and res.strategy_summary["drafter"].get("verify_blocks_saved", 0) == 0
+    monkeypatch.undo()
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
+    assert seen["ctx"] is weights and seen["state"] is True
+    # the copy ran, and only in one-token draft steps: never the prefill (6) or a verification (k+1)
+    assert rows and set(rows) == {1}
+    assert res.strategy_summary["drafter"]["draft_weights"] == fmt
 
 
-def test_the_cost_model_prices_drafts_with_the_weights(kernel_adapter):
-    adapter = kernel_adapter
-    d = _drafter("layer_skip", draft_weights="int8")
-    ctx = prepare_context(adapter)
-    d.prepare(ctx)
-    own = ctx.cost_model()
-    priced = dataclasses.replace(ctx, draft_weights=d.draft_weights()).cost_model()
-    assert (own.draft_weights, priced.draft_weights) == ("float32", "int8")
-    assert priced.verify_costs == own.verify_costs and priced.base == own.base
-    assert priced.attn > 0 and priced.mlp > 0
-    assert ctx.prepared.get(CostModel, ("", "int8")) is priced
-    assert "(int8 weights)" in priced.describe()
+def test_low_bit_drafts_take_graphs_of_their_own(module_adapter):
+    """The static CUDA-graph branches (``capture=False`` on a CPU): a draft with fp8 weights keys
+    its branches by the format, verification keeps the model's own, and the output is unchanged."""
+    adapter = module_adapter
+    graphs = adapter.set_cuda_graphs(True, capture=False)
+    try:
+        d = _drafter("layer_skip", draft_weights="fp8", weights_check=False)
+        dec = SpeculativeDecoder(
+            adapter, StaticSelector(StaticSelectorConfig(skip_mlp=(1, 2))), FixedLength(FixedLengthConfig(k=3)),
+            d, GreedyVerifier(),
+        )  # fmt: skip
+        dec.prepare(prepare_context(adapter))
+        prompt = random_prompt(6, 128, 4)
+        res = dec.generate(prompt, StopCondition(16))
+        formats = {key[-1] for key in graphs._graphs}
+        assert formats == {None, "fp8"}
+        assert {key[2] for key in graphs._graphs if key[-1] == "fp8"} == {1}  # draft steps only
+        assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
+        assert adapter.prepare_graphs(512, chain=(1, 2), weights=d.draft_weights())[0] > 0
+        assert {key[2] for key in graphs._graphs if key[-1] == "fp8"} == {1, 2}
+    finally:
+        adapter.set_cuda_graphs(False)
+
+
+def test_low_bit_drafts_differ_from_the_target_only_by_rounding(module_adapter):
+    """A draft through every sub-layer differs from the target only by its weights: float32 drafts
+    accept every token, and each format keeps most of them (measured on this random model, whose
+    near-uniform logits flip easily: bfloat16 1.0, int8 0.91, fp8 0.60; a wrong scale drops to
+    about 1/V). tests/integration pins the margin on the real default model."""
+    adapter = module_adapter
+
+    def acceptance(fmt):
+        d = _drafter("layer_skip", draft_weights=fmt, weights_check=False)
+        dec = SpeculativeDecoder(
+            adapter,
+            StaticSelector(StaticSelectorConfig(skip_ratio=0.0)),
+            FixedLength(FixedLengthConfig(k=4)),
+            d,
+            GreedyVerifier(),
+        )
+        dec.prepare(prepare_context(adapter))
+        runs = [dec.generate(random_prompt(8, 128, s), StopCondition(32)) for s in range(4)]
+        return sum(r.accepted for r in runs) / sum(r.drafted for r in runs)
+
+    assert acceptance("float32") == 1.0
+    floors = {"bfloat16": 0.95, "int8": 0.8, "fp8": 0.45}
+    assert {f: acceptance(f) >= low for f, low in floors.items()} == dict.fromkeys(floors, True)
+
+
+def _fake_timings(monkeypatch, per_block: dict):
+    """Draft-block timings (own weights first, then each copy by format) instead of measuring,
+    and every copy's kernel called fast, as on a GPU."""
+    import framework.drafting.draft_vocab as dv
+
+    def timings(adapter, weights, reps):
+        return [(per_block["float32" if w is None else w.weights] / 2,) * 2 for w in weights]
+
+    monkeypatch.setattr(dv, "draft_sublayer_seconds", timings)
+    real = LowBitLinears.build.__func__
+
+    def build(cls, arch, fmt):
+        lb = real(cls, arch, fmt)
+        if lb is not None:
+            lb.kernel = "fast"
+        return lb
+
+    monkeypatch.setattr(LowBitLinears, "build", classmethod(build))
+
+
+@pytest.mark.parametrize(
+    ("times", "want"),
+    [
+        ({"float32": 1.0, "fp8": 0.4, "int8": 0.6}, "fp8"),
+        ({"float32": 1.0, "fp8": 0.7, "int8": 0.5}, "int8"),
+        ({"float32": 1.0, "fp8": 1.2, "int8": 1.1}, None),  # neither pays: the model's own
+    ],
+)
+def test_auto_drafts_with_the_fastest_copy_that_pays(monkeypatch, times, want):
+    _fake_timings(monkeypatch, times)
+    adapter = adapter_for(tiny_model("llama", num_layers=2, seed=5, dtype=torch.float32), fast_kernels=False)
+    d = _drafter("layer_skip", draft_weights="auto")
+    notes: list[str] = []
+    d.prepare(dataclasses.replace(prepare_context(adapter), log=notes.append))
+    got = d.draft_weights()
+    assert (None if got is None else got.weights) == want
+    assert d.summary()["draft_weights"] == (want or "float32")
+    assert any("draft_weights=auto" in n and "fp8" in n and "int8" in n for n in notes), notes
+
+
+def test_a_named_copy_is_kept_only_if_it_drafts_faster(monkeypatch):
+    _fake_timings(monkeypatch, {"float32": 1.0, "int8": 1.3})
+    adapter = adapter_for(tiny_model("llama", num_layers=2, seed=5, dtype=torch.float32), fast_kernels=False)
+    slow = _drafter("layer_skip", draft_weights="int8")
+    notes: list[str] = []
+    slow.prepare(dataclasses.replace(prepare_context(adapter), log=notes.append))
+    assert slow.draft_weights() is None and any("measured no faster" in n for n in notes)
+    kept = _drafter("layer_skip", draft_weights="int8", weights_check=False)
+    kept.prepare(prepare_context(adapter))
+    assert kept.draft_weights().weights == "int8"
+
+
+def test_auto_is_int8_on_the_cpu_kernels_and_own_weights_without_a_fast_kernel(
+    kernel_adapter, module_adapter
+):
+    d = _drafter("layer_skip", draft_weights="auto")
+    d.prepare(prepare_context(kernel_adapter))
+    assert d.draft_weights() is kernel_adapter.draft_branches("int8")
+    d = _drafter("layer_skip", draft_weights="auto")
+    notes: list[str] = []
+    d.prepare(dataclasses.replace(prepare_context(module_adapter), log=notes.append))
+    assert d.draft_weights() is None and any("no fast low-bit kernel on cpu" in n for n in notes)

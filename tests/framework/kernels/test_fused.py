@@ -10,7 +10,7 @@ from torch import nn
 from framework import LayerPlan
 from framework.engine.adapter import adapter_for
 from framework.kernels import cpu as kernels
-from framework.kernels.fused import compress_weight
+from framework.kernels.fused import FusedBlocks, compress_weight
 from framework.testing import ARCHS, random_prompt, tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -256,15 +256,20 @@ def test_compressed_copies_read_half_or_a_quarter_of_the_bytes():
     assert own // 4 < int8 < own // 4 + own // 50  # plus one float32 scale per output row
 
 
-def test_draft_branches_are_built_once_and_only_where_the_branches_are_fused():
+def test_draft_branches_are_built_once_fused_where_the_kernels_run_and_low_bit_elsewhere():
+    from framework.kernels.lowbit import LowBitLinears
+
     _, adapter = _adapter(num_layers=2)
     assert adapter.draft_branches("int8") is adapter.draft_branches("int8")
+    assert isinstance(adapter.draft_branches("int8"), FusedBlocks)
     assert adapter.draft_branches("float32") is adapter.fused
-    with pytest.raises(ValueError, match="one of \\['bfloat16', 'float32', 'int8'\\], got 'fp8'"):
-        adapter.draft_branches("fp8")
+    assert isinstance(adapter.draft_branches("fp8"), LowBitLinears)  # no fused fp8: the modules
+    with pytest.raises(ValueError, match="one of \\['float32', 'fp8', 'int8', 'bfloat16'\\], got 'int4'"):
+        adapter.draft_branches("int4")
     adapter.set_fast_kernels(False)
-    assert adapter.draft_branches("int8") is None  # no fused branches: drafts run the model
-    assert adapter_for(tiny_model("llama", dtype=torch.float64)).draft_branches("bfloat16") is None
+    assert isinstance(adapter.draft_branches("int8"), LowBitLinears)  # no fused branches
+    bf16 = adapter_for(tiny_model("llama", dtype=torch.bfloat16))
+    assert bf16.draft_branches("bfloat16") is None  # nothing to copy
 
 
 def test_compressed_drafts_differ_from_the_model_but_the_model_path_is_untouched():
