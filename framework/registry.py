@@ -109,9 +109,12 @@ class Registry(Generic[T]):
         """Class decorator registering ``cls`` under ``name`` with its config dataclass.
 
         Args:
-            name: snake_case name, unique within this registry.
+            name: snake_case name, unique within this registry. Registering a new definition of
+                the same class (same module and qualified name: a notebook cell run again) replaces
+                the entry.
             config: a frozen dataclass whose fields are the strategy's hyper-parameters. Defaults
-                to the class attribute ``Config`` if it has one.
+                to the class attribute ``Config`` if it has one (its own or a base class's),
+                else an empty config (a strategy without hyper-parameters).
 
         Raises:
             RegistryError: bad name, duplicate name, class not a subclass of the base, or a config
@@ -121,17 +124,21 @@ class Registry(Generic[T]):
             raise RegistryError(f"{self.kind} name must be snake_case ([a-z][a-z0-9_]*), got {name!r}")
 
         def decorator(cls: type[T]) -> type[T]:
-            if name in self._table():  # a built-in of that name is registered first
+            held = self._table().get(name)  # a built-in of that name is registered first
+            if held is not None and not _same_definition(held.cls, cls):
                 raise RegistryError(
                     f"{self.kind} {name!r} is already registered "
-                    f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"
+                    f"(by {held.cls.__module__}.{held.cls.__qualname__})"
                 )
             if self.base_cls is not None and not (isinstance(cls, type) and issubclass(cls, self.base_cls)):
                 raise RegistryError(
                     f"cannot register {cls!r} as {self.kind} {name!r}: it must subclass {self.base_cls.__name__}"
                 )
             cfg = config if config is not None else getattr(cls, "Config", None)
-            if cfg is None or not dataclasses.is_dataclass(cfg) or not cfg.__dataclass_params__.frozen:
+            if cfg is None:  # no hyper-parameters: an empty config of its own
+                cfg = dataclasses.make_dataclass(f"{cls.__name__}Config", [], frozen=True)
+                cfg.__module__ = cls.__module__
+            if not dataclasses.is_dataclass(cfg) or not cfg.__dataclass_params__.frozen:
                 raise RegistryError(
                     f"{self.kind} {name!r} needs a frozen config dataclass (pass config=... to the decorator)"
                 )
@@ -185,3 +192,9 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` (for tests and notebooks that re-register a class)."""
         self._entries.pop(name, None)
+
+
+def _same_definition(held: type, new: type) -> bool:
+    """Whether ``new`` is ``held`` or a re-definition of it (same module and qualified name)."""
+    return held is new or (held.__module__, held.__qualname__) == (new.__module__, new.__qualname__)
+

@@ -30,6 +30,7 @@ from framework.engine.context import PreparedCache
 from framework.engine.cost_model import CostModel
 from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, load_model, model_name
+from framework.models.provenance import run_provenance
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.session.config import MethodConfig, RunConfig
 from framework.session.experiment import Experiment
@@ -268,11 +269,14 @@ class _Bench:
             "started": time.time(),
             "prompts": len(self.prompts),
         }
+        adapter = self.base.adapter
+        meta["provenance"] = run_provenance(
+            self.run.model.name_or_path, adapter.model, device=adapter.device, dtype=dtype_name(adapter.dtype)
+        )
         meta["hf"] = self.hf = {
             s.label: self.decoders[s.label].describe() for s in self.specs if s.kind == "hf"
         }
         (self.out_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        adapter = self.base.adapter
         self.log(
             f"[bench] {len(self.prompts)} prompts x {self.cfg.repeats} repeat(s) | model {self.info.name} "
             f"({dtype_name(adapter.dtype)}, {adapter.device}) | methods {', '.join(s.label for s in self.specs)} "

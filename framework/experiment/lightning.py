@@ -37,7 +37,7 @@ from framework.models.loading import dtype_name, resolve_dtype
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.results.records import prompt_key
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment
+from framework.session.experiment import Experiment, provenance
 
 __all__ = [
     "DecodeModule",
@@ -122,6 +122,8 @@ class DecodeModule(pl.LightningModule):
         self.methods = self._methods()
         self.model_dtype = dtype_name(self.exp.adapter.dtype)  # the resolved dtype (``--dtype auto``)
         self.meta.setdefault("dtype_resolved", self.model_dtype)
+        if "provenance" not in self.meta:  # one process per device: each rank loaded its own model
+            self.meta["provenance"] = provenance(cfg.model.name_or_path, self.exp)
         if self.trainer.global_rank == 0:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
             meta_path = self.out_path.with_suffix(".meta.json")

@@ -44,7 +44,7 @@ from framework.models.loading import model_name
 from framework.results.metrics import mismatch_lines, results_table, time_breakdown
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment
+from framework.session.experiment import Experiment, provenance
 
 
 def default_output(cfg: RunConfig) -> Path:
@@ -105,6 +105,7 @@ def run(
         cfg.runner.devices * cfg.runner.num_nodes == 1
     ):  # validate and prepare before any logger or file exists
         exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
+        meta["provenance"] = provenance(cfg.model.name_or_path, exp)
     module = DecodeModule(cfg, todo, out_path, meta, model, tokenizer, log, experiment=exp)
     tty = sys.stderr.isatty() and rank0
     tracking = TrackingCallback(
@@ -116,7 +117,13 @@ def run(
         SpeedupProgressBar() if tty else PlainProgress(),
     ]
     logger = (
-        make_logger(cfg.runner.logger, run_dir, run_dir.name, cfg.runner.wandb_project, cfg.describe())
+        make_logger(
+            cfg.runner.logger,
+            run_dir,
+            run_dir.name,
+            cfg.runner.wandb_project,
+            {**cfg.describe(), "provenance": meta.get("provenance")},
+        )
         if rank0
         else None
     )

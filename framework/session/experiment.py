@@ -23,6 +23,7 @@ from framework.engine.decoding import GenerationResult, SpeculativeDecoder, Stop
 from framework.engine.placement import BlockPlacement
 from framework.interfaces import REGISTRIES, Strategy
 from framework.models.loading import dtype_name, load_model
+from framework.models.provenance import run_provenance
 from framework.session.config import RunConfig
 
 #: What may stand in for a configured strategy: an instance, or a class built with its default config.
@@ -234,3 +235,10 @@ class Experiment:
             messages.append({"role": "assistant", "content": text})
             out.append((res, text))
         return out
+
+
+def provenance(configured: str | None, exp: Experiment) -> dict[str, Any]:
+    """What produced a run of ``exp`` (`framework.models.provenance.run_provenance`): the model
+    (``configured``: the ``--model`` value), the code, the device and the dtype resolved."""
+    adapter = exp.adapter
+    return run_provenance(configured, adapter.model, device=adapter.device, dtype=dtype_name(adapter.dtype))

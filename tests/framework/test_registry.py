@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -19,6 +20,7 @@ from framework import (
     list_selectors,
     register_selector,
 )
+from framework.config import ConfigError, build_config
 from framework.registry import Registry
 
 
@@ -83,8 +85,19 @@ def test_duplicate_name_rejected(registered):
     registered.append((SELECTORS, "zz_dup"))
     first = SELECTORS.get("zz_dup")
     with pytest.raises(RegistryError, match="already registered"):
-        register_selector("zz_dup", config=_Cfg)(_fresh_sel_class())
+        register_selector("zz_dup", config=_Cfg)(type("OtherSel", (_Sel,), {}))
     assert SELECTORS.get("zz_dup") is first  # the original entry survives
+
+
+def test_registering_a_redefinition_again_replaces_it(registered):
+    """A notebook cell that defines and registers a strategy can be run again."""
+    first = register_selector("zz_again", config=_Cfg)(_fresh_sel_class())
+    registered.append((SELECTORS, "zz_again"))
+    again = _fresh_sel_class("Redefined.")  # same module and qualified name, a new class object
+    assert again is not first
+    assert register_selector("zz_again", config=_Cfg)(again) is again
+    assert SELECTORS.get("zz_again") is again and SELECTORS.entry("zz_again").description == "Redefined."
+    assert register_selector("zz_again", config=_Cfg)(again) is again  # the same class: a no-op
 
 
 def test_builtin_duplicate_rejected():
@@ -110,12 +123,21 @@ def test_non_frozen_config_rejected():
     assert "zz_mutable" not in SELECTORS
 
 
-def test_missing_config_rejected():
-    with pytest.raises(RegistryError, match="frozen config dataclass"):
-        register_selector("zz_nocfg")(_fresh_sel_class())
+def test_a_strategy_without_parameters_needs_no_config(registered):
+    cls = register_selector("zz_nocfg")(_fresh_sel_class())
+    registered.append((SELECTORS, "zz_nocfg"))
+    cfg = SELECTORS.entry("zz_nocfg").config
+    assert dataclasses.is_dataclass(cfg) and cfg.__dataclass_params__.frozen
+    assert dataclasses.fields(cfg) == () and cfg.__name__ == "FreshSelConfig"
+    assert cls().config == cfg() and build_config(cfg, {}) == cfg()
+    with pytest.raises(ConfigError, match="skip"):
+        build_config(cfg, {"skip": 1})  # and it still refuses parameters it does not have
+
+
+def test_a_config_that_is_not_a_frozen_dataclass_is_rejected():
     with pytest.raises(RegistryError, match="frozen config dataclass"):
         register_selector("zz_notdc", config=dict)(_fresh_sel_class())
-    assert "zz_nocfg" not in SELECTORS and "zz_notdc" not in SELECTORS
+    assert "zz_notdc" not in SELECTORS
 
 
 @pytest.mark.parametrize(
