@@ -197,4 +197,3 @@ class Registry(Generic[T]):
 def _same_definition(held: type, new: type) -> bool:
     """Whether ``new`` is ``held`` or a re-definition of it (same module and qualified name)."""
     return held is new or (held.__module__, held.__qualname__) == (new.__module__, new.__qualname__)
-

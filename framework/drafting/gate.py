@@ -21,7 +21,10 @@ rule (see ``docs/concepts.md``, "The draft gate"):
    per position). The gate's value is ``max S(k)`` over
    ``k = 1..K`` (``lengths="upto"``: a controller whose length varies) or ``S(K)``
    (``lengths="exact"``: a controller that always drafts K).
-3. **Decision.** Draft (return K) when the value is ``>= 1 - margin``; otherwise decline (return 0).
+3. **Decision.** The value is taken at ``alpha + optimism * sd`` (`DraftGate.alpha_bound`: ``sd`` of
+   the Beta posterior of the decayed counts, at most 1): draft (return K) when it is ``>= 1 -
+   margin``; otherwise decline (return 0). Thin evidence gives a wide bound, so a few unlucky
+   rounds cannot shut the gate on a plan that pays; ``optimism = 0`` decides on the estimate.
 4. **Probes.** While declining, every ``probe`` declined rounds one round drafts
    ``min(K, argmax_k S(k))`` tokens (the cheapest informative draft) so the estimate can recover.
    A probe that leaves the gate declining doubles the interval, up to ``probe_max`` (probing a
@@ -77,6 +80,13 @@ class GateConfig:
         help="longest interval between probes: a probe that leaves the decision unchanged doubles the "
         "interval up to this; in [probe, 4096] (= probe: no back-off)",
     )
+    optimism: float = param(
+        1.0,
+        help="decide on the acceptance estimate plus this many standard deviations of its Beta "
+        "posterior (an upper confidence bound): a few unlucky probes cannot shut the gate while "
+        "the evidence is thin, and a plan that does not pay is declined once it is not; 0: the "
+        "point estimate; in [0, 3]",
+    )
     decay: float = param(
         0.9,
         help="weight of the acceptance statistics one drafted round older (EMA of successes and "
@@ -89,6 +99,7 @@ class GateConfig:
         check_range("probe", self.probe, 1, 1024, integer=True)
         check_range("probe_max", self.probe_max, self.probe, 4096, integer=True)
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
+        check_range("optimism", self.optimism, 0.0, 3.0)
 
 
 def speedups(
@@ -274,6 +285,7 @@ class DraftGate:
             config.probe_max,
             config.decay,
         )
+        self.optimism = config.optimism
         self.lengths = lengths
         self.costs: CostModel | None = None
         self.measured = MeasuredCosts()
@@ -312,6 +324,18 @@ class DraftGate:
         """The acceptance estimate, or ``None`` before any drafted round."""
         n = self.acc + self.rej
         return self.acc / n if n > 0 else None
+
+    @property
+    def alpha_bound(self) -> float | None:
+        """What the gate decides on: `alpha` plus ``optimism`` standard deviations of the Beta
+        posterior of the decayed counts (``Beta(acc + 1, rej + 1)``), at most 1; ``None`` before
+        any drafted round."""
+        alpha = self.alpha
+        if alpha is None or self.optimism <= 0:
+            return alpha
+        a, b = self.acc + 1.0, self.rej + 1.0
+        sd = (a * b / ((a + b) ** 2 * (a + b + 1.0))) ** 0.5
+        return min(1.0, alpha + self.optimism * sd)
 
     @property
     def trials(self) -> float:
@@ -363,7 +387,7 @@ class DraftGate:
             self.mode = "none"
             return 0
         self._k = k
-        alpha = self.alpha
+        alpha = self.alpha_bound
         if costs is None or self.plan is None or alpha is None:
             if costs is None and self.measured.needs_plain_step:
                 self.mode = "calibrate"
@@ -417,7 +441,7 @@ class DraftGate:
             self.probes += 1
             self.replan = False
             costs = self.costs if self.costs is not None else self.measured.cost_model(self.plan.num_layers)
-            alpha = self.alpha
+            alpha = self.alpha_bound
             still = (
                 costs is not None
                 and alpha is not None
@@ -435,14 +459,14 @@ class DraftGate:
     # ---- reporting -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Per-generation counters and the current estimate (JSON-friendly)."""
-        alpha = self.alpha
+        alpha, bound = self.alpha, self.alpha_bound
         n = self.plan.num_layers if self.plan is not None else 1
         costs = self.costs if self.costs is not None else self.measured.cost_model(n)
         k = max(self._k, 1)
         speedup = best_k = even = None
         if costs is not None and self.plan is not None:
-            if alpha is not None:
-                speedup, best_k = self._value(costs, alpha, k)
+            if bound is not None:
+                speedup, best_k = self._value(costs, bound, k)
                 speedup = round(speedup, 4)
             even = break_even_alpha(
                 costs, self.plan, k, self.lengths, self.margin, self.draft_scale, self.width
@@ -455,6 +479,7 @@ class DraftGate:
             "probes": self.probes,
             "calibration_rounds": self.calibration,
             "alpha": None if alpha is None else round(alpha, 4),
+            "alpha_bound": None if bound is None else round(bound, 4),
             "trials": round(self.trials, 3),
             "expected_speedup": speedup,
             "best_k": best_k,

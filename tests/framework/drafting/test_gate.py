@@ -51,8 +51,10 @@ def _round(plan: LayerPlan, k: int, m: int) -> tuple[Draft, Verification]:
 
 
 def _gate(alpha: float | None = None, plan: LayerPlan = PLAN, **kw) -> DraftGate:
-    """A gate on the synthetic costs whose statistics say ``alpha`` (with 1000 trials)."""
+    """A gate on the synthetic costs whose statistics say ``alpha`` (with 1000 trials), deciding
+    on the point estimate unless ``optimism`` is given."""
     lengths = kw.pop("lengths", "upto")
+    kw.setdefault("optimism", 0.0)
     gate = DraftGate(GateConfig(**kw), lengths=lengths)
     gate.set_costs(COSTS)
     gate.plan = plan
@@ -122,6 +124,46 @@ def test_declines_when_alpha_is_low_and_drafts_when_high():
     assert _gate(0.6).limit(None, 6) == 0
     assert _gate(0.6, margin=0.1).limit(None, 6) == 6
     assert _gate(0.9, margin=-0.2).limit(None, 6) == 0  # asks for a 20% gain
+
+
+def test_optimism_drafts_on_thin_evidence_and_declines_on_enough():
+    """The decision uses alpha + optimism x the Beta posterior's sd: 4 trials at alpha 0.5 (break
+    even 0.65) still draft with the default optimism; 400 trials at 0.5 do not; 0 is the point
+    estimate."""
+    thin = _gate(optimism=1.0)
+    thin.acc, thin.rej = 2.0, 2.0  # alpha 0.5, sd of Beta(3, 3) = 0.189
+    assert thin.alpha == 0.5 and thin.alpha_bound == pytest.approx(0.5 + (9 / (36 * 7)) ** 0.5)
+    assert thin.limit(None, 6) == 6
+    thick = _gate(optimism=1.0)
+    thick.acc, thick.rej = 200.0, 200.0
+    assert thick.alpha_bound < 0.53 and thick.limit(None, 6) == 0
+    point = _gate(optimism=0.0)
+    point.acc, point.rej = 2.0, 2.0
+    assert point.alpha_bound == 0.5 and point.limit(None, 6) == 0
+    assert thin.summary()["alpha_bound"] == round(thin.alpha_bound, 4)
+    full = _gate(optimism=3.0)
+    full.acc, full.rej = 5.0, 0.0
+    assert full.alpha_bound == 1.0  # never above 1
+
+
+def test_a_few_unlucky_probes_do_not_shut_the_gate_on_a_plan_that_pays():
+    """A plan that pays (3 of 4 accepted a round; break-even 0.65) after an unlucky start (three
+    rounds of 1 of 4: alpha 0.5 on 5.4 trials): the point estimate declines until a probe, the
+    optimistic gate keeps drafting and its estimate recovers."""
+    seq = iter([1, 1, 1] + [3] * 40)
+
+    def accept(n: int) -> int:
+        return min(n, next(seq))
+
+    optimistic = _gate(optimism=1.0)
+    optimistic.acc = optimistic.rej = 0.0
+    played = _play(optimistic, 4, accept, 12)
+    assert all(n > 0 for n in played)
+    assert optimistic.alpha > 0.65
+    seq = iter([1, 1, 1] + [3] * 40)
+    point = _gate(optimism=0.0, probe=8)
+    point.acc = point.rej = 0.0
+    assert 0 in _play(point, 4, accept, 12)  # the point estimate declined after the bad start
 
 
 def test_drafts_until_it_has_statistics_and_a_plan():
