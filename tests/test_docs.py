@@ -41,6 +41,22 @@ def _shipped_strategies() -> list[tuple[str, str, type]]:
     ]
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_every_shipped_strategy_is_in_the_registered_now_tables(page):
+    """README's and the docs home's "registered now" tables name every shipped strategy of each
+    kind, in the row of its interface (they had drifted to two names)."""
+    rows = {
+        "selector": "`LayerSelector`",
+        "length": "`LengthController`",
+        "drafter": "`Drafter`",
+        "verifier": "`Verifier`",
+    }
+    text = (ROOT / page).read_text()
+    for kind, name, _ in _shipped_strategies():
+        row = next(line for line in text.splitlines() if line.startswith(f"| {rows[kind]} |"))
+        assert f"`{name}`" in row.split(" | ")[-1], f"{page}: {kind} {name!r} missing from its table row"
+
+
 def test_every_kind_has_a_docs_directory():
     assert set(KIND_DIRS) == set(REGISTRIES), (
         "a new registry needs an entry in KIND_DIRS and a docs directory"
