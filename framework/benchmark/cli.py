@@ -28,7 +28,7 @@ from framework.benchmark.hf import HF_METHODS
 from framework.benchmark.run import run_benchmark
 from framework.config import ConfigError
 from framework.session.config import SECTIONS, RunConfig, RunnerConfig
-from framework.session.errors import guarded
+from framework.session.errors import OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
 
 #: BenchConfig fields without a generated flag: ``run`` has its own flags, ``preset_args`` is
@@ -39,7 +39,7 @@ _NOT_FLAGS = ("run", "preset_args", "command")
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``experiments/bench.py`` (the strategies must be registered first)."""
     presets = [m for m in allowed_methods() if m != BASELINE and m not in HF_METHODS]
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="bench.py",
         description="Spec-Bench-style benchmark: our vanilla baseline, Hugging Face generate (greedy, prompt "
         "lookup, early exit) and any of our presets, interleaved on the same prompts with one model load.",
@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None, *, model: Any = None, tokenizer: Any
         tokenizer: its tokenizer.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = pop_debug(argv)
     command = "python experiments/bench.py " + shlex.join(argv)
 
     def body() -> int:
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None, *, model: Any = None, tokenizer: Any
         run_benchmark(cfg, model, tokenizer)
         return 0
 
-    return guarded(body, "every finished prompt is in <out>/records.jsonl")
+    return guarded(body, "every finished prompt is in <out>/records.jsonl", debug=debug)
 
 
 __all__ = ["build_parser", "config_from_args", "main"]

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from collections.abc import Sequence
 
 import yaml
 
 from framework.config import field_defaults, field_help
-from framework.experiment.runner import run
+from framework.experiment.runner import CURRENT_OUTPUT, run
 from framework.interfaces import REGISTRIES
 from framework.models.loading import describe_models
+from framework.results.records import read_records
 from framework.session.config import RunConfig
-from framework.session.errors import USER_ERRORS, guarded
+from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
 from framework.session.plugins import import_user_modules
 from framework.session.presets import MissingStrategyError, list_presets, load_preset
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``run.py`` parser: the tool's own flags plus the flags generated from `RunConfig` (the
     ``--import`` modules must be imported first; the built-in strategies register themselves on the
     registries' first lookup)."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="run.py",
         description="Self-speculative decoding experiment: decode every prompt with vanilla greedy decoding and "
         "with the chosen strategies, interleaved, and print speedup, M, alpha and the lossless check.",
@@ -179,6 +181,8 @@ def print_config(cfg: RunConfig, dest: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = pop_debug(argv)
+    CURRENT_OUTPUT[0] = None
 
     def body() -> int:
         _import_user_modules(argv)
@@ -193,9 +197,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(cfg)
         return 0
 
+    def kept() -> str | None:
+        """What is on disk: the finished prompts and the command that continues."""
+        out = CURRENT_OUTPUT[0]
+        if out is None or not out.exists() or not out.stat().st_size:
+            return None
+        done = len({(r["question_id"], r["method"]) for r in read_records(out)})
+        command = shlex.join(["python", "experiments/run.py", *argv])
+        extra = [] if "--resume" in argv else ["--resume"]
+        extra += [] if "--output" in argv else ["--output", str(out)]
+        return f"{done} finished prompt records are in {out}; continue with: {command} {shlex.join(extra)}".rstrip()
+
     return guarded(
         body,
-        "every finished prompt is in the output file; continue with the same flags plus --resume --output FILE",
+        lambda: kept() or "nothing was written yet (no prompt had finished)",
+        resume=kept,
+        debug=debug,
     )
 
 

@@ -65,6 +65,11 @@ def environment() -> dict[str, Any]:
     }
 
 
+#: The results file of the run in progress (or last started) in this process: what the CLI's
+#: error and interruption messages point at.
+CURRENT_OUTPUT: list[Path | None] = [None]
+
+
 def run(
     cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, tokenizer: Any = None
 ) -> dict[str, Any]:
@@ -87,6 +92,7 @@ def run(
         torch.set_num_threads(cfg.runner.threads)
     prompts = load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit)
     out_path = resolve_output(cfg)
+    CURRENT_OUTPUT[0] = out_path
     method = cfg.method.label
     names = ["vanilla"] + ([] if cfg.method.baseline_only else [method])
     rank0 = launch_rank(cfg) == 0

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from framework.experiment.tracking import has_wandb_credentials
-from framework.session.errors import guarded
+from framework.session.errors import OneLineParser, guarded, pop_debug
 from framework.sweep.local import run_sweep
 from framework.sweep.spec import SweepError
 from framework.sweep.trial import SMOKE_ENV, smoke_setup, train
 
 
 def build_sweep_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="sweep.py",
         allow_abbrev=False,
         description="Run a W&B sweep file (experiments/sweeps/*.yaml) locally, trial after trial, with the "
@@ -63,6 +63,7 @@ def build_sweep_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = pop_debug(argv)
     parser = build_sweep_parser()
     args, unknown = parser.parse_known_args(argv)
     smoke = args.smoke or os.environ.get(SMOKE_ENV) == "1"
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
 
-    return guarded(body, "every finished trial is in the results table", errors=(SweepError,))
+    return guarded(body, "every finished trial is in the results table", errors=(SweepError,), debug=debug)
 
 
 __all__ = ["build_sweep_parser", "main"]
