@@ -93,6 +93,12 @@ class Strategy(ABC):
         """Per-prompt statistics to log (e.g. optimisation steps, chosen sets)."""
         return {}
 
+    def run_notes(self, max_new_tokens: int) -> list[str]:
+        """What this strategy, as configured, cannot do in a run of ``max_new_tokens`` new tokens
+        per turn (SWIFT's search never starting, for one): the run says each note up front and
+        keeps it in its metadata. Default: nothing."""
+        return []
+
 
 class LayerSelector(Strategy):
     """Decides which sub-layers the draft skips (or where it exits) in the next round."""

@@ -235,12 +235,15 @@ def render_report(
     heads: Mapping[str, Any] | None = None,
     method_costs: Mapping[str, Any] | None = None,
     graphs: tuple[int, float] | None = None,
+    run_notes: Mapping[str, list[str]] | None = None,
 ) -> str:
     """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
     reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
     model each method was priced with, for the plain-language reading under the table
     (`framework.benchmark.story.what_happened`). ``graphs``: with ``--cuda-graphs``, the graphs
-    recorded before timing and their seconds (the records say how many were recorded while timed)."""
+    recorded before timing and their seconds (the records say how many were recorded while timed).
+    ``run_notes``: what each method cannot do as configured (`framework.session.notes`), listed
+    under the story."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg.run
     lines = [
@@ -284,6 +287,11 @@ def render_report(
         "What happened:",
         "",
         what_happened(summary, method_costs),
+        *(
+            f"- **{label}**, as configured: {note}"
+            for label, notes in (run_notes or {}).items()
+            for note in notes
+        ),
         "",
         "Tokens/s by category (mean over prompts and repeats):",
         "",

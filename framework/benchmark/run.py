@@ -258,6 +258,10 @@ class _Bench:
             kernels=cfg.hf_kernels,
         )
 
+    def run_notes(self) -> dict[str, list[str]]:
+        """What each method cannot do as configured (`Experiment.notes`), by label."""
+        return {label: e.notes for label, e in self.exps.items() if e.notes}
+
     def write_meta(self) -> None:
         """``meta.json`` (the configuration, the machine, the HF methods' settings) and the run's
         first log line."""
@@ -273,6 +277,7 @@ class _Bench:
         meta["provenance"] = run_provenance(
             self.run.model.name_or_path, adapter.model, device=adapter.device, dtype=dtype_name(adapter.dtype)
         )
+        meta["notes"] = self.run_notes()
         meta["hf"] = self.hf = {
             s.label: self.decoders[s.label].describe() for s in self.specs if s.kind == "hf"
         }
@@ -399,6 +404,7 @@ class _Bench:
             heads,
             method_costs,
             graphs=self.graphs,
+            run_notes=self.run_notes(),
         )
         (self.out_dir / "bench.md").write_text(report)
         self.log("\n" + report)

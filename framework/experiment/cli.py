@@ -28,6 +28,7 @@ from framework.results.records import read_records
 from framework.session.config import RunConfig
 from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
+from framework.session.notes import PAPER_PRESETS, published_by
 from framework.session.plugins import import_user_modules
 from framework.session.presets import MissingStrategyError, list_presets, load_preset
 
@@ -71,10 +72,16 @@ def list_strategies(verbose: bool = True) -> str:
     """Every registry with each name's one-line description (and its config fields), the presets and
     the named models."""
     lines = []
+    published = {kind: published_by(kind) for kind in REGISTRIES}
     for kind, reg in REGISTRIES.items():
         lines.append(f"{kind}s (--{kind}):")
         for e in reg.entries():
             lines.append(f"  {e.name:<22} {e.description}")
+            if e.name in published[kind]:
+                lines.append(
+                    f"  {'':<22} (a building block with this framework's defaults; as published: "
+                    f"--method {published[kind][e.name]})"
+                )
             if verbose:
                 helps, defaults = field_help(e.config), field_defaults(e.config)
                 for f in dataclasses.fields(e.config):
@@ -82,13 +89,16 @@ def list_strategies(verbose: bool = True) -> str:
                         f"      --{kind}.{f.name} (default {defaults.get(f.name)!r}): {helps[f.name]}"
                     )
         lines.append("")
-    lines.append("presets (--method):")
+    lines.append(
+        "presets (--method; [paper]: a seed paper's method as published, the others add this framework's parts):"
+    )
     for name in list_presets():
         try:
             desc = load_preset(name)["description"].splitlines()[0]
         except MissingStrategyError as err:
             desc = f"(needs {err.kind} {err.strategy!r}, not implemented yet)"
-        lines.append(f"  {name:<22} {desc}")
+        tag = "[paper] " if name in PAPER_PRESETS else ""
+        lines.append(f"  {name:<22} {tag}{desc}")
     lines += ["", describe_models()]
     return "\n".join(lines)
 

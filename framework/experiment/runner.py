@@ -112,6 +112,7 @@ def run(
     ):  # validate and prepare before any logger or file exists
         exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
         meta["provenance"] = provenance(cfg.model.name_or_path, exp)
+        meta["notes"] = exp.notes
     module = DecodeModule(cfg, todo, out_path, meta, model, tokenizer, log, experiment=exp)
     tty = sys.stderr.isatty() and rank0
     tracking = TrackingCallback(
@@ -128,7 +129,7 @@ def run(
             run_dir,
             run_dir.name,
             cfg.runner.wandb_project,
-            {**cfg.describe(), "provenance": meta.get("provenance")},
+            {**cfg.describe(), "provenance": meta.get("provenance"), "notes": meta.get("notes", [])},
         )
         if rank0
         else None

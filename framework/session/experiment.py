@@ -25,6 +25,7 @@ from framework.interfaces import REGISTRIES, Strategy
 from framework.models.loading import dtype_name, load_model
 from framework.models.provenance import run_provenance
 from framework.session.config import RunConfig
+from framework.session.notes import run_notes
 
 #: What may stand in for a configured strategy: an instance, or a class built with its default config.
 StrategyOverrides = Mapping[str, "Strategy | type[Strategy]"]
@@ -141,6 +142,10 @@ class Experiment:
         if prompts is not None:  # before any (possibly long) preparation
             self.check_prompts(prompts)
         self.rebuild()
+        #: what the run cannot do as configured (`framework.session.notes`), said once here
+        self.notes = [] if cfg.method.baseline_only else run_notes(cfg, self.spec.strategies())
+        for note in self.notes:
+            log(f"note: {note}")
 
     def rebuild(self) -> None:
         """Fresh strategy instances (after warm-up, so that state a strategy carries across

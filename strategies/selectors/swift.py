@@ -229,6 +229,20 @@ class SwiftSelector(BudgetedWork, LayerSelector):
     def plan(self, state: RoundView) -> LayerPlan:
         return self.current
 
+    def run_notes(self, max_new_tokens: int) -> list[str]:
+        """The search runs only once a turn has ``context_window + 2`` new tokens (its scratch
+        pass needs ``context_window`` of them): a shorter run never optimises."""
+        c = self.config
+        first = c.context_window + 2
+        if max_new_tokens >= first:
+            return []
+        return [
+            f"swift never optimises in this run: its search starts at new token {first} of a turn "
+            f"(context_window {c.context_window} + 2) and max_new_tokens is {max_new_tokens}, so every "
+            f"draft uses its initial skip set ({c.initial_set}, r = {c.skip_ratio:g}); raise "
+            f"--max-new-tokens to at least {first} or lower --selector.context_window"
+        ]
+
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.rounds += 1
         if not self.optimising:

@@ -11,6 +11,7 @@ import yaml
 from framework import REGISTRIES
 from framework.config import ConfigError
 from framework.experiment.cli import main
+from framework.session.notes import PAPER_PRESETS
 from framework.session.presets import PRESET_DIR, list_presets, load_preset
 from strategies.length.fixed import FixedLengthConfig
 
@@ -102,7 +103,7 @@ def test_bad_presets_exit_2(tmp_path, capsys):
 def test_list_shows_presets(capsys):
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
-    assert "presets (--method):" in out
+    assert "presets (--method;" in out
     for name in PRESETS:
         assert f"  {name} " in out
 
@@ -140,17 +141,8 @@ def test_every_preset_runs_on_models_of_two_depths(name, depth):
 
 # The presets named after a paper run the method as published: no draft gate, no cap on the
 # selector's own work, the full LM head for drafts. What this framework adds lives in the `_safe`
-# variants, which must change nothing else (besides the documented search budgets).
-PAPER_PRESETS = (
-    "selfsd",
-    "selfsd_sampling",
-    "swift",
-    "clasp",
-    "del",
-    "layerskip_static",
-    "layerskip_fs",
-    "layerskip_dv",
-)
+# variants, which must change nothing else (besides the documented search budgets). PAPER_PRESETS
+# (framework.session.notes) is the one list of them.
 SAFE_ALSO_CHANGES = {
     "selfsd": {("selector", "iterations")},  # the paper's search budget vs the default 16
     "del": {("selector", "init_tokens")},  # the paper's 32 prompt positions vs 8

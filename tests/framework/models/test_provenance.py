@@ -82,7 +82,7 @@ def test_every_run_records_its_provenance(tmp_path, entry):
     common = ["--model", "tiny-random", "--limit", "1", "--categories", "qa", "--max-new-tokens", "4"]
     if entry == "run":
         out = tmp_path / "r.jsonl"
-        assert run_main([*common, "--warmup", "0", "--output", str(out)]) == 0
+        assert run_main([*common, "--logger", "none", "--warmup", "0", "--output", str(out)]) == 0
         meta = json.loads(out.with_suffix(".meta.json").read_text())
     else:
         common += ["--methods", "vanilla,static_confidence", "--repeats", "1", "--no-plots"]

@@ -13,6 +13,8 @@ import pytest
 from framework.experiment.cli import main
 
 RUN = [
+    "--logger",
+    "none",
     "--model",
     "tiny-random",
     "--categories",
