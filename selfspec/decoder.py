@@ -8,6 +8,9 @@ both decoders) and, for a comparison, the interleaved timing protocol of
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,16 +229,21 @@ class Decoder:
             section = section_of(key)
             if section not in DECODER_SECTIONS:
                 where = f"the {section} section's" if section else "no"
+                close = difflib.get_close_matches(key, decoder_options(), n=1, cutoff=0.75)
+                hint = f"; did you mean {close[0]!r}?" if close and not section else ""
                 raise ConfigError(
                     key,
                     overrides[key],
-                    f"an option of the model, method or generation sections (it is {where} option; a "
+                    f"an option of the model, method or generation sections (it is {where} option{hint}; a "
                     "Decoder does not read, write or log a run: experiments/run.py does)",
                 )
         loaded = model is not None and not isinstance(model, str)
         if model is not None and not loaded:
             overrides["model"] = model
-        cfg = RunConfig.from_preset(preset, **overrides)
+        try:
+            cfg = RunConfig.from_preset(preset, **overrides)
+        except ConfigError as err:
+            raise pythonic(err) from None
         return cls(
             cfg.model,
             cfg.method,
@@ -314,22 +322,83 @@ class Decoder:
             )
         return torch.tensor([ids], dtype=torch.long, device=self.experiment.adapter.device)
 
-    def _run(self, decoder: Any, ids: torch.Tensor, max_new_tokens: int | None) -> Generation:
-        res = decoder.generate(ids, self.experiment.stop(max_new_tokens))
+    def _run(
+        self, decoder: Any, ids: torch.Tensor, max_new_tokens: int | None, streamer: Any = None
+    ) -> Generation:
+        on_tokens = None
+        if streamer is not None:
+            streamer.put(ids.detach().cpu())  # as transformers' generate does: the prompt first
+            on_tokens = lambda toks: streamer.put(torch.tensor([toks], dtype=torch.long))  # noqa: E731
+        try:
+            res = decoder.generate(ids, self.experiment.stop(max_new_tokens, on_tokens))
+        finally:
+            if streamer is not None:
+                streamer.end()
         return self._generation(res, self.experiment.text(res.tokens))
 
     @staticmethod
     def _generation(res: GenerationResult, text: str) -> Generation:
         return Generation(text, list(res.tokens), GenerationStats.of(res), res)
 
-    def generate(self, prompt: PromptLike, max_new_tokens: int | None = None) -> Generation:
-        """Generate with the method (self-speculative decoding).
+    def generate(
+        self,
+        prompt: PromptLike | Sequence[PromptLike],
+        max_new_tokens: int | None = None,
+        *,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        generation_config: Any = None,
+        streamer: Any = None,
+    ) -> Generation | list[Generation]:
+        """Generate with the method (self-speculative decoding), shaped like transformers'
+        ``model.generate``.
 
         Args:
-            prompt: a user message, a chat, or prompt token ids.
-            max_new_tokens: the budget (default: the config's ``max_new_tokens``).
+            prompt: a user message, a chat (a list of ``{"role", "content"}`` messages) or prompt
+                token ids; or a list of those (a batch), decoded **one after another** (speculative
+                decoding here runs one sequence at a time), the results in the same order.
+            max_new_tokens: the budget, a positive int (default: the config's, or
+                ``generation_config``'s).
+            do_sample: sample (speculative sampling, lossless in distribution) instead of greedy
+                decoding; default: as the method is configured.
+            temperature, top_p, top_k: the sampling distribution (``do_sample`` defaults to True
+                when one is given); ``seed`` seeds the sampler.
+            generation_config: a transformers ``GenerationConfig`` whose ``max_new_tokens``,
+                ``do_sample``, ``temperature``, ``top_p`` and ``top_k`` apply (explicit arguments
+                win); settings this decoder cannot honour (beams, several sequences, repetition
+                penalties) raise.
+            streamer: a transformers-compatible streamer (``put(ids)``, ``end()``; e.g.
+                ``TextStreamer``): the prompt ids, then each round's committed tokens.
+
+        Returns:
+            One `Generation`, or a list of them for a list of prompts.
+
+        Raises:
+            TypeError, ValueError: an argument of the wrong type or out of range (the message names
+                it), a batch with a streamer, or a sampling request to a method that verifies a
+                token tree.
         """
-        return self._run(self.experiment.spec, self.encode(prompt), max_new_tokens)
+        opts = call_options(max_new_tokens, do_sample, temperature, top_p, top_k, seed, generation_config)
+        prompts = _as_batch(prompt)
+        if prompts is not None and streamer is not None:
+            raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
+        self._use_sampling(opts.sampling)
+        if prompts is None:
+            return self._run(self.experiment.spec, self.encode(prompt), opts.max_new_tokens, streamer)  # type: ignore[arg-type]
+        return [self._run(self.experiment.spec, self.encode(p), opts.max_new_tokens) for p in prompts]
+
+    def _use_sampling(self, sampling: dict[str, Any] | None) -> None:
+        """Decode with the verifier ``sampling`` asks for (``None``: as configured), rebuilding the
+        decoders only when it changes (a preparation already done is kept)."""
+        want = self.method if sampling is None else sampling_method(self.method, sampling)
+        exp = self.experiment
+        if exp.cfg.method == want:
+            return
+        exp.cfg = dataclasses.replace(exp.cfg, method=want)
+        exp.rebuild()
 
     def generate_vanilla(self, prompt: PromptLike, max_new_tokens: int | None = None) -> Generation:
         """Generate with plain autoregressive decoding through the same adapter and cache (the
@@ -385,3 +454,162 @@ class Decoder:
         parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())
         model = self.experiment.adapter.info().name or self.model_config.name_or_path or "(a loaded model)"
         return f"Decoder({self.method.label}: {parts}; model {model})"
+
+
+# ---- generate's arguments ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class CallOptions:
+    """`Decoder.generate`'s arguments, validated: the budget (``None``: the config's) and the
+    sampling request (``None``: decode as the method is configured; else ``do_sample`` and the
+    distribution's settings given)."""
+
+    max_new_tokens: int | None
+    sampling: dict[str, Any] | None
+
+
+#: What `Decoder.generate` reads of a transformers ``GenerationConfig``, and the settings it cannot
+#: honour with their neutral values.
+_GC_UNSUPPORTED = {
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "num_beam_groups": 1,
+    "penalty_alpha": None,
+}
+
+
+def _check_number(
+    name: str, value: Any, *, integer: bool, lo: float, lo_open: bool = False, hi: float | None = None
+) -> None:
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(
+            f"{name} must be {'an int' if integer else 'a number'}, got {type(value).__name__} {value!r}"
+        )
+    if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+        span = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+        raise ValueError(f"{name} must be {span}, got {value!r}")
+
+
+def call_options(
+    max_new_tokens: Any,
+    do_sample: Any,
+    temperature: Any,
+    top_p: Any,
+    top_k: Any,
+    seed: Any,
+    generation_config: Any,
+) -> CallOptions:
+    """Validate `Decoder.generate`'s arguments (a ``generation_config``'s fields first, explicit
+    arguments over them) with Python-shaped messages.
+
+    Raises:
+        TypeError, ValueError: the argument named in the message.
+    """
+    if generation_config is not None:
+        for key, neutral in _GC_UNSUPPORTED.items():
+            value = getattr(generation_config, key, neutral)
+            if value is not None and value != neutral:
+                raise ValueError(
+                    f"generation_config.{key}={value!r}: not supported (self-speculative decoding here "
+                    f"decodes one sequence greedily or by speculative sampling); leave it at {neutral!r}"
+                )
+        gc_sample = bool(getattr(generation_config, "do_sample", False))
+        max_new_tokens = (
+            getattr(generation_config, "max_new_tokens", None) if max_new_tokens is None else max_new_tokens
+        )
+        do_sample = gc_sample if do_sample is None else do_sample
+        if gc_sample:  # transformers applies these only when sampling
+            temperature = (
+                getattr(generation_config, "temperature", None) if temperature is None else temperature
+            )
+            top_p = getattr(generation_config, "top_p", None) if top_p is None else top_p
+            top_k = getattr(generation_config, "top_k", None) if top_k is None else top_k
+    if max_new_tokens is not None:
+        _check_number("max_new_tokens", max_new_tokens, integer=True, lo=1)
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be True, False or None, got {do_sample!r}")
+    if temperature is not None:
+        _check_number("temperature", temperature, integer=False, lo=0.0, lo_open=True)
+    if top_p is not None:
+        _check_number("top_p", top_p, integer=False, lo=0.0, lo_open=True, hi=1.0)
+    if top_k is not None:
+        _check_number("top_k", top_k, integer=True, lo=0)
+    if seed is not None:
+        _check_number("seed", seed, integer=True, lo=0)
+    given = {
+        k: v
+        for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed))
+        if v is not None
+    }
+    if do_sample is None and not given:
+        return CallOptions(max_new_tokens, None)
+    return CallOptions(max_new_tokens, {"do_sample": do_sample, **given})
+
+
+def sampling_method(method: MethodConfig, sampling: Mapping[str, Any]) -> MethodConfig:
+    """``method`` with the verifier ``sampling`` asks for: greedy for ``do_sample=False``, the
+    ``sampling`` verifier (its current settings updated) for ``do_sample=True``; ``None`` keeps
+    the configured kind and updates a sampling verifier's settings.
+
+    Raises:
+        ValueError: settings of the distribution without sampling, or sampling asked of a method
+            that verifies a token tree.
+    """
+    samples = method.verifier.name == "sampling"
+    do_sample = samples if sampling.get("do_sample") is None else bool(sampling["do_sample"])
+    settings = {k: v for k, v in sampling.items() if k != "do_sample"}
+    if not do_sample:
+        if settings:
+            raise ValueError(
+                f"{', '.join(f'{k}={v!r}' for k, v in settings.items())}: sampling settings need do_sample=True "
+                "(as in transformers, they apply only when sampling)"
+            )
+        if not samples:
+            return method
+        return dataclasses.replace(method, verifier=RunConfig.of(verifier="greedy").method.verifier)
+    if method.verifier.name == "tree":
+        raise ValueError(
+            "do_sample=True: this method verifies a token tree greedily ('tree'); speculative sampling "
+            "verifies chains: build the decoder with verifier='sampling' (and a chain drafter)"
+        )
+    base = dataclasses.asdict(method.verifier.config) if samples else {}
+    fields = {f"verifier.{k}": v for k, v in {**base, **settings}.items()}
+    return dataclasses.replace(method, verifier=RunConfig.of(verifier="sampling", **fields).method.verifier)
+
+
+def _as_batch(prompt: Any) -> list[Any] | None:
+    """The prompts of a batch (a list of strings, chats or token-id lists, or a 2-D tensor of
+    several rows), or ``None`` for one prompt."""
+    if isinstance(prompt, torch.Tensor):
+        return [row for row in prompt] if prompt.dim() == 2 and prompt.shape[0] > 1 else None
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
+        return None
+    if all(isinstance(p, numbers.Integral) for p in prompt) or all(isinstance(p, Mapping) for p in prompt):
+        return None  # one prompt: token ids, or a chat
+    if all(
+        isinstance(p, (str, torch.Tensor)) or (isinstance(p, Sequence) and not isinstance(p, Mapping))
+        for p in prompt
+    ):
+        return list(prompt)  # messages, chats and token-id lists, in any mix
+    return None
+
+
+def pythonic(err: ConfigError) -> ConfigError:
+    """``err`` named as a Python keyword (``max_new_tokens``, ``length.threshold``), not a flag."""
+    name = err.field
+    if name.startswith("--"):
+        name = name[2:]
+        name = name if "." in name else name.replace("-", "_")
+    return ConfigError(name, err.value, err.allowed)
+
+
+def decoder_options() -> list[str]:
+    """The keyword names `Decoder.from_preset` takes (the model, method and generation sections'
+    fields), for did-you-mean hints."""
+    return [
+        f.name
+        for section in (ModelConfig, MethodConfig, GenerationConfig)
+        for f in dataclasses.fields(section)
+    ]

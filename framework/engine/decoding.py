@@ -6,7 +6,7 @@ logic, so a speedup compares like with like. The speculative loop knows only the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ class StopCondition:
         stop_strings: strings that end generation once they appear in the new text (the token that
             completes one is kept).
         decode: ``token ids -> text`` (the tokenizer's decode); needed only with stop strings.
+        on_tokens: called with each block of new tokens as `find_cut` checks it, up to the cut
+            (what a streamer is fed: the tokens the generation keeps, as they are committed).
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class StopCondition:
         eos_token_ids: Iterable[int] = (),
         stop_strings: Sequence[str] = (),
         decode: Any = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -52,14 +55,23 @@ class StopCondition:
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.decode = decode
+        self.on_tokens = on_tokens
         self._window = 8 + max((len(s) for s in self.stop_strings), default=0)
 
     def find_cut(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
-        """Check tokens ``new_tokens[start:]``.
+        """Check tokens ``new_tokens[start:]`` (and hand the ones kept to ``on_tokens``).
 
         Returns:
             ``(keep, reason)`` if generation ends: keep the first ``keep`` new tokens; else ``None``.
         """
+        cut = self._cut(new_tokens, start)
+        if self.on_tokens is not None:
+            kept = list(new_tokens[start : cut[0] if cut is not None else len(new_tokens)])
+            if kept:
+                self.on_tokens(kept)
+        return cut
+
+    def _cut(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
         for i in range(start, len(new_tokens)):
             if new_tokens[i] in self.eos:
                 return i + 1, "eos"

@@ -160,14 +160,18 @@ class Experiment:
         # The baseline gets its own verifier instance (its own RNG stream when sampling).
         self.vanilla = VanillaDecoder(self.adapter, self.cfg.method.verifier.build("verifier"))
 
-    def stop(self, max_new_tokens: int | None = None) -> StopCondition:
+    def stop(
+        self, max_new_tokens: int | None = None, on_tokens: Callable[[list[int]], None] | None = None
+    ) -> StopCondition:
         """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.generation.max_new_tokens``), EOS
-        and the chat template's end-of-turn tokens, and ``cfg.generation.stop_strings``."""
+        and the chat template's end-of-turn tokens, and ``cfg.generation.stop_strings``;
+        ``on_tokens`` receives the kept tokens as they are committed (a streamer)."""
         return StopCondition(
-            max_new_tokens or self.cfg.generation.max_new_tokens,
+            self.cfg.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
             self.eos,
             self.cfg.generation.stop_strings,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+            on_tokens=on_tokens,
         )
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:

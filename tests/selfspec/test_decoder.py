@@ -49,7 +49,7 @@ def test_overrides_reach_the_strategies(model_and_tokenizer):
     )
     assert dec.method.length.config.threshold == 0.7
     assert dec.strategies["length"].config.threshold == 0.7
-    with pytest.raises(ConfigError, match=r"--length\.threshold"):
+    with pytest.raises(ConfigError, match=r"^length\.threshold must be"):  # Python names, not flags
         selfspec.Decoder.from_preset(
             "swift", model=model, tokenizer=tok, **{"length.threshold": 1.5}, **quiet()
         )
@@ -122,3 +122,105 @@ def test_named_model_loads_offline():
     dec = selfspec.Decoder.from_preset("static_confidence", model="tiny-random", max_new_tokens=8, **quiet())
     out = dec.generate(PROMPT)
     assert out.tokens == dec.generate_vanilla(PROMPT).tokens
+
+
+# ---- a generate-shaped API (issue 29) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dec(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    return selfspec.Decoder.from_preset(
+        "static_confidence", model=model, tokenizer=tok, max_new_tokens=12, **quiet()
+    )
+
+
+def test_a_list_of_prompts_is_decoded_one_after_another_in_order(dec):
+    prompts = [PROMPT, "w3 w4", [{"role": "user", "content": "w8 w9 w10"}]]
+    outs = dec.generate(prompts, max_new_tokens=6)
+    assert isinstance(outs, list) and len(outs) == 3
+    assert [o.tokens for o in outs] == [dec.generate(p, max_new_tokens=6).tokens for p in prompts]
+    ids = [dec.encode(p)[0].tolist() for p in ("w1 w2", "w5 w6")]
+    assert [o.tokens for o in dec.generate(ids, max_new_tokens=4)] == [
+        dec.generate(i, max_new_tokens=4).tokens for i in ids
+    ]
+
+
+def test_max_new_tokens_is_validated_like_a_python_argument(dec):
+    assert len(dec.generate(PROMPT, max_new_tokens=1).tokens) == 1  # not silently the default
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+        dec.generate(PROMPT, max_new_tokens=0)
+    with pytest.raises(TypeError, match="max_new_tokens must be an int, got float 2.5"):
+        dec.generate(PROMPT, max_new_tokens=2.5)
+    with pytest.raises(TypeError, match="do_sample must be True, False or None"):
+        dec.generate(PROMPT, do_sample="yes")
+    with pytest.raises(ValueError, match="top_p must be > 0 and <= 1"):
+        dec.generate(PROMPT, do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match="temperature=0.7: sampling settings need do_sample=True"):
+        dec.generate(PROMPT, temperature=0.7, do_sample=False)
+
+
+def test_sampling_arguments_switch_to_speculative_sampling_and_back(dec):
+    sampled = dec.generate(PROMPT, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    v = dec.strategies["verifier"]
+    assert v.name == "sampling" and (v.config.temperature, v.config.top_k, v.config.seed) == (0.8, 20, 3)
+    again = dec.generate(PROMPT, do_sample=True, temperature=0.8, top_k=20, seed=3)
+    assert len(sampled.tokens) > 0 and again.stats.new_tokens > 0
+    greedy = dec.generate(PROMPT)  # no sampling arguments: as configured (greedy) again
+    assert dec.strategies["verifier"].name == "greedy"
+    assert greedy.tokens == dec.generate_vanilla(PROMPT).tokens
+
+
+def test_a_tree_verifier_refuses_sampling_with_the_reason(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    swift = selfspec.Decoder.from_preset("swift", model=model, tokenizer=tok, max_new_tokens=8, **quiet())
+    with pytest.raises(ValueError, match="verifies a token tree greedily"):
+        swift.generate(PROMPT, do_sample=True)
+
+
+def test_a_transformers_generation_config_applies_and_what_it_cannot_do_is_refused(dec):
+    from transformers import GenerationConfig
+
+    out = dec.generate(PROMPT, generation_config=GenerationConfig(max_new_tokens=5))
+    assert len(out.tokens) == 5 and dec.strategies["verifier"].name == "greedy"
+    assert len(dec.generate(PROMPT, 3, generation_config=GenerationConfig(max_new_tokens=5)).tokens) == 3
+    dec.generate(
+        PROMPT,
+        generation_config=GenerationConfig(max_new_tokens=4, do_sample=True, temperature=0.5, top_k=40),
+    )
+    v = dec.strategies["verifier"].config
+    assert (v.temperature, v.top_k) == (0.5, 40)
+    with pytest.raises(ValueError, match="generation_config.num_beams=4: not supported"):
+        dec.generate(PROMPT, generation_config=GenerationConfig(num_beams=4))
+    dec.generate(PROMPT, max_new_tokens=2)  # back to greedy for the other tests
+
+
+def test_a_transformers_streamer_receives_the_prompt_then_every_committed_token(dec):
+    from transformers import TextStreamer
+
+    class Recorder(TextStreamer):
+        def __init__(self, tokenizer):
+            super().__init__(tokenizer, skip_prompt=True)
+            self.puts: list[list[int]] = []
+            self.ended = 0
+            self.text = ""
+
+        def put(self, value):
+            self.puts.append(value.reshape(-1).tolist())
+            super().put(value)
+
+        def on_finalized_text(self, text, stream_end=False):
+            self.text += text
+
+        def end(self):
+            self.ended += 1
+            super().end()
+
+    rec = Recorder(dec.tokenizer)
+    out = dec.generate(PROMPT, max_new_tokens=10, streamer=rec)
+    assert rec.puts[0] == dec.encode(PROMPT)[0].tolist()  # the prompt first, as generate does
+    assert sum(rec.puts[1:], []) == out.tokens and rec.ended == 1
+    assert len(rec.puts) - 1 <= out.stats.rounds + 1  # one put per round (and the prefill's token)
+    assert rec.text.strip() == dec.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
+    with pytest.raises(ValueError, match="streaming takes one prompt at a time"):
+        dec.generate([PROMPT, PROMPT], streamer=rec)
