@@ -38,7 +38,17 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--count", type=int, default=None, help="trials to run (grid: the first N; random: N draws)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random search (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random and bayes search (default 0)")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run option every trial takes instead of the file's (repeatable; e.g. --set max_new_tokens=16); "
+        "not a swept parameter",
+    )
+    p.add_argument("--limit", type=int, default=None, help="at most N prompts per category (= --set limit=N)")
     p.add_argument(
         "--out", default=None, metavar="DIR", help="output directory (default runs/sweeps/<name>-<time>)"
     )
@@ -104,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env_off = os.environ.get("WANDB_MODE", "").lower() == "disabled"
         result = run_sweep(
             args.file,
+            overrides=parse_sets(args.sets, args.limit),
             out_dir=args.out,
             count=args.count,
             seed=args.seed,
@@ -124,4 +135,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guarded(body, "every finished trial is in the results table", errors=(SweepError,), debug=debug)
 
 
-__all__ = ["build_sweep_parser", "main"]
+def parse_sets(sets: list[str], limit: int | None = None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` (the value read as YAML: ``16`` an int, ``true`` a bool) and ``--limit``.
+
+    Raises:
+        SweepError: an entry without ``=``.
+    """
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SweepError(f"--set {item!r}: expected KEY=VALUE (e.g. --set max_new_tokens=16)")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else value
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    if limit is not None:
+        out["limit"] = limit
+    return out
+
+
+__all__ = ["build_sweep_parser", "main", "parse_sets"]

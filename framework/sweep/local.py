@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from framework.session.errors import USER_ERRORS
+from framework.sweep.bayes import DEFAULT_INIT, BayesProposer
 from framework.sweep.spec import Sweep, SweepError, expand_trials, load_sweep
 from framework.sweep.trial import (
     command_line,
@@ -71,14 +72,24 @@ def results_table(sweep: Sweep, rows: list[dict[str, Any]], *, sort: bool = True
     return "\n".join(lines)
 
 
-def _header(sweep: Sweep, n: int, seed: int, overrides: dict[str, Any] | None = None) -> str:
+def _header(
+    sweep: Sweep,
+    n: int,
+    seed: int,
+    overrides: dict[str, Any] | None = None,
+    user: dict[str, Any] | None = None,
+) -> str:
     how = sweep.method if sweep.method == "grid" else f"{sweep.method} (seed {seed})"
     if sweep.method == "bayes":
-        how = f"bayes, run locally as random (seed {seed})"
+        how = (
+            f"bayes (a BoTorch GP proposes each trial by log expected improvement after {DEFAULT_INIT} "
+            f"random ones; seed {seed})"
+        )
     return (
         f"# Sweep {sweep.name}: {n} trials, {how}, metric {sweep.metric} ({sweep.goal})\n\n"
         f"File: {sweep.path}. Fixed: {describe_params(sweep.constants) or 'none'}."
         + (f" Smoke mode (tiny random model): {describe_params(overrides)}." if overrides else "")
+        + (f" Set on the command line: {describe_params(user)}." if user else "")
         + "\n"
     )
 
@@ -111,6 +122,7 @@ def run_sweep(
     model: Any = None,
     tokenizer: Any = None,
     log: Callable[[str], None] = print,
+    overrides: dict[str, Any] | None = None,
 ) -> SweepResult:
     """Run a sweep file locally, trial after trial, through `train`.
 
@@ -132,9 +144,13 @@ def run_sweep(
         model: an already loaded model for every trial (tests pass a tiny one).
         tokenizer: its tokenizer.
         log: progress lines.
+        overrides: run options every trial takes instead of the file's (``sweep.py --set
+            max_new_tokens=16 --limit 1``: shrink a sweep without copying its file); a swept
+            parameter cannot be overridden.
 
     Raises:
-        SweepError: bad sweep file or parameters (before any trial runs).
+        SweepError: bad sweep file or parameters, or an override of a swept parameter (before any
+            trial runs).
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
@@ -144,7 +160,13 @@ def run_sweep(
     out = Path(out_dir) if out_dir else Path("runs") / "sweeps" / f"{sweep.name}-{stamp}"
     if not dry_run and (out / "trials.jsonl").exists():
         raise SweepError(f"--out {out} already holds a sweep (trials.jsonl): choose another directory")
-    overrides: dict[str, Any] = {}
+    user = dict(overrides or {})
+    swept = sorted(set(user) & set(sweep.swept))
+    if swept:
+        raise SweepError(
+            f"--set {', '.join(swept)}: swept by {sweep.path}; --set fixes the other run options"
+        )
+    overrides = {}
     if smoke:
         # The prompt file goes to a temporary directory: nothing is written before validation.
         model, tokenizer, overrides = smoke_setup(Path(tempfile.mkdtemp(prefix="selfspec-smoke-")))
@@ -152,12 +174,18 @@ def run_sweep(
             f"smoke mode: a tiny random 4-block model, prompts {overrides['data']}, max_new_tokens "
             f"{overrides['max_new_tokens']}: this checks the machinery, the numbers mean nothing"
         )
+    header = _header(sweep, len(trials), seed, overrides, user)
+    overrides = {**overrides, **user}
     validate_trials(sweep, trials, overrides=overrides)
     mode, notice = wandb_mode(mode)
     result = SweepResult(sweep, out, trials=trials)
-    header = _header(sweep, len(trials), seed, overrides)
     if dry_run:
-        log(header + "".join(f"\ntrial {i}: {command_line(params)}" for i, params in enumerate(trials, 1)))
+        log(
+            header
+            + "".join(
+                f"\ntrial {i}: {command_line({**params, **user})}" for i, params in enumerate(trials, 1)
+            )
+        )
         log(f"\n{len(trials)} trials validated; nothing was run (--dry-run)")
         return result
     if notice:
@@ -170,9 +198,15 @@ def run_sweep(
         + (f" (W&B {mode})" if mode != "disabled" else "")
     )
     trial_args = {"model": model, "tokenizer": tokenizer, "mode": mode, "overrides": overrides}
+    proposer = BayesProposer(sweep, seed) if sweep.method == "bayes" else None
     try:
         for i, params in enumerate(trials, 1):
+            if proposer is not None and i > proposer.n_init:
+                params = _propose(result, proposer, overrides)
+                result.trials[i - 1] = params
             _run_trial(result, i, params, init, trial_args, log)
+            if proposer is not None:
+                result.rows[-1]["proposed_by"] = "random" if i <= proposer.n_init else proposer.last_source
     except KeyboardInterrupt:
         result.interrupted = True
     _finish(result, header, mode, log)
@@ -180,13 +214,20 @@ def run_sweep(
 
 
 def _notices(sweep: Sweep, log: Callable[[str], None]) -> None:
-    """What the sweep file left to defaults, and how ``bayes`` runs here."""
+    """What the sweep file left to defaults."""
     for notice in sweep.notices:
         log(f"note: {notice}")
-    if sweep.method == "bayes":
-        log(
-            "note: method bayes runs locally as random search (Bayesian search needs the W&B server: wandb agent)"
-        )
+
+
+def _propose(result: SweepResult, proposer: BayesProposer, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The next ``bayes`` trial from the finished ones (`BayesProposer`), validated like the others."""
+    metric = result.sweep.metric
+    history = [
+        (row["params"], row["metrics"].get(metric) if row["status"] == "ok" else None) for row in result.rows
+    ]
+    params = proposer.propose(history)
+    validate_trials(result.sweep, [params], overrides=overrides)
+    return params
 
 
 def _wandb_init(sweep: Sweep, out: Path, mode: str, stamp: str) -> dict[str, Any]:

@@ -384,8 +384,10 @@ def _known_metric(name: Any) -> bool:
 def expand_trials(sweep: Sweep, count: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """The trials' parameters: the grid's cartesian product (in file order), or seeded random draws.
 
-    ``bayes`` is drawn like ``random`` (the local runner has no Bayesian search). ``count`` keeps
-    the first N grid points; random search needs it (or the file's ``run_cap``).
+    ``bayes`` is drawn like ``random`` here: the local runner runs the first of them as its random
+    start and proposes the rest from a GP as the trials finish (`framework.sweep.bayes`); every
+    draw is validated up front all the same. ``count`` keeps the first N grid points; random and
+    bayes search need it (or the file's ``run_cap``).
     """
     if count is not None and count < 1:
         raise SweepError(f"--count must be >= 1, got {count}")

@@ -171,3 +171,31 @@ def test_tutorial_sweep_file_is_valid(write_sweep):
     s = sweep.load_sweep(write_sweep(yaml.safe_load(block)))
     trials = sweep.expand_trials(s)
     assert len(trials) == 6 and len(sweep.validate_trials(s, trials)) == 6
+
+
+def test_set_and_limit_shrink_a_sweep_without_copying_its_file(tmp_path, monkeypatch, capsys):
+    """--set KEY=VALUE (typed as YAML) and --limit override every trial's fixed options: the runs
+    get them, the header says so; a swept parameter cannot be set."""
+    seen: list[dict] = []
+
+    def fake_train(params, **kw):
+        seen.append({**params, **kw["overrides"]})
+        return {"metrics": {"speedup": 1.0}, "output": kw["output"], "wandb_dir": None}
+
+    monkeypatch.setattr(local, "train", fake_train)
+    out = tmp_path / "s"
+    code = main(
+        ["experiments/sweeps/static.yaml", "--count", "2", "--no-wandb", "--out", str(out)]
+        + ["--set", "max_new_tokens=16", "--set", "warmup=0", "--limit", "1"]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert [(s["max_new_tokens"], s["limit"], s["warmup"]) for s in seen] == [(16, 1, 0)] * 2
+    assert (
+        "Set on the command line: max_new_tokens=16, warmup=0, limit=1." in (out / "results.md").read_text()
+    )
+    code = main(["experiments/sweeps/static.yaml", "--dry-run", "--set", "selector.skip_ratio=0.3"])
+    assert code == 2 and "swept by" in capsys.readouterr().err
+    code = main(["experiments/sweeps/static.yaml", "--dry-run", "--set", "max_new_tokens"])
+    assert code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+    code = main(["experiments/sweeps/static.yaml", "--dry-run", "--set", "max_new_tokens=0"])
+    assert code == 2 and "max_new_tokens" in capsys.readouterr().err  # validated like any run option

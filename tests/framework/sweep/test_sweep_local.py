@@ -22,7 +22,7 @@ def _yaml(params, method="grid", **extra):
     }
 
 
-def test_bayes_runs_locally_as_random_with_a_notice(write_sweep):
+def test_bayes_says_how_it_runs_and_validates_its_draws(write_sweep):
     path = write_sweep(
         {
             "method": "bayes",
@@ -32,9 +32,44 @@ def test_bayes_runs_locally_as_random_with_a_notice(write_sweep):
     )
     lines: list[str] = []
     res = local.run_sweep(path, count=3, dry_run=True, log=lines.append)
-    assert any("bayes runs locally as random search" in line for line in lines)
+    assert any(
+        "bayes (a BoTorch GP proposes each trial by log expected improvement" in line for line in lines
+    )
     assert len(res.trials) == 3 and all(0.1 <= t["selector.skip_ratio"] <= 0.5 for t in res.trials)
     assert any("trial 3: python experiments/run.py --selector.skip_ratio 0." in line for line in lines)
+
+
+def test_bayes_runs_the_gp_proposals(write_sweep, tmp_path, monkeypatch):
+    """After the random start every trial is the proposer's proposal, its row says so, and the
+    proposer saw the finished trials' metrics (a synthetic metric with its peak at 0.3)."""
+    path = write_sweep(
+        {
+            "method": "bayes",
+            "metric": {"name": "speedup", "goal": "maximize"},
+            "parameters": {"selector.skip_ratio": {"min": 0.05, "max": 0.9}, "max_new_tokens": {"value": 4}},
+        },
+    )
+
+    def fake_train(params, **kw):
+        r = params["selector.skip_ratio"]
+        return {"metrics": {"speedup": 1.0 - (r - 0.3) ** 2}, "output": kw["output"], "wandb_dir": None}
+
+    proposed: list[dict] = []
+    real = local.BayesProposer.propose
+
+    def spy(self, history):
+        assert all(v is not None for _, v in history)  # every finished trial's metric
+        out = real(self, history)
+        proposed.append(out)
+        return out
+
+    monkeypatch.setattr(local, "train", fake_train)
+    monkeypatch.setattr(local.BayesProposer, "propose", spy)
+    res = local.run_sweep(path, count=9, out_dir=tmp_path / "b", mode="disabled", log=lambda _l: None)
+    assert [r["proposed_by"] for r in res.rows] == ["random"] * 4 + ["gp"] * 5
+    assert [r["params"] for r in res.rows[4:]] == proposed
+    best = max(res.rows, key=lambda r: r["metrics"]["speedup"])
+    assert abs(best["params"]["selector.skip_ratio"] - 0.3) < 0.05
 
 
 def test_local_sweep_on_the_tiny_model_writes_the_table_and_offline_runs(
