@@ -364,8 +364,10 @@ class Decoder:
                 ``generation_config``'s).
             do_sample: sample (speculative sampling, lossless in distribution) instead of greedy
                 decoding; default: as the method is configured.
-            temperature, top_p, top_k: the sampling distribution (``do_sample`` defaults to True
-                when one is given); ``seed`` seeds the sampler.
+            temperature: the sampling temperature (> 0); needs sampling.
+            top_p: nucleus sampling's mass, in (0, 1]; needs sampling.
+            top_k: keep the k most likely tokens (0: all); needs sampling.
+            seed: seeds the sampler.
             generation_config: a transformers ``GenerationConfig`` whose ``max_new_tokens``,
                 ``do_sample``, ``temperature``, ``top_p`` and ``top_k`` apply (explicit arguments
                 win); settings this decoder cannot honour (beams, several sequences, repetition
