@@ -32,9 +32,9 @@ DEFAULT_METHODS = ("vanilla", "static_confidence", "static_confidence:raw", "hyb
 #: The `RunConfig` sections every method shares: the vanilla baseline and every preset decode the
 #: same model, prompts and generation budget; a preset brings its own ``method`` section.
 SHARED_SECTIONS = ("model", "data", "generation")
-#: The runner section's fields the benchmark uses (its own output, tracking and processes are
-#: ``--out``, ``--specbench-answers`` and one process).
-RUNNER_FIELDS = ("warmup", "threads", "plots")
+#: The runner section's fields the benchmark uses (its own output and processes are ``--out``,
+#: ``--specbench-answers`` and one process; it logs to the tracker as the runner does).
+RUNNER_FIELDS = ("warmup", "threads", "plots", "logger", "wandb_project")
 
 
 def preset_flags_parser() -> argparse.ArgumentParser:

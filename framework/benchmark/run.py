@@ -19,6 +19,7 @@ import torch
 from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec, method_section
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
+from framework.benchmark.tracking import log_benchmark
 from framework.config import ConfigError
 from framework.data.prompts import Prompt, load_prompts
 from framework.data.specbench import (
@@ -281,6 +282,7 @@ class _Bench:
         meta["hf"] = self.hf = {
             s.label: self.decoders[s.label].describe() for s in self.specs if s.kind == "hf"
         }
+        self.meta = meta
         (self.out_dir / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         self.log(
             f"[bench] {len(self.prompts)} prompts x {self.cfg.repeats} repeat(s) | model {self.info.name} "
@@ -408,6 +410,7 @@ class _Bench:
         )
         (self.out_dir / "bench.md").write_text(report)
         self.log("\n" + report)
+        log_benchmark(self.run, self.out_dir, self.meta, summary, report, plots, self.log)
         answers = self.write_answers()
         return {
             "out": str(self.out_dir),
