@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from framework.experiment.tracking import make_logger
+from framework.session.loggers import make_logger
 
 
 def flat_config(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -51,6 +51,7 @@ def log_benchmark(
 ) -> None:
     """Log one benchmark to ``run.runner.logger`` (a `RunConfig`'s runner section) under
     ``out_dir/tracking``; a no-op for ``none``. A W&B run this call started is finished here."""
+
     logger = make_logger(
         run.runner.logger, out_dir / "tracking", out_dir.name, run.runner.wandb_project, flat_config(meta)
     )

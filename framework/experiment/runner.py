@@ -39,12 +39,13 @@ from framework.config import ConfigError
 from framework.data.prompts import load_prompts
 from framework.data.specbench import check_answer_dir, write_answer_files
 from framework.experiment.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
-from framework.experiment.tracking import TrackingCallback, make_logger, summary_metrics
+from framework.experiment.tracking import TrackingCallback, summary_metrics
 from framework.models.loading import model_name
 from framework.results.metrics import mismatch_lines, results_table, time_breakdown
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment, provenance
+from framework.session.loggers import make_logger
 
 
 def default_output(cfg: RunConfig) -> Path:
@@ -105,14 +106,7 @@ def run(
             f"[selfspec] --resume: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {out_path}"
         )
     run_dir = out_path.with_suffix("")
-    meta = {"config": cfg.describe(), "environment": environment(), "method": method, "started": time.time()}
-    exp = None
-    if (
-        cfg.runner.devices * cfg.runner.num_nodes == 1
-    ):  # validate and prepare before any logger or file exists
-        exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
-        meta["provenance"] = provenance(cfg.model.name_or_path, exp)
-        meta["notes"] = exp.notes
+    exp, meta = _prepare(cfg, model, tokenizer, run_dir, log, todo)
     module = DecodeModule(cfg, todo, out_path, meta, model, tokenizer, log, experiment=exp)
     tty = sys.stderr.isatty() and rank0
     tracking = TrackingCallback(
@@ -123,14 +117,9 @@ def run(
         tracking,
         SpeedupProgressBar() if tty else PlainProgress(),
     ]
+    tracked = {**cfg.describe(), "provenance": meta.get("provenance"), "notes": meta.get("notes", [])}
     logger = (
-        make_logger(
-            cfg.runner.logger,
-            run_dir,
-            run_dir.name,
-            cfg.runner.wandb_project,
-            {**cfg.describe(), "provenance": meta.get("provenance"), "notes": meta.get("notes", [])},
-        )
+        make_logger(cfg.runner.logger, run_dir, run_dir.name, cfg.runner.wandb_project, tracked)
         if rank0
         else None
     )
@@ -154,6 +143,25 @@ def run(
         "run_dir": str(run_dir),
         "specbench_answers": [str(p) for p in written.values()],
     }
+
+
+def _prepare(
+    cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, log: Callable[[str], None], todo: list
+) -> tuple[Experiment | None, dict[str, Any]]:
+    """The run's metadata, and its `Experiment` when one process decodes (validated and prepared
+    before any logger or file exists; with several processes each rank builds its own)."""
+    meta = {
+        "config": cfg.describe(),
+        "environment": environment(),
+        "method": cfg.method.label,
+        "started": time.time(),
+    }
+    if cfg.runner.devices * cfg.runner.num_nodes != 1:
+        return None, meta
+    exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
+    meta["provenance"] = provenance(cfg.model.name_or_path, exp)
+    meta["notes"] = exp.notes
+    return exp, meta
 
 
 def _silent(_msg: str) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from framework.experiment.tracking import has_wandb_credentials
 from framework.session.errors import OneLineParser, guarded, pop_debug
+from framework.session.loggers import has_wandb_credentials
 from framework.sweep.local import run_sweep
 from framework.sweep.spec import SweepError
 from framework.sweep.trial import SMOKE_ENV, smoke_setup, train

@@ -160,33 +160,17 @@ def run_sweep(
     out = Path(out_dir) if out_dir else Path("runs") / "sweeps" / f"{sweep.name}-{stamp}"
     if not dry_run and (out / "trials.jsonl").exists():
         raise SweepError(f"--out {out} already holds a sweep (trials.jsonl): choose another directory")
-    user = dict(overrides or {})
-    swept = sorted(set(user) & set(sweep.swept))
-    if swept:
-        raise SweepError(
-            f"--set {', '.join(swept)}: swept by {sweep.path}; --set fixes the other run options"
-        )
+    user = _user_overrides(sweep, overrides)
     overrides = {}
     if smoke:
-        # The prompt file goes to a temporary directory: nothing is written before validation.
-        model, tokenizer, overrides = smoke_setup(Path(tempfile.mkdtemp(prefix="selfspec-smoke-")))
-        log(
-            f"smoke mode: a tiny random 4-block model, prompts {overrides['data']}, max_new_tokens "
-            f"{overrides['max_new_tokens']}: this checks the machinery, the numbers mean nothing"
-        )
+        model, tokenizer, overrides = _smoke(log)
     header = _header(sweep, len(trials), seed, overrides, user)
     overrides = {**overrides, **user}
     validate_trials(sweep, trials, overrides=overrides)
     mode, notice = wandb_mode(mode)
     result = SweepResult(sweep, out, trials=trials)
     if dry_run:
-        log(
-            header
-            + "".join(
-                f"\ntrial {i}: {command_line({**params, **user})}" for i, params in enumerate(trials, 1)
-            )
-        )
-        log(f"\n{len(trials)} trials validated; nothing was run (--dry-run)")
+        _list_trials(result, header, user, log)
         return result
     if notice:
         log(notice)
@@ -198,19 +182,61 @@ def run_sweep(
         + (f" (W&B {mode})" if mode != "disabled" else "")
     )
     trial_args = {"model": model, "tokenizer": tokenizer, "mode": mode, "overrides": overrides}
-    proposer = BayesProposer(sweep, seed) if sweep.method == "bayes" else None
     try:
-        for i, params in enumerate(trials, 1):
-            if proposer is not None and i > proposer.n_init:
-                params = _propose(result, proposer, overrides)
-                result.trials[i - 1] = params
-            _run_trial(result, i, params, init, trial_args, log)
-            if proposer is not None:
-                result.rows[-1]["proposed_by"] = "random" if i <= proposer.n_init else proposer.last_source
+        _run_trials(
+            result, BayesProposer(sweep, seed) if sweep.method == "bayes" else None, init, trial_args, log
+        )
     except KeyboardInterrupt:
         result.interrupted = True
     _finish(result, header, mode, log)
     return result
+
+
+def _smoke(log: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
+    """Smoke mode's tiny model, tokenizer and overrides (the prompt file in a temporary directory:
+    nothing is written before validation)."""
+    model, tokenizer, overrides = smoke_setup(Path(tempfile.mkdtemp(prefix="selfspec-smoke-")))
+    log(
+        f"smoke mode: a tiny random 4-block model, prompts {overrides['data']}, max_new_tokens "
+        f"{overrides['max_new_tokens']}: this checks the machinery, the numbers mean nothing"
+    )
+    return model, tokenizer, overrides
+
+
+def _list_trials(result: SweepResult, header: str, user: dict[str, Any], log: Callable[[str], None]) -> None:
+    """``--dry-run``: every validated trial as a ``run.py`` command line."""
+    trials = result.trials
+    log(header + "".join(f"\ntrial {i}: {command_line({**p, **user})}" for i, p in enumerate(trials, 1)))
+    log(f"\n{len(trials)} trials validated; nothing was run (--dry-run)")
+
+
+def _user_overrides(sweep: Sweep, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``--set`` / ``--limit``: refused for a parameter the file sweeps."""
+    user = dict(overrides or {})
+    swept = sorted(set(user) & set(sweep.swept))
+    if swept:
+        raise SweepError(
+            f"--set {', '.join(swept)}: swept by {sweep.path}; --set fixes the other run options"
+        )
+    return user
+
+
+def _run_trials(
+    result: SweepResult,
+    proposer: BayesProposer | None,
+    init: dict[str, Any],
+    trial_args: dict[str, Any],
+    log: Callable[[str], None],
+) -> None:
+    """Every trial in turn; with a ``bayes`` proposer, those after its random start proposed from
+    the finished ones (each row says ``proposed_by``)."""
+    for i, params in enumerate(result.trials, 1):
+        if proposer is not None and i > proposer.n_init:
+            params = _propose(result, proposer, trial_args["overrides"])
+            result.trials[i - 1] = params
+        _run_trial(result, i, params, init, trial_args, log)
+        if proposer is not None:
+            result.rows[-1]["proposed_by"] = "random" if i <= proposer.n_init else proposer.last_source
 
 
 def _notices(sweep: Sweep, log: Callable[[str], None]) -> None:

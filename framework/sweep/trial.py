@@ -28,13 +28,13 @@ from typing import Any
 from framework.config import ConfigError
 from framework.data.prompts import load_prompts
 from framework.experiment.runner import run as run_experiment
-from framework.experiment.tracking import has_wandb_credentials
 from framework.interfaces import REGISTRIES
 from framework.models.loading import load_model
 from framework.results.metrics import aggregate
 from framework.session.config import FLAT_KEYS, SECTIONS, MethodConfig, RunConfig
 from framework.session.errors import USER_ERRORS
 from framework.session.flags import flag_name
+from framework.session.loggers import has_wandb_credentials
 from framework.session.plugins import import_user_modules
 from framework.sweep.spec import Sweep, SweepError
 from framework.testing.tiny import tiny_model, tiny_tokenizer

@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from framework.experiment.runner import run
-from framework.experiment.tracking import prompt_metrics, round_rows, summary_metrics, wandb_mode
+from framework.experiment.tracking import prompt_metrics, round_rows, summary_metrics
 from framework.session.config import RunConfig, StrategySpec
+from framework.session.loggers import wandb_mode
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 
@@ -178,7 +179,7 @@ def test_round_rows_align_plans_with_drafting_rounds():
 def test_wandb_logger_does_not_pass_the_deprecated_anonymous_setting(tmp_path, no_wandb_account):
     """Lightning hands wandb.init ``anonymous=None``; wandb >= 0.19 prints "WARNING The anonymous
     setting has no effect ..." for any value it is given, so the logger must not pass it."""
-    from framework.experiment.tracking import make_logger
+    from framework.session.loggers import make_logger
 
     logger = make_logger("wandb", tmp_path / "run", "run", "selfspec-test", {"a": 1})
     try:

@@ -87,7 +87,7 @@ def test_gate_values_k_itself_unlike_a_controller_that_stops_early():
     """alpha 0.7: drafting 1 token pays (1.7 / 1.65), drafting 3 does not (2.533 / 2.95)."""
     costs = synthetic_cost_model(4)
     assert costs.expected_speedup(0.7, 1, _CHEAP) > 1 > costs.expected_speedup(0.7, 3, _CHEAP)
-    on = GateConfig(enabled=True)
+    on = GateConfig(enabled=True, optimism=0.0)  # the point estimate: the arithmetic above
     fixed = GatedLength(FixedLength(FixedLengthConfig(k=3)), on)
     conf = GatedLength(ConfidenceLength(ConfidenceLengthConfig(max_length=3)), on)
     for ctl in (fixed, conf):
