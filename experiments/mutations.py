@@ -1,0 +1,290 @@
+"""The mutation suite: plant the bugs that matter, one at a time, and check that a test catches each.
+
+Each `Mutation` names a rule that decides correctness (the acceptance rules, the KV cache, the
+token tree) or a search that decides speed (the Bayesian optimisations, the draft gate, the
+compressed drafts), the exact source text it changes and the tests that must catch it. The script
+copies the repository's tracked files to a temporary directory once, then for each mutation applies
+the change there, runs its tests (``pytest -x``; the copy's own packages, not the installed ones),
+restores the file, and prints the kill table. A mutation is *killed* when a test fails, *survives*
+when its tests pass, and is an *error* when its text is no longer in the source (the rule moved:
+update the mutation) or its tests cannot run. The exit status is 0 only when every mutation is
+killed.
+
+    python experiments/mutations.py                      # every mutation (about 5 minutes on 2 cores)
+    python experiments/mutations.py --only swift_bo_random,gate_optimism_sign
+    python experiments/mutations.py --list
+
+A new rule adds its mutations here (CONTRIBUTING.md); ``tests/test_mutations.py`` (slow) runs the
+whole list in CI. The mechanics are ours (a string replacement per mutation): the list of
+meaningful mutations is the point, not mutation testing in bulk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One planted bug: in ``path`` replace ``old`` (which must occur exactly once) with ``new``;
+    ``tests`` (pytest node ids or files) must fail."""
+
+    name: str
+    why: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+V = "tests/strategies/verifiers/"
+MUTATIONS: tuple[Mutation, ...] = (
+    # ---- correctness: acceptance rules, cache, tree ------------------------------------------
+    Mutation(
+        "sampling_off_by_one",
+        "the target distribution of draft j read one position late",
+        "strategies/verifiers/sampling.py",
+        "p_d = p[:, :k].gather(-1, idx).squeeze(-1)",
+        "p_d = p[:, 1 : k + 1].gather(-1, idx).squeeze(-1)",
+        (V + "test_sampling_rule.py",),
+    ),
+    Mutation(
+        "sampling_inverted_ratio",
+        "accept with q/p instead of p/q",
+        "strategies/verifiers/sampling.py",
+        "(p_d / q_d.clamp_min(torch.finfo(p.dtype).tiny)).clamp(max=1.0)",
+        "(q_d / p_d.clamp_min(torch.finfo(p.dtype).tiny)).clamp(max=1.0)",
+        (V + "test_sampling_rule.py",),
+    ),
+    Mutation(
+        "greedy_accepts_one_more",
+        "the greedy verifier accepts one token past the first mismatch",
+        "strategies/verifiers/greedy.py",
+        "m = match.cumprod(dim=1).sum(dim=1)  # (B,)",
+        "m = (match.cumprod(dim=1).sum(dim=1) + 1).clamp(max=match.shape[1])  # (B,)",
+        (V + "test_greedy.py", "tests/strategies/test_combinations.py"),
+    ),
+    Mutation(
+        "kv_commit_one_too_many",
+        "a commit keeps one position more than verified",
+        "framework/engine/kv_cache.py",
+        "        self.committed = c + num\n",
+        "        self.committed = c + num + (1 if num else 0)\n",
+        ("tests/framework/engine/test_kv_cache.py",),
+    ),
+    Mutation(
+        "tree_wrong_parents",
+        "token-tree nodes hang off the previous chain node's parent",
+        "strategies/verifiers/tree.py",
+        "            parents.append(chain_idx)\n",
+        "            parents.append(max(0, chain_idx - 1))\n",
+        (V + "test_tree.py",),
+    ),
+    # ---- the selectors' rules ----------------------------------------------------------------
+    Mutation(
+        "clasp_argmin",
+        "CLaSp's DP keeps the least similar candidate",
+        "strategies/selectors/clasp_dp.py",
+        'sign = 1.0 if objective == "max_cosine" else -1.0',
+        'sign = -1.0 if objective == "max_cosine" else 1.0',
+        ("tests/strategies/selectors/test_clasp_dp.py",),
+    ),
+    Mutation(
+        "swift_inverted_matchness",
+        "SWIFT scores the tokens the draft gets wrong",
+        "strategies/selectors/swift.py",
+        "return float((predicted == target).float().mean())",
+        "return float((predicted != target).float().mean())",
+        ("tests/strategies/selectors/test_swift.py",),
+    ),
+    Mutation(
+        "del_exit_off_by_one",
+        "DEL exits one layer after the one its TPL chose",
+        "strategies/selectors/del_tpl.py",
+        "    e = int(layers[row])\n",
+        "    e = int(layers[row]) + 1\n",
+        ("tests/strategies/selectors/test_del_tpl.py",),
+    ),
+    Mutation(
+        "selfsd_flipped_objective",
+        "Self-SD's search maximises minus tokens/s",
+        "strategies/selectors/selfsd_bo.py",
+        "bo.observe(bits, score[key])",
+        "bo.observe(bits, -score[key])",
+        ("tests/strategies/selectors/test_selfsd_bo.py", "tests/strategies/selectors/test_bo_proposals.py"),
+    ),
+    # ---- the searches: their Bayesian proposals must be used -----------------------------------
+    Mutation(
+        "swift_bo_random",
+        "SWIFT fits its GP, then drafts a random set instead of the GP-UCB proposal",
+        "strategies/selectors/swift.py",
+        "            x = self.bo.suggest()\n",
+        "            x = self.bo.suggest()\n            x = self._random_candidate()\n",
+        ("tests/strategies/selectors/test_bo_proposals.py",),
+    ),
+    Mutation(
+        "selfsd_gp_random",
+        "Self-SD's 'gp' iterations propose a random point",
+        "strategies/selectors/selfsd_bo.py",
+        'bits, source = bo.suggest(), "gp"',
+        'bits, source = bo.random_point(), "gp"',
+        ("tests/strategies/selectors/test_bo_proposals.py",),
+    ),
+    Mutation(
+        "sweep_bayes_argmin",
+        "the local bayes sweep runs the candidate of least expected improvement",
+        "framework/sweep/bayes.py",
+        "return pool[int(torch.argmax(scores))]",
+        "return pool[int(torch.argmin(scores))]",
+        ("tests/framework/sweep/test_sweep_bayes.py",),
+    ),
+    # ---- compressed drafts: exact output, but acceptance must not collapse ----------------------
+    Mutation(
+        "int8_scale_fused",
+        "the CPU kernels' int8 copy saturates (a scale four times too small)",
+        "framework/kernels/fused.py",
+        "scale = (w.abs().amax(dim=1) / 127.0)",
+        "scale = (w.abs().amax(dim=1) / 508.0)",
+        ("tests/framework/kernels/test_fused.py",),
+    ),
+    Mutation(
+        "fp8_scale_lowbit",
+        "the fp8 copy is scaled for int8's range (a quarter of e4m3's)",
+        "framework/kernels/lowbit.py",
+        'top = FP8_MAX if fmt == "fp8" else 127.0',
+        'top = 127.0 if fmt == "fp8" else 127.0',
+        ("tests/framework/kernels/test_lowbit.py",),
+    ),
+    Mutation(
+        "int8_scale_lowbit",
+        "the low-bit int8 copy saturates (a scale four times too small)",
+        "framework/kernels/lowbit.py",
+        'top = FP8_MAX if fmt == "fp8" else 127.0',
+        'top = FP8_MAX if fmt == "fp8" else 508.0',
+        (
+            "tests/framework/drafting/test_draft_vocab.py::test_low_bit_drafts_differ_from_the_target_only_by_rounding",
+        ),
+    ),
+    Mutation(
+        "lowbit_never_switched_on",
+        "draft passes keep the model's own weights: the copy never runs",
+        "framework/kernels/lowbit.py",
+        "    fmt = _ACTIVE[0]\n    if fmt is not None:\n",
+        "    fmt = _ACTIVE[0]\n    if fmt is None:\n",
+        (
+            "tests/framework/drafting/test_draft_vocab.py::test_low_bit_copies_run_in_drafts_only_and_the_output_is_unchanged",
+        ),
+    ),
+    # ---- the draft gate and the run's messages ---------------------------------------------------
+    Mutation(
+        "gate_optimism_sign",
+        "the gate decides on a lower bound of the acceptance instead of an upper one",
+        "framework/drafting/gate.py",
+        "return min(1.0, alpha + self.optimism * sd)",
+        "return min(1.0, alpha - self.optimism * sd)",
+        ("tests/framework/drafting/test_gate.py",),
+    ),
+    Mutation(
+        "user_valueerror_as_bad_input",
+        "a ValueError in the user's own strategy is reported as a bad flag",
+        "framework/session/errors.py",
+        "if isinstance(err, ValueError) and not frames:",
+        "if isinstance(err, ValueError):",
+        ("tests/framework/session/test_errors.py",),
+    ),
+)
+
+
+def _copy_repo(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def run_mutation(m: Mutation, repo: Path, timeout: float) -> tuple[str, float, str]:
+    """``(status, seconds, detail)`` of one mutation applied in ``repo`` (restored afterwards)."""
+    path = repo / m.path
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        return "error", 0.0, f"the text to mutate occurs {text.count(m.old)} times in {m.path}"
+    path.write_text(text.replace(m.old, m.new))
+    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1", SELFSPEC_DEBUG="")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        *m.tests,
+    ]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "error", time.perf_counter() - t0, f"tests ran over {timeout:.0f} s"
+    finally:
+        path.write_text(text)
+    seconds = time.perf_counter() - t0
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode == 1:
+        return "killed", seconds, last
+    if proc.returncode == 0:
+        return "SURVIVED", seconds, last
+    return "error", seconds, f"pytest exit {proc.returncode}: {last or proc.stderr.strip()[-200:]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated mutation names (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per mutation's tests")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - {m.name for m in MUTATIONS}
+    if unknown:
+        print(f"error: unknown mutation(s) {sorted(unknown)}; --list names them", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<30} {m.path}: {m.why}")
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="selfspec-mutations-") as tmp:
+        repo = Path(tmp)
+        _copy_repo(repo)
+        for m in chosen:
+            status, seconds, detail = run_mutation(m, repo, args.timeout)
+            rows.append((m, status, seconds, detail))
+            print(f"{m.name:<30} {status:<9} {seconds:6.1f} s  {detail}", flush=True)
+    print("\n| mutation | what it plants | file | caught by | result |\n|---|---|---|---|---|")
+    for m, status, _, _ in rows:
+        print(f"| `{m.name}` | {m.why} | `{m.path}` | {', '.join(f'`{t}`' for t in m.tests)} | {status} |")
+    bad = [m.name for m, status, _, _ in rows if status != "killed"]
+    print(
+        f"\n{len(rows) - len(bad)} of {len(rows)} mutations killed"
+        + (f"; not killed: {', '.join(bad)}" if bad else "")
+    )
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
