@@ -13,9 +13,22 @@ from typing import Any
 import numpy as np
 
 from . import stats
-from .common import R1, SW, Claim, Ctx, build, committed, decode, fmt, measured, static_spec, ternary
+from .common import (
+    NOT_TESTABLE,
+    R1,
+    SW,
+    Claim,
+    Ctx,
+    build,
+    committed,
+    decode,
+    fmt,
+    measured,
+    static_spec,
+    ternary,
+)
 from .measure import swift_drive, swift_steps, timed_compare, timed_configs, timed_speedup
-from .selfsd import c_sd_searched, c_sd_skip_count
+from .selfsd import c_sd_searched
 from .stats import above, alpha, show, speed
 
 TREE = ("tree", {"band_edges": (0.5, 0.8, 0.95), "band_widths": (10, 5, 3, 1)})
@@ -32,27 +45,49 @@ def c_sw_tree(ctx: Ctx) -> dict[str, Any]:
     chain = decode(ctx, "odd blocks, chain", static_spec(odd), SWIFT_LENGTH)
     tr = decode(ctx, "odd blocks, tree", static_spec(odd), SWIFT_LENGTH, verifier=TREE)
     timed = timed_compare(
-        ctx, {"odd blocks, tree": {"selector": static_spec(odd), "length": SWIFT_LENGTH, "verifier": TREE}}
+        ctx,
+        {
+            "odd blocks, tree": {"selector": static_spec(odd), "length": SWIFT_LENGTH, "verifier": TREE},
+            "odd blocks, chain": {"selector": static_spec(odd), "length": SWIFT_LENGTH},
+        },
     )
-    t = timed["odd blocks, tree"]
+    t, c = timed["odd blocks, tree"], timed["odd blocks, chain"]
     text = (
         f"SWIFT's initial odd-block set ({odd.num_skipped} of {2 * ctx.L} sub-layers), confidence 0.8: chain alpha "
-        f"{fmt(chain.alpha)}, M {fmt(chain.M, 2)}; top-k tree alpha {fmt(tr.alpha)}, M {fmt(tr.M, 2)}; tree timed vs "
-        f"vanilla: {show(timed_speedup(t))}x ({t['repeats']} pass(es) over {len(t['tps']['method'])} prompts)"
+        f"{fmt(chain.alpha)}, M {fmt(chain.M, 2)}; top-k tree alpha {fmt(tr.alpha)}, M {fmt(tr.M, 2)}; timed vs "
+        f"vanilla: tree {show(timed_speedup(t))}x, chain {show(timed_speedup(c))}x ({t['repeats']} pass(es) over "
+        f"{len(t['tps']['method'])} prompts)"
     )
-    return measured(text, {"chain": chain.counts(), "tree": tr.counts(), "timed": t})
+    return measured(text, {"chain": chain.counts(), "tree": tr.counts(), "timed": t, "timed_chain": c})
+
+
+def tree_over_chain(n: dict[str, Any]) -> dict[str, float] | None:
+    """The tree's timed speed over the chain's, same prompts (bootstrap over prompts); ``None``
+    for numbers saved before the chain was timed."""
+    if "timed_chain" not in n:
+        return None
+    t, c = n["timed"]["tps"], n["timed_chain"]["tps"]
+    tm, tv = np.asarray(t["method"]), np.asarray(t["vanilla"])
+    cm, cv = np.asarray(c["method"]), np.asarray(c["vanilla"])
+    return stats.bootstrap(
+        lambda i: float((tm[i].sum() / tv[i].sum()) / (cm[i].sum() / cv[i].sum())), len(tm)
+    )
 
 
 def d_sw_tree(n: dict[str, Any]) -> tuple[str, str]:
-    gain = stats.ratio(alpha, n["tree"], n["chain"])
+    gain = tree_over_chain(n)
     spd = timed_speedup(n["timed"])
+    if gain is None:
+        return NOT_TESTABLE, "the saved numbers have no timed chain (run again)"
     v, why = ternary(
         {
-            "the tree raises alpha by >= 15%": above(gain, 1.15),
+            "the tree is faster than the chain (its extra candidates pay for their verification)": above(
+                gain, 1.0
+            ),
             "the tree is faster than vanilla": above(spd, 1.0),
         }
     )
-    return v, why + f"; alpha tree / chain = {show(gain)}; tree speed {show(spd)}x"
+    return v, why + f"; tree / chain speed {show(gain)}; tree speed {show(spd)}x"
 
 
 # ---- #12 convergence -----------------------------------------------------------------------------
@@ -92,31 +127,49 @@ def d_sw_converge(n: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def _size(plan: dict[str, Any]) -> int:
+    return len(plan["attn_skip"]) + len(plan["mlp_skip"])
+
+
 def c_sw_matchness_alpha(ctx: Ctx) -> dict[str, Any]:
     searched = c_sd_searched(ctx)["numbers"]
-    sweep = c_sd_skip_count(ctx)["numbers"]
-    pts = [(f"{k} set", v["matchness"], v["counts"]) for k, v in searched["sets"].items()]
-    pts += [(f"random set {j}", v["matchness"], v["counts"]) for j, v in enumerate(searched["random"])]
-    pts += [(f"uniform r={k}", v["matchness"], v["counts"]) for k, v in sweep["r"].items()]
+    pts = [(f"{k} set", v["matchness"], v["counts"], _size(v["plan"])) for k, v in searched["sets"].items()]
+    pts += [
+        (f"random set {j}", v["matchness"], v["counts"], _size(v["plan"]))
+        for j, v in enumerate(searched["random"])
+    ]
     pts = [p for p in pts if p[1] is not None]
     rho_a = stats.spearman([p[1] for p in pts], [alpha(p[2]) for p in pts]) if len(pts) >= 3 else float("nan")
     rho_s = stats.spearman([p[1] for p in pts], [speed(p[2]) for p in pts]) if len(pts) >= 3 else float("nan")
+    size = pts[0][3] if pts else 0
     text = (
-        f"{len(pts)} skip sets (searched, first / middle / last, random, uniform sweep): Spearman rho(matchness, alpha) "
-        f"= {fmt(rho_a)}, rho(matchness, modelled speedup) = {fmt(rho_s)}"
+        f"{len(pts)} skip sets of {size} sub-layers each (sd_searched: searched, first / middle / last, random): "
+        f"Spearman rho(matchness, alpha) = {fmt(rho_a)}, rho(matchness, modelled speedup) = {fmt(rho_s)}"
     )
     return measured(
         text,
         {
             "points": [
-                {"set": p[0], "matchness": p[1], "alpha": alpha(p[2]), "speedup": speed(p[2])} for p in pts
+                {"set": p[0], "matchness": p[1], "alpha": alpha(p[2]), "speedup": speed(p[2]), "size": p[3]}
+                for p in pts
             ]
         },
     )
 
 
+def equal_size(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The candidates of the searched set's size (SWIFT compares candidates of one size, r fixed);
+    points saved without a size keep the sets that were not the uniform sweep's."""
+    if all("size" in p for p in points):
+        size = next(
+            (p["size"] for p in points if p["set"] == "searched set"), points[0]["size"] if points else 0
+        )
+        return [p for p in points if p["size"] == size]
+    return [p for p in points if not str(p.get("set", "")).startswith("uniform")]
+
+
 def d_sw_matchness_alpha(n: dict[str, Any]) -> tuple[str, str]:
-    pts = n["points"]
+    pts = equal_size(n["points"])
     m = [p["matchness"] for p in pts]
     out, shown = {}, []
     for key, label in (("alpha", "rho(matchness, alpha) > 0"), ("speedup", "rho(matchness, speedup) > 0")):
@@ -126,7 +179,7 @@ def d_sw_matchness_alpha(n: dict[str, Any]) -> tuple[str, str]:
         out[label] = bool(np.isfinite(rho) and rho > 0 and p < 0.05)
         shown.append(f"{key}: rho {rho:.3f}, one-sided p {p:.4f}")
     v, why = ternary(out)
-    return v, why + f"; {len(pts)} sets; " + "; ".join(shown)
+    return v, why + f"; {len(pts)} sets of one size; " + "; ".join(shown)
 
 
 # ---- #14 optimisation overhead ----------------------------------------------------------------
@@ -169,16 +222,10 @@ def c_sw_overhead(ctx: Ctx) -> dict[str, Any]:
 
 
 def d_sw_overhead(n: dict[str, Any]) -> tuple[str, str]:
-    t = n["window_times"]
-    big = max((int(g) for g in t if int(g) > 32), default=None)
-    grows = "32" in t and big is not None and max(t["32"]) < min(t[str(big)])
-    v, why = ternary(
-        {
-            "a step costs <= 3% of a decoding step": n["step_ratio"] <= 0.03,
-            f"its cost grows with gamma (32 -> {big})": grows,
-        }
-    )
-    return v, why + f"; a step = {100 * n['step_ratio']:.1f}% of a decoding step"
+    """Only the step's share is decided: that a teacher-forced pass over more tokens costs more
+    is true of our own pass by construction (its window times stay in the numbers)."""
+    ok = n["step_ratio"] <= 0.03
+    return ("yes" if ok else "no"), f"a step = {100 * n['step_ratio']:.1f}% of a decoding step (rule: <= 3%)"
 
 
 # ---- #17 expected speedup ---------------------------------------------------------------------
@@ -235,10 +282,11 @@ CLAIMS: list[Claim] = [
         f"{R1} #10",
         "With the uniform odd-block set, confidence-banded top-k tree verification raises acceptance by ~30% and turns ~1.0x into >1x",
         c_sw_tree,
-        rule="SWIFT's initial odd-block set, confidence 0.8, K = 25, chain vs tree (bands 10/5/3/1): (a) the CI of "
-        "alpha(tree) / alpha(chain) lies above 1.15 (at least half the paper's +30%); (b) the tree's timed speed "
-        "ratio to vanilla decoding has its CI above 1.0 (paper: 1.22x at 13B). yes if (a) and (b); partly if one; "
-        "no if neither",
+        rule="SWIFT's initial odd-block set, confidence 0.8, K = 25, chain vs tree (bands 10/5/3/1), both timed "
+        "against vanilla on the same prompts: (a) the tree's speed over the chain's has its CI (bootstrap over "
+        "prompts) above 1.0: what the tree's extra candidates win pays for verifying them (a higher alpha alone "
+        "holds by construction: the tree contains the chain); (b) the tree's speed ratio to vanilla has its CI "
+        "above 1.0 (paper: ~1.0x -> 1.22x at 13B). yes if (a) and (b); partly if one; no if neither",
         decide=d_sw_tree,
     ),
     Claim(
@@ -269,8 +317,9 @@ CLAIMS: list[Claim] = [
         f"{R1} #13",
         "Across candidate sets, matchness correlates positively with realised alpha and speed (Spearman > 0)",
         c_sw_matchness_alpha,
-        rule="over every decoded set of sd_searched and sd_skip_count (searched, first, middle, last, the random "
-        "sets, the uniform sweep): (a) Spearman rho(matchness, alpha) > 0 with a one-sided permutation p < 0.05; "
+        rule="over the decoded sets of sd_searched, all of one size as in SWIFT's search (searched, first, "
+        "middle, last, the random sets; the uniform sweep's sets of other sizes are left out: across sizes both "
+        "measures follow the size): (a) Spearman rho(matchness, alpha) > 0 with a one-sided permutation p < 0.05; "
         "(b) the same for rho(matchness, modelled speedup). yes if (a) and (b); partly if one; no if neither",
         decide=d_sw_matchness_alpha,
     ),
@@ -280,10 +329,10 @@ CLAIMS: list[Claim] = [
         f"{R1} #14",
         "An optimisation step is <= 1-2% of per-token latency at gamma = 32 and grows with gamma",
         c_sw_overhead,
-        rule="(a) the median optimisation step costs <= 3% of a plain decoding step (paper: 0.24 ms per token x M "
-        "5.82 = 1.4 ms per step vs 49.8 ms per vanilla token = 2.8%); (b) a matchness pass at the largest window "
-        "that fits (128, else 64) is slower than at 32: the slowest of 5 runs at 32 below the fastest of 5 at the "
-        "larger window (paper: 0.244 -> 0.425 ms). yes if (a) and (b); partly if one; no if neither",
+        rule="the median optimisation step costs <= 3% of a plain decoding step (paper: 0.24 ms per token x M "
+        "5.82 = 1.4 ms per step vs 49.8 ms per vanilla token = 2.8%). yes if it does, no otherwise. The claim's "
+        "second half (the step grows with gamma) is not decided: a teacher-forced pass over more tokens costs more "
+        "by construction; the window times are reported",
         decide=d_sw_overhead,
     ),
     Claim(

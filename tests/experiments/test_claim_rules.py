@@ -155,10 +155,27 @@ SYNTHETIC = {
         "no": {"curve": [1.0] * 100},
         "not testable here": {"curve": [1.0, 1.2, 1.3]},
     },
-    "sw_tree": {
-        "yes": {"chain": cfg(0.5), "tree": cfg(0.65), "timed": {"tps": tps(1.22)}},
-        "partly": {"chain": cfg(0.5), "tree": cfg(0.65), "timed": {"tps": tps(0.7)}},
-        "no": {"chain": cfg(0.5), "tree": cfg(0.52), "timed": {"tps": tps(0.7)}},
+    "sw_tree": {  # the tree against the chain, both timed against vanilla on the same prompts
+        "yes": {
+            "chain": cfg(0.5),
+            "tree": cfg(0.65),
+            "timed": {"tps": tps(1.22)},
+            "timed_chain": {"tps": tps(1.0)},
+        },
+        "partly": {
+            "chain": cfg(0.5),
+            "tree": cfg(0.65),
+            "timed": {"tps": tps(1.1)},
+            "timed_chain": {"tps": tps(1.2)},
+        },
+        "no": {
+            "chain": cfg(0.5),
+            "tree": cfg(0.65),
+            "timed": {"tps": tps(0.7)},
+            "timed_chain": {"tps": tps(0.9)},
+        },
+        # numbers saved before the chain was timed: a higher alpha alone proves nothing
+        "not testable here": {"chain": cfg(0.5), "tree": cfg(0.65), "timed": {"tps": tps(1.22)}},
     },
     "sw_converge": {
         "yes": {
@@ -184,17 +201,31 @@ SYNTHETIC = {
         "yes": {
             "points": [{"matchness": i / 10, "alpha": i / 12, "speedup": 0.5 + i / 20} for i in range(10)]
         },
+        # only candidates of one size count: sets of other sizes (the uniform sweep) that would
+        # make the correlation positive are left out
+        "no": {
+            "points": [
+                {
+                    "set": f"random set {i}",
+                    "size": 8,
+                    "matchness": i / 10,
+                    "alpha": 1 - i / 12,
+                    "speedup": 1 - i / 20,
+                }
+                for i in range(10)
+            ]
+            + [
+                {"set": f"uniform r={i}", "size": i, "matchness": i / 10, "alpha": i / 12, "speedup": i / 20}
+                for i in range(30)
+            ]
+        },
         "partly": {
             "points": [{"matchness": i / 10, "alpha": i / 12, "speedup": 1.0 - i / 20} for i in range(10)]
         },
-        "no": {
-            "points": [{"matchness": i / 10, "alpha": 1 - i / 12, "speedup": 1.0 - i / 20} for i in range(10)]
-        },
     },
-    "sw_overhead": {
-        "yes": {"step_ratio": 0.02, "window_times": {"32": [1.0, 1.1], "128": [1.7, 1.8]}},
-        "partly": {"step_ratio": 2.0, "window_times": {"32": [1.0, 1.1], "64": [1.7, 1.8]}},
-        "no": {"step_ratio": 2.0, "window_times": {"32": [1.0, 1.8], "64": [1.7, 1.8]}},
+    "sw_overhead": {  # decided on the step's share only (a longer window costs more by construction)
+        "yes": {"step_ratio": 0.02, "window_times": {"32": [1.0, 1.8], "128": [1.7, 1.8]}},
+        "no": {"step_ratio": 2.0, "window_times": {"32": [1.0, 1.1], "64": [1.7, 1.8]}},
     },
     "sw_expected": {
         "yes": {
@@ -300,10 +331,20 @@ SYNTHETIC = {
         "partly": {"heldout": {"a": {"a": 1.0, "b": 0.6}, "b": {"a": 1.2, "b": 1.0}}},
         "no": {"heldout": {c: {o: 0.05 for o in "abc"} for c in "abc"}},
     },
-    "both_draft_share": {
-        "yes": {"configs": {"a": {"phases": phases(noisy(0.6, 0.02), noisy(0.27, 0.02))}}},
-        "partly": {"configs": {"a": {"phases": phases(noisy(0.47, 0.02), noisy(0.4, 0.02))}}},
-        "no": {"configs": {"a": {"phases": phases(noisy(0.4, 0.02), noisy(0.47, 0.02))}}},
+    "both_draft_share": {  # decided on the configurations faster than vanilla only
+        "yes": {
+            "configs": {
+                "a": {"phases": phases(noisy(0.6, 0.02), noisy(0.27, 0.02)), "tps": tps(1.3)},
+                "slow": {"phases": phases(noisy(0.3, 0.02), noisy(0.6, 0.02)), "tps": tps(0.7)},
+            }
+        },
+        "partly": {
+            "configs": {"a": {"phases": phases(noisy(0.47, 0.02), noisy(0.4, 0.02)), "tps": tps(1.3)}}
+        },
+        "no": {"configs": {"a": {"phases": phases(noisy(0.4, 0.02), noisy(0.47, 0.02)), "tps": tps(1.3)}}},
+        "not testable here": {
+            "configs": {"a": {"phases": phases(noisy(0.6, 0.02), noisy(0.27, 0.02)), "tps": tps(0.8)}}
+        },
     },
     "overheads": {
         "yes": {
@@ -355,6 +396,8 @@ SYNTHETIC = {
 }
 
 BY_ID = {c.id: c for c in claims.CLAIMS}
+#: Claims decided on one condition (yes or no).
+BINARY = {"sw_overhead"}
 CASES = [(cid, v) for cid, cases in SYNTHETIC.items() for v in cases]
 
 
@@ -363,7 +406,13 @@ def test_every_rule_is_exercised_with_every_verdict():
     for c in claims.CLAIMS:
         if c.decide is None:
             continue
-        want = {"pass", "fail"} if c.kind == "check" else {"yes", "partly", "no"}
+        want = (
+            {"pass", "fail"}
+            if c.kind == "check"
+            else {"yes", "no"}
+            if c.id in BINARY
+            else {"yes", "partly", "no"}
+        )
         assert c.id in SYNTHETIC, c.id
         assert want <= set(SYNTHETIC[c.id]), (c.id, sorted(SYNTHETIC[c.id]))
 
