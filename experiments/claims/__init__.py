@@ -139,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         help="apply the current verdict rules to a saved run's numbers (its claims.jsonl) and write its "
         "report again (to --out, else beside the file); measures nothing",
     )
+    ap.add_argument(
+        "--preface",
+        default=None,
+        metavar="MARKDOWN",
+        help="with --redecide: put this file's text before the report (the docs page is the preface "
+        "plus the report of the committed numbers)",
+    )
     args = ap.parse_args(argv)
     mode = "full" if args.full else ("smoke" if args.smoke else "quick")
     if args.smoke and args.model:
@@ -151,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.id:<20} {c.paper:<26} {what}{kind}")
         return 0
     if args.redecide:
-        return redecide(Path(args.redecide), by_id, Path(args.out) if args.out else None)
+        preface = Path(args.preface).read_text() if args.preface else ""
+        return redecide(Path(args.redecide), by_id, Path(args.out) if args.out else None, preface)
     if args.claims:
         wanted = [s.strip() for s in args.claims.split(",") if s.strip()]
         bad = [w for w in wanted if w not in by_id]
@@ -290,9 +298,10 @@ def render(by_id: dict[str, Claim], records: list[dict], env: dict, elapsed: flo
     return "\n".join(lines)
 
 
-def redecide(path: Path, by_id: dict[str, Claim], out_dir: Path | None) -> int:
+def redecide(path: Path, by_id: dict[str, Claim], out_dir: Path | None, preface: str = "") -> int:
     """``--redecide``: the verdicts of a saved run from its numbers with the current rules (each
-    `Claim.decide` is a pure function of the numbers), and its report written again."""
+    `Claim.decide` is a pure function of the numbers), and its report written again, after
+    ``preface`` (the docs page's own text)."""
     recs: dict[str, dict] = {}
     for line in path.read_text().splitlines():
         if line.strip():
@@ -311,7 +320,11 @@ def redecide(path: Path, by_id: dict[str, Claim], out_dir: Path | None) -> int:
         records.append(rec)
     env = records[0]["env"] if records else {}
     elapsed = sum(r.get("seconds", 0.0) for r in records)
-    report = render(by_id, records, env, elapsed) + f"\n\n(verdicts re-decided from {path} by --redecide)"
+    report = (
+        preface
+        + render(by_id, records, env, elapsed)
+        + f"\n\n(verdicts re-decided from {path} by --redecide)"
+    )
     print(report)
     target = (out_dir or path.parent) / "report.md"
     target.parent.mkdir(parents=True, exist_ok=True)
