@@ -205,11 +205,27 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+#: Folders a copy leaves out when the tree is not a git checkout (else git's own ignore rules).
+_SKIP = {".git", ".venv", ".venv-ci", "runs", "site", "__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+def _tracked() -> list[str]:
+    """The repository's files: git's tracked and untracked-not-ignored ones, or a walk of the tree
+    without `_SKIP` where it is not a git checkout (a copied snapshot)."""
+    proc = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
+    if proc.returncode == 0:
+        return proc.stdout.splitlines()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP and not d.endswith(".egg-info")]
+        out += [str(Path(dirpath, f).relative_to(ROOT)) for f in filenames]
+    return out
+
+
 def _copy_repo(dest: Path) -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.splitlines()
-    for rel in files:
+    for rel in _tracked():
         src = ROOT / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
