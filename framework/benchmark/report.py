@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from framework.benchmark.config import BASELINE, BenchConfig
+from framework.benchmark.load import load_line
 from framework.benchmark.story import what_happened
 from framework.results import plots
 from framework.results.compare import mismatch_note
@@ -150,7 +151,7 @@ def results_markdown(summary: dict[str, Any]) -> str:
     cost model's prediction."""
     cats = [c for c in summary["categories"] if c != "overall"]
     head = ["method", *cats, "**overall**", "spread (std; min-max)", "tok/s", "M", "alpha", "gate declined"]
-    head += ["mismatches", "cost model: ceiling / best drafting / its rounds"]
+    head += ["mismatches", "cost model: best fixed k / best fixed k >= 1 / its rounds"]
     rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for method, e in summary["methods"].items():
         if e["error"] and not e["prompts"]:
@@ -236,6 +237,8 @@ def render_report(
     method_costs: Mapping[str, Any] | None = None,
     graphs: tuple[int, float] | None = None,
     run_notes: Mapping[str, list[str]] | None = None,
+    load: Mapping[str, Any] | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
     reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
@@ -243,7 +246,8 @@ def render_report(
     (`framework.benchmark.story.what_happened`). ``graphs``: with ``--cuda-graphs``, the graphs
     recorded before timing and their seconds (the records say how many were recorded while timed).
     ``run_notes``: what each method cannot do as configured (`framework.session.notes`), listed
-    under the story."""
+    under the story. ``load``: the machine's load while timed (`framework.benchmark.load`), a
+    header line; ``warnings``: why the timings may not be trusted, in the header and the story."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg.run
     lines = [
@@ -258,6 +262,8 @@ def render_report(
         + f"; max_new_tokens {run.generation.max_new_tokens}; dtype {run.model.dtype}; greedy, batch 1; warm-up {run.runner.warmup} "
         f"generation(s) per method; {cfg.repeats} repeat(s); {elapsed:.0f} s timed",
     ]
+    lines.append(load_line(load))
+    lines += [f"- **warning**: {w}" for w in warnings]
     if hf:
         lines.append("- HF methods: " + "; ".join(f"{k}: {v}" for k, v in hf.items()))
     if graphs is not None:
@@ -278,14 +284,17 @@ def render_report(
         "draft gate turned into plain steps ('off': no gate; a ':raw' row is its method with the gate off, "
         "`--raw`). Mismatches = prompts whose tokens "
         "differ from vanilla greedy decoding. The cost model column: the best speedup the measured cost "
-        "model predicts at the method's measured alpha and skip ratio (ceiling over k = 0..16, and the "
-        "best with drafting, k >= 1), then what it predicts for the rounds the method actually ran (its "
-        "draft lengths, plans and verified blocks; measured / this = the engine's efficiency).",
+        "model predicts for a fixed draft length k at the method's measured alpha and skip ratio (over "
+        "k = 0..16, and over k >= 1), assuming i.i.d. acceptance; not a ceiling: a length controller "
+        "that stops where the draft is unsure can beat it. Then what the cost model predicts for the "
+        "rounds the method actually ran (its draft lengths, plans and verified blocks; measured / this "
+        "= the engine's efficiency).",
         "",
         results_markdown(summary),
         "",
         "What happened:",
         "",
+        *(f"- **These timings may not be trustworthy**: {w}." for w in warnings),
         what_happened(summary, method_costs),
         *(
             f"- **{label}**, as configured: {note}"

@@ -18,6 +18,8 @@ import torch
 
 from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec, method_section
 from framework.benchmark.hf import HFGenerateDecoder
+from framework.benchmark.load import LoadMonitor, vanilla_spread
+from framework.benchmark.load import warnings as load_warnings
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.benchmark.tracking import log_benchmark
 from framework.config import ConfigError
@@ -172,9 +174,11 @@ def run_benchmark(
     bench.write_meta()
     bench.warm_up()
     t_start = time.perf_counter()
+    monitor = LoadMonitor().start()  # what other processes did to the machine while timed
     with bench.records_path.open("a", encoding="utf-8") as fh, written_on_interrupt(bench.write_answers):
         for rep in range(cfg.repeats):
             bench.decode_repeat(rep, fh)
+    bench.load_info = monitor.stop()
     return bench.finish(time.perf_counter() - t_start)
 
 
@@ -383,9 +387,26 @@ class _Bench:
         self.log(f"[bench] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
         return paths
 
+    def trust(self) -> tuple[dict[str, Any] | None, list[str]]:
+        """The machine's load while timed and the warnings it and the baseline's repeats call
+        for (`framework.benchmark.load`); both go into ``meta.json`` too."""
+        load = getattr(self, "load_info", None)
+        by_rep: dict[int, list[float]] = {}
+        for r in self.records:
+            if r["method"] == BASELINE and not r.get("error"):
+                by_rep.setdefault(r["repeat"], [0.0, 0.0])
+                by_rep[r["repeat"]][0] += r["new_tokens"]
+                by_rep[r["repeat"]][1] += r["wall_time"]
+        spread = vanilla_spread([t / w for t, w in by_rep.values() if w > 0])
+        said = load_warnings(load, spread)
+        self.meta |= {"load": load, "vanilla_repeat_spread": spread, "warnings": said}
+        (self.out_dir / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        return load, said
+
     def finish(self, elapsed: float) -> dict[str, Any]:
         """The summary, the plots, the report (``bench.md``) and the answer files."""
         cost, specs = self.cost, self.specs
+        load, said = self.trust()
         heads = head_costs(cost, specs, self.decoders, self.base.adapter) if cost is not None else {}
         method_costs = {s.label: heads.get(s.label, cost) for s in specs}
         summary = summarize(self.records, [s.label for s in specs], method_costs)
@@ -407,6 +428,8 @@ class _Bench:
             method_costs,
             graphs=self.graphs,
             run_notes=self.run_notes(),
+            load=load,
+            warnings=said,
         )
         (self.out_dir / "bench.md").write_text(report)
         self.log("\n" + report)

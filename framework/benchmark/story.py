@@ -95,13 +95,15 @@ def method_sentence(label: str, e: Mapping[str, Any], cost: Any = None) -> str |
             sentence += (
                 f" A draft token cost {draft:.2f} of a full step ({before:.2f} of it before any layer ran: "
                 f"embedding, final norm, LM head), so at {_pct(cm['alpha'])} acceptance the cost model's "
-                f"best for any draft length is {_x(cm['ceiling'])}"
-                + (" (not drafting at all)." if cm["ceiling_k"] == 0 else f" (k = {cm['ceiling_k']}).")
+                f"best for a fixed draft length is {_x(cm['ceiling'])}"
+                + (" (not drafting at all)" if cm["ceiling_k"] == 0 else f" (k = {cm['ceiling_k']})")
+                + " (a controller that stops early where confidence is low can do better)."
             )
         else:
             sentence += (
                 f" Most of its drafts were copied from the context (no forward pass), so a draft costs "
-                f"little; the cost model's best at {_pct(cm['alpha'])} acceptance is {_x(cm['ceiling'])}."
+                f"little; the cost model's best for a fixed draft length at {_pct(cm['alpha'])} acceptance is "
+                f"{_x(cm['ceiling'])}."
             )
     if e.get("mismatches"):
         sentence += (
