@@ -7,6 +7,7 @@ size. Tensors are annotated ``name: LongTensor (B, K)`` in docstrings.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,9 +114,10 @@ class LayerPlan:
     def runs_mlp(self, i: int) -> bool:
         return i < self.blocks_run and not self.mlp_skip[i]
 
-    @property
+    @functools.cached_property
     def num_skipped(self) -> int:
-        """Sub-layers not computed, early-exited blocks included."""
+        """Sub-layers not computed, early-exited blocks included (computed once: plans are frozen,
+        and a declined round's record reads it every round)."""
         return sum(not self.runs_attn(i) for i in range(self.num_layers)) + sum(
             not self.runs_mlp(i) for i in range(self.num_layers)
         )
