@@ -224,6 +224,22 @@ def graphs_line(graphs: tuple[int, float], summary: dict[str, Any]) -> str:
     return f"- CUDA graphs: {n} recorded before timing ({seconds:.1f} s); recorded while timed: {timed or 'none'}"
 
 
+#: The report's explanation of its table.
+LEGEND = (
+    "Speedup = mean tokens/s of the method / mean tokens/s of our vanilla baseline (ratio of means), "
+    "interleaved on the same prompts; with several repeats, the mean over repeats of each repeat's "
+    "ratio. M = tokens per verification round, bonus included. Gate declined = share of rounds the "
+    "draft gate turned into plain steps ('off': no gate; a ':raw' row is its method with the gate off, "
+    "`--raw`). Mismatches = prompts whose tokens "
+    "differ from vanilla greedy decoding. The cost model column: the best speedup the measured cost "
+    "model predicts for a fixed draft length k at the method's measured alpha and skip ratio (over "
+    "k = 0..16, and over k >= 1), assuming i.i.d. acceptance; not a ceiling: a length controller "
+    "that stops where the draft is unsure can beat it. Then what the cost model predicts for the "
+    "rounds the method actually ran (its draft lengths, plans and verified blocks; measured / this "
+    "= the engine's efficiency)."
+)
+
+
 def render_report(
     cfg: BenchConfig,
     summary: dict[str, Any],
@@ -278,17 +294,7 @@ def render_report(
         )
     lines += [
         "",
-        "Speedup = mean tokens/s of the method / mean tokens/s of our vanilla baseline (ratio of means), "
-        "interleaved on the same prompts; with several repeats, the mean over repeats of each repeat's "
-        "ratio. M = tokens per verification round, bonus included. Gate declined = share of rounds the "
-        "draft gate turned into plain steps ('off': no gate; a ':raw' row is its method with the gate off, "
-        "`--raw`). Mismatches = prompts whose tokens "
-        "differ from vanilla greedy decoding. The cost model column: the best speedup the measured cost "
-        "model predicts for a fixed draft length k at the method's measured alpha and skip ratio (over "
-        "k = 0..16, and over k >= 1), assuming i.i.d. acceptance; not a ceiling: a length controller "
-        "that stops where the draft is unsure can beat it. Then what the cost model predicts for the "
-        "rounds the method actually ran (its draft lengths, plans and verified blocks; measured / this "
-        "= the engine's efficiency).",
+        LEGEND,
         "",
         results_markdown(summary),
         "",
