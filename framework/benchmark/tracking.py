@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from framework.session.loggers import make_logger
+from framework.session.loggers import close_logger, make_logger
 
 
 def flat_config(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -60,11 +60,17 @@ def log_benchmark(
     from pytorch_lightning.loggers import WandbLogger
 
     metrics = method_metrics(summary)
-    if not isinstance(logger, WandbLogger):
+    if isinstance(logger, WandbLogger):
+        _wandb_extras(logger, metrics, summary, report, plots)
+    else:
         logger.log_metrics(metrics, step=0)
-        logger.save()
-        log(f"[bench] metrics: {logger.log_dir}")
-        return
+    close_logger(logger, log, "[bench]")
+
+
+def _wandb_extras(
+    logger: Any, metrics: dict[str, float], summary: Mapping[str, Any], report: str, plots: Mapping[str, str]
+) -> None:
+    """The metrics, the results table, the report and the plots in one W&B log call."""
     import wandb
 
     columns = ["method", "speedup", "tokens_per_s", "M", "alpha", "mismatches"]
@@ -82,13 +88,7 @@ def log_benchmark(
             **{f"plots/{name}": wandb.Image(str(path)) for name, path in plots.items()},
         }
     )
-    exp.summary.update(method_metrics(summary))
-    offline = exp.settings.mode in ("offline", "dryrun")
-    run_dir = Path(exp.dir).parent
-    if getattr(logger, "selfspec_owned", False) and wandb.run is exp:
-        exp.finish()
-    if offline:
-        log(f"[bench] W&B offline run: {run_dir} (upload with `wandb sync {run_dir}`)")
+    exp.summary.update(metrics)
 
 
 def _escape(text: str) -> str:

@@ -33,7 +33,6 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import transformers
-from pytorch_lightning.loggers import WandbLogger
 
 from framework.config import ConfigError
 from framework.data.prompts import load_prompts
@@ -45,7 +44,7 @@ from framework.results.metrics import mismatch_lines, results_table, time_breakd
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment, provenance
-from framework.session.loggers import make_logger
+from framework.session.loggers import close_logger, make_logger
 
 
 def default_output(cfg: RunConfig) -> Path:
@@ -132,7 +131,7 @@ def run(
     table, breakdown = _report(cfg, records, names, out_path, tracking.plot_paths, log, progress)
     written = answers.write()
     if logger is not None:
-        _close_logger(logger, log)
+        close_logger(logger, log)
     return {
         "output": str(out_path),
         "table": table,
@@ -344,22 +343,6 @@ class _quiet_lightning:
         self._warn.__exit__(*exc)
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
-
-
-def _close_logger(logger: Any, log: Callable[[str], None]) -> None:
-    """Finish a W&B run this experiment started (not one a sweep agent owns) and say where it is."""
-    if not isinstance(logger, WandbLogger):
-        log(f"[selfspec] metrics: {logger.log_dir}")
-        return
-    import wandb
-
-    run = logger.experiment
-    offline = run.settings.mode in ("offline", "dryrun")
-    run_dir = Path(run.dir).parent
-    if getattr(logger, "selfspec_owned", False) and wandb.run is run:
-        run.finish()
-    if offline:
-        log(f"[selfspec] W&B offline run: {run_dir} (upload with `wandb sync {run_dir}`)")
 
 
 def print_error(msg: str) -> None:

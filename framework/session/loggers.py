@@ -103,4 +103,24 @@ def make_logger(kind: str, run_dir: Path, name: str, project: str, config: dict[
     return logger
 
 
-__all__ = ["has_wandb_credentials", "make_logger", "wandb_mode"]
+def close_logger(logger: Any, log: Any, tag: str = "[selfspec]") -> None:
+    """Finish a W&B run this tool started (not one a sweep agent owns) and say where it is; a CSV
+    logger is saved and its directory named."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    if not isinstance(logger, WandbLogger):
+        logger.save()
+        log(f"{tag} metrics: {logger.log_dir}")
+        return
+    import wandb
+
+    run = logger.experiment
+    offline = run.settings.mode in ("offline", "dryrun")
+    run_dir = Path(run.dir).parent
+    if getattr(logger, "selfspec_owned", False) and wandb.run is run:
+        run.finish()
+    if offline:
+        log(f"{tag} W&B offline run: {run_dir} (upload with `wandb sync {run_dir}`)")
+
+
+__all__ = ["close_logger", "has_wandb_credentials", "make_logger", "wandb_mode"]
