@@ -202,6 +202,30 @@ MUTATIONS: tuple[Mutation, ...] = (
         "if isinstance(err, ValueError):",
         ("tests/framework/session/test_errors.py",),
     ),
+    Mutation(
+        "graph_pool_reused",
+        "once every graph is dropped, the next capture reuses the freed pool (an allocator assert on CUDA)",
+        "framework/kernels/graphs.py",
+        "            self._pool = self._stream = None",
+        "            pass",
+        ("tests/framework/kernels/test_graphs.py",),
+    ),
+    Mutation(
+        "graph_dropped_while_others_live",
+        "a graph dropped while others live is destroyed (it clears their shared cuBLAS workspace)",
+        "framework/kernels/graphs.py",
+        "            self._retired.extend(",
+        "            [].extend(",
+        ("tests/framework/kernels/test_graphs.py",),
+    ),
+    Mutation(
+        "head_timing_bypasses_split",
+        "the cost model times the LM head through the architecture, not the adapter's split-aware path",
+        "framework/engine/cost_model.py",
+        "    fns = [lambda: adapter.logits_from_hidden(x)]",
+        "    fns = [lambda: adapter.arch.lm_head(adapter.arch.final_norm(x))]",
+        ("tests/framework/engine/test_cost_model.py",),
+    ),
 )
 
 

@@ -25,7 +25,12 @@
 #   (split -b 48M SmolLM2-135M-Instruct.Q4_1.gguf .gguf/part-), carry one part per call into a folder
 #   that persists while the machine stays warm (cp .gguf/part-* /tmp/gguf/), and in the last call
 #   cat /tmp/gguf/part-* > /tmp/smollm2.gguf; GPU_GGUF=/tmp/smollm2.gguf. Transformers reads GGUF
-#   through the pure-Python `gguf` package: carry its wheel if the machine lacks it.
+#   through the pure-Python `gguf` package: carry its wheel if the machine lacks it. The H100 image
+#   of 2026-11-27 also lacked `datasets` (calibration prompts and the benchmark read prompts
+#   through it): carry the wheels of datasets, dill and multiprocess too (a few MB; see the device
+#   tool's notes on wheels), installed with --no-deps into a folder on PYTHONPATH.
+# The real part's first mode converts the GGUF (~35 s) and ranks the draft vocabulary (~65 s on an
+#   H100, cached for the second mode) before it decodes: give it its 300 s.
 # Knobs (tests run the script on a CPU with them): GPU_REPLAY_SHAPES, GPU_REPLAY_TURNS,
 # GPU_REPLAY_EXTRA (more gpu_e2e.py flags), GPU_REAL_MODEL (instead of GPU_GGUF), GPU_REAL_MODES,
 # GPU_REAL_METHODS, GPU_REAL_EXTRA (more bench.py flags; later flags win).
@@ -93,8 +98,8 @@ if want real; then
       # shellcheck disable=SC2086 # GPU_REAL_EXTRA: extra flags, word-split on purpose
       preset=()
       [[ ",$methods," == *",selfsd_safe,"* ]] && preset=(--preset-args "selfsd_safe=--selector.skip_set $skipset")
-      timeout "${GPU_REAL_TIMEOUT:-200}" python experiments/bench.py --model "$model" --dtype bfloat16 \
-        "$flag" --methods "$methods" "${preset[@]}" --limit 1 --max-new-tokens 128 --repeats 1 --no-plots --out "$out/real-$mode" ${GPU_REAL_EXTRA:-} \
+      timeout "${GPU_REAL_TIMEOUT:-300}" python experiments/bench.py --model "$model" --dtype bfloat16 \
+        "$flag" --methods "$methods" "${preset[@]}" --limit 1 --max-new-tokens 128 --repeats 1 --no-plots --logger none --out "$out/real-$mode" ${GPU_REAL_EXTRA:-} \
         >"$out/real-$mode.log" 2>&1
       echo "real $mode: rc $?"
       grep -E "^\| |^- " "$out/real-$mode/bench.md" 2>/dev/null | head -n 14

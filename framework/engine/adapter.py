@@ -553,10 +553,12 @@ class ModelAdapter:
             self.lm_head_seconds += clock() - t0
         return logits
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on pre-norm residuals of any shape (..., d) (shadow predictions)."""
+    def logits_from_hidden(self, hidden: torch.Tensor, head: DraftHead | None = None) -> torch.Tensor:
+        """Final norm + LM head (or ``head``) on pre-norm residuals of any shape (..., d) (shadow
+        predictions, the cost model's head timing), on the norm's and head's own devices when the
+        model is split; the logits come back on ``hidden``'s device."""
         with torch.inference_mode():
-            return self._head(hidden, None)
+            return self._head(hidden, head)
 
     @torch.inference_mode()
     def top1_from_hidden(

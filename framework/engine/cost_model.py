@@ -368,10 +368,9 @@ def head_seconds(adapter: Any, head: DraftHead | None = None, *, reps: int = 31)
     def sync() -> None:
         device_sync(adapter.device)
 
-    arch = adapter.arch
-    fns = [lambda: arch.lm_head(arch.final_norm(x))]
+    fns = [lambda: adapter.logits_from_hidden(x)]
     if head is not None:
-        fns.append(lambda: head.logits(arch.final_norm(x)))
+        fns.append(lambda: adapter.logits_from_hidden(x, head))
     samples: list[list[float]] = [[] for _ in fns]
     for rep in range(reps + 1):
         for fn, out in zip(fns, samples, strict=True):

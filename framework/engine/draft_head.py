@@ -120,8 +120,9 @@ class DraftHead:
         return kernels.linear(normed, self.weight, self.bias)
 
     def tokens(self, index: torch.Tensor) -> torch.Tensor:
-        """Column indices into the K logits -> vocabulary token ids (same shape)."""
-        return self.ids[index]
+        """Column indices into the K logits -> vocabulary token ids (same shape, on ``index``'s
+        device: the head may sit on another device than the logits when the model is split)."""
+        return self.ids[index.to(self.ids.device)].to(index.device)
 
     def expand(self, values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
         """(..., K) values over `ids` -> (..., V), ``fill`` elsewhere (``-inf`` for logits, 0 for
@@ -129,7 +130,7 @@ class DraftHead:
         out = torch.full(
             (*values.shape[:-1], self.vocab_size), fill, dtype=values.dtype, device=values.device
         )
-        out[..., self.ids] = values
+        out[..., self.ids.to(values.device)] = values
         return out
 
     def coverage(self, tokens: torch.Tensor | Iterable[int]) -> float:

@@ -121,7 +121,9 @@ class BranchGraphs:
         self._holder: Callable[[], Any] | None = None
         # (branch, block, T, span, low-bit format or None) -> (graph, output), None uncaptured
         self._graphs: dict[tuple[str, int, int, int, str | None], tuple[Any, torch.Tensor] | None] = {}
-        self._pool = None
+        self._pool = None  # the private memory pool every graph of this object records into
+        self._stream: Any = None  # the side stream that warms graphs up and records them
+        self._retired: list[tuple[Any, torch.Tensor]] = []  # dropped while others live (_drop_graphs)
         self._hidden = adapter.hidden_size
         with torch.inference_mode(False):
             self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -162,7 +164,7 @@ class BranchGraphs:
         cap = _pow2(capacity, MIN_CAPACITY)
         a = self.adapter
         shape = (a.num_layers, 1, a.num_kv_heads, cap, a.head_dim)
-        self._graphs.clear()
+        self._drop_graphs(lambda _key: False)
         self.keys = self.values = None
         with torch.inference_mode(False):
             # zeros, not empty: masked slots still enter the attention product (times 0)
@@ -213,7 +215,7 @@ class BranchGraphs:
                     torch.zeros(cos.shape, dtype=cos.dtype, device=self.device),
                     torch.zeros(sin.shape, dtype=sin.dtype, device=self.device),
                 )
-            self._graphs = {k: v for k, v in self._graphs.items() if k[2] != t}
+            self._drop_graphs(lambda key: key[2] != t)
         bufs[0].copy_(cos)
         bufs[1].copy_(sin)
 
@@ -337,19 +339,38 @@ class BranchGraphs:
                         )
         return self.captures - before
 
+    def _drop_graphs(self, keep: Callable[[tuple], bool]) -> None:
+        """Forget the graphs whose key ``keep`` refuses.
+
+        Graphs recorded on one stream share cuBLAS's workspace for that stream, and destroying one
+        clears it while the others may still use it (pytorch/pytorch#193402). So a graph dropped
+        while others live is kept alive (unused) until all are dropped. Once none is left, PyTorch
+        frees their private pool, whose id can then never record again (an internal assert of
+        its caching allocator, seen on an H100): the next recording starts a new pool on a new
+        stream."""
+        kept = {k: v for k, v in self._graphs.items() if keep(k)}
+        if kept:
+            self._retired.extend(v for k, v in self._graphs.items() if k not in kept and v is not None)
+        else:
+            self._retired.clear()
+            self._pool = self._stream = None
+        self._graphs = kept
+
     def _record(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
-        """Warm ``fn`` up on a side stream, then capture it. The warm-up runs on the real inputs,
-        so its cache write is the one the replay repeats."""
+        """Warm ``fn`` up, then capture it, both on this object's side stream (one per pool). The
+        warm-up runs on the real inputs, so its cache write is the one the replay repeats; on the
+        capturing stream it also gives cuBLAS that stream's workspace before the capture."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device=self.device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        side = self._stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, stream=side):
             out = fn()
-        self.captures += 1
         return graph, out

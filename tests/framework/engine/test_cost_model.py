@@ -195,3 +195,20 @@ def test_synced_clock_is_perf_counter_on_cpu_and_syncs_on_cuda(monkeypatch):
     clock = synced_clock(torch.device("cuda", 0))
     t0 = clock()
     assert clock() >= t0 and calls == [torch.device("cuda", 0)] * 2
+
+
+def test_head_seconds_times_the_adapters_own_head_path_which_knows_a_split_model():
+    """The final norm and LM head are timed through ``adapter.logits_from_hidden`` (which moves the
+    residual to the norm's and the head's devices on a ``--device-map`` split), not through the
+    architecture's modules directly (on a cuda:0 + cpu split that raised a device mismatch)."""
+    from framework.engine.cost_model import head_seconds
+    from framework.engine.draft_head import DraftHead
+
+    adapter = adapter_for(tiny_model("llama", num_layers=2))
+    head = DraftHead(adapter, torch.arange(64))
+    seen = []
+    real = adapter.logits_from_hidden
+    adapter.logits_from_hidden = lambda x, h=None: seen.append(h) or real(x, h)
+    reps = 2
+    head_seconds(adapter, head, reps=reps)
+    assert seen.count(None) == reps + 1 and seen.count(head) == reps + 1

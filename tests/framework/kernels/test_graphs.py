@@ -260,3 +260,22 @@ def test_the_experiment_sizes_the_pool_for_the_longest_prompt_and_answer(tmp_pat
     for p in prompts:
         for res, _text in exp.decode_prompt(exp.spec, p):
             assert res.graph_captures == 0
+
+
+def test_dropping_some_graphs_keeps_them_alive_and_dropping_all_starts_a_new_pool_and_stream():
+    """Graphs recorded on one stream share cuBLAS's workspace for it (pytorch/pytorch#193402): one
+    dropped while others live stays alive, unused. Once every graph is gone, PyTorch frees their
+    private pool and its id cannot record again (an allocator assert on an H100), so the next
+    recording gets a new pool and a new stream."""
+    adapter = adapter_for(tiny_model("llama", num_layers=2))
+    graphs = adapter.set_cuda_graphs(True, capture=False)
+    graphs.reserve(MIN_CAPACITY)
+    one, two = ("graph-1", torch.zeros(1)), ("graph-2", torch.zeros(1))
+    graphs._graphs = {("attn", 0, 1, 256, None): one, ("attn", 0, 2, 256, None): two}
+    graphs._pool, graphs._stream = "pool", "stream"
+    graphs._drop_graphs(lambda key: key[2] != 2)  # e.g. a new RoPE buffer for T = 2
+    assert list(graphs._graphs.values()) == [one] and graphs._retired == [two]
+    assert (graphs._pool, graphs._stream) == ("pool", "stream")
+    graphs.reserve(2 * MIN_CAPACITY)  # growing the pool drops every graph
+    assert graphs._graphs == {} and graphs._retired == []
+    assert graphs._pool is None and graphs._stream is None
