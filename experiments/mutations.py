@@ -203,6 +203,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/session/test_errors.py",),
     ),
     Mutation(
+        "gate_cap_on_bound",
+        "the gate caps a drafting round's length at the optimistic bound instead of the point estimate",
+        "framework/drafting/gate.py",
+        "        alpha = self.alpha\n        assert alpha is not None and self.plan is not None",
+        "        alpha = self.alpha_bound\n        assert alpha is not None and self.plan is not None",
+        ("tests/framework/drafting/test_gate.py",),
+    ),
+    Mutation(
         "graph_pool_reused",
         "once every graph is dropped, the next capture reuses the freed pool (an allocator assert on CUDA)",
         "framework/kernels/graphs.py",

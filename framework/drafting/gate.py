@@ -25,6 +25,10 @@ rule (see ``docs/concepts.md``, "The draft gate"):
    the Beta posterior of the decayed counts, at most 1): draft (return K) when it is ``>= 1 -
    margin``; otherwise decline (return 0). Thin evidence gives a wide bound, so a few unlucky
    rounds cannot shut the gate on a plan that pays; ``optimism = 0`` decides on the estimate.
+   A drafting round is capped (``cap``, on by default, for controllers whose length varies) at
+   the longest k with ``S(k) >= 1 - margin`` at the *point* estimate (the best k when none is):
+   the bound says whether to explore, the estimate how far, so a drafter whose own stopping rule
+   runs long on a plan that barely pays (DEL's early exits) loses little per round.
 4. **Probes.** While declining, every ``probe`` declined rounds one round drafts
    ``min(K, argmax_k S(k))`` tokens (the cheapest informative draft) so the estimate can recover.
    A probe that leaves the gate declining doubles the interval, up to ``probe_max`` (probing a
@@ -87,6 +91,13 @@ class GateConfig:
         "the evidence is thin, and a plan that does not pay is declined once it is not; 0: the "
         "point estimate; in [0, 3]",
     )
+    cap: bool = param(
+        True,
+        help="while drafting, draft at most the longest length the cost model prices at break-even or "
+        "better at the point estimate of the acceptance (the decision itself is taken on the bound), "
+        "so a drafter whose own stopping rule runs long on a plan that barely pays cannot lose "
+        "much per round; controllers of an exact length are not capped",
+    )
     decay: float = param(
         0.9,
         help="weight of the acceptance statistics one drafted round older (EMA of successes and "
@@ -100,6 +111,7 @@ class GateConfig:
         check_range("probe_max", self.probe_max, self.probe, 4096, integer=True)
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
         check_range("optimism", self.optimism, 0.0, 3.0)
+        check_choice("cap", self.cap, (True, False))
 
 
 def speedups(
@@ -143,6 +155,24 @@ def gate_value(
     s = speedups(costs, alpha, plan, max_k, draft_scale, width)
     best = max(range(len(s)), key=lambda i: (s[i], -i))
     return (s[-1] if lengths == "exact" else s[best]), best + 1
+
+
+def length_cap(
+    costs: CostModel,
+    alpha: float,
+    plan: LayerPlan,
+    max_k: int,
+    threshold: float = 1.0,
+    draft_scale: float = 1.0,
+    width: float = 1.0,
+) -> int:
+    """The longest ``k`` in ``1..max_k`` with ``S(k) >= threshold`` at ``alpha`` (`speedups`), or the
+    best ``k`` when none reaches it (at least 1): how far the gate lets a drafting round run."""
+    s = speedups(costs, alpha, plan, max_k, draft_scale, width)
+    ok = [i for i, v in enumerate(s) if v >= threshold]
+    if ok:
+        return ok[-1] + 1
+    return max(range(len(s)), key=lambda i: (s[i], -i)) + 1
 
 
 def break_even_alpha(
@@ -286,6 +316,7 @@ class DraftGate:
             config.decay,
         )
         self.optimism = config.optimism
+        self.cap = config.cap and lengths == "upto"
         self.lengths = lengths
         self.costs: CostModel | None = None
         self.measured = MeasuredCosts()
@@ -379,6 +410,19 @@ class DraftGate:
         self._memo[key] = (costs, value)
         return value
 
+    def _capped(self, costs: CostModel, k: int, threshold: float) -> int:
+        """``k`` capped at `length_cap` of the point estimate (memoised like `_value`)."""
+        alpha = self.alpha
+        assert alpha is not None and self.plan is not None
+        key = ("cap", id(costs), alpha, self.plan, k, self.draft_scale, self.width, threshold)
+        hit = self._memo.get(key)
+        if hit is None or hit[0] is not costs:
+            cap = length_cap(costs, alpha, self.plan, k, threshold, self.draft_scale, self.width)
+            if len(self._memo) >= 64:
+                self._memo.clear()
+            hit = self._memo[key] = (costs, (float(cap), cap))
+        return min(k, hit[1][1])
+
     # ---- per round -----------------------------------------------------------------------------
     def limit(self, state: RoundView | None, k: int) -> int:
         """The draft length of this round given the controller's ``k``: ``k``, 0 or a probe length."""
@@ -398,7 +442,7 @@ class DraftGate:
         threshold = 1.0 - self.margin
         if value >= threshold:
             self.mode = "draft"
-            return k
+            return self._capped(costs, k, threshold) if self.cap else k
         if self.replan:
             self.mode = "probe"
             return min(k, k_best)
@@ -568,5 +612,6 @@ __all__ = [
     "break_even_alpha",
     "gate_value",
     "gated",
+    "length_cap",
     "speedups",
 ]

@@ -18,6 +18,7 @@ from framework.drafting.gate import (
     break_even_alpha,
     gate_value,
     gated,
+    length_cap,
     speedups,
 )
 from framework.engine.context import PreparedCache
@@ -113,8 +114,33 @@ def test_the_gate_flips_exactly_at_break_even(lengths, k):
         assert max(COSTS.expected_speedup(a, j, PLAN) for j in range(1, k + 1)) == pytest.approx(
             1.0, abs=1e-8
         )
-    assert _gate(a + 1e-6, lengths=lengths).limit(None, k) == k
+    assert _gate(a + 1e-6, lengths=lengths, cap=False).limit(None, k) == k
     assert _gate(a - 1e-6, lengths=lengths, probe=5).limit(None, k) == 0
+    # capped (the default): a controller of varying length drafts only what pays at the estimate
+    capped = _gate(a + 1e-6, lengths=lengths).limit(None, k)
+    assert capped == (k if lengths == "exact" else length_cap(COSTS, a + 1e-6, PLAN, k))
+
+
+def test_the_cap_is_the_longest_length_that_pays_at_the_point_estimate():
+    """Drafting decided on the bound, capped on the estimate: every k up to the cap pays at the
+    point estimate, the next one does not; below break-even the cap is the best length."""
+    for alpha in (0.7, 0.8, 0.9, 0.97):
+        s = speedups(COSTS, alpha, PLAN, 16)
+        cap = length_cap(COSTS, alpha, PLAN, 16)
+        assert s[cap - 1] >= 1.0 and (cap == 16 or s[cap] < 1.0), (alpha, cap, s)
+        gate = _gate(alpha)
+        assert gate.limit(None, 16) == cap
+        assert _gate(alpha, cap=False).limit(None, 16) == 16
+    assert length_cap(COSTS, 0.3, PLAN, 16) == 1  # nothing pays: the best length, k = 1
+    assert length_cap(COSTS, 0.97, PLAN, 16) > length_cap(COSTS, 0.8, PLAN, 16)
+    # optimistic decision, cautious length: thin evidence of alpha 0.55 drafts (bound above break-even
+    # 0.65) but only the best length
+    gate = _gate(optimism=1.0)
+    gate.acc, gate.rej = 1.1, 0.9
+    assert gate.alpha_bound > 0.65 > gate.alpha
+    assert gate.limit(None, 16) == 1
+    # a controller of exact length is never capped
+    assert _gate(0.97, lengths="exact").limit(None, 6) == 6
 
 
 def test_declines_when_alpha_is_low_and_drafts_when_high():
@@ -122,7 +148,8 @@ def test_declines_when_alpha_is_low_and_drafts_when_high():
     assert _gate(0.95).limit(None, 6) == 6
     # margin shifts the threshold: alpha 0.6 loses (break-even 0.65) unless a 10% loss is tolerated
     assert _gate(0.6).limit(None, 6) == 0
-    assert _gate(0.6, margin=0.1).limit(None, 6) == 6
+    assert _gate(0.6, margin=0.1, cap=False).limit(None, 6) == 6
+    assert _gate(0.6, margin=0.1).limit(None, 6) == length_cap(COSTS, 0.6, PLAN, 6, 0.9) >= 1
     assert _gate(0.9, margin=-0.2).limit(None, 6) == 0  # asks for a 20% gain
 
 
@@ -133,7 +160,7 @@ def test_optimism_drafts_on_thin_evidence_and_declines_on_enough():
     thin = _gate(optimism=1.0)
     thin.acc, thin.rej = 2.0, 2.0  # alpha 0.5, sd of Beta(3, 3) = 0.189
     assert thin.alpha == 0.5 and thin.alpha_bound == pytest.approx(0.5 + (9 / (36 * 7)) ** 0.5)
-    assert thin.limit(None, 6) == 6
+    assert thin.limit(None, 6) == length_cap(COSTS, 0.5, PLAN, 6) >= 1  # drafts, as far as the estimate pays
     thick = _gate(optimism=1.0)
     thick.acc, thick.rej = 200.0, 200.0
     assert thick.alpha_bound < 0.53 and thick.limit(None, 6) == 0
@@ -494,7 +521,7 @@ def test_the_wrapper_delegates_the_stop_rule_flags_and_name():
 def test_the_wrapper_values_exact_and_upto_lengths(inner, lengths, want):
     """alpha 0.7 on the cheap plan: drafting 1 token pays, 5 does not; a controller that may stop
     early is valued at its best length, one that drafts exactly K at K."""
-    ctl = GatedLength(inner(), GateConfig(enabled=True))
+    ctl = GatedLength(inner(), GateConfig(enabled=True, cap=False))
     assert ctl.gate.lengths == lengths
     ctl.gate.set_costs(COSTS)
     ctl.gate.plan = PLAN
