@@ -7,7 +7,7 @@ import torch
 
 from framework import Draft, LayerPlan, Verification
 from framework.config import ConfigError
-from framework.drafting.gate import GateConfig, GatedLength
+from framework.drafting.gate import GateConfig, GatedLength, length_cap
 from framework.testing import LengthControllerContract, synthetic_cost_model
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -95,4 +95,12 @@ def test_gate_values_k_itself_unlike_a_controller_that_stops_early():
         ctl.gate.plan = _CHEAP
         ctl.gate.acc, ctl.gate.rej = 7.0, 3.0
     assert fixed.max_length(None) == 0
-    assert conf.max_length(None) == 3
+    assert conf.max_length(None) == length_cap(costs, 0.7, _CHEAP, 3) >= 1  # drafts, capped
+    uncapped = GatedLength(
+        ConfidenceLength(ConfidenceLengthConfig(max_length=3)),
+        GateConfig(enabled=True, optimism=0.0, cap=False),
+    )
+    uncapped.gate.set_costs(costs)
+    uncapped.gate.plan = _CHEAP
+    uncapped.gate.acc, uncapped.gate.rej = 7.0, 3.0
+    assert uncapped.max_length(None) == 3
