@@ -211,6 +211,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/drafting/test_gate.py",),
     ),
     Mutation(
+        "summary_timed",
+        "the strategies' summaries run before the clock stops (reporting timed as decoding)",
+        "framework/engine/decoding.py",
+        "phases=phases, summarise=summarise)",
+        "phases=phases, strategy_summary=summarise())",
+        ("tests/framework/engine/test_decoding.py",),
+    ),
+    Mutation(
         "graph_pool_reused",
         "once every graph is dropped, the next capture reuses the freed pool (an allocator assert on CUDA)",
         "framework/kernels/graphs.py",

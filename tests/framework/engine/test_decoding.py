@@ -605,3 +605,27 @@ def test_round_order_hint_and_one_observe_signature(llama_adapter):
         n += res.accept_lengths[r]
         k = res.draft_lengths[r]
         assert chunk[3:] == [("observe", who, n, k) for who in ("selector", "length", "drafter", "verifier")]
+
+
+def test_the_strategies_summaries_are_not_timed():
+    """Reporting is not decoding: the strategies' ``summary()`` runs after the clock stopped (the
+    draft gate's break-even bisection took ~1% of a short generation when it was timed), and its
+    result is still in the record."""
+    import time
+
+    class SlowSummary(FixedLength):
+        def summary(self):
+            time.sleep(0.5)
+            return {"slow": True}
+
+    adapter = adapter_for(tiny_model("llama", num_layers=2, seed=1))
+    dec = SpeculativeDecoder(
+        adapter,
+        StaticSelector(StaticSelectorConfig(skip_ratio=0.5)),
+        SlowSummary(FixedLengthConfig(k=2)),
+        LayerSkipDrafter(),
+        GreedyVerifier(),
+    )
+    res = dec.generate(random_prompt(5, 128, 2), StopCondition(max_new_tokens=6))
+    assert res.strategy_summary["length"] == {"slow": True}
+    assert res.wall_time < 0.5
