@@ -219,6 +219,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/engine/test_decoding.py",),
     ),
     Mutation(
+        "gate_ignores_context",
+        "the gate prices every round at the cost model's near context",
+        "framework/drafting/gate.py",
+        "            costs = costs.at_context(state.num_tokens)",
+        "            pass",
+        ("tests/framework/drafting/test_gate.py",),
+    ),
+    Mutation(
+        "context_slope_inverted",
+        "a longer context makes attention and verification cheaper",
+        "framework/engine/cost_model.py",
+        "    f = (tokens - costs.context) / (costs.far_context - costs.context)",
+        "    f = (costs.context - tokens) / (costs.far_context - costs.context)",
+        ("tests/framework/engine/test_cost_model.py", "tests/framework/results/test_metrics.py"),
+    ),
+    Mutation(
         "graph_pool_reused",
         "once every graph is dropped, the next capture reuses the freed pool (an allocator assert on CUDA)",
         "framework/kernels/graphs.py",

@@ -425,8 +425,11 @@ class DraftGate:
 
     # ---- per round -----------------------------------------------------------------------------
     def limit(self, state: RoundView | None, k: int) -> int:
-        """The draft length of this round given the controller's ``k``: ``k``, 0 or a probe length."""
+        """The draft length of this round given the controller's ``k``: ``k``, 0 or a probe length.
+        The costs are priced at the round's context (`CostModel.at_context`)."""
         costs = self.current_costs(state)
+        if costs is not None and state is not None:
+            costs = costs.at_context(state.num_tokens)
         if k <= 0:
             self.mode = "none"
             return 0

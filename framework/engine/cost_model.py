@@ -8,6 +8,11 @@ than one plain step per committed token. The model here is measured, not assumed
   coefficients come from timing four plans (full, no attention, no MLP, nothing) on a warm cache;
 - a full forward over T new tokens (verification, T = 1 is a plain decoding step) is timed for
   every T up to ``max_tokens`` and extrapolated linearly beyond;
+- the context: attention reads every cached position, so ``attn`` and the verification costs are
+  measured at two cache lengths (``context``, 128, and ``far_context``, 1024 where the model
+  allows) and `CostModel.at_context` re-prices them linearly for any other (KnapSpec prices
+  sub-layers by context the same way); the gate and the reports' "its rounds" prediction price
+  each round at its own context;
 - ``head``, the final norm and LM head of one token, is timed on its own (it is part of ``base``);
   drafts that score a reduced vocabulary (`framework.engine.draft_head.DraftHead`) are priced with
   their own head: `CostModel.measure` with ``draft_head``, or `CostModel.with_head` from the
@@ -20,9 +25,10 @@ predicts for the measured acceptance.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +65,10 @@ class CostModel:
         draft_weights: the storage of the weights the draft steps (``attn``, ``mlp``) were timed
             with: ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, a compressed copy
             (`framework.engine.adapter.ModelAdapter.draft_branches`).
+        far_context: a second cache length the context-dependent costs were measured at (0: none,
+            the costs are the same at every context).
+        far_attn: ``attn`` at ``far_context``.
+        far_verify_costs: ``verify_costs`` at ``far_context``.
     """
 
     num_layers: int
@@ -72,10 +82,25 @@ class CostModel:
     full_head: float = 0.0
     draft_vocab: int = 0
     draft_weights: str = "float32"
+    far_context: int = 0
+    far_attn: float = 0.0
+    far_verify_costs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.verify_costs:
             raise ValueError("verify_costs needs at least the T = 1 cost")
+        if self.far_context and len(self.far_verify_costs) != len(self.verify_costs):
+            raise ValueError("far_verify_costs needs one cost per verify_costs entry")
+
+    def at_context(self, tokens: int) -> CostModel:
+        """These costs at a cache of ``tokens`` positions (rounded to a multiple of `CONTEXT_STEP`,
+        so that nearby lengths share one instance): ``attn`` and each verification cost move
+        linearly between their values at ``context`` and at ``far_context``, extrapolated beyond
+        either end, never below half their value at ``context``; ``base`` and ``mlp`` do not
+        depend on the context. Itself when only one context was measured."""
+        if not self.far_context or self.far_context <= self.context:
+            return self
+        return _priced_at(self, max(CONTEXT_STEP, round(tokens / CONTEXT_STEP) * CONTEXT_STEP))
 
     # ---- costs ---------------------------------------------------------------------------
     @property
@@ -173,23 +198,32 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["verify_costs"] = list(self.verify_costs)
+        d["far_verify_costs"] = list(self.far_verify_costs)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
         d = dict(d)
         d["verify_costs"] = tuple(d["verify_costs"])
+        d["far_verify_costs"] = tuple(d.get("far_verify_costs", ()))
         return cls(**d)
 
     def describe(self) -> str:
         ms = 1e3
         head = f"the {self.draft_vocab}-token draft head" if self.draft_vocab else "the full LM head"
         weights = "" if self.draft_weights == "float32" else f" ({self.draft_weights} weights)"
-        return (
+        text = (
             f"step {self.step * ms:.2f} ms; draft step = {self.base * ms:.2f} ms (embedding, {head}) + "
             f"{self.attn * ms:.3f} ms per attention + {self.mlp * ms:.3f} ms per MLP sub-layer{weights}; verify of 4 "
             f"tokens {self.verify(4) / self.step:.2f} steps, of 8 tokens {self.verify(8) / self.step:.2f} steps"
         )
+        if self.far_context:
+            far = self.at_context(self.far_context)
+            text += (
+                f"; at context {self.far_context}: step {far.step * ms:.2f} ms, {far.attn * ms:.3f} ms per "
+                f"attention, verify of 8 tokens {far.verify(8) / far.step:.2f} steps"
+            )
+        return text
 
     def with_head(self, adapter: Any, head: DraftHead | None, *, reps: int = 31) -> CostModel:
         """This cost model with draft steps priced for ``head`` (``None``: the full LM head).
@@ -229,7 +263,11 @@ class CostModel:
         ratio_attn = comp[0] / own[0] if own[0] > 0 else 1.0
         ratio_mlp = comp[1] / own[1] if own[1] > 0 else 1.0
         return replace(
-            self, attn=self.attn * ratio_attn, mlp=self.mlp * ratio_mlp, draft_weights=weights.weights
+            self,
+            attn=self.attn * ratio_attn,
+            far_attn=self.far_attn * ratio_attn,
+            mlp=self.mlp * ratio_mlp,
+            draft_weights=weights.weights,
         )
 
     # ---- measurement --------------------------------------------------------------------------
@@ -241,78 +279,160 @@ class CostModel:
         *,
         max_tokens: int = 16,
         context: int = 128,
+        far_context: int = 1024,
         reps: int = 7,
         draft_head: DraftHead | None = None,
         draft_weights: DraftWeights | None = None,
     ) -> CostModel:
-        """Time the model through ``adapter`` on a random prompt of ``context`` tokens.
+        """Time the model through ``adapter`` on a random prompt of ``context`` tokens, and the
+        context-dependent costs (attention, verifications) again on one of ``far_context`` tokens
+        (clamped to what the model allows; skipped when that is not longer than ``context``).
 
-        The measurements are interleaved (every rep times every plan and every T once), after one
-        warm-up pass, and the median of ``reps`` is kept, so slow drift on a shared machine hits
-        every quantity alike. Draft steps run with ``draft_head`` (``None``: the full LM head) and
-        ``draft_weights`` (``None``: the model's own weights).
+        The measurements are interleaved (every rep times every plan and every T once, at both
+        contexts), after one warm-up pass, and the median of ``reps`` is kept, so slow drift on a
+        shared machine hits every quantity alike. Draft steps run with ``draft_head`` (``None``:
+        the full LM head) and ``draft_weights`` (``None``: the model's own weights).
         """
         if max_tokens < 2 or context < 1 or reps < 1:
             raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
         info = adapter.info()
         n = info.num_layers
         context = min(context, info.max_context - max_tokens - 2)
+        far_context = min(far_context, info.max_context - max_tokens - 2)
         gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, info.vocab_size, (1, context), generator=gen).to(adapter.device)
-        state = DecodeState(adapter, prompt, context + max_tokens + 8)
-        state.append(state.prefill().argmax(-1)[:, None])
-        state.draft_head = draft_head
-        state.draft_weights = draft_weights
-        all_idx = range(n)
-        plans = {
-            "full": LayerPlan.full(n),
-            "no_attn": LayerPlan.from_indices(n, attn=all_idx),
-            "no_mlp": LayerPlan.from_indices(n, mlp=all_idx),
-            "none": LayerPlan.from_indices(n, attn=all_idx, mlp=all_idx),
-        }
         block = torch.randint(0, info.vocab_size, (1, max_tokens), generator=gen).to(adapter.device)
-
-        def sync() -> None:
-            device_sync(adapter.device)
-
-        def timed(fn) -> float:
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            return time.perf_counter() - t
-
-        def draft(plan: LayerPlan) -> None:
-            state.forward_draft(state.pending, plan)
-            state.discard_draft()
-
-        samples: dict[Any, list[float]] = {k: [] for k in [*plans, *range(1, max_tokens + 1)]}
+        near = _Probe(adapter, context, max_tokens, gen, draft_head, draft_weights)
+        jobs = near.jobs(block, range(1, max_tokens + 1), ("full", "no_attn", "no_mlp", "none"))
+        far = None
+        # With CUDA graphs the KV pool serves one cache at a time: a second probe would run
+        # eagerly and price the far context with another engine, so it is left out.
+        if far_context > context and getattr(adapter, "graphs", None) is None:
+            far = _Probe(adapter, far_context, max_tokens, gen, draft_head, draft_weights)
+            far_sizes = sorted({1, 2, 4, 8, max_tokens} & set(range(1, max_tokens + 1)))
+            jobs += far.jobs(block, far_sizes, ("full", "no_attn"), tag="far")
+        samples: dict[Any, list[float]] = {key: [] for key, _ in jobs}
         for rep in range(reps + 1):  # rep 0 is the warm-up
-            for name, plan in plans.items():
-                t = timed(lambda plan=plan: draft(plan))
+            for key, fn in jobs:
+                t = _timed(adapter.device, fn)
                 if rep:
-                    samples[name].append(t)
-            for t_len in range(1, max_tokens + 1):
-                t = timed(lambda t_len=t_len: state.forward_verify(block[:, :t_len], logits_at="all"))
-                if rep:
-                    samples[t_len].append(t)
-        state.discard_draft()
-        state.cache.release()
+                    samples[key].append(t)
+        for probe in (near, far):
+            if probe is not None:
+                probe.close()
         med = {k: statistics.median(v) for k, v in samples.items()}
         full_head, head = head_seconds(adapter, draft_head, reps=4 * reps + 3)
+        verify = tuple(med[t] for t in range(1, max_tokens + 1))
+        far_fields: dict[str, Any] = {}
+        if far is not None:
+            far_fields = {
+                "far_context": far_context,
+                "far_attn": max(0.0, (med["far", "full"] - med["far", "no_attn"]) / n),
+                "far_verify_costs": _fill_sizes({t: med["far", t] for t in far_sizes}, verify),
+            }
         return cls(
             num_layers=n,
             base=med["none"],
             attn=max(0.0, (med["full"] - med["no_attn"]) / n),
             mlp=max(0.0, (med["full"] - med["no_mlp"]) / n),
-            verify_costs=tuple(med[t] for t in range(1, max_tokens + 1)),
+            verify_costs=verify,
             context=context,
             device=str(adapter.device),
             head=head,
             full_head=full_head,
             draft_vocab=0 if draft_head is None else draft_head.size,
             draft_weights="float32" if draft_weights is None else draft_weights.weights,
+            **far_fields,
         )
+
+
+class _Probe:
+    """A warm decode state over a random prompt of ``context`` tokens whose draft steps and
+    verifications `CostModel.measure` times."""
+
+    def __init__(
+        self, adapter: Any, context: int, max_tokens: int, gen: torch.Generator, head: Any, weights: Any
+    ):
+        info = adapter.info()
+        prompt = torch.randint(0, info.vocab_size, (1, context), generator=gen).to(adapter.device)
+        self.state = DecodeState(adapter, prompt, context + max_tokens + 8)
+        self.state.append(self.state.prefill().argmax(-1)[:, None])
+        self.state.draft_head = head
+        self.state.draft_weights = weights
+        n = info.num_layers
+        every = range(n)
+        self.plans = {
+            "full": LayerPlan.full(n),
+            "no_attn": LayerPlan.from_indices(n, attn=every),
+            "no_mlp": LayerPlan.from_indices(n, mlp=every),
+            "none": LayerPlan.from_indices(n, attn=every, mlp=every),
+        }
+
+    def _draft(self, plan: LayerPlan) -> None:
+        self.state.forward_draft(self.state.pending, plan)
+        self.state.discard_draft()
+
+    def jobs(
+        self, block: torch.Tensor, sizes: Sequence[int], plans: Sequence[str], tag: str | None = None
+    ) -> list[tuple[Any, Callable[[], Any]]]:
+        """``(key, fn)`` pairs: a draft step per plan name, a verification per block size; keys are
+        the plan name or size, or ``(tag, name or size)``."""
+        key = (lambda k: k) if tag is None else (lambda k: (tag, k))
+        out: list[tuple[Any, Callable[[], Any]]] = [
+            (key(name), functools.partial(self._draft, self.plans[name])) for name in plans
+        ]
+        for t in sizes:
+            out.append((key(t), functools.partial(self.state.forward_verify, block[:, :t], logits_at="all")))
+        return out
+
+    def close(self) -> None:
+        self.state.discard_draft()
+        self.state.cache.release()
+
+
+def _timed(device: Any, fn: Callable[[], Any]) -> float:
+    device_sync(device)
+    t = time.perf_counter()
+    fn()
+    device_sync(device)
+    return time.perf_counter() - t
+
+
+def _fill_sizes(measured: dict[int, float], near: tuple[float, ...]) -> tuple[float, ...]:
+    """Costs for every block size 1..len(near) from those ``measured`` at some sizes: the measured
+    ones, and between them the near costs shifted by the linearly interpolated difference."""
+    sizes = sorted(measured)
+    delta = {t: measured[t] - near[t - 1] for t in sizes}
+    out = []
+    for t in range(1, len(near) + 1):
+        lo = max((s for s in sizes if s <= t), default=sizes[0])
+        hi = min((s for s in sizes if s >= t), default=sizes[-1])
+        d = delta[lo] if hi == lo else delta[lo] + (delta[hi] - delta[lo]) * (t - lo) / (hi - lo)
+        out.append(measured[t] if t in measured else near[t - 1] + d)
+    return tuple(out)
+
+
+#: `CostModel.at_context` prices contexts in steps of this many positions.
+CONTEXT_STEP = 64
+
+
+@functools.lru_cache(maxsize=512)
+def _priced_at(costs: CostModel, tokens: int) -> CostModel:
+    """`CostModel.at_context` for a bucketed length (cached: the gate prices every round)."""
+    f = (tokens - costs.context) / (costs.far_context - costs.context)
+
+    def lerp(near: float, far: float) -> float:
+        return max(0.5 * near, near + f * (far - near))
+
+    verify = tuple(lerp(n, x) for n, x in zip(costs.verify_costs, costs.far_verify_costs, strict=True))
+    return replace(
+        costs,
+        attn=lerp(costs.attn, costs.far_attn),
+        verify_costs=verify,
+        context=tokens,
+        far_context=0,
+        far_attn=0.0,
+        far_verify_costs=(),
+    )
 
 
 @torch.inference_mode()

@@ -107,6 +107,7 @@ class GenerationResult:
             run recorded them all before timing, `ModelAdapter.prepare_graphs`), and
         capture_seconds: the wall time they took (inside ``wall_time``).
         strategy_summary: per-strategy summaries (``Strategy.summary()``).
+        prompt_tokens: the prompt's length (where the context of the first round starts).
     """
 
     tokens: list[int]
@@ -121,6 +122,7 @@ class GenerationResult:
     graph_captures: int = 0
     capture_seconds: float = 0.0
     strategy_summary: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -270,6 +272,7 @@ def _finish(
         verify_tokens=state.stats.verify_tokens,
         graph_captures=captures - start.graph_captures,
         capture_seconds=capture_seconds - start.capture_seconds,
+        prompt_tokens=state.prompt_len,
         **fields,
     )
 

@@ -222,7 +222,9 @@ def rounds_prediction(cost: Any, records: Iterable[dict[str, Any]]) -> float | N
     steps of the plan it drafted with (times the turn's draft forwards per drafted token: 0 for
     copied tokens) plus a verification of ``1 + k * width`` tokens (``width``: the turn's verified
     tokens per drafted token, 1 for a chain or when the record does not say), and plain decoding
-    would have spent one step per committed token. The measured speedup over this prediction is
+    would have spent one step per committed token. Each round is priced at its own context (the
+    turn's ``prompt_tokens`` plus the tokens committed before it; `CostModel.at_context`) when the
+    record says the prompt's length. The measured speedup over this prediction is
     the engine's efficiency: how much of what the cost model says these rounds are worth the
     decode loop delivers (the prefill is in neither). ``None`` without rounds.
     """
@@ -241,13 +243,17 @@ def rounds_prediction(cost: Any, records: Iterable[dict[str, Any]]) -> float | N
             if drafted and t.get("verify_tokens"):
                 width = max(1.0, (t["verify_tokens"] - len(commits)) / drafted)
             codes = iter(t.get("plans") or [])
-            for k in lengths:
-                plan = full
-                if k:
-                    code = next(codes, None)
-                    plan = full if code is None else plans.setdefault(code, LayerPlan.from_code(code))
-                spent += cost.round_time(k, plan, draft_scale=scale, width=width)
-            plain += sum(commits) * cost.step
+            context = t.get("prompt_tokens") or 0  # 0: unknown (older records), the near context
+            for i, c in enumerate(commits):
+                here = cost.at_context(context) if t.get("prompt_tokens") else cost
+                if i < len(lengths):
+                    k, plan = lengths[i], full
+                    if k:
+                        code = next(codes, None)
+                        plan = full if code is None else plans.setdefault(code, LayerPlan.from_code(code))
+                    spent += here.round_time(k, plan, draft_scale=scale, width=width)
+                plain += c * here.step
+                context += c
     return plain / spent if spent > 0 else None
 
 

@@ -68,6 +68,7 @@ def turn_record(res: GenerationResult, text: str) -> dict[str, Any]:
         "graph_captures": res.graph_captures,
         "capture_seconds": res.capture_seconds,
         "strategy_summary": res.strategy_summary,
+        "prompt_tokens": res.prompt_tokens,
     }
 
 

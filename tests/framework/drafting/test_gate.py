@@ -306,7 +306,7 @@ def test_summary_values():
 
 def test_measured_costs_from_the_state_timings():
     stats = DecodeStats()
-    state = types.SimpleNamespace(stats=stats)
+    state = types.SimpleNamespace(stats=stats, num_tokens=128)
     gate = DraftGate(GateConfig(probe=2))
     assert gate.costs is None
 
@@ -338,7 +338,7 @@ def test_draft_forwards_scale_the_draft_step(forwards, want):
     """A drafter that runs no forward (prompt lookup) drafts for free: with the selector's full
     plan, drafting 1 token then pays from alpha 0.1 on ((1 + alpha) / verify(2) = 1.1)."""
     stats = DecodeStats()
-    state = types.SimpleNamespace(stats=stats)
+    state = types.SimpleNamespace(stats=stats, num_tokens=128)
     gate = DraftGate(GateConfig(probe=3))
     gate.set_costs(COSTS)
     assert gate.limit(state, 4) == 4  # no statistics yet
@@ -370,7 +370,7 @@ def test_a_token_tree_is_priced_at_the_block_it_verifies():
         speedups(COSTS, 0.8, PLAN, 4, width=0.5)
 
     stats = DecodeStats()
-    state = types.SimpleNamespace(stats=stats)
+    state = types.SimpleNamespace(stats=stats, num_tokens=128)
     costs = CostModel(L, 0.05, 0.0, 0.0, tuple(1.0 + 0.1 * t for t in range(16)))  # cheap draft
     gate = DraftGate(GateConfig(probe=3))
     gate.set_costs(costs)
@@ -390,14 +390,14 @@ def test_a_token_tree_is_priced_at_the_block_it_verifies():
 
 def test_measured_costs_restart_their_baseline_with_each_generation():
     mc = MeasuredCosts()
-    a = types.SimpleNamespace(stats=DecodeStats())
+    a = types.SimpleNamespace(stats=DecodeStats(), num_tokens=128)
     mc.update(a)
     a.stats.rounds.append(RoundRecord(2, 1, 2, 0.0))
     a.stats.timings["draft"] += 1.0
     a.stats.timings["verify"] += 2.0
     mc.update(a)
     assert (mc.draft, mc.verify) == (0.5, {3: 2.0})
-    b = types.SimpleNamespace(stats=DecodeStats())  # a new generation's stats
+    b = types.SimpleNamespace(stats=DecodeStats(), num_tokens=128)  # a new generation's stats
     b.stats.rounds.append(RoundRecord(4, 4, 5, 0.0))
     b.stats.timings["draft"] += 9.0
     mc.update(b)  # only a baseline: these timings are not one round's
@@ -652,3 +652,24 @@ def test_every_selector_with_every_gated_controller_is_lossless(deep_adapters, s
         s = res.strategy_summary["length"]["gate"]
         assert s["rounds"] == len(res.draft_lengths)
         assert s["declined"] + s["calibration_rounds"] <= res.draft_lengths.count(0)
+
+
+def test_the_gate_prices_each_round_at_its_context():
+    """A cost model measured at two contexts (`CostModel.at_context`): where verifying extra tokens
+    gets dear at a long context, the same acceptance drafts at 128 tokens and declines at 1152."""
+    from dataclasses import replace
+
+    n = len(COSTS.verify_costs)
+    far = replace(
+        COSTS,
+        context=128,
+        far_context=1152,
+        far_attn=COSTS.attn,
+        far_verify_costs=tuple(1.0 + 1.0 * t for t in range(n)),  # T tokens cost T steps
+    )
+    gate = _gate(0.95)
+    gate.set_costs(far)
+    short = types.SimpleNamespace(stats=DecodeStats(), num_tokens=128)
+    long = types.SimpleNamespace(stats=DecodeStats(), num_tokens=1152)
+    assert gate.limit(short, 4) > 0
+    assert gate.limit(long, 4) == 0

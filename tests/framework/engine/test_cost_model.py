@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -212,3 +213,57 @@ def test_head_seconds_times_the_adapters_own_head_path_which_knows_a_split_model
     reps = 2
     head_seconds(adapter, head, reps=reps)
     assert seen.count(None) == reps + 1 and seen.count(head) == reps + 1
+
+
+def _two_context_costs() -> CostModel:
+    near = (1.0, 1.1, 1.2, 1.3)
+    return CostModel(
+        num_layers=4, base=0.1, attn=0.1, mlp=0.2, verify_costs=near, context=128,
+        far_context=1152, far_attn=0.3, far_verify_costs=(2.0, 2.3, 2.6, 2.9),
+    )  # fmt: skip
+
+
+def test_at_context_interpolates_attention_and_verification_linearly():
+    from framework.engine.cost_model import CONTEXT_STEP
+
+    cost = _two_context_costs()
+    assert cost.at_context(128).verify_costs == pytest.approx(cost.verify_costs)
+    assert cost.at_context(1152).verify_costs == pytest.approx(cost.far_verify_costs)
+    mid = cost.at_context(640)  # half-way
+    assert mid.attn == pytest.approx(0.2) and mid.verify_costs == pytest.approx((1.5, 1.7, 1.9, 2.1))
+    assert (mid.base, mid.mlp, mid.context) == (0.1, 0.2, 640)
+    # beyond the far context: extrapolated; far below the near one: never under half the near cost
+    assert cost.at_context(2176).step == pytest.approx(3.0)
+    assert cost.at_context(1).verify_costs == pytest.approx((0.9375, 1.025, 1.1125, 1.2))  # at 64
+    steep = replace(cost, context=1024, far_context=1088)
+    assert steep.at_context(64).step == pytest.approx(0.5)
+    # lengths share a bucket (one instance: the gate memoises by identity)
+    assert cost.at_context(640) is cost.at_context(640 + CONTEXT_STEP // 2 - 1)
+    # one context measured: the same costs everywhere
+    flat = replace(cost, far_context=0, far_attn=0.0, far_verify_costs=())
+    assert flat.at_context(4000) is flat
+    with pytest.raises(ValueError, match="far_verify_costs"):
+        replace(cost, far_verify_costs=(1.0,))
+
+
+def test_cost_models_with_two_contexts_round_trip_and_say_both():
+    cost = _two_context_costs()
+    assert CostModel.from_dict(cost.to_dict()) == cost
+    assert "at context 1152: step 2000.00 ms" in cost.describe()
+    old = {k: v for k, v in cost.to_dict().items() if not k.startswith("far_")}  # an older file
+    assert CostModel.from_dict(old).far_context == 0
+
+
+def test_measure_prices_a_far_context_too():
+    """`measure` times attention and verifications again on a long prompt (here clamped to what
+    the tiny model allows) and fills the block sizes it did not time from the near ones."""
+    from framework.engine.cost_model import _fill_sizes
+
+    adapter = adapter_for(tiny_model("llama", num_layers=2))
+    cost = CostModel.measure(adapter, max_tokens=4, reps=1)
+    assert cost.context == 128 and cost.far_context == adapter.info().max_context - 4 - 2
+    assert len(cost.far_verify_costs) == 4 and all(c > 0 for c in cost.far_verify_costs)
+    assert CostModel.measure(adapter, max_tokens=4, reps=1, far_context=64).far_context == 0
+    # sizes 1, 2 and 4 measured; 3 is the near cost plus the interpolated difference
+    filled = _fill_sizes({1: 2.0, 2: 2.2, 4: 3.0}, (1.0, 1.1, 1.2, 1.3))
+    assert filled == pytest.approx((2.0, 2.2, 1.2 + (1.1 + 1.7) / 2, 3.0))

@@ -138,3 +138,30 @@ def test_cost_model_prediction_at_a_measured_alpha():
     )
     half = cost_model_prediction(cost, 2 / 3, 0.2, forwards_per_token=0.5)
     assert half["drafting"] == pytest.approx((1 + 2 / 3) / (0.41 + 1.1))
+
+
+def test_rounds_prediction_prices_each_round_at_its_own_context():
+    """With ``prompt_tokens`` in the turn, round i is priced at the prompt plus the tokens committed
+    before it (`CostModel.at_context`); plain decoding of those tokens too."""
+    from framework import LayerPlan
+    from framework.engine.cost_model import CostModel
+    from framework.results.metrics import rounds_prediction
+
+    n = 4
+    near = tuple(1.0 + 0.1 * t for t in range(16))
+    cost = CostModel(
+        n, 0.1, 0.125, 0.1, near, context=128, far_context=1152,
+        far_attn=0.25, far_verify_costs=tuple(2 * c for c in near),
+    )  # fmt: skip
+    code = LayerPlan.from_indices(n, attn=[1, 2], mlp=[1, 2]).code()
+    turn = {"draft_lengths": [0, 2], "accept_lengths": [1, 3], "plans": [code], "prompt_tokens": 640}
+    plan = LayerPlan.from_code(code)
+    first, second = cost.at_context(640), cost.at_context(641)
+    want = (1 * first.step + 3 * second.step) / (first.step + second.round_time(2, plan))
+    assert rounds_prediction(cost, [{"turns": [turn]}]) == pytest.approx(want)
+    # at 640 tokens (half-way) a step costs 1.5 of the near one, attention 0.1875
+    assert first.step == pytest.approx(1.5) and first.attn == pytest.approx(0.1875)
+    # without the prompt's length: every round at the near context, as before
+    plain = dict(turn, prompt_tokens=0)
+    want_near = 4.0 / (1.0 + cost.round_time(2, plan))
+    assert rounds_prediction(cost, [{"turns": [plain]}]) == pytest.approx(want_near)
