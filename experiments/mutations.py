@@ -235,6 +235,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/engine/test_cost_model.py", "tests/framework/results/test_metrics.py"),
     ),
     Mutation(
+        "cascade_never_displaces",
+        "the cascade never lets the layer-skip draft displace a copy",
+        "strategies/drafters/cascade.py",
+        "        better = copy is not None and skip is not None and skip >= threshold and skip > copy",
+        "        better = False",
+        ("tests/strategies/drafters/test_cascade.py",),
+    ),
+    Mutation(
         "graph_pool_reused",
         "once every graph is dropped, the next capture reuses the freed pool (an allocator assert on CUDA)",
         "framework/kernels/graphs.py",

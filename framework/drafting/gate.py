@@ -340,6 +340,12 @@ class DraftGate:
         """Use ``costs`` (``None``: measure from the decode state's timings)."""
         self.costs = costs
 
+    def forget(self) -> None:
+        """Drop the acceptance statistics and the plan (the gate knows nothing again), for a source
+        whose acceptance belongs to one generation's text, such as copies from its context."""
+        self.acc = self.rej = 0.0
+        self.plan = None
+
     def reset(self) -> None:
         """Start a generation: counters restart; the acceptance statistics, the plan and the probe
         interval carry over (the next generation is decoded by the same model and plan)."""
@@ -409,6 +415,23 @@ class DraftGate:
             self._memo.clear()
         self._memo[key] = (costs, value)
         return value
+
+    def predict(self, state: RoundView | None, k: int) -> float | None:
+        """The gate's value of drafting up to ``k`` tokens this round (the expected speedup at the
+        acceptance bound, priced at the round's context), without deciding anything or reading the
+        round's counters; ``None`` before a drafted round or without costs. What a drafter that
+        chooses among sources compares (`strategies.drafters.cascade`)."""
+        costs = (
+            self.costs
+            if self.costs is not None
+            else self.measured.cost_model(self.plan.num_layers if self.plan is not None else 1)
+        )
+        alpha = self.alpha_bound
+        if costs is None or self.plan is None or alpha is None or k <= 0:
+            return None
+        if state is not None:
+            costs = costs.at_context(state.num_tokens)
+        return self._value(costs, alpha, k)[0]
 
     def _capped(self, costs: CostModel, k: int, threshold: float) -> int:
         """``k`` capped at `length_cap` of the point estimate (memoised like `_value`)."""

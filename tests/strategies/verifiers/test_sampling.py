@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -366,9 +367,10 @@ def _speculative_samples(
     head_ids: list[int] | None = None,
     context: bool = False,
     weights: str = "",
+    drafter: Any = None,
 ) -> torch.Tensor:
     adapter = _kernel_adapter() if weights else adapter_for(_model())
-    drafter = LayerSkipDrafter()
+    drafter = LayerSkipDrafter() if drafter is None else drafter
     if weights:  # drafts run a compressed copy: q is whatever distribution they sampled from
         drafter.use_weights(adapter.draft_branches(weights))
     if head_ids is not None:  # a reduced draft head: q is the warped draft distribution over its tokens
@@ -425,6 +427,18 @@ def test_speculative_sampling_with_int8_draft_weights_matches_target_distributio
     pvals = _pvalues(samples, cfg, f32=True)
     print(f"\nint8 draft weights: p-values {[round(p, 4) for p in pvals]}")
     assert min(pvals) > ALPHA, f"sampling with int8 draft weights does not match the target: p = {pvals}"
+
+
+def test_speculative_sampling_with_the_cascade_drafter_matches_target_distribution():
+    """The cascade (copies with a one-hot q, layer-skip drafts with their distribution, or a plain
+    step, chosen per round by its gates) stays exact under speculative sampling."""
+    from strategies.drafters.cascade import CascadeDrafter
+
+    cfg, k, budget = CASES["t0.7_p0.9_k3"]
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, drafter=CascadeDrafter())
+    pvals = _pvalues(samples, cfg)
+    print(f"\ncascade: p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"sampling with the cascade drafter does not match the target: p = {pvals}"
 
 
 def test_vanilla_sampling_matches_target_distribution():
