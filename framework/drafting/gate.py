@@ -384,10 +384,13 @@ class DraftGate:
 
         Reads the state's counters for the last round first (`MeasuredCosts.update`)."""
         self.measured.update(state)
+        return self._known_costs()
+
+    def _known_costs(self) -> CostModel | None:
+        """The prepared cost model, else the measured costs so far (no counters read)."""
         if self.costs is not None:
             return self.costs
-        n = self.plan.num_layers if self.plan is not None else 1
-        return self.measured.cost_model(n)
+        return self.measured.cost_model(self.plan.num_layers if self.plan is not None else 1)
 
     @property
     def draft_scale(self) -> float:
@@ -421,11 +424,7 @@ class DraftGate:
         acceptance bound, priced at the round's context), without deciding anything or reading the
         round's counters; ``None`` before a drafted round or without costs. What a drafter that
         chooses among sources compares (`strategies.drafters.cascade`)."""
-        costs = (
-            self.costs
-            if self.costs is not None
-            else self.measured.cost_model(self.plan.num_layers if self.plan is not None else 1)
-        )
+        costs = self._known_costs()
         alpha = self.alpha_bound
         if costs is None or self.plan is None or alpha is None or k <= 0:
             return None
@@ -510,7 +509,7 @@ class DraftGate:
         elif mode == "probe" and k > 0:
             self.probes += 1
             self.replan = False
-            costs = self.costs if self.costs is not None else self.measured.cost_model(self.plan.num_layers)
+            costs = self._known_costs()
             alpha = self.alpha_bound
             still = (
                 costs is not None
@@ -530,8 +529,7 @@ class DraftGate:
     def summary(self) -> dict[str, Any]:
         """Per-generation counters and the current estimate (JSON-friendly)."""
         alpha, bound = self.alpha, self.alpha_bound
-        n = self.plan.num_layers if self.plan is not None else 1
-        costs = self.costs if self.costs is not None else self.measured.cost_model(n)
+        costs = self._known_costs()
         k = max(self._k, 1)
         speedup = best_k = even = None
         if costs is not None and self.plan is not None:
