@@ -177,7 +177,7 @@ class Drafter(Strategy):
 
     def draft_weights(self) -> DraftWeights | None:
         """The compressed copy of the model's weights this drafter's passes run, once prepared
-        (`framework.engine.adapter.ModelAdapter.draft_branches`: bfloat16 or int8 weights; see
+        (`framework.engine.adapter.ModelAdapter.draft_branches`: bfloat16, int8 or int4 weights; see
         `framework.drafting.draft_vocab`); ``None`` (the default): the model's own weights. The
         decoder gives it to the decode state (``DecodeState.draft_weights``) and to the other
         strategies' preparation (``PrepareContext.draft_weights``), as `draft_head`."""

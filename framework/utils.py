@@ -164,3 +164,28 @@ class PhaseTimer:
             now = self._clock()
             self.timings[phase] += now - self._last
             self._last = now
+
+
+def release_free_memory() -> None:
+    """Hand the C allocator's free memory back to the system (glibc's ``malloc_trim(0)``; a no-op
+    elsewhere). Building a compressed copy frees many float32 temporaries of a few MB each, which
+    glibc serves from its heap once its mmap threshold has grown; the copies allocated between them
+    pin that heap, so without a trim the freed temporaries stay resident (measured on SmolLM2-135M:
+    the peak RSS of a run with int8 drafts varied between 1.43 and 1.56 GB, against 1.27 GB with
+    float32 drafts)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC else None
+    if trim is not None:
+        trim(0)
+
+
+_LIBC: object = None

@@ -1,7 +1,8 @@
 """Compressed draft weights (``--drafter.draft_weights``): what a draft step costs and what it accepts.
 
 For one model on this CPU (float32, the CPU kernels on), for each weight format of the drafts
-(``float32``: the model's own; ``bfloat16``; ``int8`` with one scale per output row):
+(``float32``: the model's own; ``bfloat16``; ``int8`` with one scale per output row; ``int4`` with
+one scale per row and group of 64, int8 activations):
 
 1. times, interleaved with medians, one plain decoding step, a verification of k + 1 tokens and one
    draft step of each skip ratio
@@ -37,7 +38,7 @@ from framework.session.config import RunConfig
 from framework.session.experiment import Experiment
 from strategies.selectors.static import uniform_plan
 
-FORMATS = ("float32", "bfloat16", "int8")
+FORMATS = ("float32", "bfloat16", "int8", "int4")
 
 
 def main() -> None:

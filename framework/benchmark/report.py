@@ -275,6 +275,7 @@ def render_report(
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
         f"- data: {run.data.path or 'built-in suite'}; {n_prompts} prompts"
         + (f" (at most {run.data.limit} per category)" if run.data.limit else "")
+        + (f" (after the first {run.data.offset} of each)" if run.data.offset else "")
         + f"; max_new_tokens {run.generation.max_new_tokens}; dtype {run.model.dtype}; greedy, batch 1; warm-up {run.runner.warmup} "
         f"generation(s) per method; {cfg.repeats} repeat(s); {elapsed:.0f} s timed",
     ]

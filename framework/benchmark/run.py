@@ -126,7 +126,7 @@ def head_costs(
             priced = dataclasses.replace(
                 cost, attn=by_weights[fmt].attn, mlp=by_weights[fmt].mlp, draft_weights=fmt
             )
-        out[s.label] = priced.with_head(adapter, head) if head is not None else priced
+        out[s.label] = priced.with_head(adapter, head, weights=weights) if head is not None else priced
     return out
 
 
@@ -197,7 +197,9 @@ class _Bench:
             if any(s.label == label for s in self.specs):
                 raise ConfigError("custom", label, "a name not used by --methods")
             self.specs.append(MethodSpec(label, "custom"))
-        self.prompts = load_prompts(run.data.path, run.data.categories or None, run.data.limit)
+        self.prompts = load_prompts(
+            run.data.path, run.data.categories or None, run.data.limit, run.data.offset
+        )
         self.out_dir = Path(cfg.out) if cfg.out else Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
         self.records_path = self.out_dir / "records.jsonl"
         if self.records_path.exists() and self.records_path.stat().st_size:

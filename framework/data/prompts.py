@@ -115,7 +115,10 @@ def category_sort_key(cat: str) -> tuple[int, str]:
 
 
 def load_prompts(
-    path: str | Path | None = None, categories: Sequence[str] | None = None, limit: int | None = None
+    path: str | Path | None = None,
+    categories: Sequence[str] | None = None,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> list[Prompt]:
     """Load prompts through `datasets`, filtered by category, at most ``limit`` per category.
 
@@ -123,10 +126,12 @@ def load_prompts(
         path: a JSONL file; ``None`` for the built-in suite.
         categories: keep these groups (``mt_bench``) or original categories (``writing``).
         limit: at most this many prompts per category (file order), ``None`` for all.
+        offset: skip the first ``offset`` prompts of each category (file order) before ``limit``
+            counts: prompts a configuration was not tuned on (``--limit 1 --offset 5``).
 
     Raises:
         DataError: bad file, unknown category (the message lists the available ones), limit < 1,
-            or an empty selection.
+            offset < 0, or an empty selection.
     """
     datasets = require("datasets", "datasets")
     records = read_jsonl(BUILTIN_PROMPTS if path is None else path)
@@ -140,14 +145,16 @@ def load_prompts(
             )
         wanted = set(categories)
         ds = ds.filter(lambda r: r["category"] in wanted or r["subcategory"] in wanted)
-    if limit is not None:
-        if limit < 1:
-            raise DataError(f"--limit must be >= 1, got {limit}")
+    if limit is not None and limit < 1:
+        raise DataError(f"--limit must be >= 1, got {limit}")
+    if offset < 0:
+        raise DataError(f"--offset must be >= 0, got {offset}")
+    if limit is not None or offset:
         counts: dict[str, int] = {}
         keep = []
         for i, cat in enumerate(ds["category"]):
             counts[cat] = counts.get(cat, 0) + 1
-            if counts[cat] <= limit:
+            if counts[cat] > offset and (limit is None or counts[cat] <= offset + limit):
                 keep.append(i)
         ds = ds.select(keep)
     if len(ds) == 0:

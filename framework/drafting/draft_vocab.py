@@ -18,7 +18,7 @@ head could have proposed (``summary()["vocab_coverage"]``). The drafter itself o
             out = state.forward_draft(x, plan, logits_at="last")     # the state's draft head
             tok, conf = builder.add(out.logits[:, -1], out.head)
 
-The same mixin offers ``draft_weights`` ("bfloat16", "int8", "fp8" or "auto"): draft passes run a
+The same mixin offers ``draft_weights`` ("bfloat16", "int8", "int4", "fp8" or "auto"): draft passes run a
 compressed copy of the model's weights (`framework.engine.adapter.ModelAdapter.draft_branches`: the
 CPU kernels' fused branches, or the modules' low-bit linear layers elsewhere), returned by
 ``draft_weights()`` and handed on like the head. A self-speculative draft then saves bytes in every
@@ -40,6 +40,7 @@ from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
 from framework.engine.cost_model import draft_sublayer_seconds
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.token_ranking import draft_head_for
+from framework.kernels.fused import FusedBlocks
 from framework.kernels.lowbit import LowBitLinears
 from framework.kernels.protocols import DraftWeights
 from framework.view import RoundView
@@ -66,10 +67,12 @@ class DraftVocabConfig:
     draft_weights: str = param(
         "float32",
         help="how draft passes store the model's weights: 'float32' (the model's own, whatever its "
-        "dtype), 'bfloat16', 'int8' or 'fp8' (a copy in bfloat16, int8 with one scale per output row, "
-        "or float8 e4m3 row-wise with per-token fp8 activations: fewer bytes for a memory-bound step "
-        "to stream). The CPU kernels run bfloat16 and int8 in their fused branches; elsewhere (CUDA, "
-        "fp8, a bfloat16 model) the blocks' linear layers run the copy through the model's modules. "
+        "dtype), 'bfloat16', 'int8', 'int4' or 'fp8' (a copy in bfloat16, int8 with one scale per "
+        "output row, 4-bit with one scale per row and group of 64 inputs and int8 activations, or "
+        "float8 e4m3 row-wise with per-token fp8 activations: fewer bytes for a memory-bound step to "
+        "stream). The CPU kernels run bfloat16, int8 and int4 (fast with AVX-512 VNNI) in their fused "
+        "branches; elsewhere (CUDA, fp8, a bfloat16 model) the blocks' linear layers run the copy "
+        "through the model's modules (int4 there only as the slow float32 reference). "
         "'auto': int8 on the CPU kernels, else the fastest of fp8 and int8 that drafts faster than "
         "the model's own weights (measured once), else the model's own. The KV cache and "
         "verification keep the model's own weights, so the output is unchanged",
@@ -80,6 +83,13 @@ class DraftVocabConfig:
         "weights (medians) and keep the copy only if it drafts faster; a copy without a fast "
         "kernel on this device (the float32 reference) is never kept. False keeps it regardless "
         "(acceptance studies); the run says what it drafted with",
+    )
+    compress_head: bool = param(
+        True,
+        help="with draft_weights compressed in the CPU kernels' fused branches, drafts also score the "
+        "reduced head (draft_vocab) from a compressed copy of its rows (int8 for int8 and int4 "
+        "weights, bfloat16 for bfloat16), so that a draft does not stream float32 head rows; False "
+        "keeps the float32 rows (an ablation)",
     )
     vocab_context: bool = param(
         True,
@@ -93,6 +103,7 @@ class DraftVocabConfig:
         check_choice("vocab_context", self.vocab_context, (True, False))
         check_choice("draft_weights", self.draft_weights, (*DRAFT_WEIGHT_FORMATS, "auto"))
         check_choice("weights_check", self.weights_check, (True, False))
+        check_choice("compress_head", self.compress_head, (True, False))
         if 0 < self.draft_vocab < MIN_DRAFT_VOCAB:
             raise ConfigError(
                 "draft_vocab", self.draft_vocab, f"0 (the whole vocabulary) or >= {MIN_DRAFT_VOCAB}"
@@ -121,14 +132,6 @@ class DraftVocab:
         self._head = None
         self._prepared = True
         self._weights, self._weights_note = None, ""
-        if c.draft_weights != "float32":
-            self._weights, self._weights_note = ctx.once(
-                DraftVocab,
-                ("draft_weights", c.draft_weights, c.weights_check),
-                lambda: _draft_weights(ctx, c),
-            )
-            if self._weights_note:
-                ctx.log(f"note: {self._weights_note}")
         if c.draft_vocab and c.draft_vocab < ctx.adapter.info().vocab_size:
             try:
                 self._head = draft_head_for(ctx, c.draft_vocab, c.vocab_file, context=c.vocab_context)
@@ -136,6 +139,16 @@ class DraftVocab:
                 raise ConfigError(
                     "--drafter.vocab_file", c.vocab_file or "(built)", f"usable: {err}"
                 ) from None
+        if c.draft_weights != "float32":
+            self._weights, self._weights_note = ctx.once(
+                DraftVocab,
+                ("draft_weights", c.draft_weights, c.weights_check),
+                lambda: _draft_weights(ctx, c),
+            )
+            if isinstance(self._weights, FusedBlocks) and not c.compress_head:
+                self._weights = self._weights.with_head(None)
+            if self._weights_note:
+                ctx.log(f"note: {self._weights_note}")
 
     def use_head(self, head: DraftHead | None) -> None:
         """Draft with ``head`` (e.g. a search that must draft as the run's drafter does)."""
@@ -172,12 +185,15 @@ class DraftVocab:
     def head_summary(self) -> dict[str, Any]:
         """``draft_vocab`` (K), ``draft_vocab_now`` (K plus the context tokens added) and
         ``vocab_coverage`` (share of the committed tokens the head could propose when committed);
-        ``draft_weights`` (the format drafts ran, when the config asks for a compressed one)."""
+        ``draft_weights`` (the format drafts ran, when the config asks for a compressed one) and
+        ``draft_head_weights`` (the format the head was scored in then)."""
         out: dict[str, Any] = {}
         if self.config.draft_weights != "float32":
             out["draft_weights"] = "float32" if self._weights is None else self._weights.weights
         if self._head is None:
             return out
+        if self.config.draft_weights != "float32":
+            out["draft_head_weights"] = getattr(self._weights, "head", None) or "float32"
         live = self._live
         out["draft_vocab"] = self._head.size
         if live is not None:
@@ -190,9 +206,11 @@ def _draft_weights(ctx: Any, c: DraftVocabConfig) -> tuple[DraftWeights | None, 
     """``(the weights drafts run, a note when they are not what the config asked for)``.
 
     A named format: the adapter's copy in it, dropped (``None``: the model's own) when there is
-    nothing to compress or, with ``weights_check``, when it does not draft faster. ``auto``: int8
-    in the CPU kernels' fused branches where they run; elsewhere the fastest of the fp8 and int8
-    copies with a fast kernel, if it drafts faster than the model's own weights.
+    nothing to compress or, with ``weights_check``, when it does not draft faster (an int4 copy of
+    the fused branches without its VNNI kernel is kept, with a note: its scalar loop is slow).
+    ``auto``: int8 in the CPU kernels' fused branches where they run (int4 is opt-in); elsewhere
+    the fastest of the fp8 and int8 copies with a fast kernel, if it drafts faster than the model's
+    own weights.
     """
     adapter, own = ctx.adapter, "drafts run the model's own weights"
     if c.draft_weights == "auto":
@@ -207,6 +225,11 @@ def _draft_weights(ctx: Any, c: DraftVocabConfig) -> tuple[DraftWeights | None, 
     weights = adapter.draft_branches(fmt)
     if weights is None:
         return None, f"draft_weights={fmt}: nothing to compress (the model is {adapter.dtype}): {own}"
+    if isinstance(weights, FusedBlocks) and fmt == "int4" and weights.int4_kernel != "avx512_vnni":
+        return (
+            weights,
+            "draft_weights=int4: no AVX-512 VNNI in this CPU's kernels: int4 drafts run a slow scalar loop",
+        )
     if not isinstance(weights, LowBitLinears) or not c.weights_check:
         return weights, ""
     if weights.kernel == "reference":

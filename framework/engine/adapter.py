@@ -273,7 +273,7 @@ class ModelAdapter:
 
     def draft_branches(self, fmt: str) -> DraftWeights | None:
         """The model's weights in ``fmt`` for drafts, built once per format: with the CPU kernels'
-        fused branches, ``"bfloat16"`` and ``"int8"`` are their compressed copies
+        fused branches, ``"bfloat16"``, ``"int8"`` and ``"int4"`` are their compressed copies
         (`FusedBlocks.compressed`); every other case (``"fp8"``, another device or dtype,
         ``SELFSPEC_KERNEL=0``) compresses the blocks' linear layers and runs them through the
         modules (`framework.kernels.lowbit.LowBitLinears`). ``"float32"``: ``fused`` (the model's
@@ -524,15 +524,19 @@ class ModelAdapter:
                 captured.append(h)
         return h
 
-    def _head(self, x: torch.Tensor, head: DraftHead | None) -> torch.Tensor:
+    def _head(
+        self, x: torch.Tensor, head: DraftHead | None, weights: DraftWeights | None = None
+    ) -> torch.Tensor:
         """Final norm and LM head (or ``head``) of ``x`` (..., d), on their devices when the model
-        is split, the logits back on ``x``'s device."""
+        is split, the logits back on ``x``'s device. A draft whose ``weights`` are a compressed copy
+        of the fused branches scores ``head`` in their `FusedBlocks.head` format (`DraftHead.logits`)."""
+        fmt = weights.head if isinstance(weights, FusedBlocks) else None
         if not self.placement.split:
             normed = self.arch.final_norm(x)
-            return self.arch.lm_head(normed) if head is None else head.logits(normed)
+            return self.arch.lm_head(normed) if head is None else head.logits(normed, fmt)
         norm_dev, head_dev = self._head_devices
         normed = self.arch.final_norm(x.to(norm_dev)).to(head_dev)
-        logits = self.arch.lm_head(normed) if head is None else head.logits(normed)
+        logits = self.arch.lm_head(normed) if head is None else head.logits(normed, fmt)
         return logits.to(x.device)
 
     def _logits(self, h: torch.Tensor, p: Pass) -> torch.Tensor:
@@ -548,17 +552,20 @@ class ModelAdapter:
                 raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {at!r}")
         else:
             sel = h.index_select(1, at.to(h.device))
-        logits = self._head(sel, p.head)
+        logits = self._head(sel, p.head, p.weights)
         if timed:
             self.lm_head_seconds += clock() - t0
         return logits
 
-    def logits_from_hidden(self, hidden: torch.Tensor, head: DraftHead | None = None) -> torch.Tensor:
-        """Final norm + LM head (or ``head``) on pre-norm residuals of any shape (..., d) (shadow
-        predictions, the cost model's head timing), on the norm's and head's own devices when the
-        model is split; the logits come back on ``hidden``'s device."""
+    def logits_from_hidden(
+        self, hidden: torch.Tensor, head: DraftHead | None = None, weights: DraftWeights | None = None
+    ) -> torch.Tensor:
+        """Final norm + LM head (or ``head``, scored as a draft with ``weights`` scores it) on
+        pre-norm residuals of any shape (..., d) (shadow predictions, the cost model's head
+        timing), on the norm's and head's own devices when the model is split; the logits come back
+        on ``hidden``'s device."""
         with torch.inference_mode():
-            return self._head(hidden, head)
+            return self._head(hidden, head, weights)
 
     @torch.inference_mode()
     def top1_from_hidden(

@@ -15,6 +15,7 @@ from framework.engine.adapter import ModelAdapter
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
+from framework.kernels.protocols import weights_key
 from framework.types import LayerPlan, ModelInfo
 from framework.view import PlanEvaluation, RoundView
 
@@ -73,7 +74,7 @@ class PreparedCache:
 
 
 def _cost_key(head: DraftHead | None, weights: DraftWeights | None) -> tuple[str, str]:
-    return (head.key if head is not None else "", weights.weights if weights is not None else "float32")
+    return (head.key if head is not None else "", weights_key(weights))
 
 
 class _FixedPlan(LayerSelector):
@@ -183,6 +184,8 @@ class PrepareContext:
         own = self.prepared.get(CostModel, _cost_key(head, None))  # the same head, own weights
         if compressed and own is not None:
             costs = own.with_weights(self.adapter, weights)
+            if head is not None:  # the head, scored from its compressed copy
+                costs = costs.with_head(self.adapter, head, weights=weights)
         elif full is not None and head is not None and not compressed:
             costs = full.with_head(self.adapter, head)
         else:

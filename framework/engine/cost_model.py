@@ -63,7 +63,7 @@ class CostModel:
         draft_vocab: K of the reduced draft head ``base`` and ``head`` were priced with; 0: the
             full vocabulary.
         draft_weights: the storage of the weights the draft steps (``attn``, ``mlp``) were timed
-            with: ``"float32"``, the model's own; ``"bfloat16"`` or ``"int8"``, a compressed copy
+            with: ``"float32"``, the model's own; ``"bfloat16"``, ``"int8"`` or ``"int4"``, a compressed copy
             (`framework.engine.adapter.ModelAdapter.draft_branches`).
         far_context: a second cache length the context-dependent costs were measured at (0: none,
             the costs are the same at every context).
@@ -225,8 +225,11 @@ class CostModel:
             )
         return text
 
-    def with_head(self, adapter: Any, head: DraftHead | None, *, reps: int = 31) -> CostModel:
-        """This cost model with draft steps priced for ``head`` (``None``: the full LM head).
+    def with_head(
+        self, adapter: Any, head: DraftHead | None, *, reps: int = 31, weights: DraftWeights | None = None
+    ) -> CostModel:
+        """This cost model with draft steps priced for ``head`` (``None``: the full LM head), scored
+        as a draft with compressed ``weights`` scores it (`DraftHead.logits`).
 
         Times the final norm + LM head of one token with the full head and with ``head``
         (interleaved, medians) and scales the full head's share of ``base`` by their ratio, so that
@@ -234,7 +237,7 @@ class CostModel:
         measured ``full_head`` (or this timing), never more than ``base`` itself (the two are
         separate measurements).
         """
-        full_s, draft_s = head_seconds(adapter, head, reps=reps)
+        full_s, draft_s = head_seconds(adapter, head, reps=reps, weights=weights)
         ratio = draft_s / full_s if full_s > 0 else 1.0
         full_part = self.full_head or self.head or full_s
         base_full = self.base - self.head + full_part if self.draft_vocab else self.base
@@ -255,7 +258,8 @@ class CostModel:
         Times draft steps through every attention sub-layer, every MLP sub-layer and neither, with
         the model's own weights and with ``weights`` (interleaved, medians), and scales ``attn`` and
         ``mlp`` by the measured ratios, so that a cost model in any unit keeps its unit. ``base``
-        (embedding, final norm, head) and the verification costs do not change.
+        (embedding, final norm, head) and the verification costs do not change: a reduced head that
+        the compressed draft scores from its own copy is re-priced by `with_head`.
         """
         if weights is None or weights.weights == "float32":
             return replace(self, draft_weights="float32")
@@ -320,7 +324,7 @@ class CostModel:
             if probe is not None:
                 probe.close()
         med = {k: statistics.median(v) for k, v in samples.items()}
-        full_head, head = head_seconds(adapter, draft_head, reps=4 * reps + 3)
+        full_head, head = head_seconds(adapter, draft_head, reps=4 * reps + 3, weights=draft_weights)
         verify = tuple(med[t] for t in range(1, max_tokens + 1))
         far_fields: dict[str, Any] = {}
         if far is not None:
@@ -478,9 +482,12 @@ def draft_sublayer_seconds(
 
 
 @torch.inference_mode()
-def head_seconds(adapter: Any, head: DraftHead | None = None, *, reps: int = 31) -> tuple[float, float]:
+def head_seconds(
+    adapter: Any, head: DraftHead | None = None, *, reps: int = 31, weights: DraftWeights | None = None
+) -> tuple[float, float]:
     """Seconds of the final norm + LM head on one token: ``(full head, head)`` (``head`` ``None``:
-    both are the full head). Interleaved, after a warm-up, medians of ``reps``."""
+    both are the full head; ``head`` scored as a draft with ``weights`` scores it). Interleaved,
+    after a warm-up, medians of ``reps``."""
     d = adapter.info().hidden_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, d, generator=gen).to(device=adapter.device, dtype=adapter.dtype)
@@ -490,7 +497,7 @@ def head_seconds(adapter: Any, head: DraftHead | None = None, *, reps: int = 31)
 
     fns = [lambda: adapter.logits_from_hidden(x)]
     if head is not None:
-        fns.append(lambda: adapter.logits_from_hidden(x, head))
+        fns.append(lambda: adapter.logits_from_hidden(x, head, weights))
     samples: list[list[float]] = [[] for _ in fns]
     for rep in range(reps + 1):
         for fn, out in zip(fns, samples, strict=True):

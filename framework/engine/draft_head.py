@@ -38,13 +38,18 @@ runs, and the cost model prices drafts with it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from framework.kernels import cpu as kernels
+from framework.kernels.fused import compress_weight
+from framework.utils import release_free_memory
+
+#: Rows a reduced head copies or compresses at a time (`DraftHead._chunks`).
+CHUNK_ROWS = 2048
 
 #: The smallest reduced head `DraftHead` accepts (the drafters' ``draft_vocab`` option asks for at
 #: least `framework.drafting.draft_vocab.MIN_DRAFT_VOCAB`).
@@ -68,7 +73,8 @@ class DraftHead:
     Attributes:
         ids: LongTensor (K,) on the model's device.
         mask: BoolTensor (V,), ``True`` at the ids.
-        weight: FloatTensor (K, d), the LM head's rows of the ids (a contiguous copy).
+        weight: FloatTensor (K, d), the LM head's rows of the ids (a contiguous copy, made on first
+            use).
         bias: FloatTensor (K,) or ``None``.
 
     Raises:
@@ -99,11 +105,45 @@ class DraftHead:
         with torch.inference_mode(False), torch.no_grad():
             self.head_weight, self.head_bias = weight, bias  # the full head's (for context rows)
             self.ids = ids_t.to(device)
-            self.weight = weight.detach().index_select(0, self.ids).contiguous()
+            self._weight: torch.Tensor | None = None  # the float32 rows, built on first use (`weight`)
             self.bias = None if bias is None else bias.detach().index_select(0, self.ids).contiguous()
             self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
             self.mask[self.ids] = True
+        #: compressed copies of ``weight`` by format (`logits`)
+        self._copies: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._check(adapter)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """FloatTensor (K, d): the LM head's rows of the ids, a contiguous copy made on first use
+        (a run whose drafts score the head compressed, `logits` with ``fmt``, never makes it)."""
+        w = self._weight
+        if w is None:
+            with torch.inference_mode(False), torch.no_grad():
+                w = self._weight = self._rows()
+        return w
+
+    def _chunks(self) -> Iterator[torch.Tensor]:
+        """The rows of the ids, `CHUNK_ROWS` at a time (from `weight` if made): whatever is built
+        from them never holds a float32 copy of all K rows at once (peak memory)."""
+        for i in range(0, self.size, CHUNK_ROWS):
+            if self._weight is not None:
+                yield self._weight[i : i + CHUNK_ROWS]
+            else:
+                yield self.head_weight.detach().index_select(0, self.ids[i : i + CHUNK_ROWS])
+
+    def _rows(self) -> torch.Tensor:
+        """The rows of the ids as one contiguous copy (what `weight` keeps)."""
+        return torch.cat(list(self._chunks())).contiguous()
+
+    def _compress(self, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The K rows in ``fmt`` (`compress_weight`), compressed a chunk at a time."""
+        parts = [compress_weight(rows, fmt) for rows in self._chunks()]
+        scales = [sc for _, sc in parts if sc is not None]
+        out = torch.cat([q for q, _ in parts]).contiguous(), torch.cat(scales) if scales else None
+        del parts
+        release_free_memory()
+        return out
 
     @property
     def size(self) -> int:
@@ -115,8 +155,23 @@ class DraftHead:
         """Identifies the head among others of the same model (cache keys)."""
         return f"{self.size}:{int(self.context)}:{self.name}"
 
-    def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """(..., d) final-norm outputs -> (..., K) logits over `ids` (column j scores ``ids[j]``)."""
+    def logits(self, normed: torch.Tensor, fmt: str | None = None) -> torch.Tensor:
+        """(..., d) final-norm outputs -> (..., K) logits over `ids` (column j scores ``ids[j]``).
+
+        ``fmt``: score the K rows from a copy in this format (``"bfloat16"`` or ``"int8"``, built
+        once per format) through the CPU kernels: what a draft whose blocks run a compressed copy
+        of the fused branches does (`framework.kernels.fused.FusedBlocks.head`), so that it does
+        not stream the float32 head (on SmolLM2-135M with int8 blocks, a quarter of a draft's
+        bytes). ``None``, or inputs the kernels do not take (another device or dtype, more than
+        ``MAX_ROWS`` rows): the float32 rows.
+        """
+        if fmt is not None:
+            copy = self._copies.get(fmt)
+            if copy is None:
+                copy = self._copies[fmt] = self._compress(fmt)
+            out = kernels.linear_lowp(normed, *copy, self.bias, fmt)
+            if out is not None:
+                return out
         return kernels.linear(normed, self.weight, self.bias)
 
     def tokens(self, index: torch.Tensor) -> torch.Tensor:
@@ -148,12 +203,14 @@ class DraftHead:
 
     def _check(self, adapter: Any) -> None:
         """The restricted rows must reproduce the adapter's own head on those columns."""
-        d = self.weight.shape[1]
+        w = self.head_weight
         gen = torch.Generator().manual_seed(0)
         with torch.inference_mode():
-            x = torch.randn(1, 1, d, generator=gen).to(device=self.weight.device, dtype=self.weight.dtype)
+            x = torch.randn(1, 1, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
             full = adapter.arch.lm_head(x)[..., self.ids].float()
-            mine = F.linear(x, self.weight, self.bias).float()
+            mine = torch.cat([F.linear(x, rows) for rows in self._chunks()], dim=-1).float()
+            if self.bias is not None:
+                mine = mine + self.bias.float()
         tol = 1e-3 * (1.0 + float(full.abs().max()))
         if not torch.allclose(full, mine, atol=tol, rtol=1e-3):
             raise ValueError(
@@ -189,17 +246,22 @@ class LiveDraftHead(DraftHead):
         self._n = 0
         device = base.ids.device
         self._extra_ids = torch.empty(0, dtype=torch.long, device=device)
-        self._extra_w = base.weight.new_empty(0, base.weight.shape[1])
+        self._extra_w = base.head_weight.detach().new_empty(0, base.head_weight.shape[1])
         self._extra_b = None if base.bias is None else base.bias.new_empty(0)
         self.ids = base.ids
         self.mask = base.mask
-        self.weight, self.bias = base.weight, base.bias
+        self.bias = base.bias
         if self.context:
             self.mask = base.mask.clone()
             self._add(prompt.reshape(-1))
 
-    def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        head = self.base.logits(normed)
+    @property
+    def weight(self) -> torch.Tensor:
+        """The shared head's K rows (`DraftHead.weight`; the context rows are apart)."""
+        return self.base.weight
+
+    def logits(self, normed: torch.Tensor, fmt: str | None = None) -> torch.Tensor:
+        head = self.base.logits(normed, fmt)
         if not self._n:
             return head
         n = self._n

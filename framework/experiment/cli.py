@@ -47,7 +47,7 @@ GROUPS = {
     **dict.fromkeys(
         ("model", "dtype", "device", "threads", "kernels", "phase_timing", "cuda_graphs"), "model"
     ),
-    **dict.fromkeys(("data", "categories", "limit", "max_new_tokens", "stop_strings"), "data"),
+    **dict.fromkeys(("data", "categories", "limit", "offset", "max_new_tokens", "stop_strings"), "data"),
     **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),
     "gate": "draft gate (framework.drafting.gate)",
     **dict.fromkeys(

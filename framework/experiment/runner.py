@@ -90,7 +90,7 @@ def run(
     pl.seed_everything(cfg.generation.seed, verbose=False)
     if cfg.runner.threads:
         torch.set_num_threads(cfg.runner.threads)
-    prompts = load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit)
+    prompts = load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit, cfg.data.offset)
     out_path = resolve_output(cfg)
     CURRENT_OUTPUT[0] = out_path
     method = cfg.method.label

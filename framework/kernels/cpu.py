@@ -68,6 +68,7 @@ __all__ = [
     "is_installed",
     "isa",
     "linear",
+    "linear_lowp",
     "load_extension",
     "register_attention",
     "stock",
@@ -96,6 +97,46 @@ def __getattr__(name: str) -> Any:
 _F32 = torch.float32
 _grad_enabled = torch.is_grad_enabled
 _num_threads = torch.get_num_threads
+
+
+#: The storage codes of ``linear_lowp`` (``csrc``: kBFloat16, kInt8, kInt4).
+_LOWP_CODES = {"bfloat16": 1, "int8": 2, "int4": 3}
+
+
+def linear_lowp(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, fmt: str
+) -> torch.Tensor | None:
+    """``x @ W.T (+ bias)`` with ``W`` stored compressed (`framework.kernels.fused.compress_weight`'s
+    ``(q, scale)`` in ``fmt``: ``bfloat16``, ``int8`` or ``int4``), through the kernel; ``None``
+    when the kernel cannot take it (not loaded, ``x`` not float32 on the CPU, more than `MAX_ROWS`
+    rows, a bias that is not float32), for the caller to fall back on its float32 weights.
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    code = _LOWP_CODES.get(fmt)
+    if code is None:
+        raise ValueError(f"a compressed weight format must be one of {list(_LOWP_CODES)}, got {fmt!r}")
+    ext = extension.compiled
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (
+        ext is None
+        or x.dtype is not _F32
+        or not x.is_cpu
+        or not 0 < rows <= MAX_ROWS
+        or (bias is not None and (bias.dtype is not _F32 or not bias.is_cpu))
+    ):
+        return None
+    n = q.shape[0]
+    x2 = x.reshape(rows, k).contiguous()
+    b = None if bias is None else bias.contiguous()
+    out = torch.empty(rows, n, dtype=_F32)
+    ext.linear_lowp(
+        x2.data_ptr(), k, q.data_ptr(), k, code, 0 if scale is None else scale.data_ptr(),
+        0 if b is None else b.data_ptr(), out.data_ptr(), n, rows, n, k, _num_threads(),
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], n)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

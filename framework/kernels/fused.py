@@ -36,7 +36,9 @@ import torch
 from torch import nn
 
 from framework.kernels import cpu as kernels
+from framework.kernels.lowbit import quantize_int4
 from framework.kernels.protocols import BranchModel, CacheSlots
+from framework.utils import release_free_memory
 
 _F32 = torch.float32
 #: Largest head dimension the kernel's RoPE buffer holds.
@@ -55,7 +57,7 @@ class _Attn:
     kv_heads: int
     head_dim: int
     scale: float
-    #: per-row scales of int8 weights (q, k, v, o), ``None`` for float weights
+    #: scales of int8 (per row) or int4 (per row and group) weights (q, k, v, o), ``None`` for float
     wscales: tuple[torch.Tensor | None, ...] = (None,) * 4
 
 
@@ -75,8 +77,12 @@ def _ptrs(params: tuple[torch.Tensor | None, ...]) -> list[int]:
 
 
 #: How the kernels can store a draft's copy of the weights (`FusedBlocks.compressed`), and the
-#: storage code each is passed to them with (``csrc``: kFloat32, kBFloat16, kInt8).
-WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2}
+#: storage code each is passed to them with (``csrc``: kFloat32, kBFloat16, kInt8, kInt4).
+WEIGHT_FORMATS = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}
+#: The format a draft with compressed branches scores a reduced draft head in, per branch format
+#: (`FusedBlocks.head`, `framework.engine.draft_head.DraftHead.logits`): the head follows the
+#: blocks down to 8 bits (an int4 draft keeps an int8 head: its top-1 is the drafted token).
+HEAD_FORMATS = {"bfloat16": "bfloat16", "int8": "int8", "int4": "int8"}
 
 
 def compress_weight(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -84,16 +90,20 @@ def compress_weight(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tens
 
     ``bfloat16``: rounded to nearest (ties to even), 16 bits a weight. ``int8``: symmetric,
     one float32 scale per output row, ``w[n, k] ~ scale[n] * q[n, k]`` with ``q`` in [-127, 127]
-    (weight-only: the activations stay float32), 8 bits a weight.
+    (weight-only: the activations stay float32), 8 bits a weight. ``int4``: 4 bits a weight with a
+    scale per row and group of 64 inputs (`framework.kernels.lowbit.quantize_int4`; the kernel
+    quantises the activations to int8 per group of 64 and multiplies integers).
     """
     if fmt == "bfloat16":
         return w.detach().to(torch.bfloat16).contiguous(), None
+    if fmt == "int4":
+        return quantize_int4(w.detach())
     if fmt == "int8":
         w = w.detach().float()
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
         q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
         return q, scale.contiguous()
-    raise ValueError(f"a weight format to compress to must be 'bfloat16' or 'int8', got {fmt!r}")
+    raise ValueError(f"a weight format to compress to must be 'bfloat16', 'int8' or 'int4', got {fmt!r}")
 
 
 #: Compressed copies already made, per weight tensor (by identity) and format: several adapters
@@ -114,6 +124,7 @@ def _compressed(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor |
     if hit is not None and hit[0] == w._version:
         return hit[1], hit[2]
     q, scale = compress_weight(w, fmt)
+    release_free_memory()  # the temporaries' heap (see there)
     slot[1][fmt] = (w._version, q, scale)
     return q, scale
 
@@ -152,6 +163,7 @@ class FusedBlocks:
         *,
         weights: str = "float32",
         probe: torch.Tensor | None = None,
+        head: str | None = None,
     ) -> None:
         self.attn = attn
         self.mlp = mlp
@@ -159,13 +171,16 @@ class FusedBlocks:
         #: how the branches' weights are stored (`WEIGHT_FORMATS`): the model's own float32
         #: parameters, or a draft's compressed copy (`compressed`)
         self.weights = weights
+        #: the format a draft running these branches scores a reduced draft head in (`HEAD_FORMATS`
+        #: of a compressed copy; ``None``: the head's float32 rows)
+        self.head = head
         self._code = WEIGHT_FORMATS[weights]
         first = next((a.params[0] for a in attn if a is not None), None)
         self._probe = first if probe is None else probe  # a float32 weight of the model itself
 
     def compressed(self, fmt: str) -> FusedBlocks:
-        """The same branches with their weights copied into ``fmt`` (``"bfloat16"`` or ``"int8"``,
-        `compress_weight`): a cheaper draft of the same model (a memory-bound CPU step reads every
+        """The same branches with their weights copied into ``fmt`` (``"bfloat16"``, ``"int8"`` or
+        ``"int4"``, `compress_weight`): a cheaper draft of the same model (a memory-bound CPU step reads every
         weight once: half or a quarter of the bytes). Norms and biases stay float32 and shared; the
         activations, the KV cache and the attention stay float32. A branch that is not fused keeps
         the module path (full precision). Copies are shared by the adapters of one model. The copy
@@ -187,7 +202,12 @@ class FusedBlocks:
             for m in self.mlp
             for p, sc in [_compress_params(m.params, fmt) if m is not None else ((), ())]
         ]
-        return FusedBlocks(attn, mlp, self._ext, weights=fmt, probe=self._probe)
+        return FusedBlocks(attn, mlp, self._ext, weights=fmt, probe=self._probe, head=HEAD_FORMATS[fmt])
+
+    def with_head(self, head: str | None) -> FusedBlocks:
+        """The same branches (shared, not copied) with drafts scoring a reduced head in ``head``
+        (``None``: its float32 rows; an ablation of the compressed head)."""
+        return FusedBlocks(self.attn, self.mlp, self._ext, weights=self.weights, probe=self._probe, head=head)
 
     @property
     def nbytes(self) -> int:
@@ -199,6 +219,12 @@ class FusedBlocks:
                     t.numel() * t.element_size() for t in (*b.params[::2], *b.wscales) if t is not None
                 )
         return total
+
+    @property
+    def int4_kernel(self) -> str:
+        """How the kernels multiply an ``int4`` copy: ``"avx512_vnni"`` (integer dot products, 64
+        weights an instruction) or ``"scalar"`` (correct, slow: no VNNI in this build)."""
+        return str(getattr(self._ext, "int4_kernel", "scalar"))
 
     @property
     def num_fused(self) -> int:

@@ -1,5 +1,5 @@
-"""Compressed draft weights through the model's own modules: fp8, int8 or bfloat16 copies of the
-blocks' linear layers that draft passes use and verification does not (any device; on CUDA the
+"""Compressed draft weights through the model's own modules: fp8, int8, int4 or bfloat16 copies of
+the blocks' linear layers that draft passes use and verification does not (any device; on CUDA the
 fast path of issue 27).
 
 Why: a decoding step at batch 1 streams every weight once, so a draft that reads fp8 or int8
@@ -23,6 +23,11 @@ Formats (one scale per output row, symmetric):
   scales and a bfloat16 output; a weight whose dimensions are not multiples of 16 keeps the module.
 - ``int8``: weight-only, ``w ~ scale[n] * q[n, k]`` with q in [-127, 127], activations in the
   model's dtype (``torch._weight_int8pack_mm`` where the device has it; else de-quantised per call).
+- ``int4``: ``w ~ scale[n, g] * q[n, k]`` with q in [-8, 7] and a scale per row and group of 64
+  inputs (the least-squares one of a few), two weights a byte (`quantize_int4`); the activations quantised to int8 per token and
+  group of 64 at run time, so each group's product is an exact integer (W4A8, llama.cpp's
+  Q4_0 x Q8_0 idea). Only the CPU kernels' fused branches have a fast kernel (AVX-512 VNNI); through
+  the modules it runs the reference.
 - ``bfloat16``: a bfloat16 copy (for a float32 model; a bfloat16 model already is one).
 
 Each format has a reference implementation in plain float32 arithmetic (`reference_linear`): the
@@ -46,7 +51,13 @@ from torch import nn
 from framework.kernels.protocols import BranchModel
 
 #: The formats this module compresses to.
-LOWBIT_FORMATS = ("fp8", "int8", "bfloat16")
+LOWBIT_FORMATS = ("fp8", "int8", "int4", "bfloat16")
+#: ``int4``: weights (and activations) share one scale per group of this many inputs.
+INT4_GROUP = 64
+#: ``int4``: the divisors of a group's signed extreme that `quantize_int4` tries for its scale.
+INT4_STEPS = (7.0, 7.5, 8.0, 8.5, 9.0, 10.0)
+#: ``int4``: rows `quantize_int4` quantises at a time.
+INT4_ROWS = 256
 #: Largest magnitude of float8 e4m3 (``torch.float8_e4m3fn``).
 FP8_MAX = 448.0
 _TINY = torch.finfo(torch.float32).tiny
@@ -76,6 +87,8 @@ def quantize_rows(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor
     w = w.detach().float()
     if fmt == "bfloat16":
         return w.to(torch.bfloat16).contiguous(), None
+    if fmt == "int4":
+        return quantize_int4(w)
     if fmt not in ("fp8", "int8"):
         raise ValueError(f"a low-bit format must be one of {LOWBIT_FORMATS}, got {fmt!r}")
     top = FP8_MAX if fmt == "fp8" else 127.0
@@ -84,6 +97,93 @@ def quantize_rows(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor
     if fmt == "fp8":
         return q.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
     return torch.round(q).clamp_(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
+
+
+def _int4_padded(k: int) -> int:
+    return -(-k // (2 * INT4_GROUP)) * 2 * INT4_GROUP
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed uint8 (N, Kp / 2), float32 scale (N, Kp / 64))`` of an (N, K) float weight, Kp =
+    K rounded up to a multiple of 128 (the padding is zero).
+
+    Per row and group of `INT4_GROUP` inputs, ``w ~ scale * q`` with q in [-8, 7]: the scale is
+    the one of `INT4_STEPS` (the group's signed extreme over -d, or over +d) whose rounding has
+    the least squared error, so a group uses all 16 levels and may clip its extreme where that
+    pays (llama.cpp's signed-extreme scale with a small search; never worse than ``amax / 7``,
+    which is among the candidates). Stored as ``u = q + 8`` in nibbles: byte i of each 64-byte
+    block j holds input ``128 j + i`` in its low nibble and ``128 j + 64 + i`` in its high nibble
+    (the layout the CPU kernel's ``q4_t`` reads: one 64-byte load feeds two groups). Rows are
+    quantised `INT4_ROWS` at a time, so the search's float32 temporaries stay small.
+    """
+    n, k = w.shape
+    kp = _int4_padded(k)
+    packed = torch.empty(n, kp // 2, dtype=torch.uint8, device=w.device)
+    scale = torch.empty(n, kp // INT4_GROUP, dtype=torch.float32, device=w.device)
+    for r in range(0, n, INT4_ROWS):
+        packed[r : r + INT4_ROWS], scale[r : r + INT4_ROWS] = _int4_rows(w[r : r + INT4_ROWS], kp)
+    return packed, scale
+
+
+def _int4_rows(w: torch.Tensor, kp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_int4` of a few rows."""
+    n, k = w.shape
+    wp = torch.zeros(n, kp, dtype=torch.float32, device=w.device)
+    wp[:, :k] = w.float()
+    groups = wp.view(n, kp // INT4_GROUP, INT4_GROUP)
+    extreme = torch.gather(groups, 2, groups.abs().argmax(dim=2, keepdim=True))
+    extreme = torch.where(extreme.abs() < _TINY, torch.full_like(extreme, _TINY), extreme)
+    best_q = best_s = best_err = None
+    for d in INT4_STEPS:
+        for s in (-extreme / d, extreme / d):
+            q = torch.round(groups / s).clamp_(-8, 7)
+            err = ((q * s - groups) ** 2).sum(dim=2, keepdim=True)
+            if best_err is None:
+                best_q, best_s, best_err = q, s, err
+            else:
+                better = err < best_err
+                best_q = torch.where(better, q, best_q)
+                best_s = torch.where(better, s, best_s)
+                best_err = torch.where(better, err, best_err)
+    assert best_q is not None and best_s is not None
+    u = (best_q + 8).to(torch.uint8).view(n, kp // 128, 2, 64)
+    packed = u[:, :, 0, :] | (u[:, :, 1, :] << 4)
+    return packed.reshape(n, kp // 2), best_s.squeeze(2)
+
+
+def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """The integer weights ``q`` (N, K) in [-8, 7], as float32, of `quantize_int4`'s packing."""
+    n = packed.shape[0]
+    lo, hi = (packed & 0x0F), (packed >> 4)
+    u = torch.stack([lo.view(n, -1, 64), hi.view(n, -1, 64)], dim=2).reshape(n, -1)
+    return u[:, :k].float() - 8.0
+
+
+def quantize_groups_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` of activations (M, K) for the int4 format: per row and group of
+    `INT4_GROUP`, ``q = round(x * (127 / amax))`` in [-127, 127] (ties to even) as float32 (M,
+    Kp), ``scale = amax / 127`` (M, Kp / 64); an all-zero group has q = 0 and scale 0."""
+    m, k = x.shape
+    kp = _int4_padded(k)
+    xp = torch.zeros(m, kp, dtype=torch.float32, device=x.device)
+    xp[:, :k] = x.float()
+    groups = xp.view(m, kp // INT4_GROUP, INT4_GROUP)
+    amax = groups.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(groups * inv[:, :, None]).clamp_(-127, 127)
+    return q.view(m, kp), amax / 127.0
+
+
+def int4_reference(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x2`` (M, K) times the int4 copy, in float32: each group's dot product is an exact integer
+    (|sum| < 2^24), then scaled by the weight's and the activations' group scales and summed."""
+    m, k = x2.shape
+    xq, xs = quantize_groups_int8(x2)
+    g = scale.shape[1]
+    wq = torch.zeros(packed.shape[0], xq.shape[1], dtype=torch.float32, device=x2.device)
+    wq[:, :k] = unpack_int4(packed, k)
+    dots = torch.einsum("mgk,ngk->mng", xq.view(m, g, INT4_GROUP), wq.view(-1, g, INT4_GROUP))
+    return (dots * xs[:, None, :] * scale[None, :, :]).sum(dim=2)
 
 
 def quantize_tokens_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +205,8 @@ def reference_linear(
         out = (xq.float() @ q.float().t()) * xs * scale[None, :]  # type: ignore[index]
     elif fmt == "int8":
         out = (x2.float() @ q.float().t()) * scale[None, :]  # type: ignore[index]
+    elif fmt == "int4":
+        out = int4_reference(x2, q, scale)  # type: ignore[arg-type]
     else:
         out = x2.to(torch.bfloat16).float() @ q.float().t()
     if bias is not None:
@@ -116,7 +218,14 @@ def fast_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, fmt: str
 ) -> torch.Tensor:
     """The format's device kernel: ``torch._scaled_mm`` (fp8, row-wise scales, bfloat16 out),
-    ``torch._weight_int8pack_mm`` (int8 weight-only), a bfloat16 matrix product."""
+    ``torch._weight_int8pack_mm`` (int8 weight-only), a bfloat16 matrix product; ``int4`` has
+    none through the modules (only the CPU kernels' fused branches run it fast).
+
+    Raises:
+        NotImplementedError: ``int4``.
+    """
+    if fmt == "int4":
+        raise NotImplementedError("int4 runs fast only in the CPU kernels' fused branches")
     shape, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if fmt == "fp8":

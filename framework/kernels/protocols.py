@@ -111,9 +111,19 @@ class DraftWeights(Protocol):
     the CPU kernels' fused branches (`framework.kernels.fused.FusedBlocks.compressed`) or the
     modules' low-bit linear layers (`framework.kernels.lowbit.LowBitLinears`)."""
 
-    #: the storage format's name ("bfloat16", "int8", "fp8"; "float32": the model's own)
+    #: the storage format's name ("bfloat16", "int8", "int4", "fp8"; "float32": the model's own)
     weights: str
 
     @property
     def nbytes(self) -> int:
         """Bytes of the weights (and scales) a draft reads."""
+
+
+def weights_key(weights: DraftWeights | None) -> str:
+    """Names a draft's weights in cache keys and records: the format (``"float32"`` for ``None``),
+    and the format a compressed fused copy scores the reduced draft head in
+    (`framework.kernels.fused.FusedBlocks.head`), e.g. ``"int4, head int8"``."""
+    if weights is None:
+        return "float32"
+    head = getattr(weights, "head", None)
+    return weights.weights if head is None else f"{weights.weights}, head {head}"

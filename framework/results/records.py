@@ -41,6 +41,7 @@ RESUMABLE_FIELDS = frozenset(
         "plots",
         "wandb_project",
         "limit",
+        "offset",
         "categories",
     }
 )

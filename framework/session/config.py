@@ -259,10 +259,16 @@ class DataConfig:
     )
     categories: tuple[str, ...] = param((), help="comma-separated categories to keep (e.g. mt_bench,qa)")
     limit: int | None = param(None, help="at most N prompts per category")
+    offset: int = param(
+        0,
+        help="skip the first N prompts of each category (file order) before --limit counts: prompts "
+        "a configuration was not tuned on",
+    )
 
     def __post_init__(self) -> None:
         if self.limit is not None:
             check_range("--limit", self.limit, 1, integer=True)
+        check_range("--offset", self.offset, 0, integer=True)
         _check_strings("--categories", self.categories)
 
 

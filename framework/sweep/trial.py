@@ -302,11 +302,11 @@ def validate_trials(
         raise SweepError(f"{sweep.path}: {errors[0]}{more}")
     seen = set()
     for cfg in configs:
-        key = (cfg.data.path, cfg.data.categories, cfg.data.limit)
+        key = (cfg.data.path, cfg.data.categories, cfg.data.limit, cfg.data.offset)
         if key not in seen:
             seen.add(key)
             try:
-                load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit)
+                load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit, cfg.data.offset)
             except USER_ERRORS as err:
                 raise SweepError(f"{sweep.path}: {err}") from None
     return configs

@@ -43,6 +43,7 @@ from framework import (
 )
 from framework.config import ConfigError, build_config, check_choice, check_range, param
 from framework.engine.cost_model import CostModel
+from framework.kernels.protocols import weights_key
 from framework.search.bayesopt import BinaryBayesOpt
 from framework.utils import cache_dir
 from strategies.selectors.static import uniform_plan
@@ -244,8 +245,9 @@ def _search_strategies(ctx: PrepareView, c: SelfSDConfig) -> dict[str, Any]:
 
 
 def _weights(ctx: PrepareView) -> str:
-    """The weight format of the run's drafts (``"float32"``: the model's own)."""
-    return "float32" if ctx.draft_weights is None else ctx.draft_weights.weights
+    """The weights of the run's drafts (`weights_key`: ``"float32"`` for the model's own; with
+    the head's format where a compressed copy scores the reduced head in one)."""
+    return weights_key(ctx.draft_weights)
 
 
 def evaluate_plan(

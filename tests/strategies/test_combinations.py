@@ -108,11 +108,11 @@ def test_speculative_equals_vanilla_with_a_reduced_draft_head(
 
 
 # Every drafter that runs the LM head can draft with a compressed copy of the weights
-# (draft_weights): int8 with every selector x length controller x greedy verifier, on top of the
-# reduced head; bfloat16 with every drafter and verifier. The copy is of the CPU kernels' fused
+# (draft_weights): int8 and int4 with every selector x length controller x greedy verifier (int8
+# on top of the reduced head); bfloat16 with every drafter and verifier. The copy is of the CPU kernels' fused
 # branches, so these run a float32 model with the kernels (whose verification is bit-identical to
 # plain steps).
-WEIGHT_COMBOS = [(*c, "int8") for c in HEAD_COMBOS] + [
+WEIGHT_COMBOS = [(*c, fmt) for fmt in ("int8", "int4") for c in HEAD_COMBOS] + [
     ("static", "confidence", d, v, "bfloat16") for d in HEAD_DRAFTERS for v in GREEDY_VERIFIERS
 ]
 

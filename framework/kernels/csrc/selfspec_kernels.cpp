@@ -307,6 +307,117 @@ void linear_features(const float* x, int64_t ldx, const WT* w, int64_t ldw, cons
   }
 }
 
+// ---- 4-bit weights times 8-bit activations (a draft's cheapest copy) -----------------------------
+// Weights: each output row holds Kp = K rounded up to 128 weights in Kp / 2 bytes; byte i of block
+// j (64 bytes) holds u[128 j + i] in its low nibble and u[128 j + 64 + i] in its high nibble, where
+// u = q + 8 and q in [-7, 7] (padding: q = 0), w[n, k] ~ scale[n, k / 64] * q[n, k]: a float32
+// scale per row and group of 64. Activations are quantised per row and group of 64 in the call,
+// x[k] ~ sx[k / 64] * xq[k] with xq = round(x * (127 / amax)) in [-127, 127] (ties to even), so
+// a group's dot product is an exact integer and y[n] = sum_g scale[n, g] sx[g] sum_k q xq (+ b).
+// With AVX-512 VNNI one `vpdpbusd` multiplies 64 weight nibbles by 64 activation bytes; the +8 of
+// u is taken back by starting each group's accumulator at -8 * (its activations' sums).
+struct q4_t {
+  uint8_t b;
+};
+constexpr int64_t kQ4Group = 64, kQ4Prefetch = 16;
+inline int64_t q4_padded(int64_t K) { return (K + 127) / 128 * 128; }
+
+// One call's quantised activations: per row Kp bytes, Kp / 64 scales and (VNNI) 16 int32 lanes of
+// -8 * (the sum of 4 consecutive activations) per group.
+struct Q4Acts {
+  std::vector<int8_t> q;
+  std::vector<float> s;
+  std::vector<int32_t> z;
+};
+
+inline void q4_quantize(const float* x, int64_t ldx, int64_t rows, int64_t K, Q4Acts& a) {
+  const int64_t Kp = q4_padded(K), G = Kp / kQ4Group;
+  a.q.assign(rows * Kp, 0);
+  a.s.assign(rows * G, 0.0f);
+  a.z.assign(rows * G * 16, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t k0 = g * kQ4Group, k1 = std::min(K, k0 + kQ4Group);
+      float amax = 0.0f;
+      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      if (!(amax > 0.0f)) continue;  // all zero (or past K): q = 0, scale 0
+      const float inv = 127.0f / amax;
+      a.s[r * G + g] = amax / 127.0f;
+      int8_t* q = a.q.data() + r * Kp + k0;
+      for (int64_t k = k0; k < k1; ++k)
+        q[k - k0] = (int8_t)std::min(127.0f, std::max(-127.0f, std::nearbyint(xr[k] * inv)));
+      int32_t* z = a.z.data() + (r * G + g) * 16;
+      for (int l = 0; l < 16; ++l) z[l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+    }
+  }
+}
+
+// y[i] (i < NB, output rows n .. n + NB - 1, weight row stride rb bytes, scale row stride G) for
+// activation row r. Each output has its own accumulator over the groups in k order.
+template <int NB>
+inline void q4_rows(const Q4Acts& a, int64_t r, int64_t Kp, const uint8_t* w, int64_t rb, const float* sc,
+                    const float* bias, float* y, const uint8_t* pf) {
+  const int64_t G = Kp / kQ4Group;
+  const int8_t* xq = a.q.data() + r * Kp;
+  const float* sx = a.s.data() + r * G;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(SELFSPEC_NO_AVX512)
+  const int32_t* z = a.z.data() + r * G * 16;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[NB];
+  for (int i = 0; i < NB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < G / 2; ++j) {
+    const __m512i x0 = _mm512_loadu_si512(xq + 128 * j), x1 = _mm512_loadu_si512(xq + 128 * j + 64);
+    const __m512i z0 = _mm512_loadu_si512(z + 32 * j), z1 = _mm512_loadu_si512(z + 32 * j + 16);
+    const __m512 s0 = _mm512_set1_ps(sx[2 * j]), s1 = _mm512_set1_ps(sx[2 * j + 1]);
+    for (int i = 0; i < NB; ++i) {
+      if (pf) _mm_prefetch((const char*)(pf + i * rb + 64 * j), _MM_HINT_T1);
+      const __m512i p = _mm512_loadu_si512(w + i * rb + 64 * j);
+      const __m512i d0 = _mm512_dpbusd_epi32(z0, _mm512_and_si512(p, lo4), x0);
+      const __m512i d1 = _mm512_dpbusd_epi32(z1, _mm512_and_si512(_mm512_srli_epi16(p, 4), lo4), x1);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d0), s0), _mm512_set1_ps(sc[i * G + 2 * j]), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d1), s1), _mm512_set1_ps(sc[i * G + 2 * j + 1]), acc[i]);
+    }
+  }
+  for (int i = 0; i < NB; ++i) y[i] = _mm512_reduce_add_ps(acc[i]) + (bias ? bias[i] : 0.0f);
+#else
+  for (int i = 0; i < NB; ++i) {
+    float acc = 0.0f;
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* p = w + i * rb + (g / 2) * 64;
+      const int shift = (g % 2) * 4;
+      int32_t d = 0;
+      for (int64_t k = 0; k < kQ4Group; ++k) d += (((p[k] >> shift) & 0x0F) - 8) * xq[g * kQ4Group + k];
+      acc += ((float)d * sx[g]) * sc[i * G + g];
+    }
+    y[i] = acc + (bias ? bias[i] : 0.0f);
+  }
+#endif
+}
+
+// The 4-bit counterpart of `linear_features` (same arguments; ``w`` is the packed copy above,
+// ``scale`` its (N, Kp / 64) group scales, ``ldw`` unused: a row is Kp / 2 bytes). Each thread
+// quantises the activations itself (a few microseconds against the weights' stream).
+inline void linear_features(const float* x, int64_t ldx, const q4_t* w, int64_t /*ldw*/, const float* scale,
+                            const float* bias, float* y, int64_t ldy, int64_t rows, int64_t K, int64_t n0,
+                            int64_t n1) {
+  thread_local Q4Acts acts;
+  q4_quantize(x, ldx, rows, K, acts);
+  const int64_t Kp = q4_padded(K), G = Kp / kQ4Group, rb = Kp / 2;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    // the rows kQ4Prefetch ahead go to L2 meanwhile (a far prefetch keeps enough reads in flight)
+    const uint8_t* pf = n + kQ4Prefetch + 4 <= n1 ? wb + (n + kQ4Prefetch) * rb : nullptr;
+    for (int64_t r = 0; r < rows; ++r)
+      q4_rows<4>(acts, r, Kp, wb + n * rb, rb, scale + n * G, bias ? bias + n : nullptr, y + r * ldy + n,
+                 r == 0 ? pf : nullptr);
+  }
+  for (; n < n1; ++n)
+    for (int64_t r = 0; r < rows; ++r)
+      q4_rows<1>(acts, r, Kp, wb + n * rb, rb, scale + n * G, bias ? bias + n : nullptr, y + r * ldy + n, nullptr);
+}
+
 }  // namespace
 
 namespace {
@@ -335,7 +446,7 @@ void linear_t(const float* xp, int64_t ldx, const WT* wp, int64_t ldw, const flo
 }
 
 // Weight storage codes of the compressed-weight entry points (see wload).
-constexpr int kFloat32 = 0, kBFloat16 = 1, kInt8 = 2;
+constexpr int kFloat32 = 0, kBFloat16 = 1, kInt8 = 2, kInt4 = 3;
 
 }  // namespace
 
@@ -347,7 +458,8 @@ void linear(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, uintptr_t b, uin
 }
 
 // As `linear`, with the weights stored as ``wtype`` (0 float32, 1 bfloat16, 2 int8 times ``scale``,
-// one float32 per output row; 0 for the others).
+// one float32 per output row, 3 the packed 4-bit copy with ``scale`` per row and group of 64 and
+// 8-bit activations, see q4_t; 0 for the others).
 void linear_lowp(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, int wtype, uintptr_t scale, uintptr_t b,
                  uintptr_t y, int64_t ldy, int64_t rows, int64_t N, int64_t K, int nthreads) {
   const float* xp = reinterpret_cast<const float*>(x);
@@ -358,6 +470,8 @@ void linear_lowp(uintptr_t x, int64_t ldx, uintptr_t w, int64_t ldw, int wtype, 
     linear_t(xp, ldx, reinterpret_cast<const bf16_t*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
   else if (wtype == kInt8)
     linear_t(xp, ldx, reinterpret_cast<const int8_t*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
+  else if (wtype == kInt4)
+    linear_t(xp, ldx, reinterpret_cast<const q4_t*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
   else
     linear_t(xp, ldx, reinterpret_cast<const float*>(w), ldw, sp, bp, yp, ldy, rows, N, K, nthreads);
 }
@@ -827,7 +941,8 @@ void mlp_branch_t(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t 
 }  // namespace
 
 // The exported branches: float32 weights (``wtype`` 0, the model's own parameters) or a draft's
-// compressed copy (1 bfloat16, 2 int8 with per-row scales ``s*``; 0 pointers for the others).
+// compressed copy (1 bfloat16, 2 int8 with per-row scales ``s*``, 3 4-bit with group scales ``s*``;
+// 0 pointers for the others).
 void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t norm_w, double eps,
                  uintptr_t wq, uintptr_t bq, uintptr_t wk, uintptr_t bk, uintptr_t wv, uintptr_t bv,
                  uintptr_t wo, uintptr_t bo, int64_t Hq, int64_t Hkv, int64_t D, uintptr_t cos,
@@ -841,6 +956,7 @@ void attn_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t n
   };
   if (wtype == kBFloat16) run(bf16_t{});
   else if (wtype == kInt8) run(int8_t{});
+  else if (wtype == kInt4) run(q4_t{});
   else run(float{});
 }
 
@@ -853,6 +969,7 @@ void mlp_branch(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t no
   };
   if (wtype == kBFloat16) run(bf16_t{});
   else if (wtype == kInt8) run(int8_t{});
+  else if (wtype == kInt4) run(q4_t{});
   else run(float{});
 }
 
@@ -861,7 +978,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "batch-invariant attention (float32)");
   m.def("attn_branch", &attn_branch, "a Llama attention branch with residual, batch 1 (float32 activations)");
   m.def("mlp_branch", &mlp_branch, "a Llama MLP branch with residual (float32 activations)");
-  m.def("linear_lowp", &linear_lowp, "linear with float32, bfloat16 or int8 (per-row scale) weights");
+  m.def("linear_lowp", &linear_lowp, "linear with float32, bfloat16, int8 (per-row scale) or 4-bit weights");
   m.attr("isa") = kIsa;
   m.attr("vector_width") = VL;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(SELFSPEC_NO_AVX512)
+  m.attr("int4_kernel") = "avx512_vnni";
+#else
+  m.attr("int4_kernel") = "scalar";
+#endif
 }

@@ -53,6 +53,21 @@ def test_limit_is_per_category(tmp_path):
     assert [p.question_id for p in prompts] == [0, 1, 2, 3]
 
 
+def test_offset_skips_the_first_prompts_of_each_category_before_the_limit(tmp_path):
+    lines = [
+        json.dumps({"question_id": i, "category": "qa" if i % 2 else "rag", "turns": [f"q{i}"]})
+        for i in range(10)
+    ]
+    path = write(tmp_path, lines)
+    assert [p.question_id for p in load_prompts(path, limit=1, offset=2)] == [4, 5]  # the third of each
+    assert [p.question_id for p in load_prompts(path, offset=3)] == [6, 7, 8, 9]  # no limit: the rest
+    assert [p.question_id for p in load_prompts(path, limit=2, offset=4)] == [8, 9]  # what is left
+    with pytest.raises(DataError, match="--offset must be >= 0"):
+        load_prompts(path, offset=-1)
+    with pytest.raises(DataError, match="selection is empty"):
+        load_prompts(path, offset=5)
+
+
 @pytest.mark.parametrize(
     "line, fragment",
     [

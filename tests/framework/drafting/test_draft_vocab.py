@@ -83,7 +83,7 @@ def test_every_drafter_that_runs_the_lm_head_offers_the_option():
         ({"draft_vocab": 1.5}, "draft_vocab"),
         ({"vocab_file": "ranking.json"}, "vocab_file"),
         ({"draft_vocab": 64, "vocab_context": "maybe"}, "vocab_context"),
-        ({"draft_weights": "int4"}, "draft_weights"),
+        ({"draft_weights": "int2"}, "draft_weights"),
     ],
 )
 @pytest.mark.parametrize("name", HEAD_DRAFTERS)
@@ -238,6 +238,26 @@ def test_prepare_builds_the_weights_and_every_draft_pass_runs_them(kernel_adapte
     assert res.strategy_summary["drafter"]["draft_weights"] == fmt
 
 
+@pytest.mark.parametrize("compress_head", [True, False])
+def test_compressed_drafts_score_the_head_compressed_unless_told_not_to(kernel_adapter, compress_head):
+    adapter = kernel_adapter
+    d = _drafter("layer_skip", draft_weights="int4", draft_vocab=32, compress_head=compress_head)
+    dec = SpeculativeDecoder(
+        adapter, StaticSelector(), FixedLength(FixedLengthConfig(k=3)), d, GreedyVerifier()
+    )  # fmt: skip
+    dec.prepare(prepare_context(adapter))
+    weights = d.draft_weights()
+    assert weights.weights == "int4" and weights.head == ("int8" if compress_head else None)
+    assert weights.attn is adapter.draft_branches("int4").attn  # the ablation shares the branches
+    prompt = random_prompt(6, 128, 2)
+    res = dec.generate(prompt, StopCondition(16))
+    assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
+    summary = res.strategy_summary["drafter"]
+    assert summary["draft_weights"] == "int4"
+    assert summary["draft_head_weights"] == ("int8" if compress_head else "float32")
+    assert ("int8" in d.draft_head()._copies) is compress_head
+
+
 def test_verification_and_plain_steps_never_run_the_compressed_copy(kernel_adapter):
     adapter = kernel_adapter
     d = _drafter("layer_skip", draft_weights="int8")
@@ -283,7 +303,7 @@ def module_adapter():
 
 
 @pytest.mark.parametrize("name", HEAD_DRAFTERS)
-@pytest.mark.parametrize("fmt", ["fp8", "int8", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4", "bfloat16"])
 def test_low_bit_copies_run_in_drafts_only_and_the_output_is_unchanged(
     module_adapter, monkeypatch, name, fmt
 ):
@@ -336,8 +356,8 @@ def test_low_bit_drafts_take_graphs_of_their_own(module_adapter):
 def test_low_bit_drafts_differ_from_the_target_only_by_rounding(module_adapter):
     """A draft through every sub-layer differs from the target only by its weights: float32 drafts
     accept every token, and each format keeps most of them (measured on this random model, whose
-    near-uniform logits flip easily: bfloat16 1.0, int8 0.91, fp8 0.60; a wrong scale drops to
-    about 1/V). tests/integration pins the margin on the real default model."""
+    near-uniform logits flip easily: bfloat16 1.0, int8 0.91, fp8 0.60, int4 0.29 (4-bit weights
+    and 8-bit activations); a wrong scale drops to about 1/V). tests/integration pins the margin on the real default model."""
     adapter = module_adapter
 
     def acceptance(fmt):
@@ -354,7 +374,7 @@ def test_low_bit_drafts_differ_from_the_target_only_by_rounding(module_adapter):
         return sum(r.accepted for r in runs) / sum(r.drafted for r in runs)
 
     assert acceptance("float32") == 1.0
-    floors = {"bfloat16": 0.95, "int8": 0.8, "fp8": 0.45}
+    floors = {"bfloat16": 0.95, "int8": 0.8, "fp8": 0.45, "int4": 0.2}
     assert {f: acceptance(f) >= low for f, low in floors.items()} == dict.fromkeys(floors, True)
 
 
@@ -420,3 +440,15 @@ def test_auto_is_int8_on_the_cpu_kernels_and_own_weights_without_a_fast_kernel(
     notes: list[str] = []
     d.prepare(dataclasses.replace(prepare_context(module_adapter), log=notes.append))
     assert d.draft_weights() is None and any("no fast low-bit kernel on cpu" in n for n in notes)
+
+
+def test_int4_without_the_vnni_kernel_is_kept_with_a_note(kernel_adapter, monkeypatch):
+    from framework.kernels.fused import FusedBlocks
+
+    assert kernel_adapter.draft_branches("int4").int4_kernel in ("avx512_vnni", "scalar")
+    monkeypatch.setattr(FusedBlocks, "int4_kernel", property(lambda self: "scalar"))
+    notes: list[str] = []
+    d = _drafter("layer_skip", draft_weights="int4")
+    d.prepare(dataclasses.replace(prepare_context(kernel_adapter), log=notes.append))
+    assert d.draft_weights().weights == "int4"
+    assert any("no AVX-512 VNNI" in n and "slow scalar loop" in n for n in notes), notes

@@ -99,7 +99,7 @@ def test_with_head_scales_the_heads_share_of_base(monkeypatch):
         size = 7
 
     cm = CostModel(num_layers=2, base=10.0, attn=1.0, mlp=2.0, verify_costs=(20.0,), head=8.0, full_head=8.0)
-    monkeypatch.setattr(cm_mod, "head_seconds", lambda adapter, head, reps=31: (4.0, 1.0))
+    monkeypatch.setattr(cm_mod, "head_seconds", lambda adapter, head, reps=31, weights=None: (4.0, 1.0))
     priced = cm.with_head(None, Head())
     assert (priced.base, priced.head, priced.full_head, priced.draft_vocab) == (4.0, 2.0, 8.0, 7)
     again = priced.with_head(None, Head())  # from a priced model: the same result
@@ -209,10 +209,11 @@ def test_head_seconds_times_the_adapters_own_head_path_which_knows_a_split_model
     head = DraftHead(adapter, torch.arange(64))
     seen = []
     real = adapter.logits_from_hidden
-    adapter.logits_from_hidden = lambda x, h=None: seen.append(h) or real(x, h)
+    adapter.logits_from_hidden = lambda x, h=None, w=None: seen.append((h, w)) or real(x, h, w)
     reps = 2
-    head_seconds(adapter, head, reps=reps)
-    assert seen.count(None) == reps + 1 and seen.count(head) == reps + 1
+    weights = adapter.draft_branches("bfloat16")  # the head is timed as that draft scores it
+    head_seconds(adapter, head, reps=reps, weights=weights)
+    assert seen.count((None, None)) == reps + 1 and seen.count((head, weights)) == reps + 1
 
 
 def _two_context_costs() -> CostModel:

@@ -160,3 +160,71 @@ def test_state_starts_and_updates_the_generations_head(adapter):
     assert live["draft_vocab"] == len(IDS)
     assert live["draft_vocab_now"] >= len(IDS) + len(set(prompt[0].tolist()) - set(IDS))
     assert 0.0 <= live["vocab_coverage"] <= 1.0
+
+
+# ---- compressed drafts score the head from a compressed copy --------------------------------
+def _kernel_adapter():
+    from framework.kernels import cpu as kernels
+
+    if not kernels.available():
+        pytest.skip(f"kernels unavailable: {kernels.unavailable_reason}")
+    return adapter_for(tiny_model("llama", num_layers=2, seed=5, dtype=torch.float32), fast_kernels=True)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "bfloat16"])
+def test_a_head_scored_in_a_compressed_format_computes_its_copys_product(fmt):
+    from framework.kernels.fused import compress_weight
+
+    adapter = _kernel_adapter()
+    head = DraftHead(adapter, list(range(0, 128, 3)))
+    x = torch.randn(1, 3, adapter.hidden_size)
+    with torch.inference_mode():
+        own = head.logits(x)
+        comp = head.logits(x, fmt)
+    q, scale = compress_weight(head.weight, fmt)
+    dense = q.float() * (1.0 if scale is None else scale[:, None])
+    torch.testing.assert_close(comp, x @ dense.t(), atol=1e-4, rtol=1e-4)  # the copy's product
+    assert not torch.equal(comp, own) and torch.allclose(comp, own, atol=0.05 * float(own.abs().max()))
+    copy_ = head._copies[fmt]
+    head.logits(x, fmt)
+    assert head._copies[fmt] is copy_  # built once
+    torch.testing.assert_close(head.logits(x, None), own)
+    # more rows than the kernels take: the float32 rows
+    many = torch.randn(1, 70, adapter.hidden_size)
+    torch.testing.assert_close(head.logits(many, fmt), head.logits(many))
+
+
+@pytest.mark.parametrize(("weights", "fmt"), [("int8", "int8"), ("int4", "int8"), ("bfloat16", "bfloat16")])
+def test_a_draft_with_fused_compressed_weights_scores_the_head_in_their_head_format(weights, fmt):
+    adapter = _kernel_adapter()
+    head = DraftHead(adapter, list(range(0, 128, 2)))
+    h = torch.randn(1, 2, adapter.hidden_size)
+    branches = adapter.draft_branches(weights)
+    assert branches.head == fmt
+    with torch.inference_mode():
+        normed = adapter.arch.final_norm(h)
+        assert torch.equal(adapter.logits_from_hidden(h, head, branches), head.logits(normed, fmt))
+        assert torch.equal(adapter.logits_from_hidden(h, head), head.logits(normed))
+        plain = branches.with_head(None)  # the ablation: the same branches, the float32 head rows
+        assert plain.attn is branches.attn and plain.weights == weights and plain.head is None
+        assert torch.equal(adapter.logits_from_hidden(h, head, plain), head.logits(normed))
+
+
+def test_the_modules_low_bit_copy_keeps_the_float32_head_rows():
+    lowbit = adapter_for(tiny_model("llama", num_layers=2, seed=5, dtype=torch.float32), fast_kernels=False)
+    mod = lowbit.draft_branches("int8")  # the modules' copy (CUDA's path)
+    head = DraftHead(lowbit, list(range(0, 128, 2)))
+    h = torch.randn(1, 2, lowbit.hidden_size)
+    with torch.inference_mode():
+        assert torch.equal(lowbit.logits_from_hidden(h, head, mod), lowbit.logits_from_hidden(h, head))
+
+
+def test_linear_lowp_refuses_an_unknown_format_and_declines_what_it_cannot_take():
+    from framework.kernels import cpu as kernels
+    from framework.kernels.fused import compress_weight
+
+    q, scale = compress_weight(torch.randn(8, 16), "int8")
+    with pytest.raises(ValueError, match="one of \\['bfloat16', 'int8', 'int4'\\], got 'fp8'"):
+        kernels.linear_lowp(torch.randn(1, 16), q, scale, None, "fp8")
+    assert kernels.linear_lowp(torch.randn(1, 16, dtype=torch.float64), q, scale, None, "int8") is None
+    assert kernels.linear_lowp(torch.randn(65, 16), q, scale, None, "int8") is None  # > MAX_ROWS

@@ -54,10 +54,60 @@ def test_a_build_holds_the_source_it_was_named_after():
     assert kernels.isa() in ("avx512", "avx2")
 
 
+def _int4_case(n: int, k: int, rows: int, seed: int):
+    """An int4 copy, its reference product, and the arguments of ``linear_lowp`` (code 3)."""
+    import torch
+
+    from framework.kernels.lowbit import int4_reference, quantize_int4
+
+    g = torch.Generator().manual_seed(seed)
+    w, x, b = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g), torch.randn(n, generator=g)
+    x[0, : min(k, 64)] = 0.0  # an all-zero activation group
+    packed, scale = quantize_int4(w)
+    want = int4_reference(x, packed, scale) + b
+    return x, packed, scale, b, want
+
+
+def _run_int4(ext, x, packed, scale, b, n, threads=2):
+    import torch
+
+    y = torch.empty(x.shape[0], n)
+    ext.linear_lowp(x.data_ptr(), x.stride(0), packed.data_ptr(), x.shape[1], 3, scale.data_ptr(), b.data_ptr(),
+                    y.data_ptr(), y.stride(0), x.shape[0], n, x.shape[1], threads)  # fmt: skip
+    return y
+
+
+# ragged K (tails of a group and of a 128-block), N not a multiple of 4, several rows, two threads
+INT4_SHAPES = [(96, 200, 1), (37, 45, 3), (13, 7, 6), (40, 576, 2), (200, 896, 1)]
+
+
+def test_the_int4_kernel_computes_its_reference():
+    """The 4-bit x 8-bit kernel (VNNI where the CPU has it) against the float32 reference of the
+    same quantisation: each group's product is an exact integer in both, so they agree to float32
+    rounding of the scaled sums."""
+    import torch
+
+    if not kernels.available():
+        pytest.skip(f"kernels unavailable: {kernels.unavailable_reason}")
+    ext = extension.compiled
+    assert ext.int4_kernel in ("avx512_vnni", "scalar")
+    for i, (n, k, rows) in enumerate(INT4_SHAPES):
+        x, packed, scale, b, want = _int4_case(n, k, rows, i)
+        for threads in (1, 2):
+            got = _run_int4(ext, x, packed, scale, b, n, threads)
+            tol = 1e-5 * float(want.abs().max())
+            assert float((got - want).abs().max()) <= tol, (n, k, rows, threads)
+    # batch invariance: a row's output does not depend on the other rows of the call
+    x, packed, scale, b, _ = _int4_case(96, 200, 5, 9)
+    assert torch.equal(
+        _run_int4(ext, x, packed, scale, b, 96)[2], _run_int4(ext, x[2:3], packed, scale, b, 96)[0]
+    )
+
+
 @pytest.mark.slow
 def test_the_avx2_variant_computes_every_weight_format(tmp_path: Path):
     """The AVX2 build (``-DSELFSPEC_NO_AVX512``, what a CPU without AVX-512 compiles) of the linear
-    kernel, for float32 weights and for a draft's bfloat16 and int8 copies, against references."""
+    kernel, for float32 weights and for a draft's bfloat16, int8 and int4 copies, against references."""
     import torch
     from torch.utils.cpp_extension import load
 
@@ -100,3 +150,8 @@ def test_the_avx2_variant_computes_every_weight_format(tmp_path: Path):
                 k,
                 code,
             )
+    assert ext.int4_kernel == "scalar"  # no VNNI in this build: the scalar loop
+    for i, (n, k, rows) in enumerate(INT4_SHAPES):
+        x, packed, scale, b, want = _int4_case(n, k, rows, i)
+        got = _run_int4(ext, x, packed, scale, b, n)
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max()), (n, k, rows)

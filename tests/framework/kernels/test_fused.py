@@ -200,7 +200,7 @@ def test_compress_weight_rounds_within_its_format(fmt):
 
 
 def test_compress_weight_names_the_formats_it_knows():
-    with pytest.raises(ValueError, match="'bfloat16' or 'int8', got 'float16'"):
+    with pytest.raises(ValueError, match="'bfloat16', 'int8' or 'int4', got 'float16'"):
         compress_weight(torch.zeros(2, 2), "float16")
 
 
@@ -248,12 +248,50 @@ def test_compressed_branches_compute_the_model_with_rounded_weights(fmt, case):
     assert _close(cc.keys, mc.keys) and _close(cc.values, mc.values)
 
 
+@pytest.mark.parametrize("case", ["chain", "skip_plan", "qwen2_bias"])
+def test_int4_branches_compute_the_int4_reference_through_the_modules(case):
+    """The fused int4 branches (the kernel's W4A8 product) and the modules with the same int4 copy
+    run by `reference_linear` (activations quantised per group in float32) give the same logits,
+    hidden states and KV cache, to float32 rounding."""
+    from framework.kernels.lowbit import LowBitLinears
+
+    arch = "qwen2" if case == "qwen2_bias" else "llama"
+    model, adapter = _adapter(arch, num_layers=4, seed=3)
+    fused = adapter.draft_branches("int4")
+    assert isinstance(fused, FusedBlocks) and fused.weights == "int4"
+    modules = LowBitLinears.build(adapter.arch, "int4")
+    assert modules is not None and modules.kernel == "reference"
+    p, t = 9, 4
+    ids = random_prompt(p + t, seed=5)
+    kwargs: dict = dict(capture_hidden=True)
+    if case == "skip_plan":
+        kwargs.update(plan=LayerPlan.from_indices(4, attn=[2], mlp=[1]))
+    runs = []
+    for weights in (fused, modules):
+        if weights is modules:
+            adapter.fused = None
+        cache = adapter.new_cache(p + t + 2)
+        adapter.forward(ids[:, :p], torch.arange(p)[None], cache, logits_at=None)
+        cache.commit(p)
+        pos = torch.arange(p, p + t)[None]
+        runs.append((adapter.forward(ids[:, p:], pos, cache, weights=weights, **kwargs), cache))
+    (f, fc), (m, mc) = runs
+    assert _close(f.logits, m.logits) and _close(f.hidden_states, m.hidden_states)
+    assert _close(fc.keys, mc.keys) and _close(fc.values, mc.values)
+    own = adapter.forward(ids[:, p:], torch.arange(t)[None], adapter.new_cache(t)).logits
+    assert not torch.equal(f.logits, own)  # it is a different (compressed) computation
+
+
 def test_compressed_copies_read_half_or_a_quarter_of_the_bytes():
     _, adapter = _adapter(num_layers=2)
     own = adapter.fused.nbytes
     assert adapter.draft_branches("bfloat16").nbytes == own // 2
     int8 = adapter.draft_branches("int8").nbytes
     assert own // 4 < int8 < own // 4 + own // 50  # plus one float32 scale per output row
+    # int4: half a byte a weight and a float32 scale per 64 inputs, each row padded to 128 inputs
+    shapes = [p.shape for b in [*adapter.fused.attn, *adapter.fused.mlp] for p in b.params[::2]]
+    padded = [(n, -(-k // 128) * 128) for n, k in shapes]
+    assert adapter.draft_branches("int4").nbytes == sum(n * kp // 2 + n * kp // 64 * 4 for n, kp in padded)
 
 
 def test_draft_branches_are_built_once_fused_where_the_kernels_run_and_low_bit_elsewhere():
@@ -264,8 +302,11 @@ def test_draft_branches_are_built_once_fused_where_the_kernels_run_and_low_bit_e
     assert isinstance(adapter.draft_branches("int8"), FusedBlocks)
     assert adapter.draft_branches("float32") is adapter.fused
     assert isinstance(adapter.draft_branches("fp8"), LowBitLinears)  # no fused fp8: the modules
-    with pytest.raises(ValueError, match="one of \\['float32', 'fp8', 'int8', 'bfloat16'\\], got 'int4'"):
-        adapter.draft_branches("int4")
+    with pytest.raises(
+        ValueError, match="one of \\['float32', 'fp8', 'int8', 'int4', 'bfloat16'\\], got 'int2'"
+    ):
+        adapter.draft_branches("int2")
+    assert isinstance(adapter.draft_branches("int4"), FusedBlocks)
     adapter.set_fast_kernels(False)
     assert isinstance(adapter.draft_branches("int8"), LowBitLinears)  # no fused branches
     bf16 = adapter_for(tiny_model("llama", dtype=torch.bfloat16))

@@ -1,5 +1,5 @@
 """framework/kernels/lowbit.py: the low-bit copies of the blocks' linear layers that draft passes
-run through the model's modules (fp8, int8, bfloat16): quantisation, the reference arithmetic, the
+run through the model's modules (fp8, int8, int4, bfloat16): quantisation, the reference arithmetic, the
 device kernels' calling conventions (checked through their CPU implementations), the routing
 switch, and the kernel choice."""
 
@@ -15,12 +15,16 @@ from framework.engine.adapter import adapter_for
 from framework.kernels import lowbit
 from framework.kernels.lowbit import (
     FP8_MAX,
+    INT4_GROUP,
     LowBitLinears,
     active_format,
     fast_linear,
+    quantize_groups_int8,
+    quantize_int4,
     quantize_rows,
     quantize_tokens_fp8,
     reference_linear,
+    unpack_int4,
 )
 from framework.testing import tiny_model
 
@@ -60,7 +64,7 @@ def test_each_row_round_trips_within_the_formats_precision(fmt):
 
 def test_quantisation_refuses_what_it_cannot_store():
     with pytest.raises(ValueError, match="one of"):
-        quantize_rows(_weight(), "int4")
+        quantize_rows(_weight(), "int2")
     with pytest.raises(ValueError, match="2-D"):
         quantize_rows(torch.ones(3), "fp8")
 
@@ -71,6 +75,82 @@ def test_activations_get_one_fp8_scale_per_token():
     assert s.shape == (5, 1) and q.dtype == torch.float8_e4m3fn
     assert torch.allclose(q.float().abs().amax(dim=1)[:4], torch.full((4,), FP8_MAX))
     assert torch.isfinite(q.float() * s).all() and (q.float()[4] == 0).all()  # a zero row stays zero
+
+
+@pytest.mark.parametrize("k", [64, 200, 576])  # one group, a ragged tail, 4.5 blocks of 128
+def test_int4_rounds_each_group_no_worse_than_its_amax_over_7(k):
+    w = _weight(48, k) * torch.linspace(0.1, 3.0, k)[None, :]  # groups of different magnitudes
+    packed, scale = quantize_int4(w)
+    kp = -(-k // 128) * 128
+    assert packed.dtype == torch.uint8 and packed.shape == (48, kp // 2)
+    assert scale.shape == (48, kp // INT4_GROUP)
+    q = unpack_int4(packed, kp)
+    assert q.min() >= -8 and q.max() <= 7 and (q[:, k:] == 0).all()  # the padding is zero
+    assert int((q == -8).sum()) > 0  # the 16th level is used
+    wp = torch.zeros(48, kp)
+    wp[:, :k] = w
+    g = wp.view(48, -1, INT4_GROUP)
+    err = ((q.view(48, -1, INT4_GROUP) * scale[:, :, None] - g) ** 2).sum(2)
+    plain = g.abs().amax(2, keepdim=True) / 7  # the symmetric baseline, one of the candidates
+    base = ((torch.round(g / plain.clamp_min(1e-30)) * plain - g) ** 2).sum(2)
+    assert (err <= base * (1 + 1e-5) + 1e-12).all()
+    assert float(err.sum()) < 0.95 * float(base.sum())  # and the search pays overall
+
+
+def test_int4_stores_a_group_on_its_grid_exactly():
+    w = torch.zeros(2, 64)
+    w[0] = torch.arange(-8, 56).remainder(16).sub(8).float() * 0.25  # every level, scale 0.25
+    w[1, :8] = torch.tensor([7.0, -3.0, 1.0, 0.0, 2.0, -8.0, 5.0, 4.0]) * -0.5  # a negative scale
+    packed, scale = quantize_int4(w)
+    back = unpack_int4(packed, 64) * scale.repeat_interleave(64, dim=1)[:, :64]
+    assert torch.equal(back, w)
+
+
+def test_int4_packs_two_groups_per_64_bytes_as_the_kernel_reads_them():
+    """Byte i of a 64-byte block holds input i (low nibble) and input 64 + i (high nibble) of its
+    128 inputs, stored as q + 8: the layout ``q4_t`` of the CPU kernels reads."""
+    w = torch.zeros(1, 128)
+    w[0, 3], w[0, 10], w[0, 64 + 3], w[0, 127] = 1.0, -0.4, -0.2, 0.5
+    packed, scale = quantize_int4(w)
+    # least squares: each group's extreme maps to -8 (scale -extreme / 8; / 7 rounds 3.2 up)
+    assert torch.allclose(scale, torch.tensor([[-1 / 8, -0.5 / 8]]))
+    assert int(packed[0, 3]) == (8 - 8) | ((8 + 3) << 4)  # -0.2 / (-0.5 / 8) = 3.2 -> 3
+    assert int(packed[0, 63]) == 8 | ((8 - 8) << 4)  # input 127: group 1's extreme
+    assert int(packed[0, 10]) == (8 + 3) | (8 << 4)  # -0.4 / (-1 / 8) = 3.2 -> 3
+    assert int(packed[0, 0]) == 8 | (8 << 4)
+
+
+def test_int4_activations_round_per_group_and_stay_zero_where_zero():
+    x = torch.randn(3, 130)
+    x[1, :64] = 0.0
+    x[2, 64:128] *= 1e3
+    q, s = quantize_groups_int8(x)
+    assert q.shape == (3, 256) and s.shape == (3, 4)
+    assert (q[1, :64] == 0).all() and s[1, 0] == 0  # an all-zero group
+    assert (q[:, 130:] == 0).all() and (s[:, 3] == 0).all()  # padding
+    assert float(q.abs().max()) == 127 and (q == q.round()).all()
+    back = (q.view(3, 4, 64) * s[:, :, None]).view(3, 256)[:, :130]
+    assert ((back - x).abs() <= s.repeat_interleave(64, dim=1)[:, :130] / 2 * (1 + 1e-5) + 1e-7).all()
+    assert float(q[2, 64:128].abs().max()) == 127 and float(q[2, :64].abs().max()) == 127  # own scales
+
+
+def test_int4_reference_sums_exact_group_products():
+    w, b = _weight(48, 200), torch.randn(48)
+    x = torch.randn(2, 3, 200)
+    packed, scale = quantize_int4(w)
+    out = reference_linear(x, packed, scale, b, "int4")
+    exact = nn.functional.linear(x, w, b)
+    assert out.shape == exact.shape
+    rel = float((out - exact).norm() / exact.norm())  # measured ~0.09 (4-bit weights, 8-bit inputs)
+    assert 0.02 < rel < 0.2
+    xq, xs = quantize_groups_int8(x.reshape(-1, 200))
+    wq = unpack_int4(packed, 256)
+    manual = (xq.double() * xs.repeat_interleave(64, 1).double()) @ (
+        wq.double() * scale.repeat_interleave(64, 1).double()
+    ).t() + b.double()
+    assert torch.allclose(out.reshape(-1, 48).double(), manual, atol=1e-5, rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="fused branches"):
+        fast_linear(x, packed, scale, b, "int4")  # no kernel through the modules
 
 
 # ---- the arithmetic ---------------------------------------------------------------------------
@@ -176,7 +256,7 @@ def test_a_bfloat16_model_has_nothing_to_copy_to_bfloat16():
     model = tiny_model("llama", num_layers=2, seed=1, dtype=torch.bfloat16)
     assert LowBitLinears.build(adapter_for(model, fast_kernels=False).arch, "bfloat16") is None
     with pytest.raises(ValueError, match="one of"):
-        LowBitLinears.build(adapter_for(model, fast_kernels=False).arch, "int4")
+        LowBitLinears.build(adapter_for(model, fast_kernels=False).arch, "int2")
 
 
 def test_a_deep_copy_of_the_model_switches_its_own_layers(adapter):

@@ -420,13 +420,15 @@ def test_speculative_sampling_with_a_reduced_draft_head_matches_target_distribut
 
 
 @pytest.mark.skipif(not kernels.available(), reason=f"kernels unavailable: {kernels.unavailable_reason}")
-def test_speculative_sampling_with_int8_draft_weights_matches_target_distribution():
-    """Drafts computed by an int8 copy of the weights (float32 model, CPU kernels): still exact."""
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_speculative_sampling_with_compressed_draft_weights_matches_target_distribution(fmt):
+    """Drafts computed by an int8 or int4 copy of the weights (float32 model, CPU kernels): still
+    exact (int4 also quantises the drafts' activations)."""
     cfg, k, budget = CASES["t0.7_p0.9_k3"]
-    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, weights="int8")
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, weights=fmt)
     pvals = _pvalues(samples, cfg, f32=True)
-    print(f"\nint8 draft weights: p-values {[round(p, 4) for p in pvals]}")
-    assert min(pvals) > ALPHA, f"sampling with int8 draft weights does not match the target: p = {pvals}"
+    print(f"\n{fmt} draft weights: p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"sampling with {fmt} draft weights does not match the target: p = {pvals}"
 
 
 def test_speculative_sampling_with_the_cascade_drafter_matches_target_distribution():
