@@ -243,6 +243,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/engine/test_draft_head.py", "tests/framework/drafting/test_draft_vocab.py"),
     ),
     Mutation(
+        "offset_keeps_one_skipped",
+        "--offset keeps the last of the prompts it should skip in each category",
+        "framework/data/prompts.py",
+        "            if counts[cat] > offset and (limit is None or counts[cat] <= offset + limit):",
+        "            if counts[cat] >= offset and (limit is None or counts[cat] <= offset + limit):",
+        ("tests/framework/data/test_prompts.py",),
+    ),
+    Mutation(
         "gate_ignores_context",
         "the gate prices every round at the cost model's near context",
         "framework/drafting/gate.py",

@@ -177,11 +177,10 @@ def quantize_groups_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int4_reference(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x2`` (M, K) times the int4 copy, in float32: each group's dot product is an exact integer
     (|sum| < 2^24), then scaled by the weight's and the activations' group scales and summed."""
-    m, k = x2.shape
+    m = x2.shape[0]
     xq, xs = quantize_groups_int8(x2)
     g = scale.shape[1]
-    wq = torch.zeros(packed.shape[0], xq.shape[1], dtype=torch.float32, device=x2.device)
-    wq[:, :k] = unpack_int4(packed, k)
+    wq = unpack_int4(packed, xq.shape[1])  # the padding's q is 0
     dots = torch.einsum("mgk,ngk->mng", xq.view(m, g, INT4_GROUP), wq.view(-1, g, INT4_GROUP))
     return (dots * xs[:, None, :] * scale[None, :, :]).sum(dim=2)
 
