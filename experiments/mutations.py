@@ -251,6 +251,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/data/test_prompts.py",),
     ),
     Mutation(
+        "gate_first_round_full_length",
+        "the gate's first drafted round drafts the controller's whole length instead of a first probe",
+        "framework/drafting/gate.py",
+        "                return min(k, self.first_probe)",
+        "                return k",
+        ("tests/framework/drafting/test_gate.py",),
+    ),
+    Mutation(
         "gate_ignores_context",
         "the gate prices every round at the cost model's near context",
         "framework/drafting/gate.py",

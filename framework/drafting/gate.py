@@ -38,7 +38,11 @@ rule (see ``docs/concepts.md``, "The draft gate"):
    changes while the gate declines (the empty draft of a declined round carries it), the next
    round is a probe, so a selector that finds a better plan (SWIFT, CLaSp) gets it tried.
 
-Before the first drafted round (no estimate, no plan) the gate drafts. Without a cost model (a
+Before the first drafted round (no estimate, no plan) the gate drafts, at most ``first_probe``
+tokens (default 1): that round is a probe, priced like one. Without it a plan that cannot pay cost
+a whole draft of the controller's length before the gate had a number (SWIFT's controller drafts
+up to 25 tokens, a fixed LayerSkip exit 6 at 80% of the depth each); a plan that pays loses one
+short round per gate. Without a cost model (a
 decoder whose ``prepare`` was never called) the costs come from the decode state's phase timings
 (`MeasuredCosts`): seconds per draft token, and the verify seconds of rounds by block size; one
 plain round is declined once to time a plain step.
@@ -91,6 +95,11 @@ class GateConfig:
         "the evidence is thin, and a plan that does not pay is declined once it is not; 0: the "
         "point estimate; in [0, 3]",
     )
+    first_probe: int = param(
+        1,
+        help="the first drafted round (no acceptance measured yet) drafts at most this many tokens, as "
+        "a probe; 0: the controller's own length; in [0, 64]",
+    )
     cap: bool = param(
         True,
         help="while drafting, draft at most the longest length the cost model prices at break-even or "
@@ -109,6 +118,7 @@ class GateConfig:
         check_range("margin", self.margin, -0.5, 0.5)
         check_range("probe", self.probe, 1, 1024, integer=True)
         check_range("probe_max", self.probe_max, self.probe, 4096, integer=True)
+        check_range("first_probe", self.first_probe, 0, 64, integer=True)
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
         check_range("optimism", self.optimism, 0.0, 3.0)
         check_choice("cap", self.cap, (True, False))
@@ -316,6 +326,7 @@ class DraftGate:
             config.decay,
         )
         self.optimism = config.optimism
+        self.first_probe = config.first_probe
         self.cap = config.cap and lengths == "upto"
         self.lengths = lengths
         self.costs: CostModel | None = None
@@ -461,6 +472,9 @@ class DraftGate:
             if costs is None and self.measured.needs_plain_step:
                 self.mode = "calibrate"
                 return 0
+            if alpha is None and self.first_probe > 0:  # nothing measured: a short probe first
+                self.mode = "probe"
+                return min(k, self.first_probe)
             self.mode = "draft"
             return k
         value, k_best = self._value(costs, alpha, k)

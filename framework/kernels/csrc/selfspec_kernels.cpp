@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #ifdef _OPENMP
@@ -145,6 +146,31 @@ constexpr int RMAX = 4, TILE = 4;
 constexpr int nb_for(int) { return 4; }
 const char* kIsa = "scalar";
 #endif
+
+// ---- scratch on cache-line boundaries --------------------------------------------------------
+// The kernels' scratch activations (a branch's normed rows, projections, attention output, the
+// quantised activations of 4-bit drafts) live in vectors whose storage starts on a 64-byte
+// boundary. From a plain std::vector (16-byte aligned) every 64-byte vector load of an activation
+// straddles two cache lines; a pass of several rows loads the activations once per weight vector,
+// so that nearly doubled its load traffic. Measured on 24 layers of Qwen2.5-0.5B's MLP shapes, two
+// threads, in one process: a 5-row branch cost 1.27x a 1-row one and an 8-row branch 1.83x from
+// 16-byte aligned scratch, 1.14x and 1.26x from this (the 1-row branch unchanged). Same results:
+// only where the loads start changes.
+template <typename T>
+struct CacheLineAlloc {
+  using value_type = T;
+  CacheLineAlloc() = default;
+  template <typename U>
+  CacheLineAlloc(const CacheLineAlloc<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const CacheLineAlloc<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAlloc<U>&) const { return false; }
+};
+template <typename T>
+using avec = std::vector<T, CacheLineAlloc<T>>;
 
 // ---- weights: float32, or a compressed copy for drafts -------------------------------------------
 // bfloat16 (the upper 16 bits of a float32, stored as uint16) or int8 with one float32 scale per
@@ -325,9 +351,9 @@ inline int64_t q4_padded(int64_t K) { return (K + 127) / 128 * 128; }
 // One call's quantised activations: per row Kp bytes, Kp / 64 scales and (VNNI) 16 int32 lanes of
 // -8 * (the sum of 4 consecutive activations) per group.
 struct Q4Acts {
-  std::vector<int8_t> q;
-  std::vector<float> s;
-  std::vector<int32_t> z;
+  avec<int8_t> q;
+  avec<float> s;
+  avec<int32_t> z;
 };
 
 inline void q4_quantize(const float* x, int64_t ldx, int64_t rows, int64_t K, Q4Acts& a) {
@@ -500,9 +526,9 @@ inline int64_t group_split(int64_t T, int nthreads, int64_t Hkv) {
 }
 
 struct GroupScratch {
-  std::vector<float> sc;     // R x S: per row, the scores (then the weights) of the keys it sees
+  avec<float> sc;           // R x S: per row, the scores (then the weights) of the keys it sees
   std::vector<int32_t> idx;  // R x S: their key indices (masked calls; otherwise entry i is key i)
-  std::vector<float> acc;    // R x 2 x ld: weighted value sums over even and odd entries
+  avec<float> acc;          // R x 2 x ld: weighted value sums over even and odd entries
   std::vector<int64_t> cnt, lim, ptr;
   std::vector<float> inv;
 };
@@ -837,7 +863,7 @@ void attn_branch_t(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t
   float* kcp = reinterpret_cast<float*>(kc);
   float* vcp = reinterpret_cast<float*>(vc);
   const int64_t nq = Hq * D, nk = Hkv * D, half = D / 2;
-  std::vector<float> x(T * d), q(T * nq), k(T * nk), v(T * nk), att(T * nq), y(T * d);
+  avec<float> x(T * d), q(T * nq), k(T * nk), v(T * nk), att(T * nq), y(T * d);
   AttnArgs a{q.data(), kcp, vcp, T * nq, D, nq, 0, kv_hs, kv_ss, 0, kv_hs, kv_ss,
              reinterpret_cast<const void*>(mask), mask ? 1 : 0, 0, 0, ms_t, ms_s, att.data(),
              1, Hq, Hkv, T, S, D, (float)scale, mask == 0 && T > 1};
@@ -906,7 +932,7 @@ void mlp_branch_t(uintptr_t h, uintptr_t h_out, int64_t T, int64_t d, uintptr_t 
                   int nthreads, uintptr_t sg, uintptr_t su, uintptr_t sd) {
   const float* hp = reinterpret_cast<const float*>(h);
   float* out = reinterpret_cast<float*>(h_out);
-  std::vector<float> x(T * d), g(T * F), u(T * F), y(T * d);
+  avec<float> x(T * d), g(T * F), u(T * F), y(T * d);
   const int nt = threads_for(nthreads, 3 * F * d, 16384);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {

@@ -53,9 +53,11 @@ def _round(plan: LayerPlan, k: int, m: int) -> tuple[Draft, Verification]:
 
 def _gate(alpha: float | None = None, plan: LayerPlan = PLAN, **kw) -> DraftGate:
     """A gate on the synthetic costs whose statistics say ``alpha`` (with 1000 trials), deciding
-    on the point estimate unless ``optimism`` is given."""
+    on the point estimate unless ``optimism`` is given; its first drafted round is the controller's
+    length unless ``first_probe`` is given (the cold start has tests of its own)."""
     lengths = kw.pop("lengths", "upto")
     kw.setdefault("optimism", 0.0)
+    kw.setdefault("first_probe", 0)
     gate = DraftGate(GateConfig(**kw), lengths=lengths)
     gate.set_costs(COSTS)
     gate.plan = plan
@@ -194,11 +196,36 @@ def test_a_few_unlucky_probes_do_not_shut_the_gate_on_a_plan_that_pays():
 
 
 def test_drafts_until_it_has_statistics_and_a_plan():
-    gate = DraftGate()
+    gate = DraftGate(GateConfig(first_probe=0))
     gate.set_costs(COSTS)
     assert gate.alpha is None and gate.plan is None
     assert gate.limit(None, 5) == 5
     assert gate.limit(None, 0) == 0  # the controller's own 0 stays 0
+
+
+@pytest.mark.parametrize("first_probe, k, want", [(1, 5, 1), (2, 5, 2), (3, 2, 2), (0, 5, 5)])
+def test_the_first_drafted_round_is_a_probe_of_first_probe_tokens(first_probe, k, want):
+    """Nothing measured yet: the gate drafts at most ``first_probe`` tokens (counted as a probe),
+    then decides on what that round measured; the default is 1."""
+    assert GateConfig().first_probe == 1
+    gate = DraftGate(GateConfig(first_probe=first_probe))
+    gate.set_costs(COSTS)
+    assert gate.limit(None, k) == want
+    assert gate.limit(None, k) == want  # idempotent within the round
+    gate.observe(*_round(PLAN, want, want))  # all accepted
+    assert gate.probes == (1 if first_probe else 0) and gate.rounds == 1
+    assert gate.limit(None, k) == k  # alpha 1 (one trial): drafts the controller's length
+
+
+def test_a_failed_first_probe_declines_a_plan_that_does_not_pay_after_one_short_round():
+    """A hopeless plan (nothing accepted) costs one 1-token round, not a draft of the controller's
+    length, before the gate declines; the failed probe doubles the probe interval."""
+    gate = DraftGate(GateConfig(probe=4, probe_max=64))
+    gate.set_costs(COSTS)
+    got = _play(gate, 6, lambda n: 0, 14)
+    assert got[0] == 1 and got[1:5] == [0] * 4
+    assert sum(got) == 2 and got.index(1, 1) == 9  # the next probe after 8 declined rounds
+    assert gate.interval == 16 and gate.probes == 2
 
 
 def test_limit_is_idempotent_within_a_round():
@@ -269,7 +296,7 @@ def test_the_costed_plan_is_the_drafted_one_not_the_selectors():
         got.append(n)
         gate.observe(*_round(exit2 if n else FULL, n, 0))
         assert gate.plan == exit2
-    assert got == [4, 0, 0, 1, 0, 0, 1, 0, 0, 1]  # probes on schedule, never stuck on FULL
+    assert got == [1, 0, 0, 1, 0, 0, 1, 0, 0, 1]  # a first probe, probes on schedule, never stuck on FULL
 
 
 def test_statistics_are_a_decayed_chain_estimate():
@@ -316,18 +343,18 @@ def test_measured_costs_from_the_state_timings():
         stats.timings["verify"] += verify_s
         gate.observe(*_round(PLAN, drafted, accepted))
 
-    assert gate.limit(state, 4) == 4  # nothing measured yet: draft
-    play(4, 0, 4 * 0.8, 1.3)
+    assert gate.limit(state, 4) == 1  # nothing measured yet: a first probe
+    play(1, 0, 0.8, 1.3)
     assert gate.limit(state, 4) == 0 and gate.mode == "calibrate"  # time one plain step
     play(0, 0, 0.0, 1.0)
     assert gate.limit(state, 4) == 0 and gate.mode == "decline"  # alpha 0 with the measured costs
     assert gate.measured.draft == pytest.approx(0.8) and gate.measured.verify == pytest.approx(
-        {5: 1.3, 1: 1.0}
+        {2: 1.3, 1: 1.0}
     )
     model = gate.current_costs(state)
     assert model.step == pytest.approx(1.0) and model.draft_step(PLAN) == pytest.approx(0.8)
-    assert model.verify(3) == pytest.approx(1.15)  # linear between T = 1 and T = 5
-    assert model.verify(7) == pytest.approx(1.45)  # and beyond
+    assert model.verify(3) == pytest.approx(1.6)  # linear through T = 1 and T = 2
+    assert model.verify(7) == pytest.approx(2.8)  # and beyond
     assert gate_value(model, 0.0, PLAN, 4)[0] < 1.0
     s = gate.summary()
     assert s["costs"] == "measured" and s["calibration_rounds"] == 1 and s["declined"] == 0
@@ -339,9 +366,9 @@ def test_draft_forwards_scale_the_draft_step(forwards, want):
     plan, drafting 1 token then pays from alpha 0.1 on ((1 + alpha) / verify(2) = 1.1)."""
     stats = DecodeStats()
     state = types.SimpleNamespace(stats=stats, num_tokens=128)
-    gate = DraftGate(GateConfig(probe=3))
+    gate = DraftGate(GateConfig(probe=3, first_probe=0))
     gate.set_costs(COSTS)
-    assert gate.limit(state, 4) == 4  # no statistics yet
+    assert gate.limit(state, 4) == 4  # no statistics yet (and no first probe)
     stats.rounds.append(RoundRecord(4, 1, 2, 0.0))
     stats.draft_forwards += forwards
     gate.observe(*_round(FULL, 4, 1))  # alpha = 0.5
@@ -502,11 +529,11 @@ def test_the_wrapper_gates_a_controller_that_only_implements_max_length():
         k = ctl.max_length(None, hint)
         got.append(k)
         ctl.observe(None, *_round(PLAN, k, 0))
-    assert got[0] == 5 and got[1:] == [0, 0, 1]  # drafts, learns alpha 0, declines, probes
+    assert got[0] == 1 and got[1:] == [0, 0, 1]  # a first probe, learns alpha 0, declines, probes
     assert bare.hints == [hint] * 4  # the hint reaches the wrapped controller
     assert bare.seen == got  # and so does every round
     s = ctl.summary()
-    assert s["bare"] == 4 and s["gate"]["declined"] == 2 and s["gate"]["probes"] == 1
+    assert s["bare"] == 4 and s["gate"]["declined"] == 2 and s["gate"]["probes"] == 2
 
 
 def test_the_wrapper_delegates_the_stop_rule_flags_and_name():
@@ -569,10 +596,10 @@ def test_declined_rounds_are_plain_steps_in_the_result(llama_adapter, seed):
     res = dec.generate(prompt, stop)
     assert res.tokens == VanillaDecoder(llama_adapter).generate(prompt, stop).tokens
     # 24 tokens, one per round (nothing is ever accepted): the first after prefill, then 23 rounds
-    assert res.draft_lengths == [3] + [0, 0, 1] * 7 + [0]
-    assert res.accepted == 0 and res.drafted == 3 + 7
+    assert res.draft_lengths == [1] + [0, 0, 1] * 7 + [0]  # a first probe of 1, then the schedule
+    assert res.accepted == 0 and res.drafted == 1 + 7
     s = res.strategy_summary["length"]["gate"]
-    assert s["rounds"] == 23 and s["declined"] == 15 and s["probes"] == 7
+    assert s["rounds"] == 23 and s["declined"] == 15 and s["probes"] == 8
     assert s["alpha"] == 0.0 and s["costs"] == "cost_model"
     assert s["break_even_alpha"] == round(
         break_even_alpha(synthetic_cost_model(L), dec.selector._plan, 3, "exact"), 4
@@ -585,9 +612,10 @@ def test_gate_on_keeps_drafting_when_it_pays(llama_adapter):
     stop = StopCondition(24)
     res = dec.generate(prompt, stop)
     assert res.tokens == VanillaDecoder(llama_adapter).generate(prompt, stop).tokens
-    assert res.draft_lengths[:-1] == [3] * (len(res.draft_lengths) - 1)
+    assert res.draft_lengths[0] == 1  # the first probe
+    assert res.draft_lengths[1:-1] == [3] * (len(res.draft_lengths) - 2)
     s = res.strategy_summary["length"]["gate"]
-    assert s["declined"] == 0 and s["probes"] == 0 and s["alpha"] == 1.0
+    assert s["declined"] == 0 and s["probes"] == 1 and s["alpha"] == 1.0
 
 
 def test_gate_off_changes_nothing(llama_adapter):

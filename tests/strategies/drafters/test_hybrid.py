@@ -269,12 +269,14 @@ def _check_counts(res):
 def test_gate_declines_a_layer_skip_source_that_cannot_pay(llama_adapter):
     results = _gated_run(llama_adapter, NEVER_PAYS)
     summaries = [_check_counts(r) for r in results]
-    # the first round without a match drafts (no estimate yet); from then on such rounds decline,
-    # across generations (the estimate and the plan carry), without probes: no alpha could pay
+    # the first round without a match drafts (no estimate yet: the gate's first probe); from then
+    # on such rounds decline, across generations (the estimate and the plan carry), without
+    # probes: no alpha could pay
     first = summaries[0]["sources"]
     assert first[0] == "S" and "S" not in first[1:]
     assert all("S" not in s["sources"] for s in summaries[1:])
-    assert all(s["skip_gate"]["probes"] == 0 for s in summaries)
+    assert summaries[0]["skip_gate"]["probes"] == 1
+    assert all(s["skip_gate"]["probes"] == 0 for s in summaries[1:])
     assert sum(s["layer_skip"]["declined"] for s in summaries) >= 20
     assert sum(r.draft_forwards for r in results[1:]) == 0
     # rounds with a match still copy

@@ -376,11 +376,11 @@ def test_declined_rounds_leave_the_threshold_and_rate_alone():
         draft, result = _round(k, 0)
         draft.plan = cheap
         ctl.observe(None, draft, result)
-    assert ks == [6, 0, 0, 0, 1]
+    assert ks == [1, 0, 0, 0, 1]  # a first probe, declines, a probe
     # AR and gamma moved only on the two drafted rounds
     assert ctl.summary()["updates"] == 2
     s = ctl.summary()["gate"]
-    assert (s["declined"], s["probes"], s["rounds"]) == (3, 1, 5)
+    assert (s["declined"], s["probes"], s["rounds"]) == (3, 2, 5)
 
 
 # ---- stop_on: the top-1 probability (the paper) or the drafted token's (the released code) -------

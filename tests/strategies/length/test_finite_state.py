@@ -238,7 +238,9 @@ class TestFiniteStateGatedContract(LengthControllerContract):
 
 def test_declines_keep_k_and_probes_move_it():
     inner = FiniteStateLength(FiniteStateLengthConfig(k_init=4))
-    ctl = GatedLength(inner, GateConfig(enabled=True, probe=2, probe_max=2))
+    # first_probe 0: the first round drafts FS's own K (the default's 1-token first probe is
+    # tested in tests/framework/drafting/test_gate.py)
+    ctl = GatedLength(inner, GateConfig(enabled=True, probe=2, probe_max=2, first_probe=0))
     assert FiniteStateLength.exact_length and ctl.gate.lengths == "exact"  # FS drafts exactly K
     ctl.gate.set_costs(synthetic_cost_model(4))
     cheap = LayerPlan.from_indices(4, attn=[1, 2], mlp=[1, 2])

@@ -78,9 +78,9 @@ def test_gate_declines_probes_and_reports():
         k = ctl.max_length(None)
         got.append(k)
         _observe(ctl, k, 0)
-    assert got == [3, 0, 0, 1, 0, 0, 1]
+    assert got == [1, 0, 0, 1, 0, 0, 1]  # a first probe of 1 token, then the probe schedule
     s = ctl.summary()["gate"]
-    assert (s["rounds"], s["declined"], s["probes"], s["alpha"]) == (7, 4, 2, 0.0)
+    assert (s["rounds"], s["declined"], s["probes"], s["alpha"]) == (7, 4, 3, 0.0)
 
 
 def test_gate_values_k_itself_unlike_a_controller_that_stops_early():
