@@ -259,6 +259,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/drafting/test_gate.py",),
     ),
     Mutation(
+        "long_linear_drops_bias",
+        "a long block (prefill) through oneDNN loses the layer's bias",
+        "framework/kernels/cpu.py",
+        '    out = op(x.reshape(-1, k), weight, bias, "none", [], "")',
+        '    out = op(x.reshape(-1, k), weight, None, "none", [], "")',
+        ("tests/framework/kernels/test_cpu.py",),
+    ),
+    Mutation(
+        "verification_block_to_onednn",
+        "a block of exactly MAX_ROWS rows (a verification's largest) leaves the batch-invariant kernel",
+        "framework/kernels/cpu.py",
+        "    if rows > MAX_ROWS:\n        return _long_linear(x, weight, bias)",
+        "    if rows >= MAX_ROWS:\n        return _long_linear(x, weight, bias)",
+        ("tests/framework/kernels/test_cpu.py",),
+    ),
+    Mutation(
         "gate_ignores_context",
         "the gate prices every round at the cost model's near context",
         "framework/drafting/gate.py",

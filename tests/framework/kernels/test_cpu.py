@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -99,8 +100,8 @@ def test_linear_falls_back_where_the_kernel_does_not_apply():
     w, b = torch.randn(16, 8, generator=g), torch.randn(16, generator=g)
     x64 = torch.randn(4, 8, generator=g, dtype=torch.float64)
     assert torch.equal(kernels.linear(x64, w.double(), b.double()), F.linear(x64, w.double(), b.double()))
-    many = torch.randn(kernels.MAX_ROWS + 1, 8, generator=g)
-    assert torch.equal(kernels.linear(many, w, b), F.linear(many, w, b))
+    many = torch.randn(kernels.MAX_ROWS + 1, 8, generator=g)  # a long block: oneDNN or F.linear
+    torch.testing.assert_close(kernels.linear(many, w, b), F.linear(many, w, b), rtol=1e-5, atol=1e-5)
     # autograd: the stock path, so gradients flow
     wg = w.clone().requires_grad_(True)
     kernels.linear(torch.randn(2, 8, generator=g), wg, b).sum().backward()
@@ -263,6 +264,41 @@ def test_attention_falls_back_to_sdpa():
     got, _ = kernels.attention(module, q, k, v, None)
     want, _ = kernels._sdpa(module, q, k, v, None)
     assert torch.equal(got, want)
+
+
+def test_long_blocks_take_onednn_where_it_reproduces_f_linear(monkeypatch):
+    """More than MAX_ROWS rows (a long prompt's prefill): oneDNN's product when this torch has it
+    (checked once against F.linear), with the bias and the leading dimensions kept; a weight that
+    is not contiguous takes F.linear itself."""
+    g = _gen(11)
+    w, b = torch.randn(48, 40, generator=g), torch.randn(48, generator=g)
+    x = torch.randn(1, kernels.MAX_ROWS + 7, 40, generator=g)
+    op = kernels._onednn_linear()
+    calls = []
+    if op is not None:
+        monkeypatch.setattr(kernels, "_ONEDNN", lambda *a: calls.append(a) or op(*a))
+    for bias in (b, None):
+        got = kernels.linear(x, w, bias)
+        assert got.shape == (1, kernels.MAX_ROWS + 7, 48)
+        torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    assert len(calls) == (2 if op is not None else 0)
+    wt = torch.randn(40, 48, generator=g).t()  # (48, 40), not contiguous
+    assert torch.equal(kernels.linear(x, wt, b), F.linear(x, wt, b))
+    assert len(calls) == (2 if op is not None else 0)
+    # up to MAX_ROWS rows stay on the batch-invariant kernel
+    if kernels.available():
+        kernels.linear(x[:, : kernels.MAX_ROWS], w, b)
+        assert len(calls) == (2 if op is not None else 0)
+
+
+def test_onednn_is_not_used_when_its_check_fails(monkeypatch):
+    monkeypatch.setattr(kernels, "_ONEDNN", False)
+    bad = types.SimpleNamespace(_linear_pointwise=lambda x, w, b, *a: F.linear(x, w, b) + 1.0)
+    monkeypatch.setattr(torch.ops, "mkldnn", bad, raising=False)
+    assert kernels._onednn_linear() is None
+    g = _gen(12)
+    w, x = torch.randn(8, 16, generator=g), torch.randn(kernels.MAX_ROWS + 1, 16, generator=g)
+    assert torch.equal(kernels.linear(x, w), F.linear(x, w))
 
 
 # ---------------------------------------------------------------------------------------------
