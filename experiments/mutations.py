@@ -322,6 +322,39 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    fns = [lambda: adapter.arch.lm_head(adapter.arch.final_norm(x))]",
         ("tests/framework/engine/test_cost_model.py",),
     ),
+    # ---- exact mode (issue 38, item 4) ----------------------------------------------------------
+    Mutation(
+        "exact_bf16_stock_linear",
+        "a bfloat16 model's linear layers take the stock matrix product in exact mode (row results "
+        "depend on the row count)",
+        "framework/kernels/cpu.py",
+        "    if x.dtype is _BF16 and ext is not None:",
+        "    if x.dtype is _BF16 and ext is None:",
+        (
+            "tests/framework/engine/test_exact.py::test_exact_mode_runs_bfloat16_linear_layers_through_the_batch_invariant_kernel",
+        ),
+    ),
+    Mutation(
+        "exact_bf16_kv_cache",
+        "a bfloat16 model keeps a bfloat16 KV cache in exact mode (its attention leaves the "
+        "batch-invariant kernel)",
+        "framework/engine/adapter.py",
+        "            self.kv_dtype = torch.float32",
+        "            self.kv_dtype = self.dtype",
+        (
+            "tests/framework/engine/test_exact.py::test_a_bfloat16_verification_is_bit_identical_to_single_steps_in_exact_mode",
+        ),
+    ),
+    Mutation(
+        "exact_backend_not_held",
+        "exact mode's SDPA backend is not held around the forward (each attention picks its own)",
+        "framework/engine/adapter.py",
+        "        if self.sdpa_backend is None:\n            return nullcontext()",
+        "        if True:\n            return nullcontext()",
+        (
+            "tests/framework/engine/test_exact.py::test_the_backend_of_exact_mode_holds_for_every_attention_of_a_forward",
+        ),
+    ),
 )
 
 

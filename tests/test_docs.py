@@ -63,6 +63,7 @@ REPRODUCTION_PAGES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page_name", "model", "preface"), REPRODUCTION_PAGES, ids=["smollm2", "qwen"])
 def test_the_reproduction_page_regenerates_from_its_committed_numbers(tmp_path, page_name, model, preface):
     """Each reproduction page is its preface plus the report that --redecide renders from the
@@ -227,12 +228,29 @@ def test_reproduction_script_smoke_mode():
             "docs/measurements/draft_weights.py",
             *("--model", "tiny-random", "--reps", "2", "--accept-tokens", "12", "--draft-vocab", "0"),
         ],
+        [
+            "docs/measurements/exact_cost.py",
+            *("--model", "tiny-random", "--tokens", "8", "--repeats", "1", "--threads", "1"),
+        ],
+        [
+            "docs/measurements/gpu_engine_probe.py",
+            *("--out", "{tmp}", "--parts", "whole,exact,cond,7b"),
+        ],
     ],
-    ids=["gpu_costs", "gpu_e2e", "gpu_e2e_trace", "host_reads", "draft_weights"],
+    ids=[
+        "gpu_costs",
+        "gpu_e2e",
+        "gpu_e2e_trace",
+        "host_reads",
+        "draft_weights",
+        "exact_cost",
+        "gpu_engine_probe",
+    ],
 )
-def test_measurement_scripts_smoke(script):
+def test_measurement_scripts_smoke(script, tmp_path):
     """The GPU measurement script (docs/performance.md; written to run unchanged on any CUDA
     machine) and the host-read count run every code path here on a tiny model on the CPU."""
+    script = [a.replace("{tmp}", str(tmp_path)) for a in script]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -254,6 +272,13 @@ def test_measurement_scripts_smoke(script):
         ):
             assert part in proc.stdout, part
         assert "| selfsd |" in proc.stdout
+    elif "exact_cost" in script[0]:
+        assert "exact on / off:" in proc.stdout and "same tokens:" in proc.stdout
+    elif "gpu_engine_probe" in script[0]:
+        records = [json.loads(line) for line in (tmp_path / "probe.jsonl").read_text().splitlines()]
+        assert [r["part"] for r in records] == ["env", "whole", "exact", "cond", "7b"], records
+        assert not [r for r in records if "error" in r], records
+        assert records[2]["default"]["argmax_diffs"] == 0  # float32 on a CPU: no near-tie here
     elif "--trace" in script:
         rows = [line for line in proc.stdout.splitlines() if line.startswith("| smollm2-135m-instruct/")]
         assert len(rows) == 2 * 2, proc.stdout  # two methods, eager and graphs

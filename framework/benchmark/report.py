@@ -204,10 +204,13 @@ def _notes(summary: dict[str, Any]) -> list[str]:
         if e["mismatches"] and method != BASELINE:
             at = e.get("mismatch_at") or {}
             ids = ", ".join(mismatch_note(q, at.get(q)) for q in e["mismatched"][:20])
-            rate = e["mismatches"] / max(1, e["prompts"])
+            n = max(1, e["prompts"])
+            ties = sum(bool((at.get(q) or {}).get("near_tie")) for q in e["mismatched"])
+            other = e["mismatches"] - ties
             notes.append(
                 f"- {method}: {e['mismatches']} prompt(s) differ from vanilla ({e['mismatches']}/{e['prompts']}, "
-                f"mismatch rate {rate:.0%}): {ids}"
+                f"mismatch rate {e['mismatches'] / n:.0%}; near-ties {ties}/{e['prompts']} ({ties / n:.0%}), "
+                f"other differences {other}/{e['prompts']} ({other / n:.0%})): {ids}"
             )
     return notes
 

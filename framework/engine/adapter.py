@@ -158,6 +158,12 @@ class ModelAdapter:
         self.fast_kernels = kernels.is_installed(arch.model)
         self.fused: FusedBlocks | None = None
         self.graphs: BranchGraphs | None = None
+        #: exact mode (`set_exact`): plain steps and verifications compute each row the same way
+        self.exact = False
+        #: the one SDPA backend every forward uses (exact mode on CUDA), or ``None``: the dispatch's
+        self.sdpa_backend: Any = None
+        #: the KV cache's dtype (float32 for a bfloat16 model in exact mode on a CPU)
+        self.kv_dtype: torch.dtype = arch.dtype
         self._draft_branches: dict[str, DraftWeights | None] = {}  # `draft_branches`, per format
         #: where the blocks live (`place`); split across devices, the forwards move the residual
         #: stream at the boundaries and return everything on the input device
@@ -271,6 +277,64 @@ class ModelAdapter:
         self._draft_branches.clear()
         return self.fast_kernels
 
+    def set_exact(self, enabled: bool) -> bool:
+        """Exact mode: plain steps and verifications compute every row the same way, so greedy
+        speculative output equals this engine's own plain greedy output token for token, in any
+        supported dtype (docs/performance.md, "Numerics").
+
+        - On a CPU: the batch-invariant kernels (`set_fast_kernels`) for float32 and bfloat16
+          models. A bfloat16 model's linear layers stream its bfloat16 weights through the kernel
+          with float32 sums rounded to bfloat16, and its KV cache is kept in float32 (the same
+          values, which the float32 attention kernel reads as they are).
+        - On CUDA: every forward's attention through SDPA's memory-efficient backend, which made
+          a 9-token verification's logits bit-identical to 9 one-token steps on an H200, where
+          the default dispatch did not (`docs/measurements/h200-2026-11-28-probe/`). The matrix
+          products were row-invariant there up to 16 rows with the default settings.
+
+        Call it before any cache is made (the cache's dtype follows it). ``False`` turns it off
+        (the kernels stay as `set_fast_kernels` left them).
+
+        Returns:
+            Whether exact mode is on.
+
+        Raises:
+            ValueError: a model split across devices, a CPU model in a dtype other than float32 or
+                bfloat16, kernels that could not be built, or another device type.
+        """
+        self.exact, self.sdpa_backend, self.kv_dtype = False, None, self.dtype
+        if not enabled:
+            return False
+        if self.placement.split:
+            raise ValueError("exact mode serves a model on one device (it is split: --device-map)")
+        dev = self.device.type
+        if dev == "cpu":
+            if self.dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(
+                    f"exact mode on a CPU needs float32 or bfloat16 weights, the model is {self.dtype}"
+                )
+            if not self.fast_kernels and not self.set_fast_kernels(True):
+                raise ValueError(
+                    f"exact mode on a CPU needs the batch-invariant kernels, which are unavailable: "
+                    f"{kernels.unavailable_reason}"
+                )
+            self.kv_dtype = torch.float32
+        elif dev == "cuda":
+            from torch.nn.attention import SDPBackend
+
+            self.sdpa_backend = SDPBackend.EFFICIENT_ATTENTION
+        else:
+            raise ValueError(f"exact mode runs on a CPU or CUDA, the model is on {self.device}")
+        self.exact = True
+        return True
+
+    def _backend(self) -> Any:
+        """The context every forward runs in: the exact mode's SDPA backend, or nothing."""
+        if self.sdpa_backend is None:
+            return nullcontext()
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(self.sdpa_backend)
+
     def draft_branches(self, fmt: str) -> DraftWeights | None:
         """The model's weights in ``fmt`` for drafts, built once per format: with the CPU kernels'
         fused branches, ``"bfloat16"``, ``"int8"`` and ``"int4"`` are their compressed copies
@@ -347,7 +411,7 @@ class ModelAdapter:
         lowbit = weights.active() if isinstance(weights, LowBitLinears) else None
         if weights is not None and lowbit is None:
             return 0, 0.0
-        with torch.inference_mode(), lowbit or nullcontext():
+        with torch.inference_mode(), lowbit or nullcontext(), self._backend():
             g.precapture(rotary, chain=chain, tree=tree, mlp=mlp)
         return g.captures - n0, g.capture_seconds - s0
 
@@ -367,7 +431,7 @@ class ModelAdapter:
         graphs = self.graphs
         buffers = graphs.lease(capacity, batch) if graphs is not None else None
         if buffers is None or graphs is None:
-            return self.arch.new_cache(capacity, batch)
+            return self.arch.new_cache(capacity, batch, dtype=self.kv_dtype)
         cache = KVCache(
             self.num_layers,
             batch,
@@ -439,7 +503,10 @@ class ModelAdapter:
         try:
             if route.graphs is not None:
                 route.graphs.set_rotary(pos_emb)
-            with p.weights.active() if isinstance(p.weights, LowBitLinears) else nullcontext():
+            with (
+                p.weights.active() if isinstance(p.weights, LowBitLinears) else nullcontext(),
+                self._backend(),
+            ):
                 if self.placement.split:
                     h = self._blocks_split(route.hidden, pos_emb, cache, p, stop, captured)
                 else:
@@ -450,6 +517,7 @@ class ModelAdapter:
         self.layer_loads += stop - p.start
         logits = self._logits(h, p) if p.logits_at is not None else None
         if self.placement.split:  # everything back on the input device
+            logits = None if logits is None else logits.to(hidden.device)
             h = h.to(hidden.device)
             captured = None if captured is None else [c.to(hidden.device) for c in captured]
         hidden_states = torch.stack(captured) if captured is not None else None

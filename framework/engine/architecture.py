@@ -218,17 +218,23 @@ class Architecture(ABC):
         )
 
     def new_cache(
-        self, capacity: int, batch: int = 1, *, shards: list[tuple[range, torch.device]] | None = None
+        self,
+        capacity: int,
+        batch: int = 1,
+        *,
+        shards: list[tuple[range, torch.device]] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> KVCache:
         """A fresh KV cache of ``capacity`` slots for this model's shapes (its own buffers; one per
-        shard of a model split across devices, on the shard's device)."""
+        shard of a model split across devices, on the shard's device), in ``dtype`` (default: the
+        model's)."""
         return KVCache(
             self.num_layers,
             batch,
             self.num_kv_heads,
             self.head_dim,
             capacity,
-            self.dtype,
+            self.dtype if dtype is None else dtype,
             self.device,
             shards=shards,
         )

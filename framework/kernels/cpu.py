@@ -33,6 +33,12 @@ it does not cover: another device (CUDA) or dtype, more than `MAX_ROWS` rows, au
 soft-capping, attention sinks. `uninstall` restores the stock modules.
 `framework.engine.adapter.adapter_for` installs them by default (float32 models on a CPU).
 
+bfloat16 (exact mode, `framework.engine.adapter.ModelAdapter.set_exact`): installed on a bfloat16
+model, `linear` streams its bfloat16 weights through the kernel (float32 sums in a fixed order,
+rounded to bfloat16) and `attention` takes the float32 KV cache exact mode keeps, the bfloat16
+queries joining it in float32; so a bfloat16 model's verification rows are bit-identical to its
+one-token steps too.
+
 Control: ``SELFSPEC_KERNEL=0`` disables the kernels. The build goes to
 ``$SELFSPEC_CACHE/kernels`` (default ``~/.cache/selfspec/kernels``), one directory per source,
 compiler flags, CPU and torch version, and is reused silently. Without a compiler, a CPU with
@@ -96,6 +102,7 @@ def __getattr__(name: str) -> Any:
 
 
 _F32 = torch.float32
+_BF16 = torch.bfloat16
 _grad_enabled = torch.is_grad_enabled
 _num_threads = torch.get_num_threads
 
@@ -185,6 +192,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Row ``r`` of the kernel's result is bit-identical whatever the number of rows or threads.
     """
     ext = extension.compiled
+    if x.dtype is _BF16 and ext is not None:
+        return _linear_bf16(x, weight, bias)
     # The checks are ordered and written for speed: this runs ~200 times per decoded token.
     if (
         ext is None
@@ -242,6 +251,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
+def _linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of a bfloat16 model (exact mode, `install`ed on a bfloat16 CPU model): blocks
+    of at most `MAX_ROWS` rows through the kernel, which streams the bfloat16 weights and
+    accumulates each output element in float32 in a fixed order (`linear_lowp`), so that a row's
+    result is bit-identical whatever the number of rows; the result is rounded to bfloat16, as a
+    bfloat16 matrix product rounds its float32 sums. Longer blocks (a long prompt's prefill, the
+    same in every decoder) and anything else go through ``F.linear``."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (
+        weight.dtype is not _BF16
+        or not x.is_cpu
+        or not weight.is_cpu
+        or weight.dim() != 2
+        or not weight.is_contiguous()
+        or weight.shape[1] != k
+        or not 0 < rows <= MAX_ROWS
+        or (_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
+        return F.linear(x, weight, bias)
+    b = None if bias is None else bias.detach().float()
+    out = linear_lowp(x.float(), weight, None, b, "bfloat16")
+    return F.linear(x, weight, bias) if out is None else out.to(_BF16)
+
+
 class FastLinear(nn.Linear):
     """``nn.Linear`` whose forward goes through `linear` (the kernel where it applies).
 
@@ -290,13 +324,18 @@ def attention(
         (output (B, T, H, D), None).
     """
     ext = extension.compiled
+    out_dtype = query.dtype
+    if out_dtype is not key.dtype and key.dtype is _F32:
+        # a bfloat16 model in exact mode keeps its KV cache in float32 (`ModelAdapter.set_exact`):
+        # the queries join it there, and the output goes back to the model's dtype
+        query = query.float()
     plan = (
         None
         if ext is None
         else _attention_plan(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     )
     if plan is None:
-        return _sdpa(
+        out, weights = _sdpa(
             module,
             query,
             key,
@@ -307,6 +346,7 @@ def attention(
             is_causal=is_causal,
             **kwargs,
         )
+        return out.to(out_dtype), weights
     b, h, t, d, hkv, s, causal = plan
     if query.stride(3) != 1:
         query = query.contiguous()
@@ -330,7 +370,7 @@ def attention(
         out.data_ptr(), b, h, hkv, t, s, d,
         d**-0.5 if scaling is None else float(scaling), causal, _num_threads(),
     )  # fmt: skip
-    return out, None
+    return out.to(out_dtype), None
 
 
 def _attention_plan(

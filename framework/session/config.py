@@ -46,7 +46,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -57,6 +57,9 @@ from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
 from framework.session.presets import load_preset
+
+if TYPE_CHECKING:
+    import torch
 
 #: Values of ``--logger``.
 LOGGERS = ("wandb", "csv", "none")
@@ -165,6 +168,14 @@ class ModelConfig:
     kernels: bool = param(
         True, help="the batch-invariant CPU kernels (framework.kernels.cpu) for float32 on CPU"
     )
+    exact: Literal["auto", "on", "off"] = param(
+        "auto",
+        help="exact mode: plain steps and verifications compute every row the same way, so greedy "
+        "speculative output equals our plain greedy output token for token in float32 and bfloat16 "
+        "(on a CPU the batch-invariant kernels; on CUDA one attention backend, SDPA's memory-efficient "
+        "one, docs/performance.md). auto: on for a CPU (with --kernels), off for CUDA, where it cost "
+        "more than 5% a step on an H200",
+    )
     phase_timing: Literal["auto", "on", "off"] = param(
         "auto",
         help="time each phase of a round and the LM head in the records: on, off, or auto (on for a CPU; "
@@ -183,6 +194,14 @@ class ModelConfig:
             raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
         if self.phase_timing not in PHASE_TIMING:
             raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
+        if self.exact not in PHASE_TIMING:
+            raise ConfigError("--exact", self.exact, f"one of {', '.join(PHASE_TIMING)}")
+        if self.exact == "on" and self.kernels is False:
+            raise ConfigError(
+                "--exact", "on", "off or auto with --no-kernels (a CPU's exact mode is the kernels)"
+            )
+        if self.exact == "on" and self.device_map:
+            raise ConfigError("--exact", "on", "off or auto with --device-map (exact mode serves one device)")
         _check_bools((("--kernels", self.kernels), ("--cuda-graphs", self.cuda_graphs)))
         if not isinstance(self.device_map, str):
             raise ConfigError("--device-map", self.device_map, "auto or DEVICE[=BLOCKS],...")
@@ -195,6 +214,13 @@ class ModelConfig:
                 ) from None
         if self.device_map and self.cuda_graphs:
             raise ConfigError("--cuda-graphs", True, "off with --device-map (CUDA graphs serve one device)")
+
+    def exact_on(self, device: torch.device) -> bool:
+        """Whether ``--exact`` turns exact mode on for a model on ``device``: ``on``; ``auto`` on a
+        CPU with the kernels and the whole model on it."""
+        if self.exact == "auto":
+            return device.type == "cpu" and self.kernels and not self.device_map
+        return self.exact == "on"
 
     @property
     def phase_timing_flag(self) -> bool | None:

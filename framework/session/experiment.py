@@ -120,6 +120,12 @@ class Experiment:
                 raise ConfigError(
                     "--device-map", m.device_map, f"a split of {self.adapter.num_layers} blocks ({err})"
                 ) from None
+        try:
+            self.adapter.set_exact(m.exact_on(self.adapter.device))
+        except ValueError as err:  # "auto" where exact mode cannot run: off
+            if m.exact == "on":
+                raise ConfigError("--exact", m.exact, f"off ({err})") from None
+            self.adapter.set_exact(False)
         self.adapter.time_lm_head = m.phase_timing_flag
         if cfg.model.cuda_graphs:  # before any preparation: what a search times is what decodes
             if self.adapter.device.type != "cuda":

@@ -327,7 +327,7 @@ def test_a_mismatch_records_the_targets_margin_and_the_report_names_it(bench):
     entry = res["summary"]["methods"]["broken"]
     assert set(entry["mismatch_at"]) == set(entry["mismatched"])
     note = next(line for line in res["report"].splitlines() if line.startswith("- broken:"))
-    assert "(4/4, mismatch rate 100%)" in note
+    assert "(4/4, mismatch rate 100%; near-ties 0/4 (0%), other differences 4/4 (100%))" in note
     assert "top-1/top-2 margin" in note and "in float64: not a near-tie: a bug?" in note
     q = entry["mismatched"][0]
     assert f"q{q} (turn 0, pos {entry['mismatch_at'][q]['position']}, " in note

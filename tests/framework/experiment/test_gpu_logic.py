@@ -223,7 +223,9 @@ def test_cuda_loads_straight_onto_the_gpu(model_dir, monkeypatch):
 def test_ulp_and_near_tie_rule():
     assert ulp(1.0, torch.float32) == 2.0**-23
     assert ulp(20.0, torch.bfloat16) == 2.0**4 * 2.0**-7
-    assert near_tie(NEAR_TIE_ULPS * ulp(20.0, torch.bfloat16) * 0.99, 20.0, torch.bfloat16)
+    assert NEAR_TIE_ULPS == 2  # the rule: within two bfloat16 steps of the logit
+    assert near_tie(2 * ulp(20.0, torch.bfloat16), 20.0, torch.bfloat16)
+    assert not near_tie(3 * ulp(20.0, torch.bfloat16), 20.0, torch.bfloat16)
     assert not near_tie(1.0, 20.0, torch.bfloat16)
     assert not near_tie(1e-4, 20.0, torch.float32)
 
