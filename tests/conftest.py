@@ -59,3 +59,73 @@ def deep_adapters() -> dict:
     return {
         arch: adapter_for(tiny_model(arch, num_layers=6, seed=1)) for arch in ("llama", "qwen2", "mistral")
     }
+
+
+# ---- the quick check and the full suite ------------------------------------------------------
+# The README's first test command runs ``-m "not slow"``; CI (`.ci/run`) runs everything. Besides
+# the tests marked slow in their files (the mutation suite, the real default model, builds and
+# installs, the reproduction pages), every test that took SLOW_SECONDS or more in the committed
+# record `durations.txt` is marked slow here. Refresh the record after adding or speeding up tests:
+#     python -m pytest -q -n auto -p no:randomly --record-durations tests/durations.txt
+DURATIONS = Path(__file__).with_name("durations.txt")
+SLOW_SECONDS = 2.0
+
+
+def _recorded_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """{node id: seconds} from a record written by ``--record-durations`` (empty if none)."""
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, nodeid = line.split(maxsplit=1)
+            out[nodeid] = float(seconds)
+    return out
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test's duration (setup + call + teardown, seconds) to PATH at the end",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    recorded = _recorded_durations()
+    for item in items:
+        if recorded.get(item.nodeid, 0.0) >= SLOW_SECONDS:
+            item.add_marker(pytest.mark.slow)
+
+
+class _DurationRecorder:
+    """Sums each test's phases as the reports arrive (from every xdist worker) and writes them,
+    slowest first, when the session ends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if getattr(session.config, "workerinput", None) is not None:
+            return  # an xdist worker: the controller writes the record
+        rows = sorted(self.seconds.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines = [
+            "# Each test's duration in seconds (setup + call + teardown), slowest first; tests under",
+            "# 0.05 s are left out. Written by `python -m pytest -q -n auto --record-durations PATH`",
+            "# on the 2-core development machine. tests/conftest.py marks every test listed at",
+            f"# {SLOW_SECONDS} s or more as slow (the README's quick check skips those; CI runs all).",
+        ]
+        lines += [f"{s:.2f} {nodeid}" for nodeid, s in rows if s >= 0.05]
+        self.path.write_text("\n".join(lines) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-durations")
+    if path:
+        config.pluginmanager.register(_DurationRecorder(Path(path)), "selfspec-duration-recorder")

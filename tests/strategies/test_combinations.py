@@ -2,7 +2,9 @@
 exactly the tokens of plain greedy decoding, for every selector x length x drafter x verifier.
 
 The combinations are read from the registries at collection time, so a newly registered strategy
-is covered without writing a test. Each strategy runs with its default config, except that offline
+is covered without writing a test. The core product (`test_speculative_equals_vanilla`) runs whole
+in the quick check; the sets over further options (a reduced draft head, compressed weights, SWIFT
+mid-optimisation, DEL drafting) run a covering subset there and whole in CI (`covering`). Each strategy runs with its default config, except that offline
 searches are shrunk (``framework.testing.FAST_OVERRIDES``): losslessness must hold for any skip set.
 """
 
@@ -34,6 +36,22 @@ MAX_NEW = 24
 PROMPTS = ((0, 6), (1, 11))  # (seed, length)
 
 _vanilla_cache: dict[tuple, list[int]] = {}
+
+
+def covering(combos: list[tuple]) -> list:
+    """``combos`` as parameters, where those that bring a name not seen yet in some position (in
+    order) run in the quick check and the others are marked slow: the quick check still meets
+    every selector, length controller, drafter, verifier and format of a set; CI runs them all."""
+    seen: list[set] = [set() for _ in combos[0]] if combos else []
+    params = []
+    for combo in combos:
+        new = any(name not in names for name, names in zip(combo, seen, strict=True))
+        for name, names in zip(combo, seen, strict=True):
+            names.add(name)
+        params.append(pytest.param(combo, marks=() if new else pytest.mark.slow))
+    return params
+
+
 _prepared: dict[str, PreparedCache] = {}
 
 
@@ -85,7 +103,7 @@ HEAD_COMBOS = list(
 )
 
 
-@pytest.mark.parametrize("combo", HEAD_COMBOS, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("combo", covering(HEAD_COMBOS), ids=lambda c: "-".join(c))
 def test_speculative_equals_vanilla_with_a_reduced_draft_head(
     deep_adapters, combo, tmp_path_factory, monkeypatch
 ):
@@ -124,7 +142,7 @@ def kernel_adapter():
     return adapter_for(tiny_model("llama", num_layers=6, seed=1, dtype=torch.float32), fast_kernels=True)
 
 
-@pytest.mark.parametrize("combo", WEIGHT_COMBOS, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("combo", covering(WEIGHT_COMBOS), ids=lambda c: "-".join(c))
 def test_speculative_equals_vanilla_with_compressed_draft_weights(
     kernel_adapter, combo, tmp_path_factory, monkeypatch
 ):
@@ -164,7 +182,7 @@ SWIFT_COMBOS = list(
 )
 
 
-@pytest.mark.parametrize("combo", SWIFT_COMBOS, ids=lambda c: "swift-" + "-".join(c))
+@pytest.mark.parametrize("combo", covering(SWIFT_COMBOS), ids=lambda c: "swift-" + "-".join(c))
 def test_speculative_equals_vanilla_while_swift_optimises(deep_adapters, combo):
     adapter = deep_adapters["llama"]
     s = {
@@ -208,7 +226,7 @@ def redundant_adapter():
     return adapter_for(model)
 
 
-@pytest.mark.parametrize("combo", DEL_COMBOS, ids=lambda c: "del_tpl-" + "-".join(c))
+@pytest.mark.parametrize("combo", covering(DEL_COMBOS), ids=lambda c: "del_tpl-" + "-".join(c))
 def test_speculative_equals_vanilla_where_del_drafts(redundant_adapter, combo):
     adapter = redundant_adapter
     s = {
