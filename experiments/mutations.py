@@ -322,6 +322,47 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    fns = [lambda: adapter.arch.lm_head(adapter.arch.final_norm(x))]",
         ("tests/framework/engine/test_cost_model.py",),
     ),
+    # ---- one graph per forward (issue 38, items 1-2) --------------------------------------------
+    Mutation(
+        "graphed_books_every_layer",
+        "a whole-forward graph declares every layer written, skipped attentions included",
+        "framework/engine/graphed.py",
+        "        writes = [i for i in range(stop) if plan is None or plan.runs_attn(i)]",
+        "        writes = list(range(stop))",
+        (
+            "tests/framework/engine/test_graphed.py::test_a_draft_chain_of_a_skip_plan_keeps_the_books_once_per_forward",
+        ),
+    ),
+    Mutation(
+        "graphed_outputs_aliased",
+        "a whole forward returns the graph's own logits, which its next replay overwrites",
+        "framework/engine/graphed.py",
+        "            None if logits is None else logits.clone(),",
+        "            logits,",
+        (
+            "tests/framework/engine/test_graphed.py::test_a_spec_is_recorded_once_replayed_after_and_its_outputs_are_copies",
+        ),
+    ),
+    Mutation(
+        "graphed_cache_fifo",
+        "the graph cache drops the oldest recorded graph, not the least recently used",
+        "framework/engine/graphed.py",
+        "            used.move_to_end(spec)\n",
+        "\n",
+        (
+            "tests/framework/engine/test_graphed.py::test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too_many_retire",
+        ),
+    ),
+    Mutation(
+        "graphed_tree_as_chain",
+        "a token tree's rows attend causally in a whole-forward graph",
+        "framework/engine/graphed.py",
+        "            tree_mask is not None,\n            weights,",
+        "            False,\n            weights,",
+        (
+            "tests/framework/engine/test_graphed.py::test_speculative_decoding_through_whole_forwards_equals_plain_greedy",
+        ),
+    ),
     # ---- exact mode (issue 38, item 4) ----------------------------------------------------------
     Mutation(
         "exact_bf16_stock_linear",

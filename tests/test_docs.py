@@ -234,7 +234,7 @@ def test_reproduction_script_smoke_mode():
         ],
         [
             "docs/measurements/gpu_engine_probe.py",
-            *("--out", "{tmp}", "--parts", "whole,exact,cond,7b"),
+            *("--out", "{tmp}", "--parts", "engine,whole,exact,cond,7b"),
         ],
     ],
     ids=[
@@ -276,9 +276,10 @@ def test_measurement_scripts_smoke(script, tmp_path):
         assert "exact on / off:" in proc.stdout and "same tokens:" in proc.stdout
     elif "gpu_engine_probe" in script[0]:
         records = [json.loads(line) for line in (tmp_path / "probe.jsonl").read_text().splitlines()]
-        assert [r["part"] for r in records] == ["env", "whole", "exact", "cond", "7b"], records
+        assert [r["part"] for r in records] == ["env", "engine", "whole", "exact", "cond", "7b"], records
         assert not [r for r in records if "error" in r], records
-        assert records[2]["default"]["argmax_diffs"] == 0  # float32 on a CPU: no near-tie here
+        assert set(records[1]) >= {"forward", "forward_exact", "branch"}
+        assert records[3]["default"]["argmax_diffs"] == 0  # float32 on a CPU: no near-tie here
     elif "--trace" in script:
         rows = [line for line in proc.stdout.splitlines() if line.startswith("| smollm2-135m-instruct/")]
         assert len(rows) == 2 * 2, proc.stdout  # two methods, eager and graphs
@@ -374,7 +375,8 @@ def test_gpu_all_runs_its_issue_26_parts_on_a_cpu(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(
         OMP_NUM_THREADS="1",
-        GPU_PARTS="replay real",
+        GPU_PARTS="engine replay real",
+        GPU_ENGINE_PARTS="engine",
         GPU_REPLAY_SHAPES="tiny",
         GPU_REPLAY_TURNS="1",
         GPU_REPLAY_EXTRA="--device cpu --dtype float32 --prompts 1 --trace-methods clasp",
@@ -392,6 +394,7 @@ def test_gpu_all_runs_its_issue_26_parts_on_a_cpu(tmp_path):
         timeout=600,
     )
     assert "replay tiny: rc 0" in proc.stdout and "real eager: rc 0" in proc.stdout, proc.stdout + proc.stderr
+    assert "engine: rc 0" in proc.stdout and '"forward_exact"' in proc.stdout, proc.stdout
     replay = (tmp_path / "replay-tiny.md").read_text()
     assert "| smollm2-135m-instruct/clasp | graphs |" in replay
     assert "| qwen2.5-coder-0.5b/clasp | graphs |" in replay

@@ -20,7 +20,10 @@
 #           no graph recorded inside timed decodes (issue 26, item 2); a model split between cuda:0
 #           and cpu decodes like the unsplit model in fp32 (issue 26, item 5);
 #   compile (issue 17) HF generate with a static cache (which transformers compiles) against our loop
-#           with CUDA graphs on the 7B shape (last: the compilation takes minutes).
+#           with CUDA graphs on the 7B shape (last: the compilation takes minutes);
+#   engine  (issue 38) gpu_engine_probe.py: our engine's step, half draft and 8-token verification
+#           with one graph per forward (plain and exact mode) against one graph per branch, the
+#           compiled forward's exactness and a compiled 7B step (parts GPU_ENGINE_PARTS).
 # The default model's GGUF (93 MB) is over one device call's 64 MiB: split it here
 #   (split -b 48M SmolLM2-135M-Instruct.Q4_1.gguf .gguf/part-), carry one part per call into a folder
 #   that persists while the machine stays warm (cp .gguf/part-* /tmp/gguf/), and in the last call
@@ -38,7 +41,7 @@ set -u
 out=${1:?usage: gpu_all.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-parts=${GPU_PARTS:-costs e2e replay real tests compile}
+parts=${GPU_PARTS:-engine costs e2e replay real tests compile}
 tokens=${GPU_NEW_TOKENS:-64}
 reps=${GPU_REPS:-3}
 want() { [[ " $parts " == *" $1 "* ]]; }
@@ -49,6 +52,14 @@ want() { [[ " $parts " == *" $1 "* ]]; }
   python -c "from importlib.metadata import version; print('gguf', version('gguf'))" 2>&1 | tail -n 1
   echo "parts: $parts"
 } | tee "$out/env.txt"
+
+if want engine; then
+  timeout "${GPU_ENGINE_TIMEOUT:-240}" python docs/measurements/gpu_engine_probe.py --out "$out/engine" \
+    --budget "${GPU_ENGINE_BUDGET:-200}" --parts "${GPU_ENGINE_PARTS:-engine,compiled_exact,7b_compiled}" \
+    >"$out/engine.log" 2>&1
+  echo "engine: rc $?"
+  cut -c1-900 "$out/engine/probe.jsonl" 2>/dev/null
+fi
 
 if want costs; then
   timeout "${GPU_7B_TIMEOUT:-160}" python docs/measurements/gpu_costs.py --shape llama2-7b \

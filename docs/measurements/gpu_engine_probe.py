@@ -7,6 +7,9 @@ Llama-2-7B shapes in bfloat16.
 Each part prints one JSON line (and appends it to OUTDIR/probe.jsonl) as soon as it is done, so a
 run cut short keeps what it measured. Parts, in order (most decisive first):
 
+- ``engine``: our engine itself (`framework.engine`): a plain step, a half-skip draft and an
+  8-token verification through the decode state's forwards, host work included, with one graph
+  per forward (``--cuda-graph-route forward``), the same in exact mode, and one graph per branch.
 - ``whole``: a plain step (T=1), a draft skipping half the sub-layers, and verifications of 4, 8
   and 16 tokens, each as ONE graph of embed -> rotary -> blocks -> norm -> head -> argmax over a
   static KV pool (per-layer write slots from a device vector, the mask computed inside the graph);
@@ -510,6 +513,63 @@ def part_7b(out):
     return rec
 
 
+def _engine_route(model, prompt, plan, route: str, exact: bool) -> dict:
+    """One route of `part_engine`: its graphs recorded before timing, then each forward timed."""
+    from framework.engine.adapter import adapter_for
+    from framework.engine.state import DecodeState
+
+    a = adapter_for(model)
+    a.set_exact(exact)
+    a.set_cuda_graphs(True, route=route)
+    t = time.perf_counter()
+    n, _ = a.prepare_graphs(1024, chain=(1, 9))
+    state = DecodeState(a, prompt, 600)
+    state.append(state.prefill().argmax(-1)[:, None])
+    block = torch.cat([state.pending, prompt[:, :8]], dim=1)
+
+    def step():
+        state.forward_verify(state.pending, logits_at="last")
+
+    def draft():
+        state.forward_draft(state.pending, plan)
+        state.discard_draft()
+
+    def verify():
+        state.forward_verify(block)
+
+    with torch.inference_mode():
+        for f in (step, draft, verify):  # records the draft's graph before timing
+            f()
+        r = {"recorded": n, "prepare_s": time.perf_counter() - t}
+        r["step_ms"] = timed(step, n=50)
+        r["draft_half_ms"] = timed(draft, n=50)
+        r["verify8_ms"] = timed(verify, n=50)
+    r["draft_half_steps"] = r["draft_half_ms"] / r["step_ms"]
+    r["verify8_steps"] = r["verify8_ms"] / r["step_ms"]
+    r["captures"] = a.graphs.captures
+    state.cache.release()
+    a.set_exact(False)
+    a.set_fast_kernels(False)  # the model as it came (a CPU's exact mode installs the kernels)
+    return r
+
+
+def part_engine(model, out):
+    """Our engine itself (framework.engine), the SmolLM2 shape: a plain step, a draft skipping
+    half the sub-layers and an 8-token verification through `DecodeState`'s forwards, host work
+    included, with the forward route, the forward route in exact mode, and the branch route."""
+    from framework import LayerPlan
+
+    L = model.config.num_hidden_layers
+    skip = half_skip(L)
+    plan = LayerPlan.from_indices(
+        L, attn=[i for k, i in skip if k == "a"], mlp=[i for k, i in skip if k == "m"]
+    )
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 200), generator=gen).to(DEV)
+    routes = (("forward", "forward", False), ("forward_exact", "forward", True), ("branch", "branch", False))
+    return {name: _engine_route(model, prompt, plan, route, exact) for name, route, exact in routes}
+
+
 def part_hf(model, st, out):
     rec = {}
     ids = torch.randint(0, model.config.vocab_size, (1, 120), device=DEV)
@@ -556,7 +616,7 @@ def main(argv=None):
     p.add_argument(
         "--budget", type=float, default=400.0, help="seconds; parts not started by then are skipped"
     )
-    p.add_argument("--parts", default="whole,exact,7b,compiled,cond,hf")
+    p.add_argument("--parts", default="engine,whole,exact,7b,compiled,cond,hf")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = {
@@ -604,6 +664,8 @@ def main(argv=None):
                 rec = part_compiled_exact(st, args.out)
             elif part == "7b_compiled":
                 rec = part_7b_compiled(args.out) if CUDA else {"skipped": "no CUDA"}
+            elif part == "engine":
+                rec = part_engine(model, args.out)
             elif part == "hf":
                 rec = part_hf(model, st, args.out)
             else:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from framework.engine.architecture import Architecture, architecture_for
+from framework.engine.graphed import MAX_GRAPHS, ForwardGraphs
 from framework.engine.kv_cache import KVCache
 from framework.engine.placement import BlockPlacement
 from framework.kernels import cpu as kernels
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 #: What ``--drafter.draft_weights`` may name: the model's own ("float32"), the CPU kernels' formats
 #: and the modules' low-bit formats (`ModelAdapter.draft_branches`).
 DRAFT_WEIGHT_FORMATS = ("float32", *LOWBIT_FORMATS)
+#: What one CUDA graph holds (`ModelAdapter.set_cuda_graphs`): a whole forward or one branch.
+GRAPH_ROUTES = ("forward", "branch")
 
 
 def adapter_for(model: nn.Module, *, fast_kernels: bool | None = None) -> ModelAdapter:
@@ -158,6 +161,8 @@ class ModelAdapter:
         self.fast_kernels = kernels.is_installed(arch.model)
         self.fused: FusedBlocks | None = None
         self.graphs: BranchGraphs | None = None
+        #: one graph per forward over ``graphs``' pool (`set_cuda_graphs` with ``route="forward"``)
+        self.forward_graphs: ForwardGraphs | None = None
         #: exact mode (`set_exact`): plain steps and verifications compute each row the same way
         self.exact = False
         #: the one SDPA backend every forward uses (exact mode on CUDA), or ``None``: the dispatch's
@@ -359,25 +364,47 @@ class ModelAdapter:
         return self._draft_branches[fmt]
 
     def set_cuda_graphs(
-        self, enabled: bool, *, capture: bool | None = None, max_tokens: int = 64
+        self,
+        enabled: bool,
+        *,
+        capture: bool | None = None,
+        max_tokens: int = 64,
+        route: str = "branch",
+        max_graphs: int = MAX_GRAPHS,
+        recorder: Any = None,
     ) -> BranchGraphs | None:
         """Run short forwards (draft steps, plain steps, verifications of chains and token trees of
-        up to ``max_tokens`` tokens) through CUDA graphs of each attention and MLP branch
-        (`framework.kernels.graphs`), or eagerly again. Prefills run eagerly.
+        up to ``max_tokens`` tokens) through CUDA graphs, or eagerly again. Prefills run eagerly.
 
         Args:
             enabled: turn the graphs on or off.
-            capture: ``None`` captures graphs on CUDA; ``False`` runs the same static branches
-                without capturing them (any device: how the CPU tests check them).
+            capture: ``None`` captures graphs on CUDA; ``False`` runs the same static code without
+                capturing it (any device: how the CPU tests check it).
             max_tokens: the longest forward that takes the graphs.
+            route: ``"forward"``: one graph per forward (`framework.engine.graphed`; forwards it
+                cannot take use the branches); ``"branch"``: one graph per attention or MLP branch
+                (`framework.kernels.graphs`).
+            max_graphs: whole-forward graphs kept at once (the ``forward`` route).
+            recorder: a stand-in for CUDA's graph recording (`BranchGraphs`; tests).
 
         Raises:
-            ValueError: ``capture=True`` on a device that is not CUDA, or a model split across
-                devices (`place`).
+            ValueError: ``capture=True`` on a device that is not CUDA (without a recorder), a model
+                split across devices (`place`), or an unknown route.
         """
+        if route not in GRAPH_ROUTES:
+            raise ValueError(f"the CUDA graph route must be one of {list(GRAPH_ROUTES)}, got {route!r}")
         if enabled and self.placement.split:
             raise ValueError("CUDA graphs need the model on one device (it is split: --device-map)")
-        self.graphs = BranchGraphs(self.arch, capture=capture, max_tokens=max_tokens) if enabled else None
+        self.graphs = (
+            BranchGraphs(self.arch, capture=capture, max_tokens=max_tokens, recorder=recorder)
+            if enabled
+            else None
+        )
+        self.forward_graphs = (
+            ForwardGraphs(self.arch, self.graphs, max_graphs=max_graphs)
+            if self.graphs is not None and route == "forward"
+            else None
+        )
         return self.graphs
 
     def prepare_graphs(
@@ -388,11 +415,18 @@ class ModelAdapter:
         tree: Iterable[int] = (),
         mlp: Iterable[int] = (),
         weights: DraftWeights | None = None,
+        hidden: bool = False,
     ) -> tuple[int, float]:
         """Before timing: size the CUDA graphs' KV pool for ``capacity`` slots and record every
         graph forwards of these token counts can use (`BranchGraphs.precapture`), so that no
         generation records one; with a draft's low-bit ``weights``, the graphs that run them
         (the fused CPU branches take no graphs). A no-op without graphs.
+
+        With the ``forward`` route (`set_cuda_graphs`), the full model's forwards of ``chain`` and
+        ``tree`` tokens are recorded whole (`ForwardGraphs.precapture`, with every block's residual
+        when ``hidden``), the ``mlp`` sizes (scratch passes) as branches; draft steps, whose plans
+        and heads are the strategies', record whole on first use (a warm-up decode: the runner's
+        and the benchmark's), counted in each generation's ``graph_captures``.
 
         Returns:
             ``(graphs recorded, seconds)``.
@@ -411,8 +445,14 @@ class ModelAdapter:
         lowbit = weights.active() if isinstance(weights, LowBitLinears) else None
         if weights is not None and lowbit is None:
             return 0, 0.0
+        fg = self.forward_graphs
         with torch.inference_mode(), lowbit or nullcontext(), self._backend():
-            g.precapture(rotary, chain=chain, tree=tree, mlp=mlp)
+            if fg is None:
+                g.precapture(rotary, chain=chain, tree=tree, mlp=mlp)
+            else:
+                g.precapture(rotary, mlp=mlp)
+                if weights is None:
+                    fg.precapture(chain, tree, hidden=hidden)
         return g.captures - n0, g.capture_seconds - s0
 
     def graph_counts(self) -> tuple[int, float]:
@@ -457,8 +497,60 @@ class ModelAdapter:
         **options: Any,
     ) -> ForwardOutput:
         """`run` from token ids (B, T) with positions (B, T) (absolute, for RoPE); ``options`` are
-        the other fields of `Pass` (``logits_at`` defaults to ``"all"``)."""
-        return self.run(self.arch.embed(input_ids), position_ids, cache, Pass(plan, **options))
+        the other fields of `Pass` (``logits_at`` defaults to ``"all"``). With the ``forward``
+        graph route, a forward it can take runs as one graph (`_run_graphed`)."""
+        p = Pass(plan, **options)
+        if self.forward_graphs is not None:
+            out = self._run_graphed(input_ids, position_ids, cache, p)
+            if out is not None:
+                return out
+        return self.run(self.arch.embed(input_ids), position_ids, cache, p)
+
+    def _run_graphed(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache, p: Pass
+    ) -> ForwardOutput | None:
+        """``p`` as one graph of the whole forward (`framework.engine.graphed`), or ``None`` when
+        it cannot take one (see there); a reduced draft head runs after the graph."""
+        fg = self.forward_graphs
+        assert fg is not None
+        if isinstance(p.weights, FusedBlocks):
+            return None
+        lowbit = p.weights if isinstance(p.weights, LowBitLinears) else None
+        if self.placement.split or (p.plan is not None and p.plan.num_layers != self.num_layers):
+            return None
+        spec = fg.spec(
+            input_ids,
+            cache,
+            plan=p.plan,
+            start=p.start,
+            stop=p.stop,
+            logits_at=p.logits_at,
+            capture_hidden=p.capture_hidden,
+            base=p.base,
+            visible=p.visible,
+            tree_mask=p.tree_mask,
+            persist=p.persist,
+            head=p.head,
+            weights="model" if lowbit is None else lowbit.weights,
+        )
+        if spec is None:
+            return None
+        with lowbit.active() if lowbit is not None else nullcontext(), self._backend():
+            logits, hidden, last = fg.run(
+                spec, input_ids, position_ids, cache, base=p.base, tree_mask=p.tree_mask
+            )
+        stop = self.num_layers if p.plan is None else p.plan.blocks_run
+        self.forward_calls += 1
+        self.block_evals += stop * spec.rows
+        self.layer_loads += stop
+        if p.logits_at is not None:
+            if logits is None:  # a reduced draft head: after the graph
+                logits = self._logits(last, p)
+            elif not isinstance(p.logits_at, str):
+                logits = logits.index_select(1, p.logits_at.to(logits.device))
+            elif p.logits_at == "last":
+                logits = logits[:, -1:]
+        return ForwardOutput(logits, hidden, last, p.head if logits is not None else None)
 
     @torch.inference_mode()
     def forward_from(

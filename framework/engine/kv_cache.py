@@ -30,7 +30,7 @@ the shard's device; the semantics are the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -180,6 +180,7 @@ class KVCache:
         visible: int | None = None,
         tree_mask: torch.Tensor | None = None,
         persist: bool = True,
+        writes: Iterable[int] | None = None,
     ) -> None:
         """Declare the next forward: ``num_new`` tokens, where they go and what they see.
 
@@ -192,6 +193,10 @@ class KVCache:
             tree_mask: BoolTensor (T, T), which new tokens each new token may attend to (itself
                 included); ``None`` = causal.
             persist: ``False`` leaves every end pointer unchanged afterwards (scratch).
+            writes: the layers whose KV the forward writes, declared up front by an executor that
+                writes them without calling `update` or `claim` per layer (one CUDA graph of the
+                whole forward, `framework.engine.graphed`); ``None``: each layer counts as written
+                when its attention calls `update` or `claim`.
         """
         if self._write is not None:
             raise RuntimeError("KVCache.begin called twice without end()")
@@ -201,6 +206,8 @@ class KVCache:
         self._ensure_capacity(end)
         self._write = _Write(num_new, base, visible, tree_mask, persist)
         self._written = [False] * self.num_layers
+        for layer in writes or ():
+            self._written[layer] = True
         self._mask_cache = {}
 
     def end(self) -> None:
@@ -216,6 +223,14 @@ class KVCache:
                     # The layer did not run: whatever it held beyond base is stale now.
                     self.lengths[layer] = min(self.lengths[layer], w.base)
         self._write = None
+
+    def first_slots(self) -> list[int]:
+        """Every layer's slot of the current forward's first new token (`begin`'s ``base``, else
+        the layer's end pointer)."""
+        w = self._write
+        if w is None:
+            raise RuntimeError("KVCache.first_slots called outside begin()/end()")
+        return list(self.lengths) if w.base is None else [w.base] * self.num_layers
 
     def _base(self, layer: int) -> int:
         w = self._write

@@ -45,7 +45,18 @@ __all__ = [
 #: The ``--help`` section of each `RunConfig` field.
 GROUPS = {
     **dict.fromkeys(
-        ("model", "dtype", "device", "threads", "kernels", "exact", "phase_timing", "cuda_graphs"), "model"
+        (
+            "model",
+            "dtype",
+            "device",
+            "threads",
+            "kernels",
+            "exact",
+            "phase_timing",
+            "cuda_graphs",
+            "cuda_graph_route",
+        ),
+        "model",
     ),
     **dict.fromkeys(("data", "categories", "limit", "offset", "max_new_tokens", "stop_strings"), "data"),
     **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),

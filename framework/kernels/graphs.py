@@ -104,23 +104,34 @@ class BranchGraphs:
         capture_seconds: wall time spent recording them.
     """
 
-    def __init__(self, adapter: BranchModel, *, capture: bool | None = None, max_tokens: int = 64) -> None:
+    def __init__(
+        self,
+        adapter: BranchModel,
+        *,
+        capture: bool | None = None,
+        max_tokens: int = 64,
+        recorder: Callable[[Callable[[], Any]], tuple[Any, Any]] | None = None,
+    ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.adapter = adapter
         self.max_tokens = max_tokens
         self.device = adapter.device
-        self.capture = self.device.type == "cuda" if capture is None else capture
-        if self.capture and self.device.type != "cuda":
+        self.capture = (self.device.type == "cuda" or recorder is not None) if capture is None else capture
+        if self.capture and self.device.type != "cuda" and recorder is None:
             raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {self.device}")
+        #: ``fn -> (graph, outputs)``: records a graph (`_record`: CUDA's); a stand-in with a
+        #: ``replay()`` method checks the bookkeeping on a CPU (tests)
+        self._recorder = recorder if recorder is not None else self._record
         self.replays = 0
         self.captures = 0
         self.capture_seconds = 0.0
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self._holder: Callable[[], Any] | None = None
-        # (branch, block, T, span, low-bit format or None) -> (graph, output), None uncaptured
-        self._graphs: dict[tuple[str, int, int, int, str | None], tuple[Any, torch.Tensor] | None] = {}
+        # (branch, block, T, span, low-bit format or None), or ("forward", spec) for a whole
+        # forward (framework.engine.graphed) -> (graph, outputs), None uncaptured
+        self._graphs: dict[tuple, tuple[Any, Any] | None] = {}
         self._pool = None  # the private memory pool every graph of this object records into
         self._stream: Any = None  # the side stream that warms graphs up and records them
         self._retired: list[tuple[Any, torch.Tensor]] = []  # dropped while others live (_drop_graphs)
@@ -215,7 +226,7 @@ class BranchGraphs:
                     torch.zeros(cos.shape, dtype=cos.dtype, device=self.device),
                     torch.zeros(sin.shape, dtype=sin.dtype, device=self.device),
                 )
-            self._drop_graphs(lambda key: key[2] != t)
+            self._drop_graphs(lambda key: key[0] == "forward" or key[2] != t)
         bufs[0].copy_(cos)
         bufs[1].copy_(sin)
 
@@ -275,21 +286,46 @@ class BranchGraphs:
         self, key: tuple[str, int, int, int], hidden: torch.Tensor, fn: Callable[[], torch.Tensor]
     ) -> torch.Tensor:
         self._input(hidden.shape[1]).copy_(hidden)
+        # a draft's low-bit weights record graphs of their own
+        return self.run((*key, active_format()), fn)
+
+    def run(self, key: tuple, fn: Callable[[], Any]) -> Any:
+        """Replay the graph recorded under ``key``, recording ``fn`` first if there is none (counted
+        in `captures` and timed in `capture_seconds`); without capture, run ``fn`` itself. ``fn``
+        reads static inputs only, and its outputs are the graph's: the next replay overwrites them."""
         self.replays += 1
-        key = (*key, active_format())  # a draft's low-bit weights record graphs of their own
         if key not in self._graphs:
             t0 = time.perf_counter()
-            self._graphs[key] = self._record(fn) if self.capture else None
-            if self.capture:
+            self._graphs[key] = self._recorder(fn) if self.capture else None
+            if self.capture and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the recording's device work, timed whole
             self.captures += 1
             self.capture_seconds += time.perf_counter() - t0
         entry = self._graphs[key]
-        if entry is None:  # not capturing: the static branch runs as it is
+        if entry is None:  # not capturing: the static code runs as it is
             return fn()
         graph, out = entry
         graph.replay()
         return out
+
+    def recorded(self, key: tuple) -> bool:
+        """Whether a graph (or, without capture, its first use) is recorded under ``key``."""
+        return key in self._graphs
+
+    def drop(self, keys: Iterable[tuple]) -> None:
+        """Forget the graphs of ``keys`` (`_drop_graphs`: kept alive while others live)."""
+        gone = set(keys)
+        self._drop_graphs(lambda key: key not in gone)
+
+    def clear(self) -> None:
+        """Forget every graph: the retired ones are destroyed too, and the next recording starts
+        a new pool on a new stream (`_drop_graphs`)."""
+        self._drop_graphs(lambda _key: False)
+
+    @property
+    def retired(self) -> int:
+        """Graphs dropped while others lived, kept alive until every graph is dropped."""
+        return len(self._retired)
 
     # ------------------------------------------------------------------ before timing
     def precapture(
@@ -349,6 +385,8 @@ class BranchGraphs:
         its caching allocator, seen on an H100): the next recording starts a new pool on a new
         stream."""
         kept = {k: v for k, v in self._graphs.items() if keep(k)}
+        if len(kept) == len(self._graphs):
+            return
         if kept:
             self._retired.extend(v for k, v in self._graphs.items() if k not in kept and v is not None)
         else:
@@ -356,7 +394,7 @@ class BranchGraphs:
             self._pool = self._stream = None
         self._graphs = kept
 
-    def _record(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+    def _record(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
         """Warm ``fn`` up, then capture it, both on this object's side stream (one per pool). The
         warm-up runs on the real inputs, so its cache write is the one the replay repeats; on the
         capturing stream it also gives cuBLAS that stream's workspace before the capture."""

@@ -189,11 +189,22 @@ class ModelConfig:
         "batch 1 (docs/performance.md)",
     )
 
+    cuda_graph_route: Literal["forward", "branch"] = param(
+        "forward",
+        help="what one CUDA graph holds with --cuda-graphs: forward (one graph per whole forward, "
+        "embedding to LM head, framework.engine.graphed; forwards it cannot take, such as scratch "
+        "passes, use branches) or branch (one graph per attention or MLP branch, "
+        "framework.kernels.graphs). On an H200 one graph of a SmolLM2-shaped step took 3.20 ms where "
+        "per-block graphs took 3.80 (docs/performance.md)",
+    )
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
         if self.phase_timing not in PHASE_TIMING:
             raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
+        if self.cuda_graph_route not in ("forward", "branch"):
+            raise ConfigError("--cuda-graph-route", self.cuda_graph_route, "forward or branch")
         if self.exact not in PHASE_TIMING:
             raise ConfigError("--exact", self.exact, f"one of {', '.join(PHASE_TIMING)}")
         if self.exact == "on" and self.kernels is False:

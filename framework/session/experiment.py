@@ -132,7 +132,7 @@ class Experiment:
                 raise ConfigError(
                     "--cuda-graphs", True, f"used with a CUDA device (the model is on {self.adapter.device})"
                 )
-            self.adapter.set_cuda_graphs(True)
+            self.adapter.set_cuda_graphs(True, route=m.cuda_graph_route)
         self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.prepare_ctx = PrepareContext(
             adapter=self.adapter,
@@ -208,8 +208,9 @@ class Experiment:
             longest = max(longest, len(self.encode_messages(messages[:-1])) + len(p.turns) * (budget + 8))
         sizes = self.vanilla.forward_sizes() | self.spec.forward_sizes()
         capacity = longest + self.spec.max_draft + 8
+        hidden = not self.cfg.method.baseline_only and self.spec.selector.needs_hidden_states
         n, seconds = self.adapter.prepare_graphs(
-            capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch
+            capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch, hidden=hidden
         )
         weights = self.spec.drafter.draft_weights() if not self.cfg.method.baseline_only else None
         if weights is not None and weights.weights != "float32":  # a draft's own graphs (low-bit)

@@ -123,11 +123,12 @@ def test_every_preset_with_cuda_graphs_in_float32_is_lossless_up_to_near_ties(na
 
 @pytest.mark.parametrize("name", ["static_confidence", "swift", "clasp", "hybrid"])
 def test_no_graph_is_captured_inside_a_timed_decode_after_prepare_graphs(name):
-    """Issue 26: every graph a method can use is captured before timing (the pool sized for the
-    longest prompt and answer): the decodes of prompts of different lengths capture none."""
+    """Issue 26: with the branch route every graph a method can use is captured before timing (the
+    pool sized for the longest prompt and answer): the decodes of prompts of different lengths
+    capture none."""
     from framework.data.prompts import Prompt
 
-    exp = _experiment(name, torch.bfloat16, graphs=True)
+    exp = _experiment(name, torch.bfloat16, graphs=True, cuda_graph_route="branch")
     prompts = [Prompt(i, "qa", "", tuple(t)) for i, t in enumerate(PROMPTS)]
     prompts.append(Prompt(9, "qa", "", (" ".join(["w9"] * 150),)))  # a long prompt, last
     recorded, seconds = exp.prepare_graphs(prompts)
@@ -135,6 +136,32 @@ def test_no_graph_is_captured_inside_a_timed_decode_after_prepare_graphs(name):
     for prompt in prompts:
         for res, _text in exp.decode_prompt(exp.vanilla, prompt) + exp.decode_prompt(exp.spec, prompt):
             assert res.graph_captures == 0, f"{name}: {res.graph_captures} graphs captured while timed"
+
+
+@pytest.mark.parametrize("name", ["static_confidence", "swift", "clasp", "hybrid"])
+def test_the_forward_route_records_before_timing_and_counts_every_later_capture(name):
+    """Issue 38: with one graph per forward, prepare_graphs records the full model's forwards and
+    a warm-up decode a fixed plan's drafts: a fixed-plan method's timed decodes then capture none.
+    Plans first met while timed (CLaSp's, SWIFT's) are captured then and every capture is in the
+    records' ``graph_captures``."""
+    from framework.data.prompts import Prompt
+
+    exp = _experiment(name, torch.bfloat16, graphs=True, cuda_graph_route="forward")
+    assert exp.adapter.forward_graphs is not None
+    prompts = [Prompt(i, "qa", "", tuple(t)) for i, t in enumerate(PROMPTS)]
+    exp.prepare_graphs(prompts)
+    for prompt in prompts:  # a warm-up over the same prompts, then fresh strategies (as the runner)
+        exp.decode_prompt(exp.spec, prompt)
+    exp.rebuild()
+    before = exp.adapter.graphs.captures
+    timed = 0
+    for prompt in prompts:
+        for res, _text in exp.decode_prompt(exp.vanilla, prompt) + exp.decode_prompt(exp.spec, prompt):
+            timed += res.graph_captures
+    assert timed == exp.adapter.graphs.captures - before  # none hidden
+    assert exp.adapter.forward_graphs.forwards > 0
+    if name in ("static_confidence", "hybrid"):
+        assert timed == 0, f"{name}: {timed} graphs captured while timed"
 
 
 def test_a_model_split_between_cuda_and_cpu_decodes_as_the_unsplit_model():

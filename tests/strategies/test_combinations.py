@@ -3,7 +3,7 @@ exactly the tokens of plain greedy decoding, for every selector x length x draft
 
 The combinations are read from the registries at collection time, so a newly registered strategy
 is covered without writing a test. The core product (`test_speculative_equals_vanilla`) runs whole
-in the quick check; the sets over further options (a reduced draft head, compressed weights, SWIFT
+in the quick check, on the first of its two prompts (CI: both); the sets over further options (a reduced draft head, compressed weights, SWIFT
 mid-optimisation, DEL drafting) run a covering subset there and whole in CI (`covering`). Each strategy runs with its default config, except that offline
 searches are shrunk (``framework.testing.FAST_OVERRIDES``): losslessness must hold for any skip set.
 """
@@ -68,15 +68,24 @@ def test_registries_not_empty():
     assert all(len(REGISTRIES[k]) for k in KINDS)
 
 
+# The quick check decodes the first prompt of every combination on every architecture; CI decodes
+# the second too.
+PROMPT_PARAMS = [
+    pytest.param(PROMPTS[:1], id="p0"),
+    pytest.param(PROMPTS[1:], id="p1", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("prompts", PROMPT_PARAMS)
 @pytest.mark.parametrize("arch", ARCHS_TESTED)
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(c))
-def test_speculative_equals_vanilla(deep_adapters, arch, combo):
+def test_speculative_equals_vanilla(deep_adapters, arch, combo, prompts):
     adapter = deep_adapters[arch]
     s = {k: default_strategy_instance(k, name, fast=True) for k, name in zip(KINDS, combo, strict=True)}
     dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
     # Offline searches (selfsd_bo) run once per model; every combination reuses the result.
     dec.prepare(prepare_context(adapter, prepared=_prepared.setdefault(arch, PreparedCache())))
-    for seed, plen in PROMPTS:
+    for seed, plen in prompts:
         want = _vanilla(adapter, arch, seed, plen)
         res = dec.generate(random_prompt(plen, 128, seed), StopCondition(MAX_NEW))
         assert res.tokens == want, f"{combo} on {arch}, prompt seed {seed}: output differs from vanilla"

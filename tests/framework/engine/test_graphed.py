@@ -1,0 +1,267 @@
+"""One graph per forward (framework.engine.graphed, ``--cuda-graph-route forward``), run without
+capture on the CPU: it computes what the eager path computes for plain steps, draft steps of any
+plan, early exits, chain and tree verifications and captured hidden states; it keeps the KV cache's
+books once per forward; it leaves prefills and scratch passes to the other routes; and its graph
+cache (recorded on first use, bounded, least recently used dropped first, every graph dropped once
+too many are retired) keeps its books, checked through a stand-in for CUDA's graph recording."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework import REGISTRIES, LayerPlan
+from framework.engine.adapter import adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.graphed import ForwardSpec
+from framework.engine.state import DecodeState
+from framework.testing import ARCHS, default_strategy_instance, prepare_context, random_prompt, tiny_model
+
+
+def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0, **graphs):
+    """(eager adapter, whole-forward adapter) over two copies of one model, no CPU kernels."""
+    make = lambda: adapter_for(  # noqa: E731
+        tiny_model(arch, num_layers, seed=seed, dtype=torch.float32), fast_kernels=False
+    )
+    eager, graphed = make(), make()
+    graphed.set_cuda_graphs(True, capture=graphs.pop("capture", False), route="forward", **graphs)
+    return eager, graphed
+
+
+def _started(adapters, prompt, capacity=48):
+    states = [DecodeState(a, prompt, capacity) for a in adapters]
+    for s in states:
+        s.append(s.prefill().argmax(-1)[:, None])
+    return states
+
+
+def _close(a, b):
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plain_steps_as_whole_forwards_compute_what_the_eager_path_computes(arch):
+    eager, graphed = _adapters(arch)
+    states = _started((eager, graphed), random_prompt(7, seed=3))
+    for _ in range(10):
+        outs = [s.forward_verify(s.pending, logits_at="last").logits[:, -1] for s in states]
+        _close(outs[0], outs[1])
+        tok = outs[0].argmax(-1)[:, None]
+        for s in states:
+            s.cache.commit(1)
+            s.append(tok)
+    n = states[0].cache.committed
+    for layer in range(eager.num_layers):
+        for a, b in zip(
+            states[0].cache.committed_kv(layer), states[1].cache.committed_kv(layer), strict=True
+        ):
+            _close(a[:, :, :n], b[:, :, :n])
+    assert graphed.forward_graphs.forwards == 10  # the prefill ran eagerly
+    assert graphed.graphs.replays == 10  # one call of the whole forward each, no branch calls
+    assert states[1].cache.lengths == states[0].cache.lengths
+
+
+def test_a_draft_chain_of_a_skip_plan_keeps_the_books_once_per_forward():
+    eager, graphed = _adapters(num_layers=6)
+    plan = LayerPlan.from_indices(6, attn=[1, 4], mlp=[2])
+    states = _started((eager, graphed), random_prompt(5, seed=1))
+    committed = states[1].cache.committed
+    drafts = []
+    for s in states:
+        toks = []
+        for _ in range(4):  # later draft tokens attend to the earlier draft slots
+            logits = s.forward_draft(s.pending if not toks else toks[-1], plan).logits[:, -1]
+            toks.append(logits.argmax(-1)[:, None])
+        drafts.append((logits, torch.cat(toks, 1)))
+    _close(drafts[0][0], drafts[1][0])
+    assert torch.equal(drafts[1][1], drafts[0][1])
+    # the skipped attentions wrote nothing; every other layer has the 4 draft slots
+    want = [committed + (0 if i in (1, 4) else 4) for i in range(6)]
+    assert states[1].cache.lengths == states[0].cache.lengths == want
+    assert graphed.forward_graphs.forwards == 4
+
+
+def test_an_early_exit_draft_and_captured_hidden_states_take_the_route():
+    eager, graphed = _adapters(num_layers=6)
+    states = _started((eager, graphed), random_prompt(6, seed=2))
+    exit_plan = LayerPlan.from_indices(6, exit_layer=3)
+    outs = [s.forward_draft(s.pending, exit_plan) for s in states]
+    _close(outs[0].logits, outs[1].logits)
+    assert states[1].cache.lengths[:3] == states[0].cache.lengths[:3]
+    for s in states:
+        s.discard_draft()
+        s.capture_hidden = True
+    block = torch.tensor([[int(states[0].pending), 5, 9]])
+    outs = [s.forward_verify(block) for s in states]
+    assert outs[1].hidden_states.shape == (7, 1, 3, eager.hidden_size)
+    _close(outs[0].hidden_states, outs[1].hidden_states)
+    _close(outs[0].logits, outs[1].logits)
+    assert graphed.forward_graphs.forwards == 2
+
+
+def test_prefills_scratch_passes_and_long_blocks_take_the_other_routes():
+    _, graphed = _adapters(num_layers=4, max_tokens=4)
+    state = _started((graphed,), random_prompt(12, seed=4))[0]
+    assert graphed.forward_graphs.forwards == 0  # the prefill
+    state.forward_scratch(2, LayerPlan.from_indices(4, mlp=[1]), end=6)
+    assert graphed.forward_graphs.forwards == 0  # hides part of the prefix
+    state.forward_verify(torch.tensor([[int(state.pending), 1, 2, 3, 4]]))  # 5 > max_tokens
+    assert graphed.forward_graphs.forwards == 0
+    state.forward_verify(torch.tensor([[int(state.pending), 1, 2]]))
+    assert graphed.forward_graphs.forwards == 1
+
+
+COMBOS = [
+    ("static", "fixed", "layer_skip", "greedy"),
+    ("static", "confidence", "layer_skip", "tree"),
+    ("clasp_dp", "fixed", "layer_skip", "greedy"),  # captured hidden states, plans that change
+    ("del_tpl", "del_dynamic", "early_exit", "greedy"),  # early exits, early-exit reuse
+    ("swift", "confidence", "layer_skip", "tree"),  # scratch passes besides whole forwards
+    ("static", "confidence", "hybrid", "greedy"),
+]
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(c))
+def test_speculative_decoding_through_whole_forwards_equals_plain_greedy(combo):
+    _, adapter = _adapters(num_layers=6, seed=1)
+    kinds = ("selector", "length", "drafter", "verifier")
+    s = {k: default_strategy_instance(k, n, fast=True) for k, n in zip(kinds, combo, strict=True)}
+    dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
+    dec.prepare(prepare_context(adapter))
+    for seed, plen in ((0, 6), (1, 11)):
+        prompt = random_prompt(plen, 128, seed)
+        want = VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
+        before = adapter.forward_graphs.forwards
+        res = dec.generate(prompt, StopCondition(40))
+        assert res.tokens == want, f"{combo}, prompt {seed}"
+        assert adapter.forward_graphs.forwards > before
+
+
+def test_a_reduced_draft_head_runs_after_the_graph():
+    _, adapter = _adapters(num_layers=6, seed=1)
+    entry = REGISTRIES["drafter"].entry("layer_skip")
+    from framework.config import build_config
+
+    drafter = entry.cls(build_config(entry.config, {"draft_vocab": 32}))
+    sel, length, ver = (
+        default_strategy_instance(k, n, fast=True)
+        for k, n in (("selector", "static"), ("length", "fixed"), ("verifier", "greedy"))
+    )
+    dec = SpeculativeDecoder(adapter, sel, length, drafter, ver)
+    dec.prepare(prepare_context(adapter))
+    prompt = random_prompt(8, 128, 5)
+    want = VanillaDecoder(adapter).generate(prompt, StopCondition(30)).tokens
+    res = dec.generate(prompt, StopCondition(30))
+    assert res.tokens == want and res.drafted > 0
+    specs = {k[1] for k in adapter.graphs._graphs if k[0] == "forward"}
+    assert any(s.plan is not None and s.logits == "none" for s in specs)  # drafts: head outside
+
+
+# ---- the graph cache's books, through a stand-in for CUDA's graph recording -------------------
+class _Graph:
+    """What ``torch.cuda.CUDAGraph`` does for the books: recorded once, replayed into the same
+    output tensors (so that a caller holding a previous output would see it change)."""
+
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+        self.out = fn()
+
+    def replay(self):
+        self.replays += 1
+        new = self.fn()
+        for key, t in self.out.items():
+            if t is not None:
+                t.copy_(new[key])
+
+
+class _Recorder:
+    def __init__(self):
+        self.graphs: list[_Graph] = []
+
+    def __call__(self, fn):
+        g = _Graph(fn)
+        self.graphs.append(g)
+        return g, g.out
+
+
+def _step(state):
+    out = state.forward_verify(state.pending, logits_at="last")
+    tok = out.logits[:, -1].argmax(-1)[:, None]
+    state.cache.commit(1)
+    state.append(tok)
+    return out
+
+
+def test_a_spec_is_recorded_once_replayed_after_and_its_outputs_are_copies():
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
+    store = graphed.graphs
+    states = _started((eager, graphed), random_prompt(6, seed=7))
+    first = _step(states[1])
+    _close(_step(states[0]).logits, first.logits)
+    held = first.logits.clone()
+    assert store.captures == 1 and len(rec.graphs) == 1
+    for _ in range(5):
+        out = _step(states[1])
+        ref = _step(states[0])
+        _close(ref.logits, out.logits)
+    assert store.captures == 1 and rec.graphs[0].replays == 6
+    assert torch.equal(first.logits, held)  # the caller's copy, not the graph's output
+    # another row count, another plan: other graphs
+    states[1].forward_draft(states[1].pending, LayerPlan.from_indices(4, attn=[2]))
+    states[1].discard_draft()
+    states[1].forward_verify(torch.tensor([[int(states[1].pending), 3]]))
+    assert store.captures == 3
+    specs = [k[1] for k in store._graphs if k[0] == "forward"]
+    assert {(s.rows, s.plan is None) for s in specs} == {(1, True), (1, False), (2, True)}
+    assert all(isinstance(s, ForwardSpec) and s.span == store.capacity == 512 for s in specs)
+
+
+def test_spans_are_coarse_and_precapture_records_the_full_models_forwards():
+    rec = _Recorder()
+    _, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
+    fg, store = graphed.forward_graphs, graphed.graphs
+    store.reserve(10_000)  # a pool of 16,384 slots
+    assert fg.spans() == [2048, 8192, 16384]
+    assert (fg.span(1), fg.span(2048), fg.span(2049), fg.span(9000)) == (2048, 2048, 8192, 16384)
+    n, _ = graphed.prepare_graphs(10_000, chain=(1, 3), tree=(4,), hidden=True)
+    assert n == store.captures == 3 * 3  # three sizes at three spans, nothing else
+    specs = {k[1] for k in store._graphs}
+    assert {(s.rows, s.tree, s.hidden, s.plan) for s in specs} == {
+        (1, False, True, None),
+        (3, False, True, None),
+        (4, True, True, None),
+    }
+    # a timed decode's plain steps and verifications of those sizes record nothing more
+    state = _started((graphed,), random_prompt(6, seed=8))[0]
+    state.capture_hidden = True
+    _step(state)
+    state.forward_verify(torch.tensor([[int(state.pending), 3, 4]]))
+    assert store.captures == 9
+
+
+def test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too_many_retire():
+    rec = _Recorder()
+    _, graphed = _adapters(num_layers=4, recorder=rec, capture=True, max_graphs=2)
+    fg, store = graphed.forward_graphs, graphed.graphs
+    state = _started((graphed,), random_prompt(6, seed=8))[0]
+    plans = [LayerPlan.from_indices(4, attn=[i]) for i in (0, 1, 2)]
+
+    def draft(plan):
+        state.forward_draft(state.pending, plan)
+        state.discard_draft()
+
+    draft(plans[0])
+    draft(plans[1])
+    draft(plans[0])  # plans[0] is now the most recently used
+    assert (store.captures, fg.evicted) == (2, 0)
+    draft(plans[2])  # a third: plans[1], the least recently used, goes
+    assert (store.captures, fg.evicted, store.retired) == (3, 1, 1)
+    assert [k[1].plan for k in store._graphs if k[0] == "forward"] == [plans[0], plans[2]]
+    draft(plans[0])  # still there: replayed
+    assert store.captures == 3
+    draft(plans[1])  # recorded again; plans[2] goes; two retired = the bound: every graph goes
+    assert (store.captures, fg.evicted, fg.resets) == (4, 2, 1)
+    assert store.retired == 0 and not store._graphs
+    draft(plans[1])
+    assert store.captures == 5  # recorded anew after the reset
