@@ -363,6 +363,17 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/framework/engine/test_graphed.py::test_speculative_decoding_through_whole_forwards_equals_plain_greedy",
         ),
     ),
+    # ---- host work per round (issue 38, item 3) -------------------------------------------------
+    Mutation(
+        "greedy_verify_reads_twice",
+        "the greedy verifier reads the accepted count and the target's tokens in two host reads",
+        "strategies/verifiers/greedy.py",
+        "        row = torch.cat([m[:1], target[0]]).tolist()",
+        "        row = [int(m[0]), *target[0].tolist()]",
+        (
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
     # ---- exact mode (issue 38, item 4) ----------------------------------------------------------
     Mutation(
         "exact_bf16_stock_linear",

@@ -88,6 +88,8 @@ class DecodeState:
                 prompt_ids.shape[0], max(capacity, self.prompt_len) + 1, dtype=torch.long, device=self.device
             )
         self._tokens[:, : self.prompt_len] = prompt_ids.to(self.device)
+        with torch.inference_mode(False):
+            self._arange = torch.arange(self._tokens.shape[1] + 64, device=self.device)
         self.num_tokens = self.prompt_len
         #: Row 0's tokens known on the host, a prefix of ``tokens[0]`` (`host_tokens`).
         self._host: list[int] = prompt_ids[0].tolist() if prompt_ids.device.type == "cpu" else []
@@ -194,7 +196,12 @@ class DecodeState:
         return self.cache.committed
 
     def _positions(self, start: int, n: int) -> torch.Tensor:
-        return torch.arange(start, start + n, device=self.device)[None].expand(self._tokens.shape[0], n)
+        """Positions ``start .. start + n - 1`` (B, n): a view of one arange made per state (a
+        launch per forward less on a GPU)."""
+        if start + n > self._arange.shape[0]:
+            with torch.inference_mode(False):
+                self._arange = torch.arange(2 * (start + n), device=self.device)
+        return self._arange[start : start + n][None].expand(self._tokens.shape[0], n)
 
     # ------------------------------------------------------------------ forwards
     def prefill(self) -> torch.Tensor:

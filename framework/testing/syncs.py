@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,11 +68,15 @@ def _site() -> str | None:
 
 
 @contextlib.contextmanager
-def count_host_reads(device_type: str | None = None) -> Iterator[HostReads]:
+def count_host_reads(
+    device_type: str | None = None, *, skip: Callable[[], bool] | None = None
+) -> Iterator[HostReads]:
     """Count device-to-host reads made by project code inside the block (see the module docstring).
 
     Args:
         device_type: count only tensors on this device type (``"cuda"``); ``None`` counts all.
+        skip: while it returns ``True``, reads are not counted (the model's forwards, for
+            `framework.testing.host_work`).
 
     Not thread-safe: it patches `torch.Tensor` methods for the duration of the block.
     """
@@ -84,7 +88,7 @@ def count_host_reads(device_type: str | None = None) -> Iterator[HostReads]:
         original = saved[name]
 
         def read(self, *args, **kwargs):
-            if device_type is None or self.device.type == device_type:
+            if (skip is None or not skip()) and (device_type is None or self.device.type == device_type):
                 site = _site()
                 if site is not None:
                     out.by_site[(name, site)] += 1
@@ -97,7 +101,11 @@ def count_host_reads(device_type: str | None = None) -> Iterator[HostReads]:
 
         def make(*args, **kwargs):
             dev = kwargs.get("device")
-            if dev is not None and (device_type is None or torch.device(dev).type == device_type):
+            if (
+                dev is not None
+                and (skip is None or not skip())
+                and (device_type is None or torch.device(dev).type == device_type)
+            ):
                 site = _site()
                 if site is not None:
                     out.uploads[(name, site)] += 1

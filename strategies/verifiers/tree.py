@@ -78,11 +78,12 @@ def build_tree(
 def tree_mask(parents: list[int]) -> torch.Tensor:
     """BoolTensor (T, T): each node sees itself, the root and its ancestors."""
     t = len(parents) + 1
-    mask = torch.eye(t, dtype=torch.bool)
-    mask[:, 0] = True
+    rows = [[j == 0 for j in range(t)]]  # built on the host in Python: one tensor operation
     for i, p in enumerate(parents, start=1):
-        mask[i] |= mask[p]
-    return mask
+        row = list(rows[p])
+        row[i] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool)
 
 
 @register_verifier("tree", config=TreeVerifierConfig)

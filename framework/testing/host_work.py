@@ -1,0 +1,171 @@
+"""Counting the host work of a decoding round outside its forwards (issue 38, item 3).
+
+On a GPU every tensor operation the decode loop dispatches outside the model's forwards is an
+eager kernel launch (about 35 us of host time each on an H200's host), and every device-to-host
+read a synchronisation. `count_host_work` counts both on any device, CPU included, so that a CPU
+test can hold every preset to a budget per round:
+
+- operations: every ATen operator dispatched inside the block (a ``TorchDispatchMode``), except
+  inside the model's forwards (`ModelAdapter.forward`, ``run``, ``forward_from``: what the
+  executor owns, one graph each on the forward route), by operator and by the line of project code
+  that dispatched it;
+- host reads: `framework.testing.syncs.count_host_reads`, outside the forwards too.
+
+    with count_host_work() as work:
+        res = decoder.generate(prompt, stop)
+    rounds = len(res.accept_lengths)
+    print(work.ops / rounds, work.reads / rounds, work.by_site.most_common(5))
+
+Metadata-only operators (views, ``detach``, size queries) launch no kernel on a GPU and are not
+counted (`FREE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from framework.testing.syncs import HostReads, _site, count_host_reads
+
+#: ATen operators that launch no kernel (views and metadata): not counted as work.
+FREE = frozenset(
+    {
+        "aten.view",
+        "aten._unsafe_view",
+        "aten.slice",
+        "aten.select",
+        "aten.unsqueeze",
+        "aten.squeeze",
+        "aten.expand",
+        "aten.permute",
+        "aten.transpose",
+        "aten.t",
+        "aten.detach",
+        "aten.alias",
+        "aten.as_strided",
+        "aten.unbind",
+        "aten.split",
+        "aten.split_with_sizes",
+        "aten.chunk",
+        "aten.narrow",
+        "aten.reshape",
+        "aten.sym_size",
+        "aten.sym_stride",
+        "aten.sym_numel",
+        "aten.sym_storage_offset",
+        "aten.is_same_size",
+        "aten.lift_fresh",
+        "aten._local_scalar_dense",  # the host read itself (counted as a read)
+        "aten.item",
+    }
+)
+
+#: The adapter's methods whose work is the forward's (excluded). Its LM-head services for
+#: strategies (``logits_from_hidden``, ``top1_from_hidden``: DEL's shadow tokens) are round work.
+FORWARDS = ("forward", "run", "forward_from")
+
+
+@dataclass
+class HostWork:
+    """What `count_host_work` saw outside the forwards.
+
+    Attributes:
+        by_op: operations by ATen operator.
+        by_site: operations by the line of project code that dispatched them.
+        host_reads: device-to-host reads (`HostReads`, by site).
+        rounds: speculative rounds run (``SpeculativeDecoder._round`` calls).
+        round_ops: operations dispatched inside those rounds.
+        round_reads: host reads made inside those rounds.
+    """
+
+    by_op: Counter = field(default_factory=Counter)
+    by_site: Counter = field(default_factory=Counter)
+    host_reads: HostReads = field(default_factory=HostReads)
+    rounds: int = 0
+    round_ops: int = 0
+    round_reads: int = 0
+
+    @property
+    def ops(self) -> int:
+        """Operations dispatched outside the forwards (each an eager launch on a GPU)."""
+        return sum(self.by_op.values())
+
+    @property
+    def reads(self) -> int:
+        """Device-to-host reads outside the forwards."""
+        return self.host_reads.total
+
+    def per_round(self) -> tuple[float, float]:
+        """``(operations, host reads)`` per speculative round, inside the rounds (a generation's
+        prefill and its last bookkeeping are not a round's)."""
+        n = max(1, self.rounds)
+        return self.round_ops / n, self.round_reads / n
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self, work: HostWork, inside: list[int]) -> None:
+        super().__init__()
+        self.work, self.inside = work, inside
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside[0]:
+            name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+            if name not in FREE:
+                self.work.by_op[name] += 1
+                site = _site()
+                if site is not None:
+                    self.work.by_site[site] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
+    """Count the operations and host reads of project code inside the block, the model's forwards
+    excluded (see the module docstring). Not thread-safe: it patches the adapter's methods and
+    `torch.Tensor`'s readers for the duration of the block.
+
+    Args:
+        device_type: count only host reads of tensors on this device type (``None``: all).
+    """
+    from framework.engine.adapter import ModelAdapter
+    from framework.engine.decoding import SpeculativeDecoder
+
+    work = HostWork()
+    inside = [0]
+    saved = {name: getattr(ModelAdapter, name) for name in FORWARDS}
+    round_fn = SpeculativeDecoder._round
+
+    def counted_round(self, *args, **kwargs):
+        ops, reads = work.ops, work.reads
+        try:
+            return round_fn(self, *args, **kwargs)
+        finally:
+            work.rounds += 1
+            work.round_ops += work.ops - ops
+            work.round_reads += work.reads - reads
+
+    def excluded(original):
+        def call(self, *args, **kwargs):
+            inside[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return call
+
+    try:
+        for name, original in saved.items():
+            setattr(ModelAdapter, name, excluded(original))
+        SpeculativeDecoder._round = counted_round  # type: ignore[method-assign]
+        with count_host_reads(device_type, skip=lambda: inside[0] > 0) as reads, _Counting(work, inside):
+            work.host_reads = reads  # reads made inside the forwards are the executor's: not counted
+            yield work
+    finally:
+        for name, original in saved.items():
+            setattr(ModelAdapter, name, original)
+        SpeculativeDecoder._round = round_fn  # type: ignore[method-assign]
