@@ -367,7 +367,9 @@ class Decoder:
             temperature: the sampling temperature (> 0); needs sampling.
             top_p: nucleus sampling's mass, in (0, 1]; needs sampling.
             top_k: keep the k most likely tokens (0: all); needs sampling.
-            seed: seeds the sampler.
+            seed: seeds the sampler; the method's strategies start afresh too, so two calls with
+                the same seed give the same tokens (without it, each call continues the sampler's
+                stream).
             generation_config: a transformers ``GenerationConfig`` whose ``max_new_tokens``,
                 ``do_sample``, ``temperature``, ``top_p`` and ``top_k`` apply (explicit arguments
                 win); settings this decoder cannot honour (beams, several sequences, repetition
@@ -387,17 +389,19 @@ class Decoder:
         prompts = _as_batch(prompt)
         if prompts is not None and streamer is not None:
             raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
-        self._use_sampling(opts.sampling)
+        self._use_sampling(opts.sampling, reseed=seed is not None)
         if prompts is None:
             return self._run(self.experiment.spec, self.encode(prompt), opts.max_new_tokens, streamer)  # type: ignore[arg-type]
         return [self._run(self.experiment.spec, self.encode(p), opts.max_new_tokens) for p in prompts]
 
-    def _use_sampling(self, sampling: dict[str, Any] | None) -> None:
+    def _use_sampling(self, sampling: dict[str, Any] | None, *, reseed: bool = False) -> None:
         """Decode with the verifier ``sampling`` asks for (``None``: as configured), rebuilding the
-        decoders only when it changes (a preparation already done is kept)."""
+        decoders when it changes or when ``reseed`` (a ``seed=`` given: the sampler and every
+        strategy start afresh, so the same seed gives the same tokens); a preparation already done
+        is kept."""
         want = self.method if sampling is None else sampling_method(self.method, sampling)
         exp = self.experiment
-        if exp.cfg.method == want:
+        if exp.cfg.method == want and not reseed:
             return
         exp.cfg = dataclasses.replace(exp.cfg, method=want)
         exp.rebuild()

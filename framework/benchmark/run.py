@@ -269,6 +269,17 @@ class _Bench:
         """What each method cannot do as configured (`Experiment.notes`), by label."""
         return {label: e.notes for label, e in self.exps.items() if e.notes}
 
+    @staticmethod
+    def method_settings(exp: Experiment) -> dict[str, Any]:
+        """What a method ran: each strategy's name and config and the gate (``baseline_only``:
+        plain decoding)."""
+        method = exp.cfg.method
+        if method.baseline_only:
+            return {"baseline_only": True}
+        out: dict[str, Any] = {kind: spec.describe() for kind, spec in method.strategies().items()}
+        out["gate"] = dataclasses.asdict(method.gate)
+        return out
+
     def write_meta(self) -> None:
         """``meta.json`` (the configuration, the machine, the HF methods' settings) and the run's
         first log line."""
@@ -285,6 +296,8 @@ class _Bench:
             self.run.model.name_or_path, adapter.model, device=adapter.device, dtype=dtype_name(adapter.dtype)
         )
         meta["notes"] = self.run_notes()
+        # each method's resolved strategies and gate (a preset's name alone does not say what ran)
+        meta["methods"] = {label: self.method_settings(e) for label, e in self.exps.items()}
         meta["hf"] = self.hf = {
             s.label: self.decoders[s.label].describe() for s in self.specs if s.kind == "hf"
         }

@@ -26,7 +26,8 @@ def flat_config(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def method_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """``{"<method>/speedup/<category>", "<method>/tokens_per_s", "<method>/M", ...}`` of a
-    benchmark summary (`framework.benchmark.report.summarize`)."""
+    benchmark summary (`framework.benchmark.report.summarize`); ``<method>/gate_declined``: the
+    share of rounds a draft gate declined (gated methods only)."""
     out: dict[str, float] = {}
     for label, e in summary["methods"].items():
         for cat, v in (e.get("speedup") or {}).items():
@@ -37,6 +38,9 @@ def method_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
         tps = (e.get("tokens_per_s") or {}).get("overall")
         if tps is not None:
             out[f"{label}/tokens_per_s"] = tps
+        gate = e.get("gate")
+        if gate and gate.get("rounds"):
+            out[f"{label}/gate_declined"] = gate["declined"] / gate["rounds"]
     return out
 
 

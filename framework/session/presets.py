@@ -63,6 +63,16 @@ def preset_path(name_or_path: str) -> Path:
     raise ConfigError("--method", name_or_path, f"a preset ({', '.join(list_presets())}) or a YAML file")
 
 
+def yaml_problem(err: Exception) -> str:
+    """A YAML parser error in one line: what is wrong and where (``found ':' at line 3, column
+    9``), not PyYAML's several lines with a copy of the text."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(err).split())
+
+
 def load_preset(name_or_path: str) -> dict[str, Any]:
     """Read and check a preset: ``{"name", "description", "baseline_only", kind: {"name", **fields},
     "gate": {**fields}}`` (kinds and ``gate`` only where the file has them).
@@ -79,7 +89,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
-        raise ConfigError("--method", str(path), f"valid YAML ({err})") from None
+        raise ConfigError("--method", str(path), f"valid YAML ({yaml_problem(err)})") from None
     if not isinstance(data, dict):
         raise ConfigError(
             "--method", str(path), "a YAML mapping of description / selector / length / drafter / verifier"

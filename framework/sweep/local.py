@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from framework.models.loading import TINY_BLOCKS
 from framework.session.errors import USER_ERRORS
 from framework.sweep.bayes import DEFAULT_INIT, BayesProposer
 from framework.sweep.spec import Sweep, SweepError, expand_trials, load_sweep
@@ -197,7 +198,7 @@ def _smoke(log: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
     nothing is written before validation)."""
     model, tokenizer, overrides = smoke_setup(Path(tempfile.mkdtemp(prefix="selfspec-smoke-")))
     log(
-        f"smoke mode: a tiny random 4-block model, prompts {overrides['data']}, max_new_tokens "
+        f"smoke mode: a tiny random {TINY_BLOCKS}-block model, prompts {overrides['data']}, max_new_tokens "
         f"{overrides['max_new_tokens']}: this checks the machinery, the numbers mean nothing"
     )
     return model, tokenizer, overrides
@@ -234,9 +235,8 @@ def _run_trials(
         if proposer is not None and i > proposer.n_init:
             params = _propose(result, proposer, trial_args["overrides"])
             result.trials[i - 1] = params
-        _run_trial(result, i, params, init, trial_args, log)
-        if proposer is not None:
-            result.rows[-1]["proposed_by"] = "random" if i <= proposer.n_init else proposer.last_source
+        by = None if proposer is None else "random" if i <= proposer.n_init else proposer.last_source
+        _run_trial(result, i, params, init, trial_args, log, proposed_by=by)
 
 
 def _notices(sweep: Sweep, log: Callable[[str], None]) -> None:
@@ -277,13 +277,21 @@ def _run_trial(
     init: dict[str, Any],
     trial_args: dict[str, Any],
     log: Callable[[str], None],
+    *,
+    proposed_by: str | None = None,
 ) -> None:
     """Trial ``i`` through `train`; its row appended to the result, ``trials.jsonl`` and
-    ``results.md`` at once (a value only the model can reject fails the trial, not the sweep)."""
+    ``results.md`` at once (a value only the model can reject fails the trial, not the sweep).
+    The row's ``params`` are what ran: the trial's parameters with the run options that replaced
+    the file's (``--set``, smoke mode); a ``bayes`` sweep's row says who proposed it
+    (``proposed_by``: ``random``, ``gp``)."""
     sweep, out, n = result.sweep, result.out_dir, len(result.trials)
     tag = f"[trial {i}/{n}]"
     log(f"{tag} {describe_params(params, sweep.swept or list(params))}")
-    row: dict[str, Any] = {"trial": i, "params": params, "status": "ok", "metrics": {}}
+    ran = {**params, **trial_args["overrides"]}
+    row: dict[str, Any] = {"trial": i, "params": ran, "status": "ok", "metrics": {}}
+    if proposed_by is not None:
+        row["proposed_by"] = proposed_by
     t0 = time.perf_counter()
     try:
         res = train(

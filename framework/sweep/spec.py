@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from framework.session.presets import yaml_problem
+
 #: Top-level keys of a W&B sweep configuration (the server rejects others).
 SWEEP_KEYS = (
     "program",
@@ -298,7 +300,7 @@ def load_sweep(path: str | Path) -> Sweep:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise SweepError(f"{path}: not valid YAML ({err})".replace("\n", " ")) from None
+        raise SweepError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     if not isinstance(data, dict):
         raise SweepError(
             f"{path}: expected a YAML mapping with method, metric and parameters, got {type(data).__name__}"

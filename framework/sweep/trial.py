@@ -29,7 +29,7 @@ from framework.config import ConfigError
 from framework.data.prompts import load_prompts
 from framework.experiment.runner import run as run_experiment
 from framework.interfaces import REGISTRIES
-from framework.models.loading import load_model
+from framework.models.loading import TINY_BLOCKS, load_model
 from framework.results.metrics import aggregate
 from framework.session.config import FLAT_KEYS, SECTIONS, MethodConfig, RunConfig
 from framework.session.errors import USER_ERRORS
@@ -380,7 +380,7 @@ def smoke_setup(directory: Path) -> tuple[Any, Any, dict[str, Any]]:
         for i, c in enumerate(cats)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    model = tiny_model("llama", num_layers=4, vocab_size=128, max_position_embeddings=256)
+    model = tiny_model("llama", num_layers=TINY_BLOCKS, vocab_size=128, max_position_embeddings=256)
     # One thread: the tiny matmuls only lose from intra-op threading.
     return model, tiny_tokenizer(), {"data": str(data), "max_new_tokens": SMOKE_MAX_NEW_TOKENS, "threads": 1}
 

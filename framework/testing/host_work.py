@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from framework.engine.adapter import ModelAdapter
+from framework.engine.decoding import SpeculativeDecoder
 from framework.testing.syncs import HostReads, _site, count_host_reads
 
 #: ATen operators that launch no kernel (views and metadata): not counted as work.
@@ -131,9 +133,6 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
     Args:
         device_type: count only host reads of tensors on this device type (``None``: all).
     """
-    from framework.engine.adapter import ModelAdapter
-    from framework.engine.decoding import SpeculativeDecoder
-
     work = HostWork()
     inside = [0]
     saved = {name: getattr(ModelAdapter, name) for name in FORWARDS}

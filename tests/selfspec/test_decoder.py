@@ -166,6 +166,11 @@ def test_sampling_arguments_switch_to_speculative_sampling_and_back(dec):
     assert v.name == "sampling" and (v.config.temperature, v.config.top_k, v.config.seed) == (0.8, 20, 3)
     again = dec.generate(PROMPT, do_sample=True, temperature=0.8, top_k=20, seed=3)
     assert len(sampled.tokens) > 0 and again.stats.new_tokens > 0
+    assert again.tokens == sampled.tokens  # the same seed: the same tokens (issue 39, item 6)
+    others = [dec.generate(PROMPT, do_sample=True, temperature=0.8, top_k=20, seed=s).tokens for s in (4, 5)]
+    assert any(o != sampled.tokens for o in others)  # other seeds: other samples
+    unseeded = [dec.generate(PROMPT, do_sample=True, temperature=0.8, top_k=20).tokens for _ in range(2)]
+    assert unseeded[0] != unseeded[1]  # no seed: the sampler's stream goes on
     greedy = dec.generate(PROMPT)  # no sampling arguments: as configured (greedy) again
     assert dec.strategies["verifier"].name == "greedy"
     assert greedy.tokens == dec.generate_vanilla(PROMPT).tokens

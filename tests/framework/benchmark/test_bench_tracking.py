@@ -24,6 +24,7 @@ def test_flat_config_and_method_metrics():
                 "M": 2.0,
                 "alpha": 0.5,
                 "tokens_per_s": {"overall": 9.0},
+                "gate": {"rounds": 8, "declined": 2},
             }
         }
     }
@@ -33,6 +34,7 @@ def test_flat_config_and_method_metrics():
         "m/M": 2.0,
         "m/alpha": 0.5,
         "m/tokens_per_s": 9.0,
+        "m/gate_declined": 0.25,
     }
 
 
@@ -50,6 +52,8 @@ def test_the_benchmark_writes_an_offline_wandb_run(tmp_path, monkeypatch, capsys
         time.sleep(0.2)
     for key in (
         b"static_confidence/speedup/overall",
+        b"static_confidence/gate_declined",  # issue 39, item 6
+        b"methods/static_confidence/length/config/threshold",  # what the preset resolved to
         b"provenance/model/weights_sha256",
         b"results",
         b"report",

@@ -37,11 +37,14 @@ CALLS = [0]
 class BrokenSelector(LayerSelector):
     """Fails on the round it is told to."""
 
+    def setup(self, info):
+        self.num_layers = info.num_layers
+
     def plan(self, state):
         CALLS[0] += 1
         if CALLS[0] >= {fail_at}:
             raise {error}("my selector broke")
-        return LayerPlan.full(state.num_layers if hasattr(state, "num_layers") else 4)
+        return LayerPlan.full(self.num_layers)
 '''
 
 

@@ -67,6 +67,9 @@ def test_bayes_runs_the_gp_proposals(write_sweep, tmp_path, monkeypatch):
     monkeypatch.setattr(local.BayesProposer, "propose", spy)
     res = local.run_sweep(path, count=9, out_dir=tmp_path / "b", mode="disabled", log=lambda _l: None)
     assert [r["proposed_by"] for r in res.rows] == ["random"] * 4 + ["gp"] * 5
+    # the file says so too, as docs/howto/sweeps.md promises (issue 39, item 6)
+    written_rows = [json.loads(x) for x in (tmp_path / "b" / "trials.jsonl").read_text().splitlines()]
+    assert [r.get("proposed_by") for r in written_rows] == ["random"] * 4 + ["gp"] * 5
     assert [r["params"] for r in res.rows[4:]] == proposed
     best = max(res.rows, key=lambda r: r["metrics"]["speedup"])
     assert abs(best["params"]["selector.skip_ratio"] - 0.3) < 0.05
@@ -167,3 +170,29 @@ def test_an_interrupted_sweep_keeps_the_finished_trials(tmp_path, monkeypatch, p
     assert "1 of 3 trials (interrupted)" in (out / "results.md").read_text()
     assert "| 1 | 0.5 | 1.500x |" in (out / "results.md").read_text()
     assert main([str(path), "--out", str(out), "--no-wandb"]) == 2, "an earlier sweep's directory"
+
+
+def test_each_row_records_what_ran_after_set(write_sweep, tmp_path, monkeypatch):
+    """``--set`` replaces a run option of the file: the row's ``params`` are what the trial ran
+    with, not the file's value (issue 39, item 6)."""
+    path = write_sweep(
+        {
+            "method": "grid",
+            "metric": {"name": "speedup", "goal": "maximize"},
+            "parameters": {"length.threshold": {"values": [0.5, 0.7]}, "max_new_tokens": {"value": 128}},
+        },
+    )
+    ran: list[dict] = []
+
+    def fake_train(params, **kw):
+        ran.append({**params, **kw["overrides"]})
+        return {"metrics": {"speedup": 1.0}, "output": kw["output"], "wandb_dir": None}
+
+    monkeypatch.setattr(local, "train", fake_train)
+    out = tmp_path / "s"
+    local.run_sweep(path, out_dir=out, mode="disabled", overrides={"max_new_tokens": 16}, log=lambda _l: None)
+    rows = [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
+    assert [r["params"]["max_new_tokens"] for r in rows] == [16, 16]
+    assert [r["params"] for r in rows] == ran
+    assert [r["params"]["length.threshold"] for r in rows] == [0.5, 0.7]
+    assert all("proposed_by" not in r for r in rows)  # a grid: nobody proposed anything

@@ -99,6 +99,7 @@ def test_shipped_sweep_files_are_valid(path):
 
 def test_shipped_sweeps_sweep_the_published_knobs():
     names = {p.stem: set(sweep.load_sweep(p).swept) for p in SHIPPED}
-    assert names["static"] == {"selector.skip_ratio", "length.threshold"}
+    assert names["static"] == names["static_bayes"] == {"selector.skip_ratio", "length.threshold"}
+    assert sweep.load_sweep(ROOT / "experiments" / "sweeps" / "static_bayes.yaml").method == "bayes"
     assert names["swift"] == {"selector.skip_ratio", "selector.bo_interval"}
     assert names["clasp"] == {"selector.num_skip", "selector.interval"}
