@@ -65,10 +65,13 @@ def deep_adapters() -> dict:
 # The README's first test command runs ``-m "not slow"``; CI (`.ci/run`) runs everything. Besides
 # the tests marked slow in their files (the mutation suite, the real default model, builds and
 # installs, the reproduction pages), every test that took SLOW_SECONDS or more in the committed
-# record `durations.txt` is marked slow here. Refresh the record after adding or speeding up tests:
+# record `durations.txt` is marked slow here, except the strategies' own tests. Refresh the record after adding or speeding up tests:
 #     python -m pytest -q -n auto -p no:randomly --record-durations tests/durations.txt
 DURATIONS = Path(__file__).with_name("durations.txt")
 SLOW_SECONDS = 2.0
+#: Tests of the strategies themselves: never marked slow by duration (the quick check holds every
+#: unit test of every strategy); their statistical checks over many decodes are marked in place.
+STRATEGY_TESTS = "tests/strategies/"
 
 
 def _recorded_durations(path: Path = DURATIONS) -> dict[str, float]:
@@ -96,7 +99,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     recorded = _recorded_durations()
     for item in items:
-        if recorded.get(item.nodeid, 0.0) >= SLOW_SECONDS:
+        # a strategy's own tests stay in the quick check (their slow ones are marked in their files)
+        if not item.nodeid.startswith(STRATEGY_TESTS) and recorded.get(item.nodeid, 0.0) >= SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
 
 

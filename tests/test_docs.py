@@ -383,6 +383,7 @@ def test_gpu_all_runs_its_issue_26_parts_on_a_cpu(tmp_path):
         GPU_REAL_MODEL="tiny-random",
         GPU_REAL_MODES="eager",
         GPU_REAL_METHODS="vanilla,swift,prompt_lookup",
+        GPU_EAGER_METHODS="vanilla,swift,prompt_lookup",
         GPU_REAL_EXTRA="--dtype float32 --categories qa --max-new-tokens 8",
     )
     proc = subprocess.run(

@@ -12,8 +12,9 @@
 #   replay  (issue 26, item 4) gpu_e2e.py --trace: the acceptance traces recorded on SmolLM2-135M and
 #           Qwen2.5-Coder-0.5B (docs/measurements/traces/) replayed on the 7B and 13B shapes with
 #           graphs: measured speedup next to the cost model's prediction, timed captures (must be 0);
-#   real    (issue 26, item 3) the benchmark on a real model in bfloat16, eager and with
-#           --cuda-graphs, on the built-in suite (one prompt per category, 128 tokens): acceptance,
+#   real    (issues 26, 38) the benchmark on a real model in bfloat16 (GPU_REAL_MODES: graphs = one
+#           graph per forward, exact = the same with --exact on, branch = one graph per branch,
+#           eager = vanilla and two methods), on the built-in suite (one prompt per category, 128 tokens): acceptance,
 #           mismatches against plain decoding (with the logit margins) and speed; needs the model's
 #           GGUF on the machine: GPU_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf (see below);
 #   tests   the gpu-marked tests: every preset on a tiny model in fp32 and bf16, eager and graphs;
@@ -103,14 +104,21 @@ if want real; then
     methods=${GPU_REAL_METHODS:-vanilla,hf_generate,static_confidence,selfsd_safe,swift,clasp,hybrid,prompt_lookup}
     # Self-SD's offline search ran once on the CPU (fp32, same prompts); its skip set is reused here.
     skipset=docs/measurements/traces/smollm2-135m-selfsd-skipset.json
-    for mode in ${GPU_REAL_MODES:-eager graphs}; do
-      flag=--no-cuda-graphs
-      [ "$mode" = graphs ] && flag=--cuda-graphs
-      # shellcheck disable=SC2086 # GPU_REAL_EXTRA: extra flags, word-split on purpose
+    # modes: graphs (one graph per forward), branch (one per branch), exact (graphs, --exact on),
+    # eager (vanilla and two methods only: eager decoding is slow, issue 38 item 6)
+    for mode in ${GPU_REAL_MODES:-graphs exact branch eager}; do
+      flags=(--cuda-graphs --cuda-graph-route forward)
+      mmethods=$methods
+      case $mode in
+        branch) flags=(--cuda-graphs --cuda-graph-route branch) ;;
+        exact) flags=(--cuda-graphs --cuda-graph-route forward --exact on) ;;
+        eager) flags=(--no-cuda-graphs); mmethods=${GPU_EAGER_METHODS:-vanilla,static_confidence,hybrid} ;;
+      esac
       preset=()
-      [[ ",$methods," == *",selfsd_safe,"* ]] && preset=(--preset-args "selfsd_safe=--selector.skip_set $skipset")
+      [[ ",$mmethods," == *",selfsd_safe,"* ]] && preset=(--preset-args "selfsd_safe=--selector.skip_set $skipset")
+      # shellcheck disable=SC2086 # GPU_REAL_EXTRA: extra flags, word-split on purpose
       timeout "${GPU_REAL_TIMEOUT:-300}" python experiments/bench.py --model "$model" --dtype bfloat16 \
-        "$flag" --methods "$methods" "${preset[@]}" --limit 1 --max-new-tokens 128 --repeats 1 --no-plots --logger none --out "$out/real-$mode" ${GPU_REAL_EXTRA:-} \
+        "${flags[@]}" --methods "$mmethods" "${preset[@]}" --limit 1 --max-new-tokens 128 --repeats 1 --no-plots --logger none --out "$out/real-$mode" ${GPU_REAL_EXTRA:-} \
         >"$out/real-$mode.log" 2>&1
       echo "real $mode: rc $?"
       grep -E "^\| |^- " "$out/real-$mode/bench.md" 2>/dev/null | head -n 14

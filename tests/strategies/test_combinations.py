@@ -2,8 +2,9 @@
 exactly the tokens of plain greedy decoding, for every selector x length x drafter x verifier.
 
 The combinations are read from the registries at collection time, so a newly registered strategy
-is covered without writing a test. The core product (`test_speculative_equals_vanilla`) runs whole
-in the quick check, on the first of its two prompts (CI: both); the sets over further options (a reduced draft head, compressed weights, SWIFT
+is covered without writing a test. The core product (`test_speculative_equals_vanilla`) runs every
+combination in the quick check, each on one architecture with one prompt (CI: every architecture,
+both prompts); the sets over further options (a reduced draft head, compressed weights, SWIFT
 mid-optimisation, DEL drafting) run a covering subset there and whole in CI (`covering`). Each strategy runs with its default config, except that offline
 searches are shrunk (``framework.testing.FAST_OVERRIDES``): losslessness must hold for any skip set.
 """
@@ -68,17 +69,24 @@ def test_registries_not_empty():
     assert all(len(REGISTRIES[k]) for k in KINDS)
 
 
-# The quick check decodes the first prompt of every combination on every architecture; CI decodes
-# the second too.
-PROMPT_PARAMS = [
-    pytest.param(PROMPTS[:1], id="p0"),
-    pytest.param(PROMPTS[1:], id="p1", marks=pytest.mark.slow),
+# The quick check decodes every combination once: on one of the three architectures (in turn, so
+# that each meets a third of the combinations) with the first prompt. CI decodes every combination on
+# every architecture with both prompts.
+CORE_PARAMS = [
+    pytest.param(
+        combo,
+        arch,
+        prompts,
+        id=f"{'-'.join(combo)}-{arch}-{pid}",
+        marks=() if (pid == "p0" and ARCHS_TESTED[i % len(ARCHS_TESTED)] == arch) else pytest.mark.slow,
+    )
+    for i, combo in enumerate(COMBOS)
+    for arch in ARCHS_TESTED
+    for pid, prompts in (("p0", PROMPTS[:1]), ("p1", PROMPTS[1:]))
 ]
 
 
-@pytest.mark.parametrize("prompts", PROMPT_PARAMS)
-@pytest.mark.parametrize("arch", ARCHS_TESTED)
-@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize(("combo", "arch", "prompts"), CORE_PARAMS)
 def test_speculative_equals_vanilla(deep_adapters, arch, combo, prompts):
     adapter = deep_adapters[arch]
     s = {k: default_strategy_instance(k, name, fast=True) for k, name in zip(KINDS, combo, strict=True)}

@@ -68,6 +68,7 @@ def test_swift_scores_the_gp_proposals():
     assert observed[-len(suggested) :] == [tuple(x) for x in suggested]
 
 
+@pytest.mark.slow  # a statistical check over many decodes (CI runs it)
 def test_swift_gp_proposals_beat_random_ones_in_the_same_budget(monkeypatch):
     bo = statistics.mean(_swift_best(seed, 16)[0] for seed in range(4))
     _random_suggest(monkeypatch)
@@ -111,6 +112,7 @@ def test_selfsd_scores_the_gp_proposals(adapter, monkeypatch, tmp_path):
     assert len(gp_rows) == 8 and [r["bits"] for r in gp_rows] == suggested  # 2 probes, then the GP
 
 
+@pytest.mark.slow  # a statistical check over many decodes (CI runs it)
 def test_selfsd_gp_proposals_beat_random_ones_in_the_same_budget(adapter, monkeypatch, tmp_path):
     monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
     ctx = prepare_context(adapter)

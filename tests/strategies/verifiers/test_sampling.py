@@ -535,6 +535,7 @@ def _assert_lossless(case: str, samples: torch.Tensor) -> None:
     assert min(pvals) > ALPHA_POSITION, f"{case}: speculative sampling does not match the target: p = {pvals}"
 
 
+@pytest.mark.slow  # a statistical check over many decodes (CI runs it)
 def test_speculative_sampling_with_power_including_the_bonus():
     """K = 3, static layer skip (block 1 skipped): N_POWER runs; the bonus (position 5) in most."""
     samples, seen = _power_run(
@@ -551,6 +552,7 @@ def test_speculative_sampling_with_power_including_the_bonus():
     _assert_lossless("static K=3", samples)
 
 
+@pytest.mark.slow  # a statistical check over many decodes (CI runs it)
 def test_speculative_sampling_with_early_exit_reuse_and_drop_on_stop():
     """early_exit (E = 1 of 2) reusing the draft's KV and hidden states in verification, stopped by
     the confidence controller with the stopping token dropped (DEL's Algorithm 1)."""
@@ -566,6 +568,7 @@ def test_speculative_sampling_with_early_exit_reuse_and_drop_on_stop():
     _assert_lossless("early_exit reuse + drop", samples)
 
 
+@pytest.mark.slow  # a statistical check over many decodes (CI runs it)
 def test_speculative_sampling_with_a_plan_changing_selector():
     """clasp_dp re-running its DP after every round (interval 1): the plan of a generation's second
     round depends on its first round's tokens. K = 2 and a budget of 7 tokens, so that the second
