@@ -5,7 +5,7 @@ python experiments/run.py --selector static --length confidence --limit 2
 
 import sys
 
-from framework.experiment.cli import main
+from framework.runner.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

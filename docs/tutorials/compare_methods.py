@@ -68,7 +68,7 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     the default model.
     """
     from framework import REGISTRIES
-    from framework.experiment.runner import run
+    from framework.runner.launch import run
     from framework.session.config import RunConfig
 
     cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))
@@ -139,9 +139,9 @@ def compare(outputs: list[Path], cost_path: Path) -> None:
 # --8<-- [start:plots]
 def joint_plots(outputs: list[Path], plot_dir: Path) -> list[Path]:
     """Both methods in one speedup chart and one accepted-length histogram."""
-    from framework.experiment.tracking import summary_metrics
     from framework.results import plots
     from framework.results.records import read_records
+    from framework.runner.tracking import summary_metrics
 
     speedups, accept_lengths = {}, {}
     for path in outputs:

@@ -10,7 +10,7 @@ import yaml
 
 from framework import REGISTRIES
 from framework.config import ConfigError
-from framework.experiment.cli import main
+from framework.runner.cli import main
 from framework.session.notes import PAPER_PRESETS
 from framework.session.presets import PRESET_DIR, list_presets, load_preset
 from strategies.length.fixed import FixedLengthConfig

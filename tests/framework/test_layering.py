@@ -11,7 +11,7 @@ Layers, bottom up (a module may import its own layer and the layers below it):
 4. building blocks strategies compose: ``framework.drafting`` (draft builder, reduced head and
    compressed weights, draft gate) and ``framework.search`` (Bayesian optimisation, work budget);
 5. tooling, itself ordered bottom up (`TOOLING`): ``framework.data``, ``framework.testing``,
-   ``framework.models``, ``framework.session``, ``framework.results``, ``framework.experiment``
+   ``framework.models``, ``framework.session``, ``framework.results``, ``framework.runner``
    (the runner), ``framework.benchmark``, ``framework.sweep``, and the ``selfspec`` Python API.
 
 ``strategies`` sit beside the tooling: they import the API, the engine and the policies, never the
@@ -42,7 +42,7 @@ TOOLING = (
     "framework.models",
     "framework.session",
     "framework.results",
-    "framework.experiment",
+    "framework.runner",
     "framework.benchmark",
     "framework.sweep",
     "selfspec",
@@ -242,7 +242,7 @@ def test_no_import_cycles():
 
 
 FORBIDDEN_AFTER_ENGINE = (
-    "framework.experiment",
+    "framework.runner",
     "framework.benchmark",
     "framework.sweep",
     "framework.testing",

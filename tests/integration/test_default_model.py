@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from framework.experiment.cli import main
+from framework.runner.cli import main
 from framework.testing import plain_table
 
 pytestmark = pytest.mark.slow

@@ -65,7 +65,7 @@ def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
         [
             str(python),
             "-m",
-            "framework.experiment.cli",
+            "framework.runner.cli",
             "--method",
             "swift",
             "--limit",

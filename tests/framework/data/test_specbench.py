@@ -21,9 +21,9 @@ from framework.data.specbench import (
     read_answer_file,
     write_answer_files,
 )
-from framework.experiment import cli as run_cli
-from framework.experiment.runner import run
 from framework.results.records import config_differences, read_records
+from framework.runner import cli as run_cli
+from framework.runner.launch import run
 from framework.session.config import RunConfig, RunnerConfig, StrategySpec
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig

@@ -14,10 +14,10 @@ import socket
 import pytest
 import torch
 
-from framework.experiment.cli import list_strategies
 from framework.models import fetch
 from framework.models import loading as models
 from framework.models.loading import MODELS, ModelLoadError, NamedModel, load_model, model_dir
+from framework.runner.cli import list_strategies
 from framework.testing.tiny import tiny_model, tiny_tokenizer
 from tests.framework.models.test_fetch import CHUNKS, Calls, fake_index
 

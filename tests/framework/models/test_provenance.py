@@ -77,7 +77,7 @@ def test_run_provenance_has_model_code_device_and_dtype():
 @pytest.mark.parametrize("entry", ["run", "bench"])
 def test_every_run_records_its_provenance(tmp_path, entry):
     from framework.benchmark.cli import main as bench_main
-    from framework.experiment.cli import main as run_main
+    from framework.runner.cli import main as run_main
 
     common = ["--model", "tiny-random", "--limit", "1", "--categories", "qa", "--max-new-tokens", "4"]
     if entry == "run":

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from framework.experiment.cli import main
+from framework.runner.cli import main
 
 RUN = [
     "--logger",
@@ -156,7 +156,7 @@ def test_conflicting_flags_print_one_line(capsys, tmp_path):
 
 
 def test_ctrl_c_before_any_result_says_nothing_was_written(tmp_path, monkeypatch, capsys):
-    import framework.experiment.cli as cli
+    import framework.runner.cli as cli
 
     def interrupted(cfg):
         raise KeyboardInterrupt

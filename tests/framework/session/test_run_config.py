@@ -12,8 +12,8 @@ import yaml
 from framework import REGISTRIES
 from framework.config import ConfigError
 from framework.drafting.gate import GateConfig
-from framework.experiment.cli import main
 from framework.registry import UnknownNameError
+from framework.runner.cli import main
 from framework.session.config import (
     FLAT_KEYS,
     SECTIONS,

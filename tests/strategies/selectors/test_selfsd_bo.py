@@ -10,7 +10,7 @@ import strategies.selectors.selfsd_bo as selfsd
 from framework import LayerPlan
 from framework.config import ConfigError, build_config
 from framework.engine.adapter import adapter_for
-from framework.experiment.cli import build_parser, config_from_args
+from framework.runner.cli import build_parser, config_from_args
 from framework.testing import LayerSelectorContract, cached_tiny_model, prepare_context, tiny_model
 from strategies.selectors.selfsd_bo import SelfSDConfig, SelfSDSelector, load_skip_set
 from strategies.selectors.static import uniform_plan

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from framework.config import ConfigError
-from framework.experiment.lightning import append_records
-from framework.experiment.runner import launch_rank, resolve_output, run
 from framework.results.records import prompt_key, read_records
+from framework.runner.launch import launch_rank, resolve_output, run
+from framework.runner.lightning import append_records
 from framework.session.config import RunConfig, StrategySpec
 from framework.session.experiment import Experiment
 from framework.testing import plain_table, tiny_model, tiny_tokenizer

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import yaml
 
 from framework.config import field_defaults, field_help
-from framework.experiment.runner import CURRENT_OUTPUT, run
 from framework.interfaces import REGISTRIES
 from framework.models.loading import describe_models
 from framework.results.records import read_records
+from framework.runner.launch import CURRENT_OUTPUT, run
 from framework.session.config import RunConfig
 from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args

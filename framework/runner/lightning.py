@@ -10,7 +10,7 @@ loggers; the callbacks here write results and log them:
   per prompt, flushed at once, so several ranks share one file and an interruption loses nothing);
 - `SpeedupProgressBar` shows prompts done, tokens/s and the running speedup;
 - `TrackingCallback` sends per-prompt metrics to the logger as they come and, at the end, the
-  per-category summary, the tables and the plots (``framework.experiment.tracking``).
+  per-category summary, the tables and the plots (``framework.runner.tracking``).
 
 The model is loaded in ``setup`` (on each rank's own device) and is deliberately not a registered
 sub-module: Lightning never wraps, moves or trains it.

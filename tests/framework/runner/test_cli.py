@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from framework import REGISTRIES
-from framework.experiment.cli import main
+from framework.runner.cli import main
 from framework.session.config import FLAT_KEYS
 from framework.utils import MissingDependencyError, require
 from strategies.length.fixed import FixedLengthConfig

@@ -17,9 +17,9 @@ from framework.config import ConfigError
 from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder
-from framework.experiment.lightning import DecodeModule
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
 from framework.results.compare import NEAR_TIE_ULPS, Method, first_mismatch, mismatch_details, near_tie, ulp
+from framework.runner.lightning import DecodeModule
 from framework.session.config import ModelConfig, RunConfig, StrategySpec
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
@@ -292,8 +292,8 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     assert (fm["turn"], fm["position"]) == (0, len(bad["turns"][0]["tokens"]) - 1)
     assert fm["margin"] > 0 and fm["near_tie"] is False and fm["dtype"] == "float64"
     # the runner's table notes and the W&B summary carry it too
-    from framework.experiment.tracking import summary_metrics
     from framework.results.metrics import mismatch_lines
+    from framework.runner.tracking import summary_metrics
 
     records = [van, spec, _van, bad]
     note = mismatch_lines(records)

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from framework.benchmark.cli import build_parser as bench_parser
-from framework.experiment.cli import build_parser as run_parser
+from framework.runner.cli import build_parser as run_parser
 from framework.sweep.cli import build_sweep_parser
 
 PARSERS = {"run.py": run_parser, "bench.py": bench_parser, "sweep.py": build_sweep_parser}

@@ -7,9 +7,9 @@ both equally), checks the speculative tokens against vanilla, and appends one JS
 and method to the output file, flushed at once: an interrupted run keeps every finished prompt,
 and ``--resume`` continues it.
 
-The loop is a PyTorch Lightning predict loop (``framework.experiment.lightning``): Lightning places
+The loop is a PyTorch Lightning predict loop (``framework.runner.lightning``): Lightning places
 the model, splits the prompts over processes (``--devices``, ``--num-nodes``), seeds, shows the
-progress bar and drives the logger (``--logger wandb|csv|none``, ``framework.experiment.tracking``).
+progress bar and drives the logger (``--logger wandb|csv|none``, ``framework.runner.tracking``).
 The configuration is ``framework.session.config.RunConfig``; the loaded model with both
 decoders is ``framework.session.experiment.Experiment`` (usable without Lightning); records and
 the ``--resume`` state are ``framework.results.records``. Beside the results ``<stem>.jsonl``
@@ -37,11 +37,11 @@ import transformers
 from framework.config import ConfigError
 from framework.data.prompts import load_prompts
 from framework.data.specbench import check_answer_dir, write_answer_files
-from framework.experiment.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
-from framework.experiment.tracking import TrackingCallback, summary_metrics
 from framework.models.loading import model_name
 from framework.results.metrics import mismatch_lines, results_table, time_breakdown
 from framework.results.records import prompt_key, read_records, resume_state
+from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
+from framework.runner.tracking import TrackingCallback, summary_metrics
 from framework.session.config import RunConfig
 from framework.session.experiment import Experiment, provenance
 from framework.session.loggers import close_logger, make_logger

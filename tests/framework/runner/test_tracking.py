@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from framework.experiment.runner import run
-from framework.experiment.tracking import prompt_metrics, round_rows, summary_metrics
+from framework.runner.launch import run
+from framework.runner.tracking import prompt_metrics, round_rows, summary_metrics
 from framework.session.config import RunConfig, StrategySpec
 from framework.session.loggers import wandb_mode
 from strategies.length.fixed import FixedLengthConfig

@@ -10,7 +10,7 @@ import strategies.selectors.selfsd_bo as selfsd
 from framework.config import ConfigError, build_config
 from framework.data.prompts import load_prompts
 from framework.drafting.gate import GatedLength
-from framework.experiment.runner import run
+from framework.runner.launch import run
 from framework.session.config import RunConfig, StrategySpec
 from framework.session.experiment import Experiment, build_decoder
 from framework.testing import plain_table
