@@ -20,7 +20,7 @@ importable from here. The sub-packages, lowest first: the kernels (`framework.ke
 engine (`framework.engine`), what strategies compose (`framework.drafting`: draft builder, reduced
 head and compressed weights, draft gate; `framework.search`: Bayesian optimisation and the work
 budget), then the tooling that is never imported by them: data, models, the testing helpers,
-the session (`RunConfig`, presets, `Experiment`), results, the runner (`framework.runner`),
+the session (`RunConfig`, presets, `Session`), results, the runner (`framework.runner`),
 the benchmark and sweeps.
 """
 

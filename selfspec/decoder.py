@@ -1,7 +1,7 @@
 """`Decoder`: self-speculative decoding from Python, without the command line.
 
 The CLI (``experiments/run.py``), the benchmark and sweeps build the same objects this class
-builds: a `RunConfig` (from a preset and overrides), an `Experiment` (the model, its tokenizer and
+builds: a `RunConfig` (from a preset and overrides), a `Session` (the model, its tokenizer and
 both decoders) and, for a comparison, the interleaved timing protocol of
 `framework.results.compare`.
 """
@@ -23,7 +23,7 @@ from framework.engine.decoding import GenerationResult
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
 from framework.session.config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
-from framework.session.experiment import Experiment
+from framework.session.session import Session
 from framework.types import LayerPlan
 
 #: The `RunConfig` sections a `Decoder` takes.
@@ -189,7 +189,7 @@ class Decoder:
             generation=generation or GenerationConfig(),
         )
         self.model_config, self.method, self.generation = cfg.model, cfg.method, cfg.generation
-        self.experiment = Experiment(
+        self.experiment = Session(
             cfg, hf_model, tokenizer, log=log or (lambda _msg: None), strategies=strategies
         )
 

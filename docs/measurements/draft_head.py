@@ -40,7 +40,7 @@ from framework.engine.draft_head import DraftHead
 from framework.engine.state import DecodeState
 from framework.engine.token_ranking import TokenRanking, model_ranking
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment
+from framework.session.session import Session
 from strategies.selectors.static import uniform_plan
 
 
@@ -65,7 +65,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    exp = Experiment(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
+    exp = Session(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
     adapter, tok, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx
     info = adapter.info()
     ks = [k for k in (int(x) for x in a.ks.split(",")) if k <= info.vocab_size]

@@ -35,7 +35,7 @@ from framework.engine.decoding import SpeculativeDecoder, StopCondition, Vanilla
 from framework.engine.state import DecodeState
 from framework.engine.token_ranking import draft_head_for
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment
+from framework.session.session import Session
 from strategies.selectors.static import uniform_plan
 
 FORMATS = ("float32", "bfloat16", "int8", "int4")
@@ -60,7 +60,7 @@ def main() -> None:
     if not formats or any(f not in FORMATS for f in formats):
         ap.error(f"--formats must name some of {', '.join(FORMATS)}, got {a.formats!r}")
     ratios = [float(r) for r in a.ratios.split(",")]
-    exp = Experiment(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
+    exp = Session(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
     adapter, tok, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx
     info = adapter.info()
     weights = {f: (None if f == "float32" else adapter.draft_branches(f)) for f in formats}

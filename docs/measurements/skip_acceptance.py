@@ -18,7 +18,7 @@ from framework import get_drafter, get_length, get_selector, get_verifier
 from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment
+from framework.session.session import Session
 from strategies.selectors.static import uniform_plan
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,7 +30,7 @@ ap.add_argument("--ratios", default="0.1,0.2,0.3,0.5", help="skip ratios of the 
 ap.add_argument("--draft-vocab", type=int, default=0, help="the drafter's reduced head K (0: full head)")
 a = ap.parse_args()
 
-exp = Experiment(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
+exp = Session(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
 adapter, tokenizer, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx  # ctx: the ranking of a reduced head
 prompts = load_prompts(a.data, categories=a.categories.split(","), limit=1)
 inputs = [torch.tensor([encode_chat(tokenizer, [{"role": "user", "content": p.turns[0]}])]) for p in prompts]

@@ -36,7 +36,7 @@ from framework.models.loading import dtype_name, load_model, model_name
 from framework.models.provenance import run_provenance
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.session.config import MethodConfig, RunConfig
-from framework.session.experiment import Experiment
+from framework.session.session import Session
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
 WARMUP_TOKENS = 16
@@ -207,7 +207,7 @@ class _Bench:
         check_answer_dir(cfg.specbench_answers, [s.label for s in self.specs], [self.records_path])
         self.preset_cfgs = {s.label: preset_run_config(s, cfg) for s in self.specs if s.kind == "preset"}
         self.cost = load_cost_model(cfg.cost_model) if cfg.cost_model not in ("none", "measure") else None
-        self.exps: dict[str, Experiment] = {}
+        self.exps: dict[str, Session] = {}
         self.decoders: dict[str, Any] = {}
         self.errors: dict[str, str] = {}  # an HF method that failed: left out from then on
         self.records: list[dict[str, Any]] = []
@@ -223,7 +223,7 @@ class _Bench:
             m = run.model
             model, tokenizer = load_model(m.name_or_path, m.dtype, m.device, m.device_map)
         self.model = model
-        self.base = Experiment(
+        self.base = Session(
             run.replace(baseline_only=True), model, tokenizer, log=self.log, prompts=self.prompts
         )
         for s in self.specs:
@@ -237,7 +237,7 @@ class _Bench:
             else:
                 self.out_dir.mkdir(parents=True, exist_ok=True)  # a search may save its skip set here
                 self.log(f"[bench] preparing {s.label} ...")
-                self.exps[s.label] = Experiment(
+                self.exps[s.label] = Session(
                     self.preset_cfgs[s.label],
                     model,
                     tokenizer,
@@ -266,11 +266,11 @@ class _Bench:
         )
 
     def run_notes(self) -> dict[str, list[str]]:
-        """What each method cannot do as configured (`Experiment.notes`), by label."""
+        """What each method cannot do as configured (`Session.notes`), by label."""
         return {label: e.notes for label, e in self.exps.items() if e.notes}
 
     @staticmethod
-    def method_settings(exp: Experiment) -> dict[str, Any]:
+    def method_settings(exp: Session) -> dict[str, Any]:
         """What a method ran: each strategy's name and config and the gate (``baseline_only``:
         plain decoding)."""
         method = exp.cfg.method
@@ -323,7 +323,7 @@ class _Bench:
             return None
 
     def warm_up(self) -> None:
-        """With ``--cuda-graphs``, record every graph each method can use (`Experiment.prepare_graphs`);
+        """With ``--cuda-graphs``, record every graph each method can use (`Session.prepare_graphs`);
         warm every method up; with ``--cost-model measure``, measure (or take) the cost model."""
         self.graphs: tuple[int, float] | None = None
         if self.run.model.cuda_graphs:

@@ -172,7 +172,7 @@ class DraftVocab:
         if self._head is None and self.config.draft_vocab and not self._prepared:
             raise RuntimeError(
                 f"{type(self).__name__} with draft_vocab={self.config.draft_vocab} builds its head in "
-                "prepare(ctx): call SpeculativeDecoder.prepare (Experiment and selfspec.Decoder do)"
+                "prepare(ctx): call SpeculativeDecoder.prepare (Session and selfspec.Decoder do)"
             )
         return self._head
 

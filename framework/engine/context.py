@@ -97,7 +97,7 @@ class _FixedPlan(LayerSelector):
 @dataclass
 class PrepareContext:
     """The engine's `framework.view.PrepareView` (see there for what a preparation may use),
-    built by the runner (``Experiment``) once the model is loaded, before the warm-up.
+    built by the runner (``Session``) once the model is loaded, before the warm-up.
 
     Attributes:
         adapter: the `ModelAdapter` of the target model (the engine's; not part of the view).
@@ -106,7 +106,7 @@ class PrepareContext:
         artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``, next to
             the results), or ``None`` when nothing should be written.
         log: progress and notices (the runner prints them).
-        prepared: what preparations computed, shared across `Experiment.rebuild` and a
+        prepared: what preparations computed, shared across `Session.rebuild` and a
             benchmark's methods (`PreparedCache`; strategies use `once`).
         dtype: the model's dtype name (``"float32"``), recorded in artefacts.
         load_prompts: ``(source, categories) -> user messages``: the first turns of a Spec-Bench

@@ -147,7 +147,7 @@ def compare_methods(
 
 def explain_with(session: Any) -> Callable[[Prompt, Turns, list[list[int]], dict[str, int]], dict[str, Any]]:
     """The ``explain`` of `compare_methods` for chat prompts decoded by ``session`` (an
-    `framework.session.experiment.Experiment`): `mismatch_details` through its adapter and chat
+    `framework.session.session.Session`): `mismatch_details` through its adapter and chat
     template."""
 
     def explain(prompt: Prompt, base: Turns, got: list[list[int]], where: dict[str, int]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ The loop is a PyTorch Lightning predict loop (``framework.runner.lightning``): L
 the model, splits the prompts over processes (``--devices``, ``--num-nodes``), seeds, shows the
 progress bar and drives the logger (``--logger wandb|csv|none``, ``framework.runner.tracking``).
 The configuration is ``framework.session.config.RunConfig``; the loaded model with both
-decoders is ``framework.session.experiment.Experiment`` (usable without Lightning); records and
+decoders is ``framework.session.session.Session`` (usable without Lightning); records and
 the ``--resume`` state are ``framework.results.records``. Beside the results ``<stem>.jsonl``
 a run writes ``<stem>.meta.json``, ``<stem>.config.yaml`` (``run.py --config`` reproduces the run)
 and ``<stem>.md``.
@@ -43,8 +43,8 @@ from framework.results.records import prompt_key, read_records, resume_state
 from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, summary_metrics
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment, provenance
 from framework.session.loggers import close_logger, make_logger
+from framework.session.session import Session, provenance
 
 
 def default_output(cfg: RunConfig) -> Path:
@@ -146,8 +146,8 @@ def run(
 
 def _prepare(
     cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, log: Callable[[str], None], todo: list
-) -> tuple[Experiment | None, dict[str, Any]]:
-    """The run's metadata, and its `Experiment` when one process decodes (validated and prepared
+) -> tuple[Session | None, dict[str, Any]]:
+    """The run's metadata, and its `Session` when one process decodes (validated and prepared
     before any logger or file exists; with several processes each rank builds its own)."""
     meta = {
         "config": cfg.describe(),
@@ -157,7 +157,7 @@ def _prepare(
     }
     if cfg.runner.devices * cfg.runner.num_nodes != 1:
         return None, meta
-    exp = Experiment(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
+    exp = Session(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
     meta["provenance"] = provenance(cfg.model.name_or_path, exp)
     meta["notes"] = exp.notes
     return exp, meta

@@ -37,7 +37,7 @@ from framework.models.loading import dtype_name, resolve_dtype
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.results.records import prompt_key
 from framework.session.config import RunConfig
-from framework.session.experiment import Experiment, provenance
+from framework.session.session import Session, provenance
 
 __all__ = [
     "DecodeModule",
@@ -65,7 +65,7 @@ class DecodeModule(pl.LightningModule):
             and the strategies are prepared (nothing is written before validation passes).
         model, tokenizer: an already loaded model (tests, sweeps); loaded in ``setup`` otherwise.
         log: where progress lines go when no progress bar is shown.
-        experiment: an `Experiment` built before the trainer (a single-process run validates and
+        experiment: a `Session` built before the trainer (a single-process run validates and
             prepares everything before any logger or file exists); built in ``setup`` otherwise.
     """
 
@@ -78,7 +78,7 @@ class DecodeModule(pl.LightningModule):
         model: Any = None,
         tokenizer: Any = None,
         log: Callable[[str], None] = print,
-        experiment: Experiment | None = None,
+        experiment: Session | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -88,7 +88,7 @@ class DecodeModule(pl.LightningModule):
         self.log_fn = log
         # Kept out of nn.Module registration: Lightning must not move or wrap the HF model.
         self.__dict__["_given"] = (model, tokenizer)
-        self.exp: Experiment | None = experiment
+        self.exp: Session | None = experiment
         self.methods: list[Method] = []
         self.done = 0
         self.tok_s: dict[str, list[float]] = {}
@@ -111,7 +111,7 @@ class DecodeModule(pl.LightningModule):
             cfg = cfg.for_rank(str(root), dtype_name(resolve_dtype(cfg.model.dtype, root)))
         mine = self.shard()
         if self.exp is None:
-            self.exp = Experiment(
+            self.exp = Session(
                 cfg,
                 model,
                 tokenizer,

@@ -120,8 +120,8 @@ DEPTHS = (4, 7)
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_runs_on_models_of_two_depths(name, depth):
     from framework.session.config import RunConfig
-    from framework.session.experiment import Experiment
     from framework.session.presets import load_preset
+    from framework.session.session import Session
     from framework.testing import FAST_OVERRIDES, random_prompt, tiny_model, tiny_tokenizer
 
     preset = load_preset(name)
@@ -133,7 +133,7 @@ def test_every_preset_runs_on_models_of_two_depths(name, depth):
     }
     cfg = RunConfig.from_preset(name, max_new_tokens=12, **fast)
     model = tiny_model("llama", num_layers=depth, seed=depth)
-    exp = Experiment(cfg, model, tiny_tokenizer(), log=lambda _msg: None)
+    exp = Session(cfg, model, tiny_tokenizer(), log=lambda _msg: None)
     ids = random_prompt(6, 128, seed=depth)
     want = exp.vanilla.generate(ids, exp.stop()).tokens
     got = exp.spec.generate(ids, exp.stop()).tokens

@@ -36,8 +36,8 @@ def _presets() -> list[str]:
 
 def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = False, **overrides):
     from framework.session.config import RunConfig
-    from framework.session.experiment import Experiment
     from framework.session.presets import load_preset
+    from framework.session.session import Session
     from framework.testing import FAST_OVERRIDES, tiny_model, tiny_tokenizer
 
     preset = load_preset(name)
@@ -53,7 +53,7 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = Fa
     )
     model = tiny_model("llama", num_layers=depth, seed=depth, dtype=dtype, max_position_embeddings=256)
     model = model.to("cuda")
-    exp = Experiment(cfg, model, tiny_tokenizer(VOCAB), log=lambda _msg: None)
+    exp = Session(cfg, model, tiny_tokenizer(VOCAB), log=lambda _msg: None)
     assert (exp.adapter.graphs is not None) == graphs
     return exp
 
@@ -171,7 +171,7 @@ def test_a_model_split_between_cuda_and_cpu_decodes_as_the_unsplit_model():
     from framework.data.prompts import Prompt, encode_chat
     from framework.results.compare import first_mismatch, mismatch_details
     from framework.session.config import RunConfig
-    from framework.session.experiment import Experiment
+    from framework.session.session import Session
     from framework.testing import tiny_model, tiny_tokenizer
 
     def experiment(device_map: str, device: str):
@@ -179,7 +179,7 @@ def test_a_model_split_between_cuda_and_cpu_decodes_as_the_unsplit_model():
             "static_confidence", max_new_tokens=24, dtype="float32", device=device, device_map=device_map
         )
         model = tiny_model("llama", num_layers=6, seed=6, dtype=torch.float32, max_position_embeddings=256)
-        return Experiment(
+        return Session(
             cfg, model.to("cpu" if device_map else "cuda"), tiny_tokenizer(VOCAB), log=lambda _m: None
         )
 

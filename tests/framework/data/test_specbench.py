@@ -255,17 +255,17 @@ def test_run_writes_answer_files_and_the_converter_agrees(tiny, data, tmp_path, 
 
 
 def test_interrupted_run_writes_the_finished_prompts(tiny, data, tmp_path, monkeypatch):
-    from framework.session.experiment import Experiment
+    from framework.session.session import Session
 
     model, tok = tiny
-    real = Experiment.decode_prompt
+    real = Session.decode_prompt
 
     def flaky(self, decoder, prompt, max_new_tokens=None):
         if max_new_tokens is None and prompt.question_id == 2:
             raise KeyboardInterrupt
         return real(self, decoder, prompt, max_new_tokens)
 
-    monkeypatch.setattr(Experiment, "decode_prompt", flaky)
+    monkeypatch.setattr(Session, "decode_prompt", flaky)
     cfg = RunConfig.of(
         data=str(data),
         output=str(tmp_path / "r.jsonl"),

@@ -186,8 +186,8 @@ def test_every_lossless_preset_equals_plain_decoding_in_bfloat16_in_exact_mode(n
     """The issue's criterion on the CPU: every lossless preset, a bfloat16 model, prompts not
     tuned on, 0 mismatches against our own plain greedy decoding."""
     from framework.session.config import RunConfig
-    from framework.session.experiment import Experiment
     from framework.session.presets import load_preset
+    from framework.session.session import Session
     from framework.testing import FAST_OVERRIDES
 
     preset = load_preset(name)
@@ -199,7 +199,7 @@ def test_every_lossless_preset_equals_plain_decoding_in_bfloat16_in_exact_mode(n
     }
     cfg = RunConfig.from_preset(name, max_new_tokens=24, exact="on", **fast)
     model = tiny_model("llama", num_layers=6, seed=9, dtype=torch.bfloat16)
-    exp = Experiment(cfg, model, tiny_tokenizer(), log=lambda _msg: None)
+    exp = Session(cfg, model, tiny_tokenizer(), log=lambda _msg: None)
     assert exp.adapter.exact and exp.adapter.kv_dtype is torch.float32
     for seed, plen in HELD_OUT:
         ids = random_prompt(plen, 128, seed=seed)

@@ -119,19 +119,19 @@ def test_the_run_option_places_the_model_and_refuses_what_cannot_work(tmp_path):
     from framework.data.prompts import Prompt
     from framework.models.loading import hf_device_map
     from framework.session.config import RunConfig
-    from framework.session.experiment import Experiment
+    from framework.session.session import Session
     from framework.testing import tiny_tokenizer
 
     cfg = RunConfig.of(
         device_map="cpu=1,cpu", dtype="float64", max_new_tokens=12, logger="none", kernels=False
     )
-    exp = Experiment(cfg, tiny_model("llama", 4, seed=5), tiny_tokenizer(), log=lambda m: None)
+    exp = Session(cfg, tiny_model("llama", 4, seed=5), tiny_tokenizer(), log=lambda m: None)
     assert [s.blocks for s in exp.adapter.placement.shards] == [range(1), range(1, 4)]
     prompt = Prompt(1, "qa", "qa", ("w5 w6 w7",))
     (van, _), (spec, _) = exp.decode_prompt(exp.vanilla, prompt)[0], exp.decode_prompt(exp.spec, prompt)[0]
     assert spec.tokens == van.tokens
     with pytest.raises(ConfigError, match="a split of 4 blocks"):
-        Experiment(cfg.replace(device_map="cpu=5,cpu"), tiny_model("llama", 4), tiny_tokenizer())
+        Session(cfg.replace(device_map="cpu=5,cpu"), tiny_model("llama", 4), tiny_tokenizer())
     with pytest.raises(ConfigError, match="off with --device-map"):
         RunConfig.of(device_map="auto", cuda_graphs=True)
     with pytest.raises(ConfigError, match="one process"):

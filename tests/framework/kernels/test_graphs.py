@@ -244,11 +244,11 @@ def test_without_prepare_graphs_the_timed_decodes_record_them():
 def test_the_experiment_sizes_the_pool_for_the_longest_prompt_and_answer(tmp_path):
     from framework.data.prompts import Prompt
     from framework.session.config import RunConfig
-    from framework.session.experiment import Experiment
+    from framework.session.session import Session
     from framework.testing import tiny_tokenizer
 
     cfg = RunConfig.of(max_new_tokens=20, dtype="float32", kernels=False, logger="none")
-    exp = Experiment(
+    exp = Session(
         cfg, tiny_model("llama", 4, seed=1, dtype=torch.float32), tiny_tokenizer(), log=lambda m: None
     )
     assert exp.prepare_graphs([]) == (0, 0.0)  # no graphs: nothing to record

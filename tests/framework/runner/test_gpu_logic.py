@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import framework.models.loading as models
-import framework.session.experiment as experiment_mod
+import framework.session.session as experiment_mod
 from framework.config import ConfigError
 from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.adapter import adapter_for
@@ -383,7 +383,7 @@ def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
         False,
     ]
     cfg = cfg_for(data, tmp_path / "r.jsonl", phase_timing="off")
-    exp = experiment_mod.Experiment(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
+    exp = experiment_mod.Session(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
     assert exp.adapter.time_lm_head is False
     assert exp.spec.phase_timing is False
 
@@ -393,8 +393,8 @@ def test_cuda_graphs_flag_is_checked_and_refused_without_cuda(data, tmp_path):
         ModelConfig(cuda_graphs="yes")  # a typed value is checked, not parsed
     cfg = cfg_for(data, tmp_path / "r.jsonl", cuda_graphs=True)
     with pytest.raises(ConfigError, match="--cuda-graphs must be used with a CUDA device"):
-        experiment_mod.Experiment(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
-    exp = experiment_mod.Experiment(
+        experiment_mod.Session(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
+    exp = experiment_mod.Session(
         cfg_for(data, tmp_path / "r.jsonl"), tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer()
     )
     assert exp.adapter.graphs is None

@@ -15,7 +15,7 @@ from framework.results.records import prompt_key, read_records
 from framework.runner.launch import launch_rank, resolve_output, run
 from framework.runner.lightning import append_records
 from framework.session.config import RunConfig, StrategySpec
-from framework.session.experiment import Experiment
+from framework.session.session import Session
 from framework.testing import plain_table, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -115,14 +115,14 @@ def test_resume_needs_an_output_file_and_its_metadata(tiny, data, tmp_path):
 def test_interrupted_run_then_resume_completes_without_duplicates(tiny, data, tmp_path, monkeypatch):
     model, tok = tiny
     out = tmp_path / "r.jsonl"
-    real = Experiment.decode_prompt
+    real = Session.decode_prompt
 
     def interrupt_at_q3(self, decoder, prompt, max_new_tokens=None):
         if prompt.question_id == 3:
             raise KeyboardInterrupt
         return real(self, decoder, prompt, max_new_tokens)
 
-    monkeypatch.setattr(Experiment, "decode_prompt", interrupt_at_q3)
+    monkeypatch.setattr(Session, "decode_prompt", interrupt_at_q3)
     with pytest.raises(KeyboardInterrupt):
         run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
     assert keys(read_records(out)) == [
@@ -134,7 +134,7 @@ def test_interrupted_run_then_resume_completes_without_duplicates(tiny, data, tm
     # A kill in the middle of a write leaves a torn line: resume cuts it and goes on.
     with out.open("a") as fh:
         fh.write('{"question_id": 3, "categ')
-    monkeypatch.setattr(Experiment, "decode_prompt", real)
+    monkeypatch.setattr(Session, "decode_prompt", real)
     lines: list[str] = []
     run(cfg_for(data, out, resume=True), log=lines.append, model=model, tokenizer=tok)
     assert any("dropped an incomplete last line" in s for s in lines)

@@ -12,7 +12,7 @@ from framework.data.prompts import load_prompts
 from framework.drafting.gate import GatedLength
 from framework.runner.launch import run
 from framework.session.config import RunConfig, StrategySpec
-from framework.session.experiment import Experiment, build_decoder
+from framework.session.session import Session, build_decoder
 from framework.testing import plain_table
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -82,7 +82,7 @@ def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
 def test_gate_wraps_the_length_controller(tiny, data, tmp_path):
     model, tok = tiny
     cfg = cfg_for(data, tmp_path / "g.jsonl")
-    exp = Experiment(cfg, model, tok)
+    exp = Session(cfg, model, tok)
     assert not isinstance(exp.spec.length, GatedLength)
     gated_cfg = cfg.replace(gate={"enabled": True, "probe": 4})
     decoder = build_decoder(exp.adapter, gated_cfg)
@@ -96,7 +96,7 @@ def test_gate_wraps_the_length_controller(tiny, data, tmp_path):
 
 def test_second_turn_sees_the_first_answer(tiny, data, tmp_path):
     model, tok = tiny
-    exp = Experiment(cfg_for(data, tmp_path / "x.jsonl"), model, tok)
+    exp = Session(cfg_for(data, tmp_path / "x.jsonl"), model, tok)
     prompt = load_prompts(data)[0]
     (r1, t1), (r2, _) = exp.decode_prompt(exp.vanilla, prompt)
     assert r1.new_tokens >= 1 and r2.new_tokens >= 1
@@ -107,7 +107,7 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
     model, tok = tiny
     out = tmp_path / "r.jsonl"
     calls = {"n": 0}
-    real = Experiment.decode_prompt
+    real = Session.decode_prompt
 
     def flaky(self, decoder, prompt, max_new_tokens=None):
         if max_new_tokens is None and prompt.question_id == 2:
@@ -115,7 +115,7 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(self, decoder, prompt, max_new_tokens)
 
-    monkeypatch.setattr(Experiment, "decode_prompt", flaky)
+    monkeypatch.setattr(Session, "decode_prompt", flaky)
     with pytest.raises(KeyboardInterrupt):
         run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -159,13 +159,13 @@ def test_warmup_does_not_leak_carried_state(tiny, data, tmp_path, monkeypatch):
     """Strategies are rebuilt after warm-up: the measured run starts from fresh instances."""
     model, tok = tiny
     built = []
-    real = Experiment.rebuild
+    real = Session.rebuild
 
     def spy(self):
         real(self)
         built.append(self.spec)
 
-    monkeypatch.setattr(Experiment, "rebuild", spy)
+    monkeypatch.setattr(Session, "rebuild", spy)
     run(cfg_for(data, tmp_path / "w.jsonl", warmup=1), log=lambda s: None, model=model, tokenizer=tok)
     assert len(built) == 2 and built[0] is not built[1]
 

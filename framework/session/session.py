@@ -2,7 +2,7 @@
 prompts with.
 
 `build_decoder` turns a `RunConfig` into a `SpeculativeDecoder` (the four strategies, the length
-controller wrapped in the draft gate when ``cfg.method.gate.enabled``); `Experiment` loads the model (or
+controller wrapped in the draft gate when ``cfg.method.gate.enabled``); `Session` loads the model (or
 takes one), prepares the strategies once and decodes prompts turn by turn with either decoder.
 """
 
@@ -72,7 +72,7 @@ def build_decoder(
     )
 
 
-class Experiment:
+class Session:
     """A loaded model plus both decoders, ready to decode prompts (used by ``run``, benchmarks and
     tests).
 
@@ -253,7 +253,7 @@ class Experiment:
         return out
 
 
-def provenance(configured: str | None, exp: Experiment) -> dict[str, Any]:
+def provenance(configured: str | None, exp: Session) -> dict[str, Any]:
     """What produced a run of ``exp`` (`framework.models.provenance.run_provenance`): the model
     (``configured``: the ``--model`` value), the code, the device and the dtype resolved."""
     adapter = exp.adapter
