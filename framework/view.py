@@ -7,7 +7,7 @@ counters of the generation and the forwards whose KV-cache bookkeeping the engin
 ``prepare`` takes a `PrepareView`: the model's facts, prompts to calibrate on, the measured cost
 model, and `PrepareView.evaluate`, the search service that decodes prompts with a candidate plan.
 Neither exposes the model adapter or the KV cache; the engine's objects behind them
-(`framework.engine.view.StateView`, `framework.engine.context.PrepareContext`) implement them.
+(`framework.engine.state_view.StateView`, `framework.engine.context.PrepareContext`) implement them.
 
 Shape notation as in `framework.types`: ``B`` batch (1), ``T`` tokens in one forward, ``N``
 committed tokens, ``V`` vocabulary, ``L`` blocks, ``d`` hidden size.

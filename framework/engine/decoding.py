@@ -14,7 +14,7 @@ import torch
 
 from framework.engine.adapter import ModelAdapter
 from framework.engine.state import DecodeState
-from framework.engine.view import StateView
+from framework.engine.state_view import StateView
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
 from framework.utils import PhaseTimer, synced_clock

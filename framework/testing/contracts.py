@@ -34,7 +34,7 @@ from framework.config import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.engine.view import StateView
+from framework.engine.state_view import StateView
 from framework.interfaces import REGISTRIES, LengthController, Strategy
 from framework.testing.stubs import (
     NoConfig,
