@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.specbench import write_answer_files
 from framework.models.loading import model_name
 from framework.results.records import read_records

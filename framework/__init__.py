@@ -24,7 +24,7 @@ the session (`RunConfig`, presets, `Session`), results, the runner (`framework.r
 the benchmark and sweeps.
 """
 
-from framework.config import ConfigError, build_config, check_choice, check_range, field_help, param
+from framework.config_fields import ConfigError, build_config, check_choice, check_range, field_help, param
 from framework.engine.context import PrepareContext
 from framework.interfaces import (
     DRAFTERS,

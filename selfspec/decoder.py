@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
 from framework.interfaces import Strategy

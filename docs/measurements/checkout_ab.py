@@ -53,8 +53,10 @@ def child(args: argparse.Namespace) -> dict[str, float]:
         load_builtin_strategies()
     except ImportError:
         pass  # after: the registries load the built-ins on first lookup
-    from framework import REGISTRIES
-    from framework.config import build_config
+    from framework import (
+        REGISTRIES,
+        build_config,  # every layout exports it (framework.config_fields, was .config)
+    )
     from framework.engine.adapter import adapter_for
     from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework import Draft, LengthController, LengthHint, ModelInfo, RoundView, Verification, register_length
-from framework.config import check_range, param
+from framework.config_fields import check_range, param
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
-from framework.config import check_range, param
+from framework.config_fields import check_range, param
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class RiskBudgetLength(LengthController):
 # --8<-- [start:config]
 def show_config_handling() -> None:
     from framework import get_length
-    from framework.config import ConfigError, build_config
+    from framework.config_fields import ConfigError, build_config
 
     assert get_length("risk_budget") is RiskBudgetLength  # what --length risk_budget looks up
 
@@ -161,7 +161,7 @@ def check_lossless(budgets=(0.25, 1.0, 4.0), num_prompts: int = 3, max_new_token
 
 
 # --8<-- [start:contract]
-from framework.config import ConfigError  # noqa: E402
+from framework.config_fields import ConfigError  # noqa: E402
 from framework.testing import LengthControllerContract  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework import LayerPlan, LayerSelector, ModelInfo, RoundView, register_selector
-from framework.config import check_range, param
+from framework.config_fields import check_range, param
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class MiddleMLPSelector(LayerSelector):
 # --8<-- [start:config]
 def show_config_handling() -> None:
     from framework import get_selector
-    from framework.config import ConfigError, build_config
+    from framework.config_fields import ConfigError, build_config
 
     # The registry returns the class for its name; this is what --selector middle_mlp does.
     assert get_selector("middle_mlp") is MiddleMLPSelector

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from framework import REGISTRIES, LayerPlan, PrepareContext
-from framework.config import build_config
+from framework.config_fields import build_config
 from framework.data.prompts import calibration_texts, encode_chat, load_prompts, stop_token_ids
 from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel

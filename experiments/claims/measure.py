@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from framework import REGISTRIES, Draft, LayerPlan
-from framework.config import build_config
+from framework.config_fields import build_config
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.results.compare import Method, compare_methods, first_mismatch, warm_up

@@ -26,7 +26,7 @@ from framework.benchmark.config import (
 )
 from framework.benchmark.hf import HF_METHODS
 from framework.benchmark.run import run_benchmark
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.session.config import SECTIONS, RunConfig, RunnerConfig
 from framework.session.errors import OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from framework.benchmark.hf import HF_METHODS
-from framework.config import ConfigError, check_range, param, parse_value
+from framework.config_fields import ConfigError, check_range, param, parse_value
 from framework.session.config import FLAT_KEYS, MethodConfig, RunConfig
 from framework.session.flags import add_config_flags, config_overrides_from_args, flag_of
 from framework.session.presets import list_presets, load_preset

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.engine.decoding import PLAIN_ROUND, GenerationResult, StopCondition
 from framework.kernels import cpu as fast_kernels
 from framework.types import RoundRecord

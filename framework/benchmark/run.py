@@ -22,7 +22,7 @@ from framework.benchmark.load import LoadMonitor, vanilla_spread
 from framework.benchmark.load import warnings as load_warnings
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.benchmark.tracking import log_benchmark
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import Prompt, load_prompts
 from framework.data.specbench import (
     check_answer_dir,

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 
 #: The flag that turns the answer files on (``run.py`` and ``bench.py``).
 FLAG = "--specbench-answers"

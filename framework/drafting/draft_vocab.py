@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework.config import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
 from framework.engine.cost_model import draft_sublayer_seconds
 from framework.engine.draft_head import DraftHead, LiveDraftHead

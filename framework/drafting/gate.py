@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework.config import check_choice, check_range, param
+from framework.config_fields import check_choice, check_range, param
 from framework.engine.context import PrepareContext
 from framework.engine.cost_model import CostModel
 from framework.interfaces import LengthController

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import Prompt
 from framework.drafting.gate import GateConfig
 from framework.engine.decoding import GenerationResult

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from framework.config import field_defaults, field_help
+from framework.config_fields import field_defaults, field_help
 from framework.interfaces import REGISTRIES
 from framework.models.loading import describe_models
 from framework.results.records import read_records

@@ -34,7 +34,7 @@ import pytorch_lightning as pl
 import torch
 import transformers
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.data.specbench import check_answer_dir, write_answer_files
 from framework.models.loading import model_name

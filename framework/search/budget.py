@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from framework.config import check_range, param
+from framework.config_fields import check_range, param
 from framework.utils import synced_clock
 
 T = TypeVar("T")

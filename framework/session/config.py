@@ -33,7 +33,7 @@ Override keys (`RunConfig.from_preset`, `RunConfig.replace`, `RunConfig.of`):
 - ``gate={"enabled": True}`` or a ``GateConfig``.
 
 Strings are parsed with the field's type, as on the command line (``"64"``, ``"true"``,
-``"3,5"``); typed values are coerced (`framework.config.coerce_value`: lists to tuples, YAML's
+``"3,5"``); typed values are coerced (`framework.config_fields.coerce_value`: lists to tuples, YAML's
 ``8.0`` to an int), never spelled back as text. Every error is a `ConfigError` that names the key
 as its flag: ``--selector.skip_ratio must be in [0, 1), got 1.5``.
 """
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from framework.config import ConfigError, build_config, check_range, coerce_value, param
+from framework.config_fields import ConfigError, build_config, check_range, coerce_value, param
 from framework.drafting.gate import GateConfig
 from framework.engine.placement import BlockPlacement
 from framework.interfaces import REGISTRIES

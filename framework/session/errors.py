@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import DataError
 from framework.models.loading import ModelLoadError
 from framework.registry import UnknownNameError

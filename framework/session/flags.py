@@ -9,7 +9,7 @@ config's defaults (or a preset's values) stay in force.
 How a field becomes flags:
 
 - a plain field ``max_new_tokens`` becomes ``--max-new-tokens VALUE``; the value is kept as the
-  string typed and parsed later with the field's type annotation (`framework.config.parse_value`),
+  string typed and parsed later with the field's type annotation (`framework.config_fields.parse_value`),
   so every error names the flag; ``Literal`` fields list their choices in ``--help``;
 - a ``bool`` field ``kernels`` becomes ``--kernels`` / ``--no-kernels``;
 - a tuple field with ``param(..., repeat=True)`` takes one item per flag (``--stop A --stop B``);
@@ -49,7 +49,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from framework.config import field_defaults, field_help
+from framework.config_fields import field_defaults, field_help
 from framework.interfaces import REGISTRIES
 
 #: Prefix of the ``argparse`` destinations of generated flags (``config:max_new_tokens``), so that

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 
 
 def _wandb_host() -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 
 
 def import_user_modules(modules: Iterable[str], flag: str = "--import") -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.interfaces import REGISTRIES
 
 PRESET_DIR = Path(__file__).resolve().parent / "assets" / "presets"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import Prompt, calibration_texts, encode_chat, stop_token_ids
 from framework.drafting.gate import gated
 from framework.engine.adapter import ModelAdapter, adapter_for

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.interfaces import REGISTRIES
 from framework.models.loading import TINY_BLOCKS, load_model
@@ -179,7 +179,7 @@ def _import_modules(params: dict[str, Any]) -> None:
 def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
     """`RunConfig.from_preset` overrides for sweep parameters (``method`` and ``import`` left out):
     names translated (`run_options`), values typed as the sweep file has them (the config coerces
-    them with the fields' types: `framework.config.coerce_value`; no round trip through
+    them with the fields' types: `framework.config_fields.coerce_value`; no round trip through
     command-line text).
 
     Raises:

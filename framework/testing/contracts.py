@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from framework.config import build_config
+from framework.config_fields import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from framework.config import build_config
+from framework.config_fields import build_config
 from framework.data.prompts import calibration_texts
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.cost_model import CostModel

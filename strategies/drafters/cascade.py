@@ -15,7 +15,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config import param
+from framework.config_fields import param
 from framework.drafting.gate import DraftGate, GateConfig
 from strategies.drafters.hybrid import HybridDrafter, HybridDrafterConfig
 

@@ -17,7 +17,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.drafting.builder import DraftBuilder
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 

@@ -16,7 +16,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config import check_choice, check_range, param
+from framework.config_fields import check_choice, check_range, param
 from framework.drafting.draft_vocab import DraftVocabConfig
 from framework.drafting.gate import DraftGate, GateConfig
 from framework.engine.draft_head import DraftHead

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, Verification, register_drafter
-from framework.config import check_choice, param
+from framework.config_fields import check_choice, param
 from framework.drafting.builder import DraftBuilder
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework import Draft, Drafter, ForwardSizes, LayerPlan, LengthController, RoundView, register_drafter
-from framework.config import check_range, param
+from framework.config_fields import check_range, param
 from framework.drafting.builder import NgramIndex, copy_draft
 
 #: Longest n-gram the config accepts (the index holds max_ngram - min_ngram + 1 keys per token).

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
-from framework.config import check_choice, check_range, param
+from framework.config_fields import check_choice, check_range, param
 from strategies.length.confidence import STOP_ON, STOP_ON_HELP, continue_above
 
 #: The threshold is kept within [GAMMA_MIN, GAMMA_MAX], inside (0, 1).

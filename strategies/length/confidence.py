@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from framework import LengthController, LengthHint, RoundView, register_length
-from framework.config import check_choice, check_range, param
+from framework.config_fields import check_choice, check_range, param
 
 #: What a threshold controller compares with its threshold (``stop_on``).
 STOP_ON = ("top1", "sampled")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
-from framework.config import check_choice, check_range, param
+from framework.config_fields import check_choice, check_range, param
 from strategies.length.confidence import continue_above
 
 

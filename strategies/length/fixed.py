@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework import LengthController, LengthHint, RoundView, register_length
-from framework.config import check_range, param
+from framework.config_fields import check_range, param
 
 
 @dataclass(frozen=True)

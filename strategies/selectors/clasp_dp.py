@@ -21,7 +21,7 @@ from framework import (
     Verification,
     register_selector,
 )
-from framework.config import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
 from framework.utils import upload
 

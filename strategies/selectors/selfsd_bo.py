@@ -41,7 +41,7 @@ from framework import (
     RoundView,
     register_selector,
 )
-from framework.config import ConfigError, build_config, check_choice, check_range, param
+from framework.config_fields import ConfigError, build_config, check_choice, check_range, param
 from framework.engine.cost_model import CostModel
 from framework.kernels.protocols import weights_key
 from framework.search.bayesopt import BinaryBayesOpt

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework import LayerPlan, LayerSelector, ModelInfo, RoundView, register_selector
-from framework.config import ConfigError, check_range, param
+from framework.config_fields import ConfigError, check_range, param
 
 
 @dataclass(frozen=True)

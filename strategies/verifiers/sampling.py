@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from framework import Draft, RoundView, Verification, Verifier, register_verifier
-from framework.config import ConfigError, check_range, param
+from framework.config_fields import ConfigError, check_range, param
 
 #: A residual ``max(0, p - q)`` with less total mass than this is treated as empty (p == q up to
 #: rounding, where a rejection has probability ~0): the replacement is then sampled from p.

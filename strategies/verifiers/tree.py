@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from framework import Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
-from framework.config import ConfigError, check_range, param
+from framework.config_fields import ConfigError, check_range, param
 from framework.utils import upload
 
 

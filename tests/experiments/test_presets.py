@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from framework import REGISTRIES
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.runner.cli import main
 from framework.session.notes import PAPER_PRESETS
 from framework.session.presets import PRESET_DIR, list_presets, load_preset

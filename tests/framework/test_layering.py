@@ -3,7 +3,7 @@
 Layers, bottom up (a module may import its own layer and the layers below it):
 
 1. API: ``framework`` (the package), ``framework.types``, ``framework.registry``,
-   ``framework.config``, ``framework.interfaces``, ``framework.utils``;
+   ``framework.config_fields``, ``framework.interfaces``, ``framework.utils``;
 2. kernels: ``framework.kernels`` (CPU kernels, CUDA graphs; what they need of the engine is
    declared in ``framework.kernels.protocols``, so they import nothing of it, not even for type
    checking);
@@ -32,7 +32,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("framework", "strategies", "selfspec")
 
-API = {"framework", "framework.types", "framework.registry", "framework.config", "framework.interfaces"}
+API = {
+    "framework",
+    "framework.types",
+    "framework.registry",
+    "framework.config_fields",
+    "framework.interfaces",
+}
 API.add("framework.utils")
 API.add("framework.view")
 #: The tooling's packages bottom up: each may import those before it, never one after it.

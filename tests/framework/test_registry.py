@@ -20,7 +20,7 @@ from framework import (
     list_selectors,
     register_selector,
 )
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.registry import Registry
 
 

@@ -121,7 +121,7 @@ def test_a_local_gguf_file_converts_to_the_weights_of_the_named_default_model(tm
 
 def _acceptance(adapter, tok, fmt: str, selector_cfg: dict) -> float:
     from framework import REGISTRIES
-    from framework.config import build_config
+    from framework.config_fields import build_config
     from framework.data.prompts import calibration_texts, encode_chat
     from framework.engine.decoding import SpeculativeDecoder, StopCondition
     from framework.testing import prepare_context

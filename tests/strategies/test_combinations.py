@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from framework import REGISTRIES
-from framework.config import build_config
+from framework.config_fields import build_config
 from framework.drafting.draft_vocab import DraftVocabConfig
 from framework.engine.adapter import adapter_for
 from framework.engine.context import PreparedCache

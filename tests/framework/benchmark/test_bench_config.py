@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from framework.benchmark import BenchConfig, MethodSpec, parse_methods, preset_run_config, run_benchmark
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.session.config import RunConfig
 
 

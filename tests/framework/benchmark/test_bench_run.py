@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from framework.benchmark import BenchConfig, HFGenerateDecoder, preset_run_config, run_benchmark
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
 from framework.models.loading import dtype_name

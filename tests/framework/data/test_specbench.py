@@ -13,7 +13,7 @@ import pytest
 
 from framework.benchmark import BenchConfig, HFGenerateDecoder, run_benchmark, summarize
 from framework.benchmark import cli as bench_cli
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.specbench import (
     ANSWER_KEYS,
     CHOICE_KEYS,

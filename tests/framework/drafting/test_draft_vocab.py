@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from framework import REGISTRIES
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.drafting.draft_vocab import MIN_DRAFT_VOCAB, DraftVocab, DraftVocabConfig
 from framework.engine.adapter import adapter_for
 from framework.engine.cost_model import CostModel

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from framework import REGISTRIES, Draft, LayerPlan, LengthController, LengthHint, Verification
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.drafting.gate import (
     DraftGate,
     GateConfig,

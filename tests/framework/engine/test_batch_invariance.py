@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from framework import REGISTRIES
-from framework.config import build_config
+from framework.config_fields import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.kernels import cpu as kernels

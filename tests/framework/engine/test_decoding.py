@@ -21,7 +21,7 @@ from framework import (
     Verification,
     Verifier,
 )
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import (
     GenerationResult,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.engine.adapter import adapter_for
 from framework.kernels import cpu as kernels
 from framework.testing import ARCHS, random_prompt, tiny_model, tiny_tokenizer

@@ -140,7 +140,7 @@ def test_speculative_decoding_through_whole_forwards_equals_plain_greedy(combo):
 def test_a_reduced_draft_head_runs_after_the_graph():
     _, adapter = _adapters(num_layers=6, seed=1)
     entry = REGISTRIES["drafter"].entry("layer_skip")
-    from framework.config import build_config
+    from framework.config_fields import build_config
 
     drafter = entry.cls(build_config(entry.config, {"draft_vocab": 32}))
     sel, length, ver = (

@@ -115,7 +115,7 @@ def test_every_decoder_on_a_split_model_gives_the_whole_models_tokens(selector, 
 
 
 def test_the_run_option_places_the_model_and_refuses_what_cannot_work(tmp_path):
-    from framework.config import ConfigError
+    from framework.config_fields import ConfigError
     from framework.data.prompts import Prompt
     from framework.models.loading import hf_device_map
     from framework.session.config import RunConfig

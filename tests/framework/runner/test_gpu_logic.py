@@ -13,7 +13,7 @@ import torch
 
 import framework.models.loading as models
 import framework.session.session as experiment_mod
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.results.records import prompt_key, read_records
 from framework.runner.launch import launch_rank, resolve_output, run
 from framework.runner.lightning import append_records

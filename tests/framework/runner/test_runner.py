@@ -7,7 +7,7 @@ import json
 import pytest
 
 import strategies.selectors.selfsd_bo as selfsd
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.data.prompts import load_prompts
 from framework.drafting.gate import GatedLength
 from framework.runner.launch import run

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from framework import Strategy
-from framework.config import ConfigError, build_config, field_help
+from framework.config_fields import ConfigError, build_config, field_help
 from framework.search.budget import BudgetedWork, WorkBudget, budget_param, check_budget
 from framework.testing import FakeClock
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from framework import REGISTRIES
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.drafting.gate import GateConfig
 from framework.registry import UnknownNameError
 from framework.runner.cli import main

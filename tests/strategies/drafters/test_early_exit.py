@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from framework import LayerPlan, ModelInfo
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState

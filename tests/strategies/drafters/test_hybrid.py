@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from framework import LayerPlan, LayerSelector
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.testing import DrafterContract, prepare_context, random_prompt

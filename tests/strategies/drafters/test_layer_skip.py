@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from framework import LayerPlan
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.testing import DrafterContract, default_strategy_instance, random_prompt

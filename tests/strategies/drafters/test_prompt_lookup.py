@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from framework import LayerPlan, LengthController
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.drafting.builder import NgramIndex, copy_draft
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder

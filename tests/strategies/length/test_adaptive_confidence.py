@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from framework import Draft, LayerPlan, Verification
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.drafting.builder import DraftConfidence
 from framework.drafting.gate import GateConfig, GatedLength
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from framework import LayerPlan
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.drafting.builder import DraftBuilder, DraftConfidence
 from framework.drafting.gate import GateConfig, GatedLength
 from framework.engine.state import DecodeState

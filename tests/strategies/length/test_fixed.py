@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from framework import Draft, LayerPlan, Verification
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.drafting.gate import GateConfig, GatedLength, length_cap
 from framework.testing import LengthControllerContract, synthetic_cost_model
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig

@@ -8,7 +8,7 @@ import pytest
 
 import strategies.selectors.selfsd_bo as selfsd
 from framework import LayerPlan
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.runner.cli import build_parser, config_from_args
 from framework.testing import LayerSelectorContract, cached_tiny_model, prepare_context, tiny_model

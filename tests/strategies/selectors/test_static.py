@@ -7,7 +7,7 @@ import math
 import pytest
 
 from framework import LayerPlan, ModelInfo
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.testing import LayerSelectorContract
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig, uniform_plan
 

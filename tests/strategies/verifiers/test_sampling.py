@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from framework import Draft, LayerPlan, Verification
-from framework.config import ConfigError, build_config
+from framework.config_fields import ConfigError, build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead

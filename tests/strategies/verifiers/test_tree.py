@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from framework import Draft, LayerPlan
-from framework.config import ConfigError
+from framework.config_fields import ConfigError
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.kv_cache import KVCache
 from framework.engine.state import DecodeState

@@ -1,4 +1,4 @@
-"""framework.config: range checks, string parsing, flag-prefixed errors, every registered Config."""
+"""framework.config_fields: range checks, string parsing, flag-prefixed errors, every registered Config."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal, Optional
 import pytest
 
 from framework import REGISTRIES
-from framework.config import (
+from framework.config_fields import (
     ConfigError,
     build_config,
     check_choice,
