@@ -12,8 +12,8 @@ Example:
     >>> print(dec.compare("Explain KV caches in one paragraph."))          # doctest: +SKIP
 """
 
-from framework.session.config import RunConfig
 from framework.session.presets import list_presets
+from framework.session.run_config import RunConfig
 from selfspec.decoder import Comparison, Decoder, Generation, GenerationStats
 
 __all__ = ["Comparison", "Decoder", "Generation", "GenerationStats", "RunConfig", "list_presets"]

@@ -22,7 +22,7 @@ from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
-from framework.session.config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
+from framework.session.run_config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
 from framework.session.session import Session
 from framework.types import LayerPlan
 

@@ -39,7 +39,7 @@ from framework.engine.decoding import SpeculativeDecoder, StopCondition, Vanilla
 from framework.engine.draft_head import DraftHead
 from framework.engine.state import DecodeState
 from framework.engine.token_ranking import TokenRanking, model_ranking
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 from framework.session.session import Session
 from strategies.selectors.static import uniform_plan
 

@@ -34,7 +34,7 @@ from framework.engine.cost_model import draft_sublayer_seconds
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
 from framework.engine.token_ranking import draft_head_for
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 from framework.session.session import Session
 from strategies.selectors.static import uniform_plan
 

@@ -19,8 +19,8 @@ import torch
 
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder
-from framework.session.config import RunConfig
 from framework.session.presets import list_presets
+from framework.session.run_config import RunConfig
 from framework.session.session import build_decoder
 from framework.testing import prepare_context, random_prompt, tiny_model
 from framework.testing.syncs import count_host_reads

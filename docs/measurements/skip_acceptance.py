@@ -17,7 +17,7 @@ import torch
 from framework import get_drafter, get_length, get_selector, get_verifier
 from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 from framework.session.session import Session
 from strategies.selectors.static import uniform_plan
 

@@ -69,7 +69,7 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     """
     from framework import REGISTRIES
     from framework.runner.launch import run
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
 
     cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))
     # Smoke mode only: our prompts, and no W&B run (the default logger is wandb).

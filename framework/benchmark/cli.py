@@ -27,9 +27,9 @@ from framework.benchmark.config import (
 from framework.benchmark.hf import HF_METHODS
 from framework.benchmark.run import run_benchmark
 from framework.config_fields import ConfigError
-from framework.session.config import SECTIONS, RunConfig, RunnerConfig
 from framework.session.errors import OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
+from framework.session.run_config import SECTIONS, RunConfig, RunnerConfig
 
 #: BenchConfig fields without a generated flag: ``run`` has its own flags, ``preset_args`` is
 #: spelled METHOD=FLAGS, ``command`` is the command line itself.

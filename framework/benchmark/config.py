@@ -20,9 +20,9 @@ from typing import Any
 
 from framework.benchmark.hf import HF_METHODS
 from framework.config_fields import ConfigError, check_range, param, parse_value
-from framework.session.config import FLAT_KEYS, MethodConfig, RunConfig
 from framework.session.flags import add_config_flags, config_overrides_from_args, flag_of
 from framework.session.presets import list_presets, load_preset
+from framework.session.run_config import FLAT_KEYS, MethodConfig, RunConfig
 
 BASELINE = "vanilla"
 #: What a first run shows (README command 1): this framework's default layer-skip method with its

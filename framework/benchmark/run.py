@@ -35,7 +35,7 @@ from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, load_model, model_name
 from framework.models.provenance import run_provenance
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
-from framework.session.config import MethodConfig, RunConfig
+from framework.session.run_config import MethodConfig, RunConfig
 from framework.session.session import Session
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).

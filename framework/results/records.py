@@ -19,7 +19,7 @@ from framework.config_fields import ConfigError
 from framework.data.prompts import Prompt
 from framework.drafting.gate import GateConfig
 from framework.engine.decoding import GenerationResult
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 
 #: Fields a record carries only when its writer sets them (`prompt_record`): ``position`` (the
 #: method's place in the prompt's rotated order), ``repeat`` and ``kind`` (the benchmark),

@@ -25,12 +25,12 @@ from framework.interfaces import REGISTRIES
 from framework.models.loading import describe_models
 from framework.results.records import read_records
 from framework.runner.launch import CURRENT_OUTPUT, run
-from framework.session.config import RunConfig
 from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
 from framework.session.notes import PAPER_PRESETS, published_by
 from framework.session.plugins import import_user_modules
 from framework.session.presets import MissingStrategyError, list_presets, load_preset
+from framework.session.run_config import RunConfig
 
 __all__ = [
     "USER_ERRORS",

@@ -10,7 +10,7 @@ and ``--resume`` continues it.
 The loop is a PyTorch Lightning predict loop (``framework.runner.lightning``): Lightning places
 the model, splits the prompts over processes (``--devices``, ``--num-nodes``), seeds, shows the
 progress bar and drives the logger (``--logger wandb|csv|none``, ``framework.runner.tracking``).
-The configuration is ``framework.session.config.RunConfig``; the loaded model with both
+The configuration is ``framework.session.run_config.RunConfig``; the loaded model with both
 decoders is ``framework.session.session.Session`` (usable without Lightning); records and
 the ``--resume`` state are ``framework.results.records``. Beside the results ``<stem>.jsonl``
 a run writes ``<stem>.meta.json``, ``<stem>.config.yaml`` (``run.py --config`` reproduces the run)
@@ -42,8 +42,8 @@ from framework.results.metrics import mismatch_lines, results_table, time_breakd
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, summary_metrics
-from framework.session.config import RunConfig
 from framework.session.loggers import close_logger, make_logger
+from framework.session.run_config import RunConfig
 from framework.session.session import Session, provenance
 
 

@@ -36,7 +36,7 @@ from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, resolve_dtype
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.results.records import prompt_key
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 from framework.session.session import Session, provenance
 
 __all__ = [

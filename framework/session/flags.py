@@ -15,7 +15,7 @@ How a field becomes flags:
 - a tuple field with ``param(..., repeat=True)`` takes one item per flag (``--stop A --stop B``);
   other tuple fields take a comma-separated list (``--categories qa,rag``);
 - a strategy field (metadata ``strategy=<kind>``, ``default_name`` and optional
-  ``field_aliases``, as ``framework.session.config.strategy_field`` writes it) becomes
+  ``field_aliases``, as ``framework.session.run_config.strategy_field`` writes it) becomes
   ``--<kind> NAME`` plus ``--<kind>.<f> VALUE`` for every field ``f`` of every strategy
   registered for that kind
   (``--import`` modules must be imported first; the built-ins register themselves on the

@@ -17,8 +17,8 @@ from functools import cache
 from typing import Any
 
 from framework.interfaces import REGISTRIES
-from framework.session.config import MethodConfig, RunConfig
 from framework.session.presets import load_preset
+from framework.session.run_config import MethodConfig, RunConfig
 
 #: The presets that run a seed paper's method as published (no draft gate, no work cap, the full
 #: LM head, the model's own weights); their ``_safe`` variants add this framework's parts.

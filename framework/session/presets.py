@@ -15,7 +15,7 @@ draft gate with a top-level ``gate: {enabled: true}`` (fields of
 ``framework.drafting.gate.GateConfig``). A preset naming a strategy that is not registered fails
 with a message naming the missing strategy.
 
-``framework.session.config.RunConfig.from_preset`` turns a preset into a run configuration.
+``framework.session.run_config.RunConfig.from_preset`` turns a preset into a run configuration.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from framework.engine.placement import BlockPlacement
 from framework.interfaces import REGISTRIES, Strategy
 from framework.models.loading import dtype_name, load_model
 from framework.models.provenance import run_provenance
-from framework.session.config import RunConfig
 from framework.session.notes import run_notes
+from framework.session.run_config import RunConfig
 
 #: What may stand in for a configured strategy: an instance, or a class built with its default config.
 StrategyOverrides = Mapping[str, "Strategy | type[Strategy]"]

@@ -31,11 +31,11 @@ from framework.interfaces import REGISTRIES
 from framework.models.loading import TINY_BLOCKS, load_model
 from framework.results.metrics import aggregate
 from framework.runner.launch import run as run_experiment
-from framework.session.config import FLAT_KEYS, SECTIONS, MethodConfig, RunConfig
 from framework.session.errors import USER_ERRORS
 from framework.session.flags import flag_name
 from framework.session.loggers import has_wandb_credentials
 from framework.session.plugins import import_user_modules
+from framework.session.run_config import FLAT_KEYS, SECTIONS, MethodConfig, RunConfig
 from framework.sweep.spec import Sweep, SweepError
 from framework.testing.tiny import tiny_model, tiny_tokenizer
 

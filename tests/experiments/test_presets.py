@@ -119,8 +119,8 @@ DEPTHS = (4, 7)
 @pytest.mark.parametrize("depth", [pytest.param(4, marks=pytest.mark.slow), 7])
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_runs_on_models_of_two_depths(name, depth):
-    from framework.session.config import RunConfig
     from framework.session.presets import load_preset
+    from framework.session.run_config import RunConfig
     from framework.session.session import Session
     from framework.testing import FAST_OVERRIDES, random_prompt, tiny_model, tiny_tokenizer
 
@@ -154,7 +154,7 @@ SAFE_ALSO_CHANGES = {
 
 @pytest.mark.parametrize("name", PAPER_PRESETS)
 def test_paper_presets_run_the_method_as_published(name):
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
 
     cfg = RunConfig.from_preset(name)
     assert cfg.method.gate.enabled is False, f"{name}: the draft gate is not part of the paper"
@@ -169,7 +169,7 @@ def test_paper_presets_run_the_method_as_published(name):
 
 @pytest.mark.parametrize("name", [n for n in PAPER_PRESETS if n + "_safe" in PRESETS])
 def test_safe_variants_add_only_the_gate_the_cap_and_the_head(name):
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
 
     paper, safe = RunConfig.from_preset(name), RunConfig.from_preset(name + "_safe")
     assert safe.method.gate.enabled is True

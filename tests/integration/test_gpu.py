@@ -35,8 +35,8 @@ def _presets() -> list[str]:
 
 
 def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = False, **overrides):
-    from framework.session.config import RunConfig
     from framework.session.presets import load_preset
+    from framework.session.run_config import RunConfig
     from framework.session.session import Session
     from framework.testing import FAST_OVERRIDES, tiny_model, tiny_tokenizer
 
@@ -170,7 +170,7 @@ def test_a_model_split_between_cuda_and_cpu_decodes_as_the_unsplit_model():
     speculative decoder on the split model equals vanilla decoding on it likewise."""
     from framework.data.prompts import Prompt, encode_chat
     from framework.results.compare import first_mismatch, mismatch_details
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
     from framework.session.session import Session
     from framework.testing import tiny_model, tiny_tokenizer
 

@@ -7,7 +7,7 @@ import pytest
 
 from framework.benchmark import BenchConfig, MethodSpec, parse_methods, preset_run_config, run_benchmark
 from framework.config_fields import ConfigError
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 
 
 def test_methods_resolve_with_vanilla_first():

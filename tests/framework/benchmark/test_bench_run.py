@@ -15,7 +15,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
 from framework.models.loading import dtype_name
 from framework.results.metrics import cost_model_prediction, rounds_prediction
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 from framework.testing import plain_table, synthetic_cost_model
 
 VOCAB = 128  # the tiny model of conftest.py
@@ -367,7 +367,7 @@ def test_methods_may_be_method_sections(tiny, data, tmp_path):
     """In Python the benchmark takes method sections too: each decodes with the run's shared
     sections and its own strategies, under its label; a gated section gets its ':raw' companion."""
     from framework.benchmark.config import parse_methods
-    from framework.session.config import MethodConfig
+    from framework.session.run_config import MethodConfig
 
     mine = RunConfig.from_preset("static_confidence", name="mine", **{"selector.skip_ratio": 0.5}).method
     assert [(s.label, s.raw) for s in parse_methods(["vanilla", mine], with_raw=True)] == [

@@ -24,7 +24,7 @@ from framework.data.specbench import (
 from framework.results.records import config_differences, read_records
 from framework.runner import cli as run_cli
 from framework.runner.launch import run
-from framework.session.config import RunConfig, RunnerConfig, StrategySpec
+from framework.session.run_config import RunConfig, RunnerConfig, StrategySpec
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 

@@ -144,7 +144,7 @@ def test_the_backend_of_exact_mode_holds_for_every_attention_of_a_forward(monkey
 
 
 def test_exact_flag_is_validated_and_auto_is_on_for_a_cpu_only():
-    from framework.session.config import ModelConfig, RunConfig
+    from framework.session.run_config import ModelConfig, RunConfig
 
     with pytest.raises(ConfigError, match="--exact"):
         RunConfig.from_preset("static_confidence", exact="sometimes")
@@ -185,8 +185,8 @@ QUICK = ("clasp", "swift", "selfsd", "hybrid", "static_confidence")
 def test_every_lossless_preset_equals_plain_decoding_in_bfloat16_in_exact_mode(name):
     """The issue's criterion on the CPU: every lossless preset, a bfloat16 model, prompts not
     tuned on, 0 mismatches against our own plain greedy decoding."""
-    from framework.session.config import RunConfig
     from framework.session.presets import load_preset
+    from framework.session.run_config import RunConfig
     from framework.session.session import Session
     from framework.testing import FAST_OVERRIDES
 

@@ -48,8 +48,8 @@ WITHIN_LIMITS = ("layerskip_fs", "layerskip_static_safe", "prompt_lookup")
 
 
 def _per_round(name: str) -> tuple[float, float, int]:
-    from framework.session.config import RunConfig
     from framework.session.presets import load_preset
+    from framework.session.run_config import RunConfig
     from framework.session.session import build_decoder
 
     preset = load_preset(name)

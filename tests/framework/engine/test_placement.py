@@ -118,7 +118,7 @@ def test_the_run_option_places_the_model_and_refuses_what_cannot_work(tmp_path):
     from framework.config_fields import ConfigError
     from framework.data.prompts import Prompt
     from framework.models.loading import hf_device_map
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
     from framework.session.session import Session
     from framework.testing import tiny_tokenizer
 

@@ -243,7 +243,7 @@ def test_without_prepare_graphs_the_timed_decodes_record_them():
 
 def test_the_experiment_sizes_the_pool_for_the_longest_prompt_and_answer(tmp_path):
     from framework.data.prompts import Prompt
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
     from framework.session.session import Session
     from framework.testing import tiny_tokenizer
 

@@ -209,7 +209,7 @@ def test_tiny_random_is_named_and_deep_enough_for_the_presets_to_skip():
     """Issue 39, item 6: run banners name it, and the default preset's draft skips something on
     it (on 4 blocks the static selector's 20% rounded down to nothing: alpha 1.0, nothing tested)."""
     from framework.models.loading import TINY_MODEL
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
 
     net, _ = load_model(TINY_MODEL, device="cpu")
     from framework.engine.adapter import adapter_for

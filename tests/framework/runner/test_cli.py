@@ -12,7 +12,7 @@ import yaml
 
 from framework import REGISTRIES
 from framework.runner.cli import main
-from framework.session.config import FLAT_KEYS
+from framework.session.run_config import FLAT_KEYS
 from framework.utils import MissingDependencyError, require
 from strategies.length.fixed import FixedLengthConfig
 

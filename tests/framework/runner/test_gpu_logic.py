@@ -20,7 +20,7 @@ from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
 from framework.results.compare import NEAR_TIE_ULPS, Method, first_mismatch, mismatch_details, near_tie, ulp
 from framework.runner.lightning import DecodeModule
-from framework.session.config import ModelConfig, RunConfig, StrategySpec
+from framework.session.run_config import ModelConfig, RunConfig, StrategySpec
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig

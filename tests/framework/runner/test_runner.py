@@ -11,7 +11,7 @@ from framework.config_fields import ConfigError, build_config
 from framework.data.prompts import load_prompts
 from framework.drafting.gate import GatedLength
 from framework.runner.launch import run
-from framework.session.config import RunConfig, StrategySpec
+from framework.session.run_config import RunConfig, StrategySpec
 from framework.session.session import Session, build_decoder
 from framework.testing import plain_table
 from strategies.length.fixed import FixedLengthConfig

@@ -12,8 +12,8 @@ import pytest
 
 from framework.runner.launch import run
 from framework.runner.tracking import prompt_metrics, round_rows, summary_metrics
-from framework.session.config import RunConfig, StrategySpec
 from framework.session.loggers import wandb_mode
+from framework.session.run_config import RunConfig, StrategySpec
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 

@@ -14,7 +14,9 @@ from framework.config_fields import ConfigError
 from framework.drafting.gate import GateConfig
 from framework.registry import UnknownNameError
 from framework.runner.cli import main
-from framework.session.config import (
+from framework.session.flags import add_config_flags, config_overrides_from_args
+from framework.session.presets import PRESET_DIR, list_presets
+from framework.session.run_config import (
     FLAT_KEYS,
     SECTIONS,
     GenerationConfig,
@@ -25,8 +27,6 @@ from framework.session.config import (
     UnknownStrategyError,
     section_of,
 )
-from framework.session.flags import add_config_flags, config_overrides_from_args
-from framework.session.presets import PRESET_DIR, list_presets
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
 

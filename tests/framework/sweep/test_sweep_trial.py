@@ -8,7 +8,7 @@ import os
 import pytest
 
 import framework.sweep.trial as trial
-from framework.session.config import RunConfig
+from framework.session.run_config import RunConfig
 from framework.sweep import SweepError
 
 

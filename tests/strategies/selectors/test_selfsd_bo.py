@@ -194,7 +194,7 @@ def test_cache_searches_a_model_once_across_runs(adapter, tmp_path, monkeypatch)
 
 
 def test_cache_is_off_by_default_and_on_in_the_self_sd_presets():
-    from framework.session.config import RunConfig
+    from framework.session.run_config import RunConfig
 
     assert SelfSDConfig().cache is False
     for name in ("selfsd", "selfsd_safe", "selfsd_sampling"):
