@@ -1,7 +1,7 @@
 """The Spec-Bench-style benchmark: our vanilla baseline, Hugging Face ``generate`` and any of our
 presets, interleaved on the same prompts with one model load (``experiments/bench.py``).
 
-- `framework.benchmark.config`: `BenchConfig` (the methods and the benchmark's knobs around one
+- `framework.benchmark.bench_config`: `BenchConfig` (the methods and the benchmark's knobs around one
   shared `RunConfig`), `parse_methods`;
 - `framework.benchmark.hf`: `HFGenerateDecoder` (``hf_generate``, ``hf_prompt_lookup``,
   ``hf_early_exit``);
@@ -12,8 +12,7 @@ presets, interleaved on the same prompts with one model load (``experiments/benc
 See ``docs/benchmarks.md``.
 """
 
-from framework.benchmark.cli import main
-from framework.benchmark.config import (
+from framework.benchmark.bench_config import (
     BASELINE,
     DEFAULT_METHODS,
     BenchConfig,
@@ -21,6 +20,7 @@ from framework.benchmark.config import (
     allowed_methods,
     parse_methods,
 )
+from framework.benchmark.cli import main
 from framework.benchmark.hf import HF_METHODS, HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
 from framework.benchmark.run import preset_run_config, run_benchmark

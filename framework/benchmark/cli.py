@@ -1,7 +1,7 @@
 """Command line of the benchmark: ``python experiments/bench.py --methods vanilla,hf_generate,clasp``.
 
 The flags are generated (`framework.session.flags`) from the `RunConfig` sections every method
-shares (`framework.benchmark.config.SHARED_SECTIONS` and `RUNNER_FIELDS`: ``--model``,
+shares (`framework.benchmark.bench_config.SHARED_SECTIONS` and `RUNNER_FIELDS`: ``--model``,
 ``--data``, ``--max-new-tokens``, ``--no-plots``, ...) and from `BenchConfig`'s own fields (``--methods``,
 ``--repeats``, ``--cost-model``, ...), plus ``--preset-args METHOD=FLAGS`` (repeatable). Bad input
 exits with status 2 and a message naming the flag; Ctrl-C exits with 130.
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from framework.benchmark.config import (
+from framework.benchmark.bench_config import (
     BASELINE,
     DEFAULT_METHODS,
     RUNNER_FIELDS,

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from framework.benchmark.config import BASELINE, BenchConfig
+from framework.benchmark.bench_config import BASELINE, BenchConfig
 from framework.benchmark.load import load_line
 from framework.benchmark.story import what_happened
 from framework.results import plots

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from framework.benchmark.config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec, method_section
+from framework.benchmark.bench_config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec, method_section
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.load import LoadMonitor, vanilla_spread
 from framework.benchmark.load import warnings as load_warnings

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from framework.benchmark.config import BASELINE, RAW_SUFFIX
+from framework.benchmark.bench_config import BASELINE, RAW_SUFFIX
 from framework.results.metrics import plan_for_skip_ratio
 
 #: A speedup within this distance of 1.0 reads as "no faster and no slower" (the run-to-run noise

@@ -1,4 +1,4 @@
-"""The benchmark's configuration (framework/benchmark/config.py) and how a preset method's
+"""The benchmark's configuration (framework/benchmark/bench_config.py) and how a preset method's
 `RunConfig` is built (framework/benchmark/run.py: no command-line round trip)."""
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def test_raw_runs_each_gated_preset_with_the_gate_off_too(tiny, data, tmp_path):
     """``--raw``: a gated preset gets a '<name>:raw' companion row decoded with the gate off (its
     own alpha and M even where the gate declines); ungated presets get none; the gate column says
     how often the gate declined, and an alpha that does not exist says why."""
-    from framework.benchmark.config import parse_methods
+    from framework.benchmark.bench_config import parse_methods
     from framework.benchmark.report import _alpha_cell, _gate_cell
 
     specs = parse_methods(["static_confidence", "hybrid"], with_raw=True)
@@ -366,7 +366,7 @@ def test_the_header_names_the_resolved_dtype(tiny, data, tmp_path):
 def test_methods_may_be_method_sections(tiny, data, tmp_path):
     """In Python the benchmark takes method sections too: each decodes with the run's shared
     sections and its own strategies, under its label; a gated section gets its ':raw' companion."""
-    from framework.benchmark.config import parse_methods
+    from framework.benchmark.bench_config import parse_methods
     from framework.session.run_config import MethodConfig
 
     mine = RunConfig.from_preset("static_confidence", name="mine", **{"selector.skip_ratio": 0.5}).method
