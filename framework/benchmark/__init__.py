@@ -5,13 +5,14 @@ presets, interleaved on the same prompts with one model load (``experiments/benc
   shared `RunConfig`), `parse_methods`;
 - `framework.benchmark.hf`: `HFGenerateDecoder` (``hf_generate``, ``hf_prompt_lookup``,
   ``hf_early_exit``);
-- `framework.benchmark.run`: `run_benchmark` (the interleaved run);
+- `framework.benchmark.bench`: `run_benchmark` (the interleaved run);
 - `framework.benchmark.report`: `summarize`, the markdown tables and the plots;
 - `framework.benchmark.cli`: `main` (the flags generated from `RunConfig` and `BenchConfig`).
 
 See ``docs/benchmarks.md``.
 """
 
+from framework.benchmark.bench import preset_run_config, run_benchmark
 from framework.benchmark.bench_config import (
     BASELINE,
     DEFAULT_METHODS,
@@ -23,7 +24,6 @@ from framework.benchmark.bench_config import (
 from framework.benchmark.cli import main
 from framework.benchmark.hf import HF_METHODS, HFGenerateDecoder
 from framework.benchmark.report import make_plots, render_report, summarize
-from framework.benchmark.run import preset_run_config, run_benchmark
 
 __all__ = [
     "BASELINE",

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from framework.benchmark.bench import run_benchmark
 from framework.benchmark.bench_config import (
     BASELINE,
     DEFAULT_METHODS,
@@ -25,7 +26,6 @@ from framework.benchmark.bench_config import (
     allowed_methods,
 )
 from framework.benchmark.hf import HF_METHODS
-from framework.benchmark.run import run_benchmark
 from framework.config_fields import ConfigError
 from framework.session.errors import OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args

@@ -1,5 +1,5 @@
 """The benchmark's configuration (framework/benchmark/bench_config.py) and how a preset method's
-`RunConfig` is built (framework/benchmark/run.py: no command-line round trip)."""
+`RunConfig` is built (framework/benchmark/bench.py: no command-line round trip)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The benchmark's interleaved run (framework/benchmark/run.py) on a tiny random model: the table,
+"""The benchmark's interleaved run (framework/benchmark/bench.py) on a tiny random model: the table,
 the ratio of means, mismatches, HF generate against our vanilla, the rotating method order,
 incremental output and a failing HF method."""
 
