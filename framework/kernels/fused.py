@@ -284,8 +284,8 @@ class FusedBlocks:
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
-    def build(cls, adapter: BranchModel) -> FusedBlocks | None:
-        """The fused branches of ``adapter``'s blocks that reproduce the module path, or ``None``.
+    def build(cls, arch: BranchModel) -> FusedBlocks | None:
+        """The fused branches of ``arch``'s blocks that reproduce the module path, or ``None``.
 
         Each candidate branch is run once on random float32 input (3 tokens at positions 5-7 after
         5 cached ones) both ways; it is fused only if the outputs, and for attention the cache
@@ -295,10 +295,10 @@ class FusedBlocks:
         ext = kernels.load_extension()
         if ext is None or not hasattr(ext, "attn_branch"):
             return None
-        attn = [_attn_modules(adapter, blk) for blk in adapter.blocks]
-        mlp = [_mlp_modules(blk) for blk in adapter.blocks]
+        attn = [_attn_modules(arch, blk) for blk in arch.blocks]
+        mlp = [_mlp_modules(blk) for blk in arch.blocks]
         fused = cls(attn, mlp, ext)
-        _self_check(fused, adapter)
+        _self_check(fused, arch)
         return fused if fused.num_fused else None
 
 
@@ -317,12 +317,12 @@ def _linear_ok(mod: Any, n: int, k: int) -> bool:
     return isinstance(mod, nn.Linear) and mod.weight.shape == (n, k) and _plain_f32(mod.weight, mod.bias)
 
 
-def _attn_modules(adapter: BranchModel, blk: nn.Module) -> _Attn | None:
+def _attn_modules(arch: BranchModel, blk: nn.Module) -> _Attn | None:
     attn = getattr(blk, "self_attn", None)
     norm = getattr(blk, "input_layernorm", None)
-    d = adapter.hidden_size
-    heads = getattr(adapter.config, "num_attention_heads", 0)
-    kv_heads, head_dim = adapter.num_kv_heads, adapter.head_dim
+    d = arch.hidden_size
+    heads = getattr(arch.config, "num_attention_heads", 0)
+    kv_heads, head_dim = arch.num_kv_heads, arch.head_dim
     if (
         attn is None
         or not _rms_ok(norm, d)
@@ -368,24 +368,24 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @torch.inference_mode()
-def _self_check(fused: FusedBlocks, adapter: BranchModel) -> None:
+def _self_check(fused: FusedBlocks, arch: BranchModel) -> None:
     """Drop every branch whose fused result differs from the module path (see `FusedBlocks.build`)."""
     g = torch.Generator().manual_seed(0)
-    d, n, ctx, t = adapter.hidden_size, adapter.num_layers, 5, 3
-    if adapter.device.type != "cpu" or adapter.dtype is not _F32:
+    d, n, ctx, t = arch.hidden_size, arch.num_layers, 5, 3
+    if arch.device.type != "cpu" or arch.dtype is not _F32:
         fused.attn = [None] * n
         fused.mlp = [None] * n
         return
     h = torch.randn(1, t, d, generator=g)
     pos = torch.arange(ctx, ctx + t)[None]
-    cos, sin = (c.contiguous() for c in adapter.rotary(h, pos))
-    kv_shape = (1, adapter.num_kv_heads, ctx, adapter.head_dim)
+    cos, sin = (c.contiguous() for c in arch.rotary(h, pos))
+    kv_shape = (1, arch.num_kv_heads, ctx, arch.head_dim)
     for i in range(n):
         if fused.attn[i] is not None:
             past = (torch.randn(kv_shape, generator=g), torch.randn(kv_shape, generator=g))
             runs = []
             for use_fused in (False, True):
-                cache = adapter.new_cache(ctx + t)
+                cache = arch.new_cache(ctx + t)
                 cache.keys[i, :, :, :ctx] = past[0]  # the same committed context both ways
                 cache.values[i, :, :, :ctx] = past[1]
                 cache.committed, cache.lengths = ctx, [ctx] * n
@@ -393,10 +393,10 @@ def _self_check(fused: FusedBlocks, adapter: BranchModel) -> None:
                 if use_fused:
                     out = fused.attention(i, h, cos, sin, cache)
                 else:
-                    out = h + adapter.attention_branch(i, h, (cos, sin), cache.attention_mask(i), cache)
+                    out = h + arch.attention_branch(i, h, (cos, sin), cache.attention_mask(i), cache)
                 cache.end()
                 runs.append((out, cache.keys[i], cache.values[i]))
             if not all(_close(f, m) for f, m in zip(runs[1], runs[0], strict=True)):
                 fused.attn[i] = None
-        if fused.mlp[i] is not None and not _close(fused.mlp_branch(i, h), h + adapter.mlp_branch(i, h)):
+        if fused.mlp[i] is not None and not _close(fused.mlp_branch(i, h), h + arch.mlp_branch(i, h)):
             fused.mlp[i] = None

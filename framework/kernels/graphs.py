@@ -18,7 +18,7 @@ How a branch becomes static (a graph fixes every address and shape):
 
 - the input (the residual stream), the RoPE cos/sin and the first write slot live in static
   buffers (one set per T) that each call fills before the replay;
-- the KV cache is a pool of buffers at a fixed address, which the adapter's ``new_cache`` lends to one
+- the KV cache is a pool of buffers at a fixed address, which the model adapter's ``new_cache`` lends to one
   KV cache at a time (`BranchGraphs.lease`); the keys/values of the T new tokens are written at
   slots ``pos .. pos + T - 1`` computed inside the graph from a device tensor ``pos``
   (``index_copy_``), and attention reads the first ``span`` slots of the layer under a mask
@@ -91,7 +91,7 @@ class BranchGraphs:
     graphs on first use.
 
     Args:
-        adapter: the model adapter whose blocks are run.
+        arch: the model arch whose blocks are run.
         capture: capture CUDA graphs (``None``: when the model is on CUDA); ``False`` runs the
             static branches eagerly.
         max_tokens: the longest forward served (a chain verification of k drafts has k + 1
@@ -106,7 +106,7 @@ class BranchGraphs:
 
     def __init__(
         self,
-        adapter: BranchModel,
+        arch: BranchModel,
         *,
         capture: bool | None = None,
         max_tokens: int = 64,
@@ -114,9 +114,9 @@ class BranchGraphs:
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        self.adapter = adapter
+        self.arch = arch
         self.max_tokens = max_tokens
-        self.device = adapter.device
+        self.device = arch.device
         self.capture = (self.device.type == "cuda" or recorder is not None) if capture is None else capture
         if self.capture and self.device.type != "cuda" and recorder is None:
             raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {self.device}")
@@ -135,7 +135,7 @@ class BranchGraphs:
         self._pool = None  # the private memory pool every graph of this object records into
         self._stream: Any = None  # the side stream that warms graphs up and records them
         self._retired: list[tuple[Any, torch.Tensor]] = []  # dropped while others live (_drop_graphs)
-        self._hidden = adapter.hidden_size
+        self._hidden = arch.hidden_size
         with torch.inference_mode(False):
             self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
             self._offsets = torch.arange(max_tokens, device=self.device)
@@ -173,7 +173,7 @@ class BranchGraphs:
         if capacity <= self.capacity:
             return
         cap = _pow2(capacity, MIN_CAPACITY)
-        a = self.adapter
+        a = self.arch
         shape = (a.num_layers, 1, a.num_kv_heads, cap, a.head_dim)
         self._drop_graphs(lambda _key: False)
         self.keys = self.values = None
@@ -256,11 +256,11 @@ class BranchGraphs:
     def mlp(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         """Block ``i``'s MLP branch output (without the residual)."""
         t = hidden.shape[1]
-        return self._run(("mlp", i, t, 0), hidden, lambda: self.adapter.mlp_branch(i, self._x[t]))
+        return self._run(("mlp", i, t, 0), hidden, lambda: self.arch.mlp_branch(i, self._x[t]))
 
     def _static_attention(self, i: int, t: int, tree: bool, span: int) -> torch.Tensor:
         assert self.keys is not None and self.values is not None and self._arange is not None
-        dtype = self.adapter.dtype
+        dtype = self.arch.dtype
         slots = self.pos + self._offsets[:t]  # (T,)
         arange = self._arange[:span]
         if tree:  # every slot before pos, and the tree's own pattern over the block's slots
@@ -273,13 +273,13 @@ class BranchGraphs:
         mask = torch.zeros(hidden.shape, dtype=dtype, device=self.device)
         mask = mask.masked_fill(hidden, torch.finfo(dtype).min)[None, None]
         cache = _SlotCache(self.keys, self.values, slots, span)
-        return self.adapter.attention_branch(i, self._x[t], self._rope[t], mask, cache)
+        return self.arch.attention_branch(i, self._x[t], self._rope[t], mask, cache)
 
     def _input(self, t: int) -> torch.Tensor:
         x = self._x.get(t)
         if x is None:
             with torch.inference_mode(False):
-                x = self._x[t] = torch.zeros(1, t, self._hidden, dtype=self.adapter.dtype, device=self.device)
+                x = self._x[t] = torch.zeros(1, t, self._hidden, dtype=self.arch.dtype, device=self.device)
         return x
 
     def _run(
@@ -363,7 +363,7 @@ class BranchGraphs:
         for t in sorted({*chain_t, *tree_t, *fits(mlp)}):
             x = self._input(t)
             self.set_rotary(rotary(t))
-            for i in range(self.adapter.num_layers):
+            for i in range(self.arch.num_layers):
                 self.mlp(i, x)
                 for span in self.spans() if t in chain_t or t in tree_t else ():
                     slot = max(0, span - t)  # a forward ending inside this span

@@ -317,8 +317,8 @@ class LowBitLinears:
 
     @classmethod
     @torch.no_grad()
-    def build(cls, adapter: BranchModel, fmt: str) -> LowBitLinears | None:
-        """Compress every ``nn.Linear`` of ``adapter``'s blocks to ``fmt`` and route them through
+    def build(cls, arch: BranchModel, fmt: str) -> LowBitLinears | None:
+        """Compress every ``nn.Linear`` of ``arch``'s blocks to ``fmt`` and route them through
         `active`; ``None`` when no layer qualifies or the format is the model's own dtype
         (``bfloat16`` on a bfloat16 model).
 
@@ -327,13 +327,13 @@ class LowBitLinears:
         """
         if fmt not in LOWBIT_FORMATS:
             raise ValueError(f"a low-bit format must be one of {LOWBIT_FORMATS}, got {fmt!r}")
-        if fmt == "bfloat16" and adapter.dtype == torch.bfloat16:
+        if fmt == "bfloat16" and arch.dtype == torch.bfloat16:
             return None
-        linears = [m for blk in adapter.blocks for m in blk.modules() if isinstance(m, nn.Linear)]
+        linears = [m for blk in arch.blocks for m in blk.modules() if isinstance(m, nn.Linear)]
         packed = {m: _Packed(*quantize_rows(m.weight, fmt)) for m in linears if _supported(fmt, m.weight)}
         if not packed:
             return None
-        kernel = _choose_kernel(fmt, next(iter(packed.items())), adapter.device)
+        kernel = _choose_kernel(fmt, next(iter(packed.items())), arch.device)
         lowbit = cls(fmt, packed, len(linears), kernel)
         for mod in packed:
             _route(mod, fmt, lowbit)

@@ -65,7 +65,8 @@ class CacheSlots(Protocol):
 
 
 class BranchModel(Protocol):
-    """An architecture adapter as the kernels call it (`framework.engine.adapter.ModelAdapter`)."""
+    """A model's architecture as the kernels call it (`framework.engine.architecture.Architecture`,
+    which the engine passes to them)."""
 
     config: Any
 
