@@ -86,8 +86,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         "tree_wrong_parents",
         "token-tree nodes hang off the previous chain node's parent",
         "strategies/verifiers/tree.py",
-        "            parents.append(chain_idx)\n",
-        "            parents.append(max(0, chain_idx - 1))\n",
+        "        parents += [chain_idx] * w\n",
+        "        parents += [max(0, chain_idx - 1)] * w\n",
+        (V + "test_tree.py",),
+    ),
+    Mutation(
+        "tree_nodes_keep_the_chain_token",
+        "the device-built tree offers the chain token again as its own alternative",
+        "strategies/verifiers/tree.py",
+        "torch.sort(is_chain, dim=1, stable=True)",
+        "torch.sort(is_chain, dim=1, stable=True, descending=True)",
         (V + "test_tree.py",),
     ),
     # ---- the selectors' rules ----------------------------------------------------------------
@@ -95,8 +103,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         "clasp_argmin",
         "CLaSp's DP keeps the least similar candidate",
         "strategies/selectors/clasp_dp.py",
-        'sign = 1.0 if objective == "max_cosine" else -1.0',
-        'sign = -1.0 if objective == "max_cosine" else 1.0',
+        'better = torch.gt if objective == "max_cosine" else torch.lt',
+        'better = torch.lt if objective == "max_cosine" else torch.gt',
+        ("tests/strategies/selectors/test_clasp_dp.py",),
+    ),
+    Mutation(
+        "clasp_first_row_not_the_full_model",
+        "CLaSp's DP takes g(i, 0) from the previous layer instead of x_i",
+        "strategies/selectors/clasp_dp.py",
+        "cand = torch.cat([*parts, x[i : i + 1], prev[:m]])",
+        "cand = torch.cat([*parts, prev[:1], prev[:m]])",
         ("tests/strategies/selectors/test_clasp_dp.py",),
     ),
     Mutation(
@@ -364,6 +380,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     # ---- host work per round (issue 38, item 3) -------------------------------------------------
+    Mutation(
+        "tree_reads_the_draft_again",
+        "the tree verifier reads the draft's confidences although the stop rule read them",
+        "strategies/verifiers/tree.py",
+        "self.widths(draft, draft.host_top1)",
+        "self.widths(draft)",
+        (
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
+    Mutation(
+        "tree_commit_checks_on_the_device",
+        "the tree verifier leaves out the kept offsets' host copy, so the commit reads them back",
+        "strategies/verifiers/tree.py",
+        "            kv_keep_host=tuple(path),\n",
+        "",
+        (
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
     Mutation(
         "greedy_verify_reads_twice",
         "the greedy verifier reads the accepted count and the target's tokens in two host reads",

@@ -179,6 +179,9 @@ class Draft:
         top_tokens: LongTensor (B, K, k), each step's k most probable draft tokens (only when
             the verifier's ``draft_top_k()`` is k > 0; tree verification).
         top_probs: FloatTensor (B, K, k), their draft probabilities.
+        host_top1: batch row 0's top-1 draft probabilities as Python floats, when a stop rule read
+            them step by step anyway (`DraftBuilder.add`); ``None`` otherwise. A strategy that needs
+            them on the host reads them here instead of from the device again.
         source: what produced the draft, named by the drafter for its own bookkeeping and the
             logs: ``"lookup"`` (copied from the context; no forward ran), ``"layer_skip"`` or
             ``"declined"`` (`hybrid`); ``""``: not named.
@@ -191,6 +194,7 @@ class Draft:
     top_tokens: torch.Tensor | None = None
     top_probs: torch.Tensor | None = None
     source: str = ""
+    host_top1: tuple[float, ...] | None = None
 
     @property
     def length(self) -> int:
@@ -213,6 +217,8 @@ class Verification:
         kv_keep: LongTensor (m+1,) or ``None``; set by a verifier whose block is not a chain (tree
             verification): offsets, within the verified block, of the positions whose KV is
             kept. ``None`` keeps the first m+1. Strategies read `kept_offsets` instead.
+        kv_keep_host: ``kv_keep`` as Python ints, or ``None``; a verifier that built the offsets on
+            the host sets it, so that the commit checks them without a device read.
         target_tokens: LongTensor (B, T), the target's choice after every verified position.
         hidden_states: FloatTensor (L+1, B, T, d) of pre-norm residuals from the verify pass, only
             when the selector set ``needs_hidden_states`` (the verifier passes them on; otherwise
@@ -229,6 +235,7 @@ class Verification:
     target_tokens: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
     host_tokens: tuple[int, ...] | None = None
+    kv_keep_host: tuple[int, ...] | None = None
 
     @property
     def accepted(self) -> int:
@@ -271,7 +278,10 @@ class Verification:
         hs = self.hidden_states
         if hs is None:
             return None
-        return hs[:, :, int(self.kept_offsets[-1])]
+        if self.kv_keep is None:
+            return hs[:, :, self.accepted]
+        last = self.kv_keep_host[-1] if self.kv_keep_host is not None else int(self.kv_keep[-1])
+        return hs[:, :, last]
 
 
 @dataclass

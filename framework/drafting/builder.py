@@ -80,6 +80,7 @@ class DraftBuilder:
         self.probs: list[torch.Tensor] = []
         self.top_tokens: list[torch.Tensor] = []
         self.top_probs: list[torch.Tensor] = []
+        self.host_top1: list[float] = []  # what the stop rule read, step by step
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -124,9 +125,10 @@ class DraftBuilder:
         self.tokens.append(tok)
         if not self.want_conf:
             return tok, None
+        self.host_top1.append(float(top_p[0]))  # the stop rule's read
         if self.sampler is not None:
-            return tok, DraftConfidence(float(top_p[0]), full[0], tok[0])
-        return tok, DraftConfidence(float(top_p[0]))  # greedy: the drafted token is the argmax
+            return tok, DraftConfidence(self.host_top1[-1], full[0], tok[0])
+        return tok, DraftConfidence(self.host_top1[-1])  # greedy: the drafted token is the argmax
 
     def drop_last(self, conf: float | None = None) -> None:
         """Forget the last token (a drafter that breaks before appending, as DEL does).
@@ -141,8 +143,9 @@ class DraftBuilder:
                 "on_stop='drop' with a stop rule that reads the drafted token's own probability "
                 "(stop_on='sampled') biases speculative sampling; use on_stop='keep' or stop_on='top1'"
             )
-        for lst in (self.tokens, self.confs, self.probs, self.top_tokens, self.top_probs):
-            if lst:
+        n = len(self.tokens)
+        for lst in (self.tokens, self.confs, self.probs, self.top_tokens, self.top_probs, self.host_top1):
+            if len(lst) == n and lst:
                 lst.pop()
 
     def build(self, plan: LayerPlan) -> Draft:
@@ -161,6 +164,7 @@ class DraftBuilder:
             probs=stack(self.probs),
             top_tokens=stack(self.top_tokens),
             top_probs=stack(self.top_probs),
+            host_top1=tuple(self.host_top1) if len(self.host_top1) == len(self.tokens) else None,
         )
 
 

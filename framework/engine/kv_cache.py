@@ -347,13 +347,17 @@ class KVCache:
         keep = set(layers)
         self.lengths = [c + num if i in keep else c for i in range(self.num_layers)]
 
-    def commit(self, num: int, keep: torch.Tensor | None = None) -> None:
+    def commit(
+        self, num: int, keep: torch.Tensor | None = None, keep_host: Sequence[int] | None = None
+    ) -> None:
         """Commit ``num`` verified positions written at ``[committed, committed + T)``.
 
         Args:
             num: positions to keep (m + 1 after a verification).
             keep: LongTensor (num,) of offsets within the verified block to keep, in order (tree
                 verification); ``None`` keeps the first ``num``.
+            keep_host: ``keep`` as Python ints when the caller has them (checked without a
+                device read).
 
         Raises:
             ValueError: some layer does not hold ``num`` verified positions.
@@ -369,7 +373,10 @@ class KVCache:
             if keep.numel() != num:
                 raise ValueError(f"keep has {keep.numel()} offsets, expected {num}")
             written = min(self.lengths) - c
-            lo, hi = torch.stack(torch.aminmax(keep)).tolist() if num else (0, 0)  # one device read
+            if keep_host is not None:
+                lo, hi = (min(keep_host), max(keep_host)) if num else (0, 0)
+            else:
+                lo, hi = torch.stack(torch.aminmax(keep)).tolist() if num else (0, 0)  # one device read
             if lo < 0 or hi >= written:
                 raise ValueError(
                     f"keep offsets must be in [0, {written}) (the verified block), got {keep.tolist()}"

@@ -116,6 +116,9 @@ class DecodeState:
         self.last_hidden_states: torch.Tensor | None = None
         self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
         self._prefix_plans: dict[int, LayerPlan] = {}
+        #: `forward_block`'s ``(position, positions (1, n), mask (n, n))`` for the last position it
+        #: was called with, n the most candidates it was given there
+        self._block_inputs: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def for_strategies(
@@ -445,15 +448,26 @@ class DecodeState:
         if not 0 <= position < cache.committed:
             raise ValueError(f"position must be committed, in [0, {cache.committed}), got {position}")
         n = states.shape[0]
+        # the positions and the mask, built once for the calls of one DP (one position, up to
+        # M + 1 candidates): smaller calls take views of them
+        held = self._block_inputs
+        if held is None or held[0] != position or held[1].shape[1] < n:
+            size = max(n, held[1].shape[1] if held is not None else 0)
+            held = self._block_inputs = (
+                position,
+                torch.full((1, size), position, dtype=torch.long, device=self.device),
+                torch.eye(size, dtype=torch.bool, device=self.device),
+            )
+        positions, mask = held[1][:, :n], held[2][:n, :n]
         out = self.adapter.forward_from(
             states[None],
-            torch.full((1, n), position, dtype=torch.long, device=self.device),
+            positions,
             cache,
             start=block,
             stop=block + 1,
             base=max(cache.lengths),
             visible=position,
-            tree_mask=torch.eye(n, dtype=torch.bool, device=self.device),
+            tree_mask=mask,
             persist=False,
         )
         return out.last_hidden[0]
@@ -490,7 +504,7 @@ class DecodeState:
         new = result.new_tokens
         n = new.shape[1]
         # KV of [pending, d_1..d_m] (m + 1 = n positions) was written by the verify pass.
-        self.cache.commit(n, keep=result.kv_keep)
+        self.cache.commit(n, keep=result.kv_keep, keep_host=result.kv_keep_host)
         if self.capture_hidden and result.hidden_states is None:
             result.hidden_states = self.last_hidden_states
         if isinstance(self.draft_head, LiveDraftHead):

@@ -364,6 +364,10 @@ class VerifierContract(_Contract):
             assert list(result.host_tokens) == result.new_tokens[0].tolist(), (
                 "Verification.host_tokens must be row 0 of new_tokens"
             )
+        if result.kv_keep_host is not None:
+            assert list(result.kv_keep_host) == result.kept_offsets.tolist(), (
+                "Verification.kv_keep_host must be kv_keep as ints"
+            )
         return m
 
     def test_verify_bounds_and_commit(self):

@@ -9,7 +9,6 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 
 from framework import (
     Draft,
@@ -106,9 +105,51 @@ class DPResult:
 RunBlock = Callable[[int, torch.Tensor], torch.Tensor]
 
 
-def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _cos(a: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """Cosine of each row of ``a`` (n, d) with the vector whose unit vector is ``unit`` (d,), as
+    ``F.cosine_similarity`` computes it (each side divided by its norm, at least 1e-8, then the
+    dot product), in five operations."""
     ct = torch.promote_types(a.dtype, torch.float32)
-    return F.cosine_similarity(a.to(ct), b.to(ct).expand_as(a), dim=-1)
+    a = a.to(ct)
+    return (a / torch.linalg.vector_norm(a, dim=-1, keepdim=True).clamp_min(1e-8) * unit).sum(-1)
+
+
+def _units(x: torch.Tensor) -> torch.Tensor:
+    """The rows of ``x`` (n, d) divided by their norms (at least 1e-8), in float32 or wider."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-8)
+
+
+def _dp_tables(
+    n_layers: int, m: int, protected: Collection[int]
+) -> tuple[list[tuple[int, int]], list[list[bool]], list[list[bool]], list[list[bool]]]:
+    """Which DP states exist and how they can be reached: this depends on (L, M, protected) only.
+
+    Returns, per layer i in 1..L (index i - 1):
+        runs: ``(a, b)``, the contiguous rows j of layer i - 1 run through block i - 1
+            (``b < a``: none);
+        reach: ``reach[i][j]``, g(i, j) exists (index 0: the embedding's row 0 only);
+        has_run: g(i, j) may come from running block i - 1 on g(i - 1, j);
+        both: it may also come from skipping it (g(i - 1, j - 1) passed through): the cosines decide.
+    """
+    reach = [[True] + [False] * m]
+    runs, has_run, both = [], [], []
+    for i in range(1, n_layers + 1):
+        b, prev = i - 1, reach[-1]
+        lo = max(0, m - (n_layers - i))  # smaller j cannot reach (L, M)
+        js = range(max(1, lo), min(i, m) + 1)
+        run_js = [j for j in js if j <= i - 1 and prev[j]]
+        can_skip = b not in protected
+        cur, run_row, both_row = [False] * (m + 1), [False] * (m + 1), [False] * (m + 1)
+        cur[0] = lo == 0
+        for j in js:
+            r, k = j in run_js, can_skip and prev[j - 1]
+            cur[j], run_row[j], both_row[j] = r or k, r, r and k
+        runs.append((run_js[0], run_js[-1]) if run_js else (1, 0))
+        reach.append(cur)
+        has_run.append(run_row)
+        both.append(both_row)
+    return runs, reach, has_run, both
 
 
 def clasp_dp(
@@ -128,6 +169,12 @@ def clasp_dp(
     Backtracking from ``(L, M)`` gives the skip set. States that can no longer reach ``(L, M)``
     (``j < M - (L - i)``) are never evaluated; this prunes work without changing the result.
 
+    Work on the device: which states exist depends on (L, M, protected) only (`_dp_tables`, on the
+    host); a layer's choices are a fixed handful of tensor operations over all M + 1 rows at once
+    (one concatenation, a cosine, a comparison, two selections), with no host-device
+    synchronisation; the choices of every layer and the final cosine are read once, for the
+    backtrack.
+
     Args:
         x: (L+1, d) the full model's pre-norm residuals of one token (index 0: its embedding).
         run_block: ``(block b, states (n, d)) -> (n, d)``, block b applied to n candidate states of
@@ -144,77 +191,46 @@ def clasp_dp(
     m = num_skip
     if not 0 <= m <= n_layers - len(set(protected)):
         raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(set(protected))} protected")
-    sign = 1.0 if objective == "max_cosine" else -1.0
-    dev = x.device
-    prev = x.new_zeros(m + 1, x.shape[1])
-    prev[0] = x[0]
-    # Which (i, j) are reachable and whether block i-1 can run or be skipped there depends only on
-    # (L, M, protected): host bookkeeping. Only the choice where both are possible depends on the
-    # cosines; it stays on the device (no host-device synchronisation per layer) and is read once,
-    # with the final cosine, for the backtrack.
-    prev_ok = [True] + [False] * m
-    skipped = [[False] * (m + 1) for _ in range(n_layers + 1)]
-    choices: list[tuple[int, list[int], torch.Tensor]] = []  # (i, js where both were possible, run won)
+    runs, reach, has_run, both = _dp_tables(n_layers, m, set(protected))
+    if not reach[n_layers][m]:  # unreachable given the check above; kept as a guard
+        raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
+    # Row j of layer i: g(i, j). The candidates of layer i are stacked as
+    # [ran (M+1 rows: block i-1 on g(i-1, j)), x_i, g(i-1, 0..M-1)], so that rows M+1.. are the
+    # "skip" candidates of j = 0..M (g(i, 0) = x_i, and g(i-1, j-1) passed through for j >= 1).
+    tables = upload([has_run, both], x.device, torch.bool)  # (2, L, M+1): one upload
+    units = _units(x)  # x_i / |x_i|, every layer at once
+    zeros = x.new_zeros(m + 1, x.shape[1])
+    better = torch.gt if objective == "max_cosine" else torch.lt  # run only if strictly better
+    prev = torch.cat([x[:1], zeros[:m]])
+    decisions = []
     calls = evals = 0
     for i in range(1, n_layers + 1):
         b = i - 1
-        lo = max(0, m - (n_layers - i))  # smaller j cannot reach (L, M)
-        js = list(range(max(1, lo), min(i, m) + 1))
-        run_js = [j for j in js if j <= i - 1 and prev_ok[j]]
-        run_rows: dict[int, int] = {}
-        if run_js:
-            states = prev[run_js]
+        a, z = runs[b]
+        parts = [zeros[:a]] if a else []
+        if z >= a:
+            states = prev[a : z + 1]  # a contiguous band: a view
             if sequence_parallel:
-                out = run_block(b, states)
+                parts.append(run_block(b, states))
                 calls += 1
             else:
-                out = torch.cat([run_block(b, states[k : k + 1]) for k in range(len(run_js))])
-                calls += len(run_js)
-            evals += len(run_js)
-            run_rows = {j: r for r, j in enumerate(run_js)}
-        can_skip = b not in protected
-        cur = x.new_zeros(m + 1, x.shape[1])
-        cur_ok = [False] * (m + 1)
-        if lo == 0:
-            cur[0] = x[i]
-            cur_ok[0] = True
-        only_run, only_skip, both = [], [], []
-        for j in js:
-            has_run = j in run_rows
-            has_skip = can_skip and prev_ok[j - 1]
-            if has_run and has_skip:
-                both.append(j)
-            elif has_run:
-                only_run.append(j)
-            elif has_skip:
-                only_skip.append(j)
-                skipped[i][j] = True
-            else:
-                continue
-            cur_ok[j] = True
-        if only_run:
-            cur[upload(only_run, dev)] = out[upload([run_rows[j] for j in only_run], dev)]
-        if only_skip:
-            cur[upload(only_skip, dev)] = prev[upload([j - 1 for j in only_skip], dev)]
-        if both:
-            ran = out[upload([run_rows[j] for j in both], dev)]
-            passed = prev[upload([j - 1 for j in both], dev)]
-            run_wins = sign * _cos(ran, x[i]) > sign * _cos(passed, x[i])  # run only if strictly closer
-            cur[upload(both, dev)] = torch.where(run_wins[:, None], ran, passed)
-            choices.append((i, both, run_wins))
-        prev, prev_ok = cur, cur_ok
-    if not prev_ok[m]:  # unreachable given the check above; kept as a guard
-        raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
-    final = _cos(prev[m : m + 1], x[n_layers]).double()
-    read = torch.cat([*(w.double() for _, _, w in choices), final]).tolist()  # the DP's one read
-    flags = iter(read[:-1])
-    for i, both, _ in choices:
-        for j in both:
-            skipped[i][j] = not next(flags)
-    cosine = read[-1]
+                parts += [run_block(b, states[k : k + 1]) for k in range(z - a + 1)]
+                calls += z - a + 1
+            evals += z - a + 1
+            parts.append(zeros[: m - z])
+        else:
+            parts = [zeros]
+        cand = torch.cat([*parts, x[i : i + 1], prev[:m]])  # (2M + 2, d)
+        cos = _cos(cand, units[i])
+        run = torch.where(tables[1, b], better(cos[: m + 1], cos[m + 1 :]), tables[0, b])
+        prev = torch.where(run[:, None], cand[: m + 1], cand[m + 1 :])
+        decisions.append(run)
+    final = _cos(prev[m : m + 1], units[n_layers])
+    read = torch.cat([torch.stack(decisions).flatten().double(), final.double()]).tolist()  # one read
+    cosine, ran = read[-1], read[:-1]
     skip, j = [], m
     for i in range(n_layers, 0, -1):
-        if j > 0 and skipped[i][j]:
+        if j > 0 and not ran[(i - 1) * (m + 1) + j]:
             skip.append(i - 1)
             j -= 1
     return DPResult(tuple(sorted(skip)), cosine, calls, evals)

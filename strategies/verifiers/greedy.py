@@ -27,13 +27,13 @@ class GreedyVerifier(Verifier):
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
         out = state.forward_verify(block, logits_at="all")
         target = out.logits.argmax(dim=-1)  # (B, K+1)
-        match = (draft.tokens == target[:, :-1]).long()  # (B, K)
-        m = match.cumprod(dim=1).sum(dim=1)  # (B,)
+        match = draft.tokens == target[:, :-1]  # (B, K)
+        m = match.cumprod(dim=1).sum(dim=1)  # (B,) (the product of booleans is an integer)
         # The round's one device-to-host read: m and row 0's target choices together. The accepted
-        # d_1..d_m equal a_0..a_{m-1}, so row 0's committed tokens are a_0..a_m.
+        # d_1..d_m equal a_0..a_{m-1}, so the committed tokens are a_0..a_m: a view of the target's.
         row = torch.cat([m[:1], target[0]]).tolist()
         k = row[0]
-        new = torch.cat([draft.tokens[:, :k], target[:, k : k + 1]], dim=1)  # (B, m+1)
+        new = target[:, : k + 1]  # (B, m+1); batch size 1 (DecodeState's)
         return Verification(
             num_accepted=m,
             new_tokens=new,

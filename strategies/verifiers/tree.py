@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -62,17 +64,57 @@ def build_tree(
         ``(tokens, parents, depths)`` of the T - 1 non-root nodes, linearised; parent indices refer to
         the linear order with the root at 0 (so node i of the lists is tree node i + 1).
     """
-    tokens, parents, depths = [], [], []
-    chain_idx = 0  # linear index of the previous chain node (the root at depth 0)
+    tokens, counts = [], []
     for j, d in enumerate(chain):
         alts = [t for t in top_tokens[j] if t != d][: max(0, widths[j] - 1)]
-        first = len(tokens) + 1  # linear index of this depth's chain node
-        for t in [d, *alts]:
-            tokens.append(t)
-            parents.append(chain_idx)
-            depths.append(j + 1)
-        chain_idx = first
+        tokens += [d, *alts]
+        counts.append(1 + len(alts))
+    parents, depths = tree_shape(counts)
     return tokens, parents, depths
+
+
+def tree_shape(widths: list[int]) -> tuple[list[int], list[int]]:
+    """``(parents, depths)`` of `build_tree`'s nodes for a chain whose depth j is widened to
+    ``widths[j]`` candidates: the tree's shape depends on the widths only, not on the tokens."""
+    parents, depths = [], []
+    chain_idx = 0
+    for j, w in enumerate(widths):
+        first = len(parents) + 1
+        parents += [chain_idx] * w
+        depths += [j + 1] * w
+        chain_idx = first
+    return parents, depths
+
+
+def tree_nodes(
+    chain: torch.Tensor, top_tokens: torch.Tensor, widths: list[int], pick: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`build_tree`'s node tokens, computed on the device without reading the draft: (T - 1,).
+
+    Args:
+        chain: LongTensor (K,), the draft tokens d_1..d_K.
+        top_tokens: LongTensor (K, W), each depth's candidates in descending probability,
+            ``W >= max(widths)``.
+        widths: per depth, the candidates verified (the chain token included).
+        pick: `node_picks` ``(widths, W)`` on the device when the caller keeps it (else uploaded).
+    """
+    k, w = top_tokens.shape
+    if max(widths) > w:
+        raise ValueError(f"widths {widths} need {max(widths)} candidates per depth; the draft has {w}")
+    # Each depth's candidates other than its chain token, in order (a stable sort puts the chain
+    # token, if present, last), then the chain token and the first widths[j] - 1 of them.
+    is_chain = top_tokens == chain[:, None]
+    alts = top_tokens.gather(1, torch.sort(is_chain, dim=1, stable=True).indices)
+    flat = torch.cat([chain[:, None], alts], dim=1).reshape(-1)  # depth j: row j of (K, W + 1)
+    if pick is None:
+        pick = upload(node_picks(widths, w), flat.device)
+    return flat[pick]
+
+
+def node_picks(widths: list[int], w: int) -> list[int]:
+    """Where `tree_nodes` takes each node from: row j of the (K, W + 1) table of depth j's chain
+    token and its other candidates, the first ``widths[j]`` entries."""
+    return [j * (w + 1) + i for j, width in enumerate(widths) for i in range(width)]
 
 
 def tree_mask(parents: list[int]) -> torch.Tensor:
@@ -84,6 +126,13 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
         row[i] = True
         rows.append(row)
     return torch.tensor(rows, dtype=torch.bool)
+
+
+class _Shape(NamedTuple):
+    parents: list[int]
+    depths: torch.Tensor  # (T,), the root's 0 first
+    mask: torch.Tensor  # (T, T)
+    picks: torch.Tensor | None  # `node_picks`, without candidates ``None``
 
 
 @register_verifier("tree", config=TreeVerifierConfig)
@@ -99,8 +148,33 @@ class TreeVerifier(Verifier):
     in SWIFT's code.
     """
 
+    #: Tree shapes kept on the device (parents, depths, mask, node picks), by widths.
+    SHAPES_KEPT = 256
+
+    def __init__(self, config: TreeVerifierConfig | None = None) -> None:
+        super().__init__(config)
+        self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
+
     def draft_top_k(self) -> int:
         return max(self.config.band_widths)
+
+    def _shape(self, widths: list[int], w: int, device: torch.device) -> _Shape:
+        """The tree of these widths, its tensors on ``device`` built once (a round's tree usually
+        repeats an earlier one's widths: no host-to-device copies then)."""
+        key = (tuple(widths), w, str(device))
+        shape = self._shapes.get(key)
+        if shape is None:
+            parents, depths = tree_shape(widths)
+            t = len(parents) + 1
+            up = upload([0, *depths, *(node_picks(widths, w) if w else ())], device)  # one copy
+            mask = tree_mask(parents).to(device, non_blocking=True)
+            shape = _Shape(parents, up[:t], mask, up[t:] if w else None)
+            self._shapes[key] = shape
+            if len(self._shapes) > self.SHAPES_KEPT:
+                self._shapes.popitem(last=False)
+        else:
+            self._shapes.move_to_end(key)
+        return shape
 
     def widths(self, draft: Draft, top1: list[float] | None = None) -> list[int]:
         """Candidates per depth from the draft's top-1 probabilities (band i: p <= edges[i]);
@@ -134,27 +208,23 @@ class TreeVerifier(Verifier):
                 hidden_states=out.hidden_states,
             )
         k = draft.length
-        top1 = None
         if draft.top_tokens is not None and draft.top_probs is not None:
-            # chain, candidates and their bands' probabilities in one device-to-host read (token
-            # ids are exact in float64)
-            w = draft.top_tokens.shape[-1]
-            parts = [draft.tokens[0], draft.top_tokens[0].reshape(-1), draft.top_probs[0, :, 0]]
-            flat = torch.cat([p.double() for p in parts]).tolist()
-            chain = [int(t) for t in flat[:k]]
-            top = [[int(t) for t in flat[k + i * w : k + (i + 1) * w]] for i in range(k)]
-            top1 = flat[k + k * w :]
+            w = draft.top_tokens.shape[-1]  # a reduced draft head may offer fewer candidates
+            widths = [min(x, w) for x in self.widths(draft, draft.host_top1)]  # read here only
+            # without a stop rule's read
+            shape = self._shape(widths, w, device)
+            nodes = tree_nodes(draft.tokens[0], draft.top_tokens[0], widths, shape.picks)  # device
         else:
-            chain = draft.tokens[0].tolist()
-            top = draft.top_tokens[0].tolist() if draft.top_tokens is not None else [[t] for t in chain]
-        tokens, parents, depths = build_tree(chain, top, self.widths(draft, top1))
-        c = state.pending_position
-        nodes = upload([tokens], device, state.pending.dtype)  # host values: no device wait
-        block = torch.cat([state.pending, nodes], dim=1)  # (1, T)
-        pos = upload([[c, *(c + d for d in depths)]], device)  # (1, T)
-        out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=tree_mask(parents))
+            shape = self._shape([1] * k, 0, device)
+            nodes = draft.tokens[0]
+        parents = shape.parents
+        block = torch.cat([state.pending, nodes[None].to(state.pending.dtype)], dim=1)  # (1, T)
+        pos = (shape.depths + state.pending_position)[None]  # (1, T)
+        out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=shape.mask)
         target = out.logits.argmax(dim=-1)  # (1, T)
-        want = target[0].tolist()
+        # The round's one device-to-host read: the target's choices and the node tokens together.
+        flat = torch.cat([target[0], nodes]).tolist()
+        want, tokens = flat[: len(parents) + 1], flat[len(parents) + 1 :]
 
         # Walk down: at each depth the target's choice after the current node must be a child.
         children: dict[int, list[int]] = {}
@@ -169,10 +239,13 @@ class TreeVerifier(Verifier):
             node = nxt
         m = len(path) - 1
         host = (*(tokens[i - 1] for i in path[1:]), want[node])
+        # m, the committed tokens and the kept offsets, uploaded together (views of one copy)
+        up = upload([m, *host, *path], device)
         return Verification(
-            num_accepted=upload([m], device),
-            new_tokens=upload([host], device),  # (1, m+1)
-            kv_keep=upload(path, device),
+            num_accepted=up[:1],
+            new_tokens=up[1 : m + 2][None],  # (1, m+1)
+            kv_keep=up[m + 2 :],
+            kv_keep_host=tuple(path),
             target_tokens=target,
             hidden_states=out.hidden_states,
             host_tokens=host,

@@ -401,6 +401,26 @@ def test_commit_keep_beyond_written_raises(llama_adapter):
         state.cache.commit(2, keep=torch.tensor([0, 5]))
 
 
+def test_commit_checks_host_offsets_without_reading_the_device(llama_adapter):
+    """Offsets the verifier built on the host (``keep_host``) are checked there: the commit makes
+    no device read, moves the same KV as with the tensor alone, and still refuses offsets past the
+    verified block."""
+    from framework.testing.syncs import count_host_reads
+
+    a, b = new_state(llama_adapter, 4, 16), new_state(llama_adapter, 4, 16)
+    for state in (a, b):
+        state.forward_verify(torch.cat([state.pending, torch.tensor([[1, 2]])], dim=1))
+    with count_host_reads() as reads:
+        a.cache.commit(2, keep=torch.tensor([0, 2]), keep_host=(0, 2))
+    assert reads.total == 0
+    b.cache.commit(2, keep=torch.tensor([0, 2]))
+    assert torch.equal(a.cache.keys, b.cache.keys) and torch.equal(a.cache.values, b.cache.values)
+    c = new_state(llama_adapter, 4, 16)
+    c.forward_verify(torch.cat([c.pending, torch.tensor([[1, 2]])], dim=1))
+    with pytest.raises(ValueError, match="keep offsets must be in"):
+        c.cache.commit(2, keep=torch.tensor([0, 5]), keep_host=(0, 5))
+
+
 def test_chain_commit_does_not_allocate(llama_adapter):
     state = new_state(llama_adapter, 4, 32)
     kptr, vptr = state.cache.keys.data_ptr(), state.cache.values.data_ptr()

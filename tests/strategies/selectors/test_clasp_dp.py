@@ -149,6 +149,21 @@ def test_sequence_parallel_equals_sequential_and_costs_one_call_per_layer():
         assert seq.block_calls == seq.evaluations
 
 
+def test_the_dp_reads_the_device_once_and_does_a_handful_of_operations_per_layer():
+    """Issue 38, item 3: no host read per layer (the choices are read once, with the final cosine)
+    and, outside the block forwards, at most 10 tensor operations per layer plus 20 once."""
+    from framework.testing.host_work import count_host_work
+
+    n = 8
+    adapter = _adapter(n, 3)
+    state, x, pos = _prefilled(adapter, 3)
+    for m in (1, 4, 7):
+        with torch.inference_mode(), count_host_work() as work:
+            clasp_dp(x, partial(state.forward_block, position=pos), m)
+        assert work.reads == 1, (m, work.host_reads.table())
+        assert work.ops <= 10 * n + 20, (m, work.by_op)
+
+
 def test_dp_leaves_the_cache_untouched():
     adapter = _adapter(6, 1)
     state, x, pos = _prefilled(adapter, 1)

@@ -14,7 +14,14 @@ from framework.testing import VerifierContract, random_prompt
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
-from strategies.verifiers.tree import TreeVerifier, TreeVerifierConfig, build_tree, tree_mask
+from strategies.verifiers.tree import (
+    TreeVerifier,
+    TreeVerifierConfig,
+    build_tree,
+    tree_mask,
+    tree_nodes,
+    tree_shape,
+)
 
 L = 4
 
@@ -187,3 +194,26 @@ def test_a_deep_tree_path_commits_its_kv_and_hands_its_hidden_states_to_the_sele
     out = llama_adapter.forward(state.tokens[:, :c], torch.arange(c)[None], fresh, capture_hidden=True)
     assert hs.shape[2] == 3
     torch.testing.assert_close(hs[:, 0], out.hidden_states[:, 0, start : start + 3], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_device_tree_has_build_trees_nodes_and_shape(seed):
+    """`tree_nodes` (on the device, without reading the draft) and `tree_shape` (from the widths)
+    build what `build_tree` builds from host lists, whether or not the chain token is among its
+    depth's candidates."""
+    g = torch.Generator().manual_seed(seed)
+    k, w = 5, 6
+    top = torch.stack([torch.randperm(20, generator=g)[:w] for _ in range(k)])
+    chain = top[:, 0].clone()
+    chain[1] = top[1, 3]  # a tie broken differently: the chain token is not the first candidate
+    chain[3] = next(t for t in range(20) if t not in top[3].tolist())  # nor among them (sampled)
+    widths = [int(x) for x in torch.randint(1, w + 1, (k,), generator=g)]
+    widths[3] = w  # without the chain token among them, w alternatives would exist: w - 1 are taken
+    tokens, parents, depths = build_tree(chain.tolist(), top.tolist(), widths)
+    assert tree_nodes(chain, top, widths).tolist() == tokens
+    assert tree_shape(widths) == (parents, depths)
+
+
+def test_tree_nodes_refuses_more_width_than_candidates():
+    with pytest.raises(ValueError, match="need 4 candidates per depth; the draft has 3"):
+        tree_nodes(torch.tensor([1]), torch.tensor([[1, 2, 3]]), [4])
