@@ -17,7 +17,9 @@ test can hold every preset to a budget per round:
     print(work.ops / rounds, work.reads / rounds, work.by_site.most_common(5))
 
 Metadata-only operators (views, ``detach``, size queries) launch no kernel on a GPU and are not
-counted (`FREE`).
+counted (`FREE`), nor is a ``.to()`` that returns its input (`IF_NEW`). ``torch.tensor`` from host
+data dispatches one ``aten.detach_``: it stays counted, standing for the host-to-device copy
+(`framework.utils.upload`) that the same line makes on a GPU.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from framework.drafting.builder import DraftBuilder
 from framework.engine.adapter import ModelAdapter
 from framework.engine.decoding import SpeculativeDecoder
 from framework.testing.syncs import HostReads, _site, count_host_reads
@@ -63,8 +67,14 @@ FREE = frozenset(
         "aten.lift_fresh",
         "aten._local_scalar_dense",  # the host read itself (counted as a read)
         "aten.item",
+        "aten.resolve_conj",  # ``tolist``'s: a view unless the tensor is complex and conjugated
+        "aten.resolve_neg",
+        "aten.promote_types",  # a dtype computed on the host
     }
 )
+#: Operators that launch a kernel only when they produce a new tensor: ``.to()`` to the dtype and
+#: device a tensor already has returns it as is.
+IF_NEW = frozenset({"aten.to"})
 
 #: The adapter's methods whose work is the forward's (excluded). Its LM-head services for
 #: strategies (``logits_from_hidden``, ``top1_from_hidden``: DEL's shadow tokens) are round work.
@@ -82,6 +92,11 @@ class HostWork:
         rounds: speculative rounds run (``SpeculativeDecoder._round`` calls).
         round_ops: operations dispatched inside those rounds.
         round_reads: host reads made inside those rounds.
+        draft_steps: tokens drafted step by step (`DraftBuilder.add` calls).
+        step_ops: operations inside those steps (choosing each draft token: argmax, or softmax and
+            top-1 and top-k, or the sampler's warping), part of ``round_ops``.
+        step_reads: host reads inside them (a stop rule's read of each step's confidence), part
+            of ``round_reads``.
     """
 
     by_op: Counter = field(default_factory=Counter)
@@ -90,6 +105,9 @@ class HostWork:
     rounds: int = 0
     round_ops: int = 0
     round_reads: int = 0
+    draft_steps: int = 0
+    step_ops: int = 0
+    step_reads: int = 0
 
     @property
     def ops(self) -> int:
@@ -107,6 +125,23 @@ class HostWork:
         n = max(1, self.rounds)
         return self.round_ops / n, self.round_reads / n
 
+    def per_round_outside_steps(self) -> tuple[float, float]:
+        """``(operations, host reads)`` per round outside the draft steps (`DraftBuilder.add`):
+        the round's own work, whatever its draft length."""
+        n = max(1, self.rounds)
+        return (self.round_ops - self.step_ops) / n, (self.round_reads - self.step_reads) / n
+
+
+def _same_storage(out: object, src: object) -> bool:
+    """``out`` is ``src``'s data as is (no kernel made it)."""
+    return (
+        isinstance(out, torch.Tensor)
+        and isinstance(src, torch.Tensor)
+        and out.dtype == src.dtype
+        and out.device == src.device
+        and out.data_ptr() == src.data_ptr()
+    )
+
 
 class _Counting(TorchDispatchMode):
     def __init__(self, work: HostWork, inside: list[int]) -> None:
@@ -117,10 +152,13 @@ class _Counting(TorchDispatchMode):
         if not self.inside[0]:
             name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
             if name not in FREE:
-                self.work.by_op[name] += 1
-                site = _site()
-                if site is not None:
-                    self.work.by_site[site] += 1
+                out = func(*args, **(kwargs or {}))
+                if name not in IF_NEW or not _same_storage(out, args[0] if args else None):
+                    self.work.by_op[name] += 1
+                    site = _site()
+                    if site is not None:
+                        self.work.by_site[site] += 1
+                return out
         return func(*args, **(kwargs or {}))
 
 
@@ -136,16 +174,21 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
     work = HostWork()
     inside = [0]
     saved = {name: getattr(ModelAdapter, name) for name in FORWARDS}
-    round_fn = SpeculativeDecoder._round
+    round_fn, add_fn = SpeculativeDecoder._round, DraftBuilder.add
 
-    def counted_round(self, *args, **kwargs):
-        ops, reads = work.ops, work.reads
-        try:
-            return round_fn(self, *args, **kwargs)
-        finally:
-            work.rounds += 1
-            work.round_ops += work.ops - ops
-            work.round_reads += work.reads - reads
+    def tallied(original, count, ops_field: str, reads_field: str):
+        """``original`` with the work done inside each call added to two of ``work``'s fields."""
+
+        def call(self, *args, **kwargs):
+            ops, reads = work.ops, work.reads
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                setattr(work, count, getattr(work, count) + 1)
+                setattr(work, ops_field, getattr(work, ops_field) + work.ops - ops)
+                setattr(work, reads_field, getattr(work, reads_field) + work.reads - reads)
+
+        return call
 
     def excluded(original):
         def call(self, *args, **kwargs):
@@ -160,7 +203,8 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
     try:
         for name, original in saved.items():
             setattr(ModelAdapter, name, excluded(original))
-        SpeculativeDecoder._round = counted_round  # type: ignore[method-assign]
+        SpeculativeDecoder._round = tallied(round_fn, "rounds", "round_ops", "round_reads")  # type: ignore[method-assign]
+        DraftBuilder.add = tallied(add_fn, "draft_steps", "step_ops", "step_reads")  # type: ignore[method-assign]
         with count_host_reads(device_type, skip=lambda: inside[0] > 0) as reads, _Counting(work, inside):
             work.host_reads = reads  # reads made inside the forwards are the executor's: not counted
             yield work
@@ -168,3 +212,4 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
         for name, original in saved.items():
             setattr(ModelAdapter, name, original)
         SpeculativeDecoder._round = round_fn  # type: ignore[method-assign]
+        DraftBuilder.add = add_fn  # type: ignore[method-assign]

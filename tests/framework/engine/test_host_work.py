@@ -2,10 +2,13 @@
 kernel launch on a GPU) and device-to-host reads (each a synchronisation), counted on the CPU with
 `framework.testing.host_work.count_host_work` for every preset on a tiny model.
 
-The issue's limits are 20 operations and 1 read a round. The presets listed in `WITHIN_LIMITS`
-meet them here; every preset is held to its recorded budget (`BUDGETS`, what it measured on
-2026-11-28 with a margin), so that a change adding work to a round fails a test. The presets over
-the limits and why are in docs/performance.md ("Host work per round").
+The issue's limits are 20 operations and 1 read a round. Every preset is held to its recorded
+budget (`BUDGETS`, what it measured with a margin), so that a change adding work to a round fails
+a test; every preset not named in `OVER_OPS` to 20 operations; every one not named in `OVER_READS`
+to one read a round outside its draft steps (a confidence stop rule reads each drafted token's
+confidence to decide whether to run the next draft forward: counted apart, `HostWork.step_reads`).
+The presets in `WITHIN_LIMITS` meet both limits for the whole round. The presets over the limits
+and why are in docs/performance.md ("Host work per round").
 """
 
 from __future__ import annotations
@@ -20,34 +23,49 @@ from framework.testing.host_work import count_host_work
 
 LIMIT_OPS, LIMIT_READS = 20, 1.0
 
-#: (operations, reads) per round measured on 2026-11-28 (8-block tiny Llama, two prompts, 32
-#: tokens), each with about 15% headroom (more for the gated presets' reads: their gate's
-#: decisions follow measured costs, so how often they draft varies a little from run to run): a
-#: preset may not do more work per round than this.
+#: (operations, reads) per round measured on 2026-11-28, second session (8-block tiny Llama, two
+#: prompts, 32 tokens), each with about 15% headroom (more for the gated presets' reads: their
+#: gate's decisions follow measured costs, so how often they draft varies a little from run to
+#: run): a preset may not do more work per round than this.
 BUDGETS = {
-    "cascade": (16, 1.2),
-    "clasp": (52, 2.4),
-    "clasp_safe": (18, 1.3),
-    "del": (152, 22.2),
-    "del_safe": (21, 2.6),
-    "hybrid": (15, 1.2),
-    "layerskip_dv": (23, 2.3),
-    "layerskip_fs": (20, 1.0),
-    "layerskip_static": (25, 1.1),
-    "layerskip_static_safe": (14, 1.0),
-    "prompt_lookup": (14, 1.0),
-    "selfsd": (19, 2.3),
-    "selfsd_safe": (14, 1.2),
-    "selfsd_sampling": (81, 2.8),
-    "static_confidence": (14, 1.25),
-    "swift": (43, 4.6),
-    "swift_safe": (8, 1.3),
+    "cascade": (11, 1.2),
+    "clasp": (28, 2.4),
+    "clasp_safe": (12, 1.3),
+    "del": (139, 22.2),
+    "del_safe": (18, 2.6),
+    "hybrid": (10, 1.2),
+    "layerskip_dv": (18, 2.3),
+    "layerskip_fs": (16, 1.0),
+    "layerskip_static": (20, 1.0),
+    "layerskip_static_safe": (10, 1.0),
+    "prompt_lookup": (10, 1.0),
+    "selfsd": (14, 2.3),
+    "selfsd_safe": (10, 1.2),
+    "selfsd_sampling": (72, 2.8),
+    "static_confidence": (10, 1.25),
+    "swift": (28, 2.3),
+    "swift_safe": (6, 1.3),
 }
-#: The presets within the issue's limits here.
-WITHIN_LIMITS = ("layerskip_fs", "layerskip_static_safe", "prompt_lookup")
+#: The presets within both of the issue's limits for the whole round here.
+WITHIN_LIMITS = ("layerskip_fs", "layerskip_static", "layerskip_static_safe", "prompt_lookup")
+#: Presets over 20 operations a round, and why (docs/performance.md, "Host work per round").
+OVER_OPS = {
+    "clasp": "its DP: about 9 operations per layer at every re-selection",
+    "del": "its statistics: shadow tokens at every candidate layer and host-side sums",
+    "selfsd_sampling": "warping and sampling at every draft step and over the verified rows",
+    "swift": "the token tree: candidates, tree nodes and the kept path's KV gathered",
+}
+#: Presets over one read a round outside their draft steps (a stop rule reads each drafted
+#: token's confidence: the decision whether to run the next draft forward), and why.
+OVER_READS = {
+    "clasp": "one read per DP re-selection (the DP's choices, read at once)",
+    "clasp_safe": "one read per DP (the prompt's, at least)",
+    "del": "its statistics read the device per round and live in host tensors",
+    "del_safe": "its statistics read the device per round and live in host tensors",
+}
 
 
-def _per_round(name: str) -> tuple[float, float, int]:
+def _per_round(name: str):
     from framework.session.presets import load_preset
     from framework.session.run_config import RunConfig
     from framework.session.session import build_decoder
@@ -65,8 +83,7 @@ def _per_round(name: str) -> tuple[float, float, int]:
     with torch.inference_mode(), count_host_work() as work:
         for seed in (0, 1):
             dec.generate(random_prompt(8, 128, seed=seed), StopCondition(32))
-    ops, reads = work.per_round()
-    return ops, reads, work.rounds
+    return work
 
 
 def test_every_speculative_preset_has_a_budget():
@@ -76,6 +93,7 @@ def test_every_speculative_preset_has_a_budget():
     assert presets == set(BUDGETS), "a new preset needs its host-work budget here (measure it)"
     for ops, reads in BUDGETS.values():
         assert ops > 0 and reads >= LIMIT_READS
+    assert set(OVER_OPS) | set(OVER_READS) <= presets
 
 
 @pytest.mark.parametrize(
@@ -84,15 +102,21 @@ def test_every_speculative_preset_has_a_budget():
     [pytest.param(n, marks=() if n in WITHIN_LIMITS else pytest.mark.slow) for n in sorted(BUDGETS)],
 )
 def test_host_work_per_round_stays_within_the_presets_budget(name):
-    ops, reads, rounds = _per_round(name)
-    assert rounds >= 10
+    work = _per_round(name)
+    ops, reads = work.per_round()
+    assert work.rounds >= 10
     budget_ops, budget_reads = BUDGETS[name]
     assert ops <= budget_ops, (
         f"{name}: {ops:.1f} operations a round outside the forwards (budget {budget_ops})"
     )
     assert reads <= budget_reads, f"{name}: {reads:.2f} host reads a round (budget {budget_reads})"
+    # the issue's limits: 20 operations a round; one read a round besides a stop rule's reads
+    if name not in OVER_OPS:
+        assert ops <= LIMIT_OPS, (name, ops)
+    if name not in OVER_READS:
+        assert work.per_round_outside_steps()[1] <= LIMIT_READS, (name, work.per_round_outside_steps())
     if name in WITHIN_LIMITS:
-        assert ops <= LIMIT_OPS and reads <= LIMIT_READS, (name, ops, reads)
+        assert reads <= LIMIT_READS, (name, reads)
 
 
 def test_the_count_excludes_the_forwards_and_counts_what_a_round_adds():
@@ -108,3 +132,36 @@ def test_the_count_excludes_the_forwards_and_counts_what_a_round_adds():
         _ = m.item()  # 1 read
     assert work.ops == 4 and work.reads == 1, (work.by_op, work.reads)
     assert work.by_op["aten.argmax"] == 1 and work.by_op["aten.sum"] == 1
+
+
+def test_the_count_leaves_out_what_launches_no_kernel_and_tells_draft_steps_apart():
+    """A ``.to()`` that returns its input, a dtype promotion and ``tolist``'s conjugation checks
+    launch nothing; a real cast does. Work inside `DraftBuilder.add` (choosing each draft token, a
+    stop rule's read) is counted per step as well."""
+    from framework.drafting.builder import DraftBuilder
+
+    x = torch.arange(4.0)
+    with torch.inference_mode(), count_host_work() as work:
+        x.to(torch.float32)  # the same dtype and device: nothing
+        torch.promote_types(x.dtype, torch.float32)
+        x.to(torch.float64)  # a cast: 1 operation
+        _ = x.tolist()  # 1 read, no operation
+    assert work.ops == 1 and work.reads == 1, (work.by_op, work.reads)
+
+    class _State:
+        draft_sampler, need_confidence, need_draft_probs, draft_top_k = None, True, False, 0
+        pending, device = torch.zeros(1, 1, dtype=torch.long), torch.device("cpu")
+
+    builder = DraftBuilder(_State())
+    logits = torch.randn(3, 1, 16, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode(), count_host_work() as work:
+        for step in logits:
+            builder.add(step)
+    # each step: a softmax and its top-1 (float32 logits: no cast), and the stop rule's read
+    assert (work.draft_steps, work.step_ops, work.step_reads) == (3, 6, 3)
+    assert work.ops == 6 and work.reads == 3
+    # what the stop rule read travels with the draft, so that no strategy reads it again
+    draft = builder.build(None)
+    assert draft.host_top1 == tuple(draft.confidences[0].tolist())
+    builder.drop_last()
+    assert builder.build(None).host_top1 == draft.host_top1[:2]
