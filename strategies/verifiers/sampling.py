@@ -48,7 +48,9 @@ def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: 
         FloatTensor (..., V) of probabilities summing to 1 (float32 at least; float64 logits stay
         float64).
     """
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:  # x / 1.0 is x: no operation for it
+        x = x / temperature
     v = x.shape[-1]
     if 0 < top_k < v:
         kth = x.topk(top_k, dim=-1).values[..., -1:]
