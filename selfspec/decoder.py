@@ -299,7 +299,10 @@ class Decoder:
 
     @property
     def strategies(self) -> dict[str, Strategy]:
-        """The four strategy instances in use, by kind."""
+        """The four strategy instances in use, by kind (none for the ``vanilla`` preset, which
+        decodes plainly)."""
+        if self.method.baseline_only:
+            return {}
         return self.experiment.spec.strategies()
 
     def encode(self, prompt: PromptLike) -> torch.Tensor:
@@ -391,8 +394,8 @@ class Decoder:
             raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
         self._use_sampling(opts.sampling, reseed=seed is not None)
         if prompts is None:
-            return self._run(self.experiment.spec, self.encode(prompt), opts.max_new_tokens, streamer)  # type: ignore[arg-type]
-        return [self._run(self.experiment.spec, self.encode(p), opts.max_new_tokens) for p in prompts]
+            return self._run(self.experiment.decoder, self.encode(prompt), opts.max_new_tokens, streamer)  # type: ignore[arg-type]
+        return [self._run(self.experiment.decoder, self.encode(p), opts.max_new_tokens) for p in prompts]
 
     def _use_sampling(self, sampling: dict[str, Any] | None, *, reseed: bool = False) -> None:
         """Decode with the verifier ``sampling`` asks for (``None``: as configured), rebuilding the
@@ -430,7 +433,7 @@ class Decoder:
         greedy = exp.spec.verifier.lossless == "greedy"
         methods = [
             Method("vanilla", exp.vanilla, "baseline", greedy),
-            Method("method", exp.spec, "method", greedy),
+            Method("method", exp.decoder, "method", greedy),
         ]
         if warmup:
             warm_up(methods, lambda m: self._run(m.decoder, ids, min(16, max_new_tokens or 16)))
@@ -458,6 +461,7 @@ class Decoder:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())
+        parts = parts or "plain decoding"
         model = self.experiment.adapter.info().name or self.model_config.name_or_path or "(a loaded model)"
         return f"Decoder({self.method.label}: {parts}; model {model})"
 

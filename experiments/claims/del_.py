@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
-from strategies.selectors.del_tpl import ShadowStatistics, choose_exit, tpl_table
+from strategies.selectors.del_tpl import ShadowStatistics, choose_exit, tpl_table, window_sums
 
 from . import stats
 from .common import (
@@ -40,7 +40,7 @@ def c_de_tpl(ctx: Ctx) -> dict[str, Any]:
     L = 30
     grid = torch.linspace(0.0, 1.0, 101, dtype=torch.float64)
     for ell in range(1, L):
-        tab = tpl_table(grid, torch.full((101,), ell), L, 18)
+        tab = torch.tensor(tpl_table(grid.tolist(), [ell] * 101, L, 18), dtype=torch.float64)
         if not torch.allclose(tab[:, 0], torch.full((101,), 1.0 / L, dtype=torch.float64)):
             errs.append(f"TPL({ell}, 0) != 1/L")
         better = tab[:, 1] > tab[:, 0]
@@ -56,7 +56,7 @@ def c_de_tpl(ctx: Ctx) -> dict[str, Any]:
     ]
     got = []
     for Lw, ell, a, d_want, tpl_want in worked:
-        e, d, tpl = choose_exit(torch.tensor([a], dtype=torch.float64), torch.tensor([ell]), Lw, 18)
+        e, d, tpl = choose_exit([a], [ell], Lw, 18)
         got.append((Lw, ell, a, d, round(tpl, 4)))
         if d != d_want or abs(tpl - tpl_want) > 5e-5:
             errs.append(f"worked value L={Lw} l={ell} alpha={a}: got d={d}, TPL={tpl:.4f}")
@@ -243,7 +243,7 @@ def d_de_calibration(n: dict[str, Any]) -> tuple[str, str]:
 
 def c_de_off_by_one(ctx: Ctx) -> dict[str, Any]:
     L = 8
-    layers = torch.arange(1, L)
+    layers = list(range(1, L))
     g = torch.Generator().manual_seed(0)
     lit_e_min, lit_max, win_in = float("inf"), 0.0, True
     for _ in range(50):
@@ -254,12 +254,12 @@ def c_de_off_by_one(ctx: Ctx) -> dict[str, Any]:
             match = torch.rand(len(layers), n, generator=g) < 0.7
             match[e_row, :-1] = True  # the exit layer agrees up to its first mismatch,
             match[e_row, -1] = False  # which ends the valid window (u = n - 1)
-            st.update(layers, match, torch.rand(len(layers), n, generator=g), n)
+            st.update_from(layers, window_sums(match, torch.rand(len(layers), n, generator=g)).tolist())
             a_win = st.alpha(layers, "window")
             a_lit = st.alpha(layers, "paper_literal")
-            win_in &= bool(((a_win >= 0) & (a_win <= 1)).all())
-            lit_e_min = min(lit_e_min, float(a_lit[e_row]))
-            lit_max = max(lit_max, float(a_lit.max()))
+            win_in &= all(0 <= a <= 1 for a in a_win)
+            lit_e_min = min(lit_e_min, a_lit[e_row])
+            lit_max = max(lit_max, max(a_lit))
     text = (
         f"ShadowStatistics over 250 random rounds whose window ends at the exit layer's first mismatch: paper-literal "
         f"S(c)/S(u) of the exit layer is always >= {lit_e_min:.3f} (max over layers {lit_max:.2f}); window "

@@ -761,4 +761,6 @@ class ModelAdapter:
                 torch.zeros(shape, dtype=torch.long, device=hidden.device),
                 torch.zeros(shape, dtype=torch.float32, device=hidden.device),
             )
+        if len(toks) == 1:  # one chunk: nothing to join
+            return toks[0].reshape(shape), probs[0].reshape(shape)
         return torch.cat(toks).reshape(shape), torch.cat(probs).reshape(shape)

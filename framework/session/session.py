@@ -166,6 +166,13 @@ class Session:
         # The baseline gets its own verifier instance (its own RNG stream when sampling).
         self.vanilla = VanillaDecoder(self.adapter, self.cfg.method.verifier.build("verifier"))
 
+    @property
+    def decoder(self) -> SpeculativeDecoder | VanillaDecoder:
+        """What the method decodes with: the speculative decoder, or for a ``baseline_only``
+        method (the ``vanilla`` preset) the vanilla baseline itself, as ``run.py`` and
+        ``bench.py`` decode it."""
+        return self.vanilla if self.cfg.method.baseline_only else self.spec
+
     def stop(
         self, max_new_tokens: int | None = None, on_tokens: Callable[[list[int]], None] | None = None
     ) -> StopCondition:

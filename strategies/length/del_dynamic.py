@@ -122,10 +122,11 @@ class DelDynamicLength(LengthController):
             return
         w = self.config.decay
         m = result.accepted
-        conf = draft.confidences[0].double()
+        # what the stop rule read while drafting (no read here), else one read of row 0
+        conf = draft.host_top1 if draft.host_top1 is not None else draft.confidences[0].tolist()
         # matched: the accepted drafts; mismatched: the first rejected one (if any was rejected)
-        tcs = float(conf[:m].sum())
-        fcs = float(conf[m]) if m < k else 0.0
+        tcs = sum(conf[:m])
+        fcs = conf[m] if m < k else 0.0
         self._tcs = w * self._tcs + tcs
         self._fcs = w * self._fcs + fcs
         self._c = w * self._c + m

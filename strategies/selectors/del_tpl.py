@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from framework import (
 )
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
+from framework.utils import upload
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,14 @@ class DelTplConfig:
         help="threshold when a layer has no decayed mismatch yet: mismatched mean := 0 ('zero') or "
         "keep that layer's previous threshold ('keep')",
     )
+    shadow_rows: Literal["auto", "window", "chain"] = param(
+        "auto",
+        help="how a round's shadow tokens are computed (the statistics are the same): 'window' reads "
+        "where the window ends first (layer E and the target over the verified chain), then runs the "
+        "candidates over the window only: fewest LM-head rows, two reads; 'chain' runs every "
+        "candidate over the whole chain and applies the window on the device: one read; 'auto': "
+        "'chain' on CUDA (a read costs more than rows there), 'window' elsewhere",
+    )
     work_budget: float = budget_param(
         "skip a round's statistics update (shadow tokens; the prompt initialisation is a unit too, "
         "generations included)"
@@ -83,62 +93,96 @@ class DelTplConfig:
         check_range("init_tokens", self.init_tokens, 0, 4096, integer=True)
         check_choice("init_reference", self.init_reference, ("target", "prompt"))
         check_choice("empty_mismatch", self.empty_mismatch, ("zero", "keep"))
+        check_choice("shadow_rows", self.shadow_rows, ("auto", "window", "chain"))
         check_budget(self)
 
 
-def tpl_table(alpha: torch.Tensor, layers: torch.Tensor, num_layers: int, max_length: int) -> torch.Tensor:
+def tpl_table(
+    alpha: Sequence[float], layers: Sequence[int], num_layers: int, max_length: int
+) -> list[list[float]]:
     """Token-per-Layer of every (exit layer, draft length): DEL Eq. 1.
 
     ``TPL(l, d) = sum_{i=0..d} alpha_l^i / (d * l + L)``: the expected tokens of a round that drafts
     d tokens with exit layer l (bonus included, i.i.d. acceptance) over the layers it loads. The
-    geometric sum is computed directly, so alpha = 1 needs no special case.
+    geometric sum is accumulated term by term, so alpha = 1 needs no special case. Python floats:
+    the statistics live on the host, and a table of (L - 1) x 19 entries takes a few tens of
+    microseconds, with no device work.
 
     Args:
-        alpha: (n,) acceptance estimates of the candidate layers.
-        layers: (n,) the candidate exit layers l.
+        alpha: the acceptance estimates of the candidate layers (n).
+        layers: the candidate exit layers l (n).
         num_layers: L.
         max_length: d_max.
 
     Returns:
-        FloatTensor (n, d_max + 1) in float64; column 0 is 1/L.
+        n rows of d_max + 1 values; column 0 is 1/L.
     """
-    a = alpha.double()[:, None]
-    d = torch.arange(max_length + 1, dtype=torch.float64)[None]
-    tokens = torch.cumsum(a.pow(d), dim=1)  # sum_{i<=d} a^i
-    cost = d * layers.double()[:, None] + num_layers
-    return tokens / cost
+    table = []
+    for a, ell in zip(alpha, layers, strict=True):
+        a, ell = float(a), int(ell)
+        row, tokens, term = [], 0.0, 1.0
+        for d in range(max_length + 1):
+            tokens += term  # sum_{i<=d} a^i
+            term *= a
+            row.append(tokens / (d * ell + num_layers))
+        table.append(row)
+    return table
 
 
 def choose_exit(
-    alpha: torch.Tensor, layers: torch.Tensor, num_layers: int, max_length: int
+    alpha: Sequence[float], layers: Sequence[int], num_layers: int, max_length: int
 ) -> tuple[int, int, float]:
     """DEL's (E, d) = argmax TPL over the candidates.
 
     Drafting must beat plain decoding strictly (TPL(l, 0) = 1/L for every l), so when nothing does
     the length is 0; E is then the layer with the best TPL over d >= 1, so that next round's
-    statistics follow the most promising exit. Ties go to the smaller layer, then the shorter draft.
+    statistics follow the most promising exit. Ties go to the smaller layer, then the shorter draft
+    (the candidates are in increasing order).
 
     Returns:
         (exit layer, draft length, its TPL).
     """
-    tab = tpl_table(alpha, layers, num_layers, max_length)
-    best_per_layer, d_per_layer = tab[:, 1:].max(dim=1)  # first max: shorter draft on ties
-    row = int(torch.argmax(best_per_layer))  # first max: smaller layer on ties
-    e = int(layers[row])
-    if float(best_per_layer[row]) > 1.0 / num_layers:
-        return e, int(d_per_layer[row]) + 1, float(best_per_layer[row])
+    best, e, d = -1.0, int(layers[0]), 1
+    for ell, row in zip(layers, tpl_table(alpha, layers, num_layers, max_length), strict=True):
+        for length in range(1, max_length + 1):
+            if row[length] > best:  # strictly: the first maximum wins
+                best, e, d = row[length], int(ell), length
+    if best > 1.0 / num_layers:
+        return e, d, best
     return e, 0, 1.0 / num_layers
 
 
-def _to_host(match: torch.Tensor, conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A round's shadow matches and confidences (k, n each) in float64 on the host, where the
-    statistics live: one device-to-host copy for both."""
-    both = torch.stack([match.double(), conf.double()]).cpu()
-    return both[0], both[1]
+def window(diff: torch.Tensor) -> torch.Tensor:
+    """DEL's valid window: the positions up to and including the first where layer E's shadow token
+    differs from the target's (``diff``, BoolTensor (n,)), as a BoolTensor (n,), on the device."""
+    return diff.cumsum(dim=0) <= diff  # no disagreement before the position
+
+
+def window_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """One round's per-layer sums over the valid window, on the device, ready for one read.
+
+    Args:
+        match: BoolTensor (k, n): shadow token == the target's token.
+        conf: FloatTensor (k, n): the shadow tokens' top-1 probabilities.
+        valid: BoolTensor (n,): the positions of the window; ``None``: all n.
+
+    Returns:
+        FloatTensor (3k + 1,): the matches ``c``, the matched confidence ``tcs`` and the
+        mismatched confidence ``fcs`` of each layer (k each), then the window length.
+    """
+    if valid is None:
+        hit = match.to(conf.dtype)
+        sums = torch.stack([hit, conf * hit, conf - conf * hit]).sum(dim=-1)  # (3, k)
+        return torch.cat([sums.view(-1), sums.new_full((1,), match.shape[1])])
+    w = valid.to(conf.dtype)
+    hit = match * w
+    sums = torch.stack([hit, conf * hit, conf * (w - hit)]).sum(dim=-1)  # (3, k)
+    return torch.cat([sums.view(-1), w.sum(dim=0, keepdim=True)])
 
 
 class ShadowStatistics:
-    """DEL's exponentially decayed per-layer sums (DEL §4.2, Appendix A), in float64.
+    """DEL's exponentially decayed per-layer sums (DEL §4.2, Appendix A), as Python floats on the
+    host (a round adds k + 1 numbers read at once; no device work).
 
     Indexed by exit layer l = 0..L (entry 0 unused). After a round with window length ``n = u + 1``
     and, per layer, ``c`` shadow tokens matching the target, ``tcs``/``fcs`` the summed confidences
@@ -147,64 +191,78 @@ class ShadowStatistics:
 
     def __init__(self, num_layers: int, decay: float) -> None:
         self.decay = decay
-        self.c = torch.zeros(num_layers + 1, dtype=torch.float64)
-        self.tcs = torch.zeros(num_layers + 1, dtype=torch.float64)
-        self.fcs = torch.zeros(num_layers + 1, dtype=torch.float64)
+        self.c = [0.0] * (num_layers + 1)
+        self.tcs = [0.0] * (num_layers + 1)
+        self.fcs = [0.0] * (num_layers + 1)
         self.n = 0.0  # decayed window lengths u + 1
         self.u = 0.0  # decayed u (the paper-literal denominator)
-        self.tau = torch.zeros(num_layers + 1, dtype=torch.float64)
+        self.tau = [0.0] * (num_layers + 1)
         self.guards = {"no_match": 0, "no_mismatch": 0}
 
-    def update(self, layers: torch.Tensor, match: torch.Tensor, conf: torch.Tensor, n: int) -> None:
+    def update(
+        self,
+        layers: Sequence[int],
+        c: Sequence[float],
+        tcs: Sequence[float],
+        fcs: Sequence[float],
+        n: float,
+    ) -> None:
         """Add one round (or the prompt initialisation) and decay the history.
 
         Args:
-            layers: (k,) the layers observed.
-            match: BoolTensor (k, n): shadow token == target token in the window.
-            conf: (k, n) top-1 probabilities of the shadow tokens.
+            layers: the layers observed (k).
+            c: per layer, the shadow tokens matching the target in the window (k).
+            tcs: per layer, the summed top-1 probabilities of those matches (k).
+            fcs: per layer, the summed top-1 probabilities of the mismatches (k).
             n: window length u + 1.
         """
         w = self.decay
-        self.c.mul_(w)
-        self.tcs.mul_(w)
-        self.fcs.mul_(w)
-        m = match.double()
-        cf = conf.double()
-        self.c[layers] += m.sum(dim=1)
-        self.tcs[layers] += (cf * m).sum(dim=1)
-        self.fcs[layers] += (cf * (1.0 - m)).sum(dim=1)
+        for sums in (self.c, self.tcs, self.fcs):
+            sums[:] = [w * x for x in sums]
+        for ell, ci, ti, fi in zip(layers, c, tcs, fcs, strict=True):
+            self.c[ell] += float(ci)
+            self.tcs[ell] += float(ti)
+            self.fcs[ell] += float(fi)
         self.n = w * self.n + n
         self.u = w * self.u + (n - 1)
 
-    def alpha(self, layers: torch.Tensor, denominator: str = "window") -> torch.Tensor:
+    def update_from(self, layers: Sequence[int], sums: Sequence[float]) -> None:
+        """`update` from `window_sums`'s layout (its values read to the host)."""
+        k = len(layers)
+        self.update(layers, sums[:k], sums[k : 2 * k], sums[2 * k : 3 * k], sums[3 * k])
+
+    def alpha(self, layers: Sequence[int], denominator: str = "window") -> list[float]:
         """Acceptance estimates ``S(c) / S(u + 1)`` (or ``S(c) / S(u)``, paper-literal); 0 without data."""
         den = self.n if denominator == "window" else self.u
         if den <= 0:
-            return torch.zeros(len(layers), dtype=torch.float64)
-        return self.c[layers] / den
+            return [0.0] * len(layers)
+        return [self.c[ell] / den for ell in layers]
 
     def thresholds(
-        self, layers: torch.Tensor, denominator: str = "window", keep_empty: bool = False
-    ) -> torch.Tensor:
+        self, layers: Sequence[int], denominator: str = "window", keep_empty: bool = False
+    ) -> list[float]:
         """``tau_l = (S(tcs)/S(c) + S(fcs)/S(n - c)) / 2``, clamped to [0, 1], with the guards.
 
         No decayed match: matched mean := 1. No decayed mismatch: mismatched mean := 0, or the
         layer keeps its previous threshold (``keep_empty``). Updates and returns ``tau[layers]``.
         """
         den = self.n if denominator == "window" else self.u
-        c = self.c[layers]
-        mis = den - c
         eps = 1e-12
-        matched = torch.where(c > eps, self.tcs[layers] / c.clamp_min(eps), torch.ones_like(c))
-        mismatched = torch.where(mis > eps, self.fcs[layers] / mis.clamp_min(eps), torch.zeros_like(c))
-        tau = (0.5 * (matched + mismatched)).clamp(0.0, 1.0)
-        no_mis = mis <= eps
-        if keep_empty:
-            tau = torch.where(no_mis, self.tau[layers], tau)
-        self.guards["no_match"] += int((c <= eps).sum())
-        self.guards["no_mismatch"] += int(no_mis.sum())
-        self.tau[layers] = tau
-        return tau
+        out = []
+        for ell in layers:
+            c = self.c[ell]
+            mis = den - c
+            matched = self.tcs[ell] / c if c > eps else 1.0
+            mismatched = self.fcs[ell] / mis if mis > eps else 0.0
+            tau = min(1.0, max(0.0, 0.5 * (matched + mismatched)))
+            self.guards["no_match"] += int(c <= eps)
+            if mis <= eps:
+                self.guards["no_mismatch"] += 1
+                if keep_empty:
+                    tau = self.tau[ell]
+            self.tau[ell] = tau
+            out.append(tau)
+        return out
 
 
 @register_selector("del_tpl", config=DelTplConfig)
@@ -232,7 +290,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     def __init__(self, config: DelTplConfig | None = None) -> None:
         super().__init__(config)
         self._L = 0
-        self._layers = torch.zeros(0, dtype=torch.long)
+        self._layers: list[int] = []
         # ``self.budget`` (BudgetedWork) caps the statistics' share of wall time; it spans
         # generations (`reset` resumes it)
         self.reset()
@@ -252,13 +310,13 @@ class DelTplSelector(BudgetedWork, LayerSelector):
                 "--selector.max_exit", c.max_exit, f"in [{c.min_exit}, {n - 1}] (the model has {n} blocks)"
             )
         self._L = n
-        self._layers = torch.arange(c.min_exit, hi + 1, c.layer_stride, dtype=torch.long)
+        self._layers = list(range(c.min_exit, hi + 1, c.layer_stride))
         self.reset()
 
     def reset(self) -> None:
         self._stats = ShadowStatistics(self._L, self.config.decay) if self._L else None
         self._initialised = False
-        self._exit = int(self._layers[0]) if len(self._layers) else 1
+        self._exit = self._layers[0] if self._layers else 1
         self._length = 0
         self._tpl = 0.0
         self._hint: LengthHint | None = None
@@ -269,27 +327,44 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._seconds = 0.0
         self._rows = 0
         self._init_positions = 0
+        self._indices: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
         # The budget spans generations, so that the prompt initialisation (once per generation)
         # is budgeted like the updates; the time between generations earns nothing.
         self.budget.resume()
 
     @property
     def candidate_layers(self) -> list[int]:
-        return self._layers.tolist()
+        return list(self._layers)
 
     @property
     def statistics(self) -> ShadowStatistics | None:
         return self._stats
 
     # ------------------------------------------------------------------ statistics
+    def _rows_of(self, layers: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """``layers`` as an index on ``device``, uploaded once per generation (a few sets: the
+        candidates, with or without L, and each exit layer E alone)."""
+        key = (layers, device)
+        if key not in self._indices:
+            self._indices[key] = upload(list(layers), device, torch.long)
+        return self._indices[key]
+
     def _shadow(
-        self, state: RoundView, hidden: torch.Tensor, layers: torch.Tensor, *, target: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shadow tokens and confidences (k, n) of ``hidden`` (L+1, n, d) at ``layers`` (k,): what
-        a draft exiting there predicts, through the draft's head (``state.draft_head``), or with
-        ``target`` what the target predicts (the full LM head)."""
-        self._rows += int(len(layers) * hidden.shape[1])
-        return state.top1_from_hidden(hidden[layers.to(hidden.device)], draft_head=not target)
+        self, state: RoundView, hidden: torch.Tensor, layers: list[int], *, target: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Shadow tokens and confidences (len(layers), n) of ``hidden`` (L+1, n, d) at ``layers``:
+        what a draft exiting there predicts (through the draft's head, ``state.draft_head``), and
+        with ``target`` the target's tokens (n,) (layer L, the full LM head; else ``None``).
+        Without a draft head the rows go through the head in one call."""
+        k, n = len(layers), hidden.shape[1]
+        self._rows += (k + target) * n
+        if target and state.draft_head is None:
+            rows = self._rows_of((*layers, self._L), hidden.device)
+            toks, conf = state.top1_from_hidden(hidden[rows])
+            return toks[:k], conf[:k], toks[k]
+        rows = self._rows_of(tuple(layers), hidden.device)
+        toks, conf = state.top1_from_hidden(hidden[rows], draft_head=True)
+        return toks, conf, state.top1_from_hidden(hidden[self._L])[0] if target else None
 
     def _choose(self) -> None:
         c = self.config
@@ -297,13 +372,13 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         tau = self._stats.thresholds(self._layers, c.alpha_denominator, keep_empty=c.empty_mismatch == "keep")
         e, d, tpl = choose_exit(alpha, self._layers, self._L, c.max_length)
         self._exit, self._length, self._tpl = e, d, tpl
-        threshold = float(tau[int((self._layers == e).nonzero()[0, 0])])
+        threshold = tau[self._layers.index(e)]
         if d == 0 and c.no_draft_when_unprofitable:
             cap = 0
         else:
             cap = d if (c.cap_by_length and d > 0) else c.max_length
         self._hint = LengthHint(max_length=cap, threshold=threshold, source="del_tpl")
-        self._alpha_now = [round(float(a), 4) for a in alpha]
+        self._alpha_now = [round(a, 4) for a in alpha]
 
     def _initialise(self, state: RoundView) -> None:
         """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round."""
@@ -315,13 +390,11 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         if hs is not None and w > 0 and state.round == 0 and hs.shape[2] >= p and self.budget.allows():
             with self.budget.unit() as unit:
                 h = hs[:, 0, p - w : p]  # (L+1, w, d)
-                if self.config.init_reference == "target":
-                    ref, _ = self._shadow(state, h, torch.tensor([self._L]), target=True)
-                    ref = ref[0]
-                else:
-                    ref = state.tokens[0, p - w + 1 : p + 1]  # the next token of each position
-                toks, conf = self._shadow(state, h, self._layers)
-                self._stats.update(self._layers, *_to_host(toks == ref.to(toks.device)[None], conf), w)
+                prompt = self.config.init_reference == "prompt"
+                toks, conf, ref = self._shadow(state, h, self._layers, target=not prompt)
+                if prompt:
+                    ref = state.tokens[0, p - w + 1 : p + 1].to(toks.device)  # each next prompt token
+                self._stats.update_from(self._layers, window_sums(toks == ref, conf).tolist())
                 self._init_positions = w
             self._seconds += unit.seconds
         self._choose()
@@ -367,34 +440,33 @@ class DelTplSelector(BudgetedWork, LayerSelector):
 
     def _update(self, state: RoundView, result: Verification, hs: torch.Tensor) -> None:
         """One round's statistics: shadow tokens of ``hs`` (L+1, B, n, d), the verified chain
-        (`Verification.path_hidden`), in the valid window, then next round's choice."""
+        (`Verification.path_hidden`: the draft block's positions), in the valid window (up to and
+        including the first position where layer E's shadow token differs from the target's),
+        then next round's choice. ``shadow_rows`` says how (`DelTplConfig`): the sums are the same."""
         h = hs[:, 0]  # (L+1, n, d)
-        e, L = self._exit, self._L
-        if state.draft_head is None:  # one head call for both rows
-            ends, end_conf = self._shadow(state, h, torch.tensor([e, L]))
-            x_e, x_l = ends[0], ends[1]
-        else:  # the draft's head at E, the target's full head at L
-            x_e, end_conf = self._shadow(state, h, torch.tensor([e]))
-            x_e = x_e[0]
-            x_l = self._shadow(state, h, torch.tensor([L]), target=True)[0][0]
-        diff = (x_e != x_l).nonzero()
-        u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
         if self.config.window == "accepted":
-            u = min(u, result.accepted)
-        n = u + 1
-        # Layer E's row is already known; the others only inside the window.
-        is_e = self._layers == e
-        others = self._layers[~is_e]
-        toks = torch.empty(len(self._layers), n, dtype=torch.long, device=h.device)
-        conf = torch.empty(len(self._layers), n, dtype=torch.float32, device=h.device)
-        mask_e = is_e.to(h.device)
-        if len(others):
-            ot, oc = self._shadow(state, h[:, :n], others)
-            toks[~mask_e], conf[~mask_e] = ot, oc
-        if bool(is_e.any()):
-            toks[mask_e], conf[mask_e] = x_e[:n], end_conf[0, :n]
-        self._stats.update(self._layers, *_to_host(toks == x_l[None, :n], conf), n)
+            h = h[:, : result.accepted + 1]
+        e = self._exit
+        if self._chain_rows(h.device):  # every candidate over the chain; the window on the device
+            toks, conf, ref = self._shadow(state, h, self._layers)
+            diff = toks[self._layers.index(e)] != ref  # layer E against the target
+            sums = window_sums(toks == ref, conf, window(diff))
+            layers = self._layers
+        else:  # the window's end first (layer E and the target), then the other layers over it
+            x_e, conf_e, ref = self._shadow(state, h, [e])
+            diff = x_e[0] != ref
+            n = int(window(diff).sum())  # a read: the window's length
+            layers = [ell for ell in self._layers if ell != e]
+            toks, conf, _ = self._shadow(state, h[:, :n], layers, target=False)
+            toks, conf = torch.cat([toks, x_e[:, :n]]), torch.cat([conf, conf_e[:, :n]])
+            sums = window_sums(toks == ref[:n], conf)
+            layers = [*layers, e]
+        self._stats.update_from(layers, sums.tolist())
         self._choose()
+
+    def _chain_rows(self, device: torch.device) -> bool:
+        rows = self.config.shadow_rows
+        return rows == "chain" or (rows == "auto" and device.type == "cuda")
 
     def summary(self) -> dict[str, Any]:
         if self._stats is None:

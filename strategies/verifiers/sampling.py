@@ -93,28 +93,20 @@ def accept_prefix(
     b, k = draft_tokens.shape
     q = q.to(p.dtype)
     rows = torch.arange(b, device=p.device)
-    if k:
-        idx = draft_tokens[..., None]
-        p_d = p[:, :k].gather(-1, idx).squeeze(-1)  # (B, K)
-        q_d = q.gather(-1, idx).squeeze(-1)
-        # q(d) = 0 cannot happen for a token sampled from q; if it does, accept iff p(d) > 0.
-        ratio = torch.where(
-            q_d > 0, (p_d / q_d.clamp_min(torch.finfo(p.dtype).tiny)).clamp(max=1.0), (p_d > 0).to(p.dtype)
-        )
-        u = torch.rand(b, k, generator=generator, device=p.device, dtype=p.dtype)
-        m = (u < ratio).long().cumprod(dim=1).sum(dim=1)  # (B,)
-    else:
-        m = torch.zeros(b, dtype=torch.long, device=p.device)
+    if not k:
+        return torch.zeros(b, dtype=torch.long, device=p.device), sample(p[:, 0], generator)
+    idx = draft_tokens[..., None]
+    p_d = p[:, :k].gather(-1, idx).squeeze(-1)  # (B, K)
+    q_d = q.gather(-1, idx).squeeze(-1)
+    u = torch.rand(b, k, generator=generator, device=p.device, dtype=p.dtype)
+    # u < min(1, p/q) is u * q < p for u in [0, 1): no division, and q(d) = 0 (which cannot happen
+    # for a token sampled from q) accepts iff p(d) > 0
+    m = torch.lt(u * q_d, p_d).cumprod(dim=1).sum(dim=1)  # (B,): accepted before the first rejection
     p_m = p[rows, m]  # (B, V): p_{m+1}, the bonus distribution when m == K
-    if k:
-        q_m = q[rows, m.clamp(max=k - 1)]
-        residual = (p_m - q_m).clamp_min(0)
-        mass = residual.sum(dim=-1, keepdim=True)
-        fixed = torch.where(mass > RESIDUAL_EPS, residual / mass.clamp_min(RESIDUAL_EPS), p_m)
-        dist = torch.where((m < k)[:, None], fixed, p_m)
-    else:
-        dist = p_m
-    return m, sample(dist, generator)
+    q_m = q[rows, m.clamp(max=k - 1)]
+    residual = (p_m - q_m).clamp_min(0)  # multinomial normalises it
+    use_residual = (m < k) & (residual.sum(dim=-1) > RESIDUAL_EPS)  # rejected, and p != q there
+    return m, sample(torch.where(use_residual[:, None], residual, p_m), generator)
 
 
 @register_verifier("sampling", config=SamplingVerifierConfig)

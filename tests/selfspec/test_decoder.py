@@ -42,6 +42,52 @@ def test_from_preset_generates_exactly_the_vanilla_tokens(model_and_tokenizer):
     assert dec.method.label == "static_confidence"
 
 
+def test_the_vanilla_preset_decodes_plainly(model_and_tokenizer):
+    """Issue 39, item 2: ``from_preset("vanilla")`` decodes as run.py and bench.py decode the
+    ``vanilla`` preset, with the baseline alone (it drafted in 7 of 8 rounds before)."""
+    model, tok = model_and_tokenizer
+    dec = selfspec.Decoder.from_preset("vanilla", model=model, tokenizer=tok, max_new_tokens=16, **quiet())
+    out = dec.generate(PROMPT)
+    assert out.tokens == dec.generate_vanilla(PROMPT).tokens and len(out.tokens) == 16
+    s = out.stats
+    assert s.drafted == 0 and not any(s.draft_lengths) and s.mean_accepted_length == 1.0 and not s.plans
+    assert dec.method.baseline_only and dec.method.label == "vanilla" and dec.strategies == {}
+    assert "vanilla: plain decoding" in repr(dec)
+    cmp = dec.compare(PROMPT, 8, warmup=False)
+    assert cmp.lossless and cmp.method.stats.drafted == 0
+
+
+def test_a_preset_means_the_same_in_run_bench_and_the_decoder(capsys):
+    """Issue 39, item 2: every shipped preset resolves to one method section whether run.py
+    (``--method NAME``), bench.py (``--methods NAME``) or ``Decoder.from_preset(NAME)`` reads it,
+    and the baseline-only preset is the vanilla baseline in all three."""
+    import dataclasses
+    import json
+
+    import yaml
+
+    from framework.benchmark.bench_config import method_section, parse_methods
+    from framework.runner.cli import main
+    from framework.session.presets import list_presets
+    from framework.session.run_config import RunConfig
+
+    for name in list_presets():
+        method = RunConfig.from_preset(name).method  # what Decoder.from_preset builds on
+        assert main(["--method", name, "--print-config"]) == 0
+        printed = yaml.safe_load(capsys.readouterr().out)["method"]
+        assert printed["name"] == name and printed["baseline_only"] == method.baseline_only
+        for kind in ("selector", "length", "drafter", "verifier"):
+            spec = getattr(method, kind)
+            want = json.loads(json.dumps({"name": spec.name, **dataclasses.asdict(spec.config)}))
+            assert printed[kind] == want, (name, kind)  # (the printed YAML has lists for tuples)
+        assert printed["gate"] == json.loads(json.dumps(dataclasses.asdict(method.gate))), name
+        (bench,) = [s for s in parse_methods([name, "hf_generate"]) if s.label == name]
+        if method.baseline_only:
+            assert bench.kind == "baseline"  # bench.py's own vanilla row
+        else:
+            assert bench.kind == "preset" and method_section(bench.source) == method, name
+
+
 def test_overrides_reach_the_strategies(model_and_tokenizer):
     model, tok = model_and_tokenizer
     dec = selfspec.Decoder.from_preset(

@@ -23,6 +23,7 @@ from strategies.selectors.del_tpl import (
     ShadowStatistics,
     choose_exit,
     tpl_table,
+    window_sums,
 )
 from strategies.verifiers.greedy import GreedyVerifier
 
@@ -70,20 +71,19 @@ def _early_exit_friendly(num_layers: int = 6, keep: int = 2, scale: float = 0.05
 
 
 def test_tpl_algebra():
-    alpha = torch.tensor([0.0, 0.3, 0.8, 1.0], dtype=torch.float64)
-    layers = torch.tensor([1, 4, 8, 8])
-    tab = tpl_table(alpha, layers, 32, 18)
-    assert tab.shape == (4, 19)
-    torch.testing.assert_close(tab[:, 0], torch.full((4,), 1 / 32, dtype=torch.float64))  # vanilla
-    d = torch.arange(19, dtype=torch.float64)
-    torch.testing.assert_close(tab[3], (d + 1) / (d * 8 + 32))  # alpha = 1: (d+1)/(d l + L)
-    torch.testing.assert_close(
-        tab[2, 5], torch.tensor((1 - 0.8**6) / (0.2 * (5 * 8 + 32)), dtype=torch.float64)
-    )
+    tab = tpl_table([0.0, 0.3, 0.8, 1.0], [1, 4, 8, 8], 32, 18)
+    assert len(tab) == 4 and {len(row) for row in tab} == {19}
+    assert [row[0] for row in tab] == [1 / 32] * 4  # vanilla
+    assert tab[0] == [1 / (d * 1 + 32) for d in range(19)]  # alpha = 0: only the bonus token
+    assert tab[3] == pytest.approx([(d + 1) / (d * 8 + 32) for d in range(19)])  # (d+1)/(d l + L)
+    assert tab[2][5] == pytest.approx((1 - 0.8**6) / (0.2 * (5 * 8 + 32)))
+    assert tab[1][3] == pytest.approx((1 + 0.3 + 0.09 + 0.027) / (3 * 4 + 32))
     # drafting one token beats none iff alpha_l > l / L
     for a, ell in ((0.26, 8), (0.24, 8), (0.5, 16), (0.51, 16)):
-        one = tpl_table(torch.tensor([a]), torch.tensor([ell]), 32, 1)[0]
-        assert bool(one[1] > one[0]) == (a > ell / 32)
+        one = tpl_table([a], [ell], 32, 1)[0]
+        assert (one[1] > one[0]) == (a > ell / 32)
+    with pytest.raises(ValueError):
+        tpl_table([0.5, 0.5], [1], 32, 4)  # an estimate per layer
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_tpl_algebra():
 )
 def test_tpl_worked_values(L, ell, alpha, best_d, tpl):
     """The reference's worked values (seeds-clasp-del.md, B.3)."""
-    e, d, value = choose_exit(torch.tensor([alpha]), torch.tensor([ell]), L, 18)
+    e, d, value = choose_exit([alpha], [ell], L, 18)
     assert (e, d) == (ell, best_d)
     assert value == pytest.approx(tpl, abs=5e-5)
 
@@ -102,22 +102,39 @@ def test_choose_exit_hand_computed():
     #   TPL(1,1) = 1.5/5  = .3000   TPL(1,2) = 1.75/6 = .2917
     #   TPL(2,1) = 1.9/6  = .3167   TPL(2,2) = 2.71/8 = .3388   <- the maximum
     #   TPL(3,1) = 2/7    = .2857   TPL(3,2) = 3/10   = .3000   (plain decoding: 1/4 = .25)
-    e, d, tpl = choose_exit(torch.tensor([0.5, 0.9, 1.0]), torch.tensor([1, 2, 3]), 4, 2)
+    e, d, tpl = choose_exit([0.5, 0.9, 1.0], [1, 2, 3], 4, 2)
     assert (e, d) == (2, 2) and tpl == pytest.approx(2.71 / 8)
     # only layer 4 of 8 is any good, and perfect: TPL(4, d) = (d+1)/(4d+8) grows with d
-    alpha = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    assert choose_exit(alpha, torch.arange(1, 8), 8, 18) == (4, 18, pytest.approx(19 / 80))
+    alpha = [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert choose_exit(alpha, list(range(1, 8)), 8, 18) == (4, 18, pytest.approx(19 / 80))
     # alpha_l <= l / L everywhere: drafting never pays; E = the layer with the best d >= 1
     # (L = 10: TPL(1,1) = 1.05/11 = .0955, TPL(2,1) = 1.15/12 = .0958, TPL(3,1) = 1.25/13 = .0962)
-    alpha = torch.tensor([0.05, 0.15, 0.25], dtype=torch.float64)
-    e, d, tpl = choose_exit(alpha, torch.tensor([1, 2, 3]), 10, 18)
+    e, d, tpl = choose_exit([0.05, 0.15, 0.25], [1, 2, 3], 10, 18)
     assert (e, d) == (3, 0) and tpl == pytest.approx(0.1)
     # exactly alpha = l / L: TPL(2, 1) = 1.25/10 = 1/8 ties plain decoding, which wins
-    assert choose_exit(torch.tensor([0.25], dtype=torch.float64), torch.tensor([2]), 8, 18)[1] == 0
-    assert choose_exit(torch.tensor([0.26], dtype=torch.float64), torch.tensor([2]), 8, 18)[1] >= 1
+    assert choose_exit([0.25], [2], 8, 18)[1] == 0
+    assert choose_exit([0.26], [2], 8, 18)[1] >= 1
 
 
 # ------------------------------------------------------------------------------ statistics
+
+
+def _add(st, layers, match, conf, n=None):
+    """One round into ``st`` through the device-side sums, over every position (or the first n)."""
+    match, conf = torch.as_tensor(match, dtype=torch.bool), torch.as_tensor(conf, dtype=torch.float32)
+    if conf.dim() == 0:
+        conf = conf.expand(match.shape)
+    valid = torch.arange(match.shape[1]) < (match.shape[1] if n is None else n)
+    st.update_from(layers, window_sums(match, conf, valid).tolist())
+
+
+def test_window_sums_count_only_the_window():
+    match = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=torch.bool)
+    conf = torch.tensor([[0.5, 0.25, 0.75, 1.0], [0.125, 0.5, 0.25, 0.5]])
+    sums = window_sums(match, conf, torch.tensor([True, True, True, False])).tolist()
+    # layer 1: matches at 0 and 2 (0.5 + 0.75), a mismatch at 1 (0.25); layer 2: matches at 1, 2
+    # (0.5 + 0.25), a mismatch at 0 (0.125); position 3 is outside the window
+    assert sums == [2.0, 2.0, 1.25, 0.75, 0.25, 0.125, 3.0]
 
 
 def test_window_vs_paper_literal_denominator():
@@ -125,48 +142,45 @@ def test_window_vs_paper_literal_denominator():
     the paper's S(c)/S(u) gives alpha_E = 1, the corrected S(c)/S(u+1) gives u/(u+1); a fully
     matched round pushes the literal estimate above 1."""
     st = ShadowStatistics(4, decay=0.95)
-    layers = torch.tensor([1, 2, 3])
+    layers = [1, 2, 3]
     # window of 4 positions (u = 3); layer 2 = E matches the first 3, layer 1 none, layer 3 all
-    match = torch.tensor([[0, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    st.update(layers, match, torch.full((3, 4), 0.5), 4)
-    torch.testing.assert_close(
-        st.alpha(layers, "window"), torch.tensor([0.0, 0.75, 1.0], dtype=torch.float64)
-    )
-    torch.testing.assert_close(
-        st.alpha(layers, "paper_literal"), torch.tensor([0.0, 1.0, 4 / 3], dtype=torch.float64)
-    )
+    _add(st, layers, [[0, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], 0.5)
+    assert st.alpha(layers, "window") == [0.0, 0.75, 1.0]
+    assert st.alpha(layers, "paper_literal") == pytest.approx([0.0, 1.0, 4 / 3])
     # a round with u = 0 adds nothing to the literal denominator: 0/0 before, guarded to 0
     fresh = ShadowStatistics(4, decay=0.95)
-    fresh.update(layers, torch.ones(3, 1, dtype=torch.bool), torch.full((3, 1), 0.9), 1)
-    assert torch.equal(fresh.alpha(layers, "paper_literal"), torch.zeros(3, dtype=torch.float64))
-    torch.testing.assert_close(fresh.alpha(layers, "window"), torch.ones(3, dtype=torch.float64))
+    _add(fresh, layers, [[1], [1], [1]], 0.9)
+    assert fresh.alpha(layers, "paper_literal") == [0.0, 0.0, 0.0]
+    assert fresh.alpha(layers, "window") == [1.0, 1.0, 1.0]
 
 
 def test_decay_weights_rounds():
     st = ShadowStatistics(2, decay=0.5)
-    one = torch.tensor([1])
-    st.update(one, torch.tensor([[True, True]]), torch.ones(1, 2), 2)  # round 1: 2 of 2
-    st.update(one, torch.tensor([[False]]), torch.ones(1, 1), 1)  # round 2: 0 of 1
+    one = [1]
+    _add(st, one, [[True, True]], 1.0)  # round 1: 2 of 2
+    _add(st, one, [[False, True]], 1.0, n=1)  # round 2: 0 of 1 (the second position is outside)
     # S(c) = 0.5 * 2 + 0 = 1, S(n) = 0.5 * 2 + 1 = 2
-    assert float(st.alpha(one)[0]) == pytest.approx(0.5)
+    assert st.alpha(one)[0] == pytest.approx(0.5)
     assert st.n == pytest.approx(2.0) and st.u == pytest.approx(0.5)
+    assert st.tcs[1] == pytest.approx(1.0) and st.fcs[1] == pytest.approx(1.0)
 
 
 def test_threshold_midpoint_and_guards():
     st = ShadowStatistics(3, decay=1.0)
-    layers = torch.tensor([1, 2, 3])
-    match = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.bool)
-    conf = torch.tensor([[0.9, 0.7, 0.3], [0.8, 0.6, 0.4], [0.2, 0.1, 0.3]])
-    st.update(layers, match, conf, 3)
+    layers = [1, 2, 3]
+    match = [[1, 1, 0], [1, 1, 1], [0, 0, 0]]
+    conf = [[0.9, 0.7, 0.3], [0.8, 0.6, 0.4], [0.2, 0.1, 0.3]]
+    _add(st, layers, match, conf)
     tau = st.thresholds(layers)
     # layer 1: (mean(.9, .7) + .3) / 2; layer 2 never mismatched: (mean(.8,.6,.4) + 0) / 2;
     # layer 3 never matched: (1 + mean(.2,.1,.3)) / 2
-    torch.testing.assert_close(tau, torch.tensor([0.55, 0.3, 0.6], dtype=torch.float64), atol=1e-6, rtol=0)
+    assert tau == pytest.approx([0.55, 0.3, 0.6], abs=1e-6)
     assert st.guards == {"no_match": 1, "no_mismatch": 1}
     # "keep": a layer without mismatches keeps its previous threshold
-    st.update(layers, torch.ones(3, 1, dtype=torch.bool), torch.full((3, 1), 0.5), 1)
+    _add(st, layers, [[1], [1], [1]], 0.5)
     kept = st.thresholds(layers, keep_empty=True)
-    assert float(kept[1]) == pytest.approx(0.3)
+    assert kept[1] == pytest.approx(0.3)
+    assert st.thresholds([1, 2, 3]) == st.tau[1:]  # the thresholds are kept per layer
 
 
 # ------------------------------------------------------------------------------ on a model
@@ -211,10 +225,10 @@ def test_prompt_initialisation(init_tokens, reference):
     else:
         ref = state.tokens[0, 21 - w : 21]
     toks, _ = _shadow(adapter, h[1:6])
-    want = (toks == ref).double().sum(dim=1) / w
-    torch.testing.assert_close(sel.statistics.alpha(torch.arange(1, 6)), want)
+    want = ((toks == ref).double().sum(dim=1) / w).tolist()
+    assert sel.statistics.alpha([1, 2, 3, 4, 5]) == pytest.approx(want)
     assert sel.summary()["init_positions"] == w
-    e, d, _ = choose_exit(want, torch.arange(1, 6), 6, 18)
+    e, d, _ = choose_exit(want, [1, 2, 3, 4, 5], 6, 18)
     assert plan == LayerPlan.from_indices(6, exit_layer=e) and sel.length_hint(state).max_length == (
         18 if d else 0
     )
@@ -232,12 +246,14 @@ def test_no_prompt_statistics_means_no_draft_first():
         assert sel.summary()["init_positions"] == 0
 
 
-def _first_early_exit_round():
+def _first_early_exit_round(**config):
     """One verified round of a 4-token early-exit draft with no prompt statistics (every alpha is 0,
     so E is the smallest candidate, 2); the selector has not observed it yet."""
     adapter = _early_exit_friendly()
     state = _new_state(adapter, seed=2)
-    sel = DelTplSelector(DelTplConfig(decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False))
+    sel = DelTplSelector(
+        DelTplConfig(decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False, **config)
+    )
     sel.setup(adapter.info())
     drafter = EarlyExitDrafter()
     drafter.setup(adapter.info())
@@ -265,9 +281,9 @@ def test_statistics_update_is_free_and_matches_a_hand_count():
     u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
     assert u == res.accepted  # greedy drafting: the window ends where the draft was rejected
     toks = _shadow(adapter, h[2:6, : u + 1])[0]
-    want = (toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)
-    torch.testing.assert_close(sel.statistics.alpha(torch.arange(2, 6)), want)
-    assert float(want[0]) == res.accepted / (res.accepted + 1)  # layer E matched up to the rejection
+    want = ((toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)).tolist()
+    assert sel.statistics.alpha([2, 3, 4, 5]) == pytest.approx(want)
+    assert want[0] == res.accepted / (res.accepted + 1)  # layer E matched up to the rejection
     # layers loaded: 4 draft steps of E blocks, then L - E blocks over the reused positions and E
     # for the one position the draft never fed: d * E + L, DEL's cost model
     assert sel.summary()["round_etpl"][0] == pytest.approx((res.accepted + 1) / (4 * e + 6), abs=1e-5)
@@ -508,5 +524,55 @@ def test_shadow_tokens_use_the_draft_head_and_the_reference_the_full_head():
     diff = (x_e != x_l).nonzero()
     u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
     toks = adapter.top1_from_hidden(h[2:6, : u + 1], head=head)[0]
-    want = (toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)
-    torch.testing.assert_close(sel.statistics.alpha(torch.arange(2, 6)), want)
+    want = ((toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)).tolist()
+    assert sel.statistics.alpha([2, 3, 4, 5]) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
+    """Issue 38, item 3. ``shadow_rows='chain'`` (CUDA's choice): the round's shadow tokens (every
+    candidate layer and the target, one head call), its window and its sums stay on the device
+    until one read of 3k + 1 numbers. ``'window'`` (the CPU's) reads where the window ends first and
+    runs the candidates over the window only. Both give the same statistics; the decayed sums and
+    the TPL choice are Python floats either way."""
+    from framework.engine.draft_head import DraftHead
+    from framework.testing.host_work import count_host_work
+
+    seen = {}
+    for rows in ("chain", "window"):
+        adapter, state, sel, draft, res = _first_early_exit_round(shadow_rows=rows)
+        if with_head:
+            state.draft_head = DraftHead(adapter, list(range(0, 128, 2)))
+        with torch.inference_mode(), count_host_work() as work:
+            sel.observe(state, draft, res)
+        st = sel.statistics
+        chain, n = res.path_hidden.shape[2], int(st.n)  # decay 1: the round's window
+        assert chain == 5 and n < chain  # the window ends inside the chain
+        if not with_head:
+            assert n == res.accepted + 1  # at the rejection
+        seen[rows] = (st.c, st.tcs, st.fcs, st.n, st.tau, st.guards, sel.length_hint(state))
+        if rows == "chain":
+            assert work.reads == 1, work.host_reads.by_site
+            # the rows' upload (once a generation) and index (2), the final norm (8 on this float64
+            # model: two casts), the LM head and a cast to float32, top-1 and its probability (4),
+            # the window (4) and its sums (9); a draft head adds a head call for the target's row
+            # and the mapping of the head's tokens to the vocabulary's
+            assert work.ops <= (29 if not with_head else 46), work.by_op
+            assert sel.summary()["shadow_rows"] == 5 * chain  # 4 candidates and L
+        else:
+            assert work.reads == 2, work.host_reads.by_site
+            assert sel.summary()["shadow_rows"] == 2 * chain + 3 * n  # E and L, then the others
+    for a, b in zip(seen["chain"][:3], seen["window"][:3], strict=True):
+        assert a == pytest.approx(b)
+    assert seen["chain"][3] == seen["window"][3]
+    assert seen["chain"][4] == pytest.approx(seen["window"][4])
+    assert seen["chain"][5:] == seen["window"][5:]
+
+
+def test_shadow_rows_auto_is_the_chain_on_cuda_only():
+    sel = DelTplSelector()
+    assert not sel._chain_rows(torch.device("cpu")) and sel._chain_rows(torch.device("cuda"))
+    assert DelTplSelector(DelTplConfig(shadow_rows="chain"))._chain_rows(torch.device("cpu"))
+    assert not DelTplSelector(DelTplConfig(shadow_rows="window"))._chain_rows(torch.device("cuda"))
+    with pytest.raises(ConfigError, match="shadow_rows must be one of auto, window, chain"):
+        build_config(DelTplConfig, {"shadow_rows": "all"})
