@@ -425,6 +425,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "pick_the_least_likely_token",
+        "the pick rule (inside the draft forward and in the draft builder) takes the argmin",
+        "framework/types.py",
+        "        return Picked(logits.argmax(dim=-1))",
+        "        return Picked(logits.argmin(dim=-1))",
+        ("tests/framework/drafting/test_builder.py",),
+    ),
+    Mutation(
+        "draft_token_chosen_after_the_forward",
+        "the layer-skip drafter asks its forward for no pick: each draft token is chosen by eager "
+        "operations after it",
+        "strategies/drafters/layer_skip.py",
+        'logits_at="last", pick=out.pick)',
+        'logits_at="last", pick=None)',
+        (
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
+    Mutation(
         "greedy_verify_reads_twice",
         "the greedy verifier reads the accepted count and the target's tokens in two host reads",
         "strategies/verifiers/greedy.py",

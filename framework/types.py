@@ -381,3 +381,71 @@ class ForwardSizes:
 
     def __or__(self, other: ForwardSizes) -> ForwardSizes:
         return ForwardSizes(self.chain | other.chain, self.tree | other.tree, self.scratch | other.scratch)
+
+
+@dataclass(frozen=True)
+class TokenPick:
+    """What a draft step's forward chooses from its last row's logits (issue 38, item 3).
+
+    After each draft forward a drafter chooses the next token: the argmax, or (when a strategy
+    asked for extras) the softmax's top-1 token and its probability, the whole distribution and
+    the k most probable tokens. Done after the forward, that is 1-3 eager kernel launches per
+    drafted token on a GPU; done inside it (``ModelAdapter.forward(..., pick=)``), they are part
+    of the forward's one graph on the ``forward`` route (`framework.engine.graphed`: the pick is
+    part of the graph's key). `pick_tokens` is the rule; sampling is not picked there (the
+    sampler's random stream is the verifier's).
+
+    Attributes:
+        softmax: the token is the softmax's top-1 (the argmax, up to exact ties), with its
+            probability; ``False``: the argmax alone.
+        probs: also the whole distribution (B, V) (a verifier that needs q).
+        top_k: also the ``top_k`` most probable tokens and their probabilities (0: none).
+    """
+
+    softmax: bool = False
+    probs: bool = False
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.probs or self.top_k) and not self.softmax:
+            raise ValueError("probs and top_k come from the softmax: set softmax=True")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class Picked:
+    """What `pick_tokens` chose, per batch row.
+
+    Attributes:
+        tokens: LongTensor (B,).
+        top_p: FloatTensor (B,) in float32, the top-1 probability (``None`` without softmax).
+        probs: FloatTensor (B, V) in float32, the distribution (``None`` unless asked).
+        top_tokens: LongTensor (B, k) in descending probability (``None`` unless asked).
+        top_probs: FloatTensor (B, k), their probabilities.
+    """
+
+    tokens: torch.Tensor
+    top_p: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    top_tokens: torch.Tensor | None = None
+    top_probs: torch.Tensor | None = None
+
+    def clone(self) -> Picked:
+        """Copies (a graph's outputs are overwritten by its next replay)."""
+        c = lambda x: None if x is None else x.clone()  # noqa: E731
+        return Picked(c(self.tokens), c(self.top_p), c(self.probs), c(self.top_tokens), c(self.top_probs))
+
+
+def pick_tokens(logits: torch.Tensor, pick: TokenPick) -> Picked:
+    """Choose from ``logits`` (B, V) as ``pick`` says: the argmax, or the float32 softmax's top-1
+    with its probability (and the distribution, and its top k). The one rule of the forward that
+    picks inside its graph (`Pass.pick`) and of `framework.drafting.builder.DraftBuilder`."""
+    if not pick.softmax:
+        return Picked(logits.argmax(dim=-1))
+    p = torch.softmax(logits.float(), dim=-1)
+    top_p, tok = p.max(dim=-1)
+    top_probs = top_tokens = None
+    if pick.top_k:
+        top_probs, top_tokens = p.topk(min(pick.top_k, p.shape[-1]), dim=-1)  # sorted by p
+    return Picked(tok, top_p, p if pick.probs else None, top_tokens, top_probs)

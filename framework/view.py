@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from framework.types import DecodeStats, LayerPlan, ModelInfo
+from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick
 
 if TYPE_CHECKING:
     from framework.engine.adapter import ForwardOutput
@@ -107,9 +107,11 @@ class RoundView(Protocol):
         *,
         logits_at: str | torch.Tensor | None = "last",
         reusable: bool = False,
+        pick: TokenPick | None = None,
     ) -> ForwardOutput:
         """Feed the next draft token(s) (B, T) through the draft ``plan`` (see
-        `framework.engine.state.DecodeState.forward_draft`)."""
+        `framework.engine.state.DecodeState.forward_draft`); ``pick``: choose the next token inside
+        the forward (``ForwardOutput.picked``; `framework.drafting.builder.DraftBuilder.pick`)."""
 
     def forward_verify(
         self,

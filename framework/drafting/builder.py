@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from framework.interfaces import LengthController
-from framework.types import Draft, LayerPlan
+from framework.types import Draft, LayerPlan, Picked, TokenPick, pick_tokens
 from framework.utils import upload
 from framework.view import RoundView
 
@@ -73,6 +73,14 @@ class DraftBuilder:
         self.want_probs = state.need_draft_probs
         self.want_conf = state.need_confidence  # reading it is a device sync: only when asked
         self.top_k = state.draft_top_k
+        #: what a draft forward may choose for this builder inside its graph (`Pass.pick`, handed
+        #: back as ``ForwardOutput.picked``); ``None`` when sampling (the sampler's stream is the
+        #: verifier's)
+        self.pick = (
+            None
+            if self.sampler is not None
+            else TokenPick(softmax=self.want_extras, probs=self.want_probs, top_k=self.top_k)
+        )
         self.batch = state.pending.shape[0]
         self.device = state.device
         self.tokens: list[torch.Tensor] = []
@@ -86,7 +94,7 @@ class DraftBuilder:
         return len(self.tokens)
 
     def add(
-        self, logits: torch.Tensor, head: DraftHead | None = None
+        self, logits: torch.Tensor, head: DraftHead | None = None, picked: Picked | None = None
     ) -> tuple[torch.Tensor, DraftConfidence | None]:
         """Choose the next draft token from ``logits`` (B, V), or (B, K) over ``head.ids`` when the
         forward ran a reduced draft head (pass its ``ForwardOutput.head``).
@@ -94,6 +102,13 @@ class DraftBuilder:
         With a head the draft distribution is q over the head's K tokens (zero elsewhere): the
         sampler warps the logits with ``-inf`` outside the head, greedy takes the argmax among the
         K tokens, and confidences are top-1 probabilities renormalised over them.
+
+        Args:
+            logits: the last row's logits.
+            head: the reduced draft head they come from, or ``None``.
+            picked: what the forward already chose from them (``ForwardOutput.picked``, asked for
+                with `pick`: inside its graph); ``None``: chosen here, by the same rule
+                (`framework.types.pick_tokens`).
 
         Returns:
             ``(token (B,), confidence)``: the confidence is the top-1 draft probability of batch
@@ -104,23 +119,28 @@ class DraftBuilder:
             full = logits if head is None else head.expand(logits)  # q is 0 outside the head
             tok, p = self.sampler(full)  # p: the warped draft distribution q (B, V)
             top_p = p.max(dim=-1).values  # Draft & Verify Alg. 4: max_x q(x)
-            to_vocab = None  # p is over the vocabulary already
-        elif self.want_extras:
-            p = torch.softmax(logits.float(), dim=-1)
-            top_p, tok = p.max(dim=-1)
-            to_vocab = head
+            if self.want_probs:
+                self.probs.append(p)  # over the vocabulary already
+            if self.top_k:
+                vals, idx = p.topk(min(self.top_k, p.shape[-1]), dim=-1)  # (B, k), sorted by p
+                self.top_tokens.append(idx)
+                self.top_probs.append(vals)
         else:
-            idx = logits.argmax(dim=-1)
-            self.tokens.append(idx if head is None else head.tokens(idx))
-            return self.tokens[-1], None
-        if to_vocab is not None:
-            tok = to_vocab.tokens(tok)
-        if self.want_probs:
-            self.probs.append(p if to_vocab is None else to_vocab.expand(p, 0.0))
-        if self.top_k:
-            vals, idx = p.topk(min(self.top_k, p.shape[-1]), dim=-1)  # (B, k <= the head), sorted by p
-            self.top_tokens.append(idx if to_vocab is None else to_vocab.tokens(idx))
-            self.top_probs.append(vals)
+            if picked is None:
+                picked = pick_tokens(logits, self.pick)
+            elif head is not None:
+                raise ValueError("a forward picks with the full LM head only: pass picked or head, not both")
+            tok = picked.tokens if head is None else head.tokens(picked.tokens)
+            if not self.want_extras:
+                self.tokens.append(tok)
+                return tok, None
+            top_p = picked.top_p
+            if self.want_probs:
+                self.probs.append(picked.probs if head is None else head.expand(picked.probs, 0.0))
+            if self.top_k:
+                top = picked.top_tokens
+                self.top_tokens.append(top if head is None else head.tokens(top))
+                self.top_probs.append(picked.top_probs)
         self.confs.append(top_p)
         self.tokens.append(tok)
         if not self.want_conf:
@@ -152,6 +172,8 @@ class DraftBuilder:
         """The `Draft` of the tokens collected (possibly none)."""
 
         def stack(xs: list[torch.Tensor]) -> torch.Tensor | None:
+            if len(xs) == 1:  # one step: a view, no copy
+                return xs[0].unsqueeze(1)
             return torch.stack(xs, dim=1) if xs else None
 
         tokens = stack(self.tokens)

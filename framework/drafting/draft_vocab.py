@@ -7,7 +7,8 @@ which builds the head in ``prepare`` (`framework.engine.draft_head.draft_head_fo
 experiment, the token ranking once per model), returns it from ``draft_head()`` so that the decoder
 hands it to the decode state and to the other strategies, and reports how many committed tokens the
 head could have proposed (``summary()["vocab_coverage"]``). The drafter itself only passes the
-``head`` of each forward to `framework.drafting.builder.DraftBuilder.add`::
+``head`` (and what the forward picked: ``pick=builder.pick``) of each forward to
+`framework.drafting.builder.DraftBuilder.add`::
 
     @dataclass(frozen=True)
     class MyDrafterConfig(DraftVocabConfig):
@@ -15,8 +16,8 @@ head could have proposed (``summary()["vocab_coverage"]``). The drafter itself o
 
     class MyDrafter(DraftVocab, Drafter):
         def draft(self, state: RoundView, plan, length, max_tokens):
-            out = state.forward_draft(x, plan, logits_at="last")     # the state's draft head
-            tok, conf = builder.add(out.logits[:, -1], out.head)
+            out = state.forward_draft(x, plan, logits_at="last", pick=builder.pick)
+            tok, conf = builder.add(out.logits[:, -1], out.head, out.picked)
 
 The same mixin offers ``draft_weights`` ("bfloat16", "int8", "int4", "fp8" or "auto"): draft passes run a
 compressed copy of the model's weights (`framework.engine.adapter.ModelAdapter.draft_branches`: the

@@ -27,7 +27,7 @@ from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
 from framework.kernels.graphs import BranchGraphs
 from framework.kernels.lowbit import LOWBIT_FORMATS, LowBitLinears
 from framework.kernels.protocols import DraftWeights
-from framework.types import LayerPlan, ModelInfo
+from framework.types import LayerPlan, ModelInfo, Picked, TokenPick, pick_tokens
 from framework.utils import no_clock, synced_clock
 
 if TYPE_CHECKING:
@@ -69,12 +69,15 @@ class ForwardOutput:
         last_hidden: FloatTensor (B, T, d), the residual stream where the pass stopped (pre-norm).
         head: the reduced draft head the logits come from (`framework.engine.draft_head.DraftHead`;
             column j scores token ``head.ids[j]``), or ``None``: the full LM head.
+        picked: the token chosen from the last row's logits inside the forward, when the pass
+            asked (`Pass.pick`) and ran the full LM head; ``None`` otherwise.
     """
 
     logits: torch.Tensor | None
     hidden_states: torch.Tensor | None
     last_hidden: torch.Tensor
     head: DraftHead | None = None
+    picked: Picked | None = None
 
     def top1(self) -> torch.Tensor:
         """LongTensor (B, T'): the argmax token ids of `logits` (mapped through `head`)."""
@@ -103,6 +106,9 @@ class Pass:
         weights: a draft's compressed copy of the weights (`ModelAdapter.draft_branches`: the
             fused branches' or the modules' low-bit linear layers) to run instead of the model's
             own (``None``: the model's weights).
+        pick: choose a token from the last row's logits inside the forward
+            (`framework.types.TokenPick`; part of its graph on the ``forward`` route); ignored with a
+            reduced ``head`` (its logits come after the graph: the caller chooses).
     """
 
     plan: LayerPlan | None = None
@@ -116,6 +122,7 @@ class Pass:
     persist: bool = True
     head: DraftHead | None = None
     weights: DraftWeights | None = None
+    pick: TokenPick | None = None
 
 
 @dataclass(frozen=True)
@@ -532,11 +539,12 @@ class ModelAdapter:
             persist=p.persist,
             head=p.head,
             weights="model" if lowbit is None else lowbit.weights,
+            pick=p.pick,
         )
         if spec is None:
             return None
         with lowbit.active() if lowbit is not None else nullcontext(), self._backend():
-            logits, hidden, last = fg.run(
+            logits, hidden, last, picked = fg.run(
                 spec, input_ids, position_ids, cache, base=p.base, tree_mask=p.tree_mask
             )
         stop = self.num_layers if p.plan is None else p.plan.blocks_run
@@ -550,7 +558,7 @@ class ModelAdapter:
                 logits = logits.index_select(1, p.logits_at.to(logits.device))
             elif p.logits_at == "last":
                 logits = logits[:, -1:]
-        return ForwardOutput(logits, hidden, last, p.head if logits is not None else None)
+        return ForwardOutput(logits, hidden, last, p.head if logits is not None else None, picked)
 
     @torch.inference_mode()
     def forward_from(
@@ -613,7 +621,10 @@ class ModelAdapter:
             h = h.to(hidden.device)
             captured = None if captured is None else [c.to(hidden.device) for c in captured]
         hidden_states = torch.stack(captured) if captured is not None else None
-        return ForwardOutput(logits, hidden_states, h, p.head if logits is not None else None)
+        picked = None
+        if p.pick is not None and p.head is None and logits is not None:
+            picked = pick_tokens(logits[:, -1], p.pick)
+        return ForwardOutput(logits, hidden_states, h, p.head if logits is not None else None, picked)
 
     def _route(self, hidden: torch.Tensor, cache: KVCache, p: Pass, pos_emb: Any) -> _Route:
         """Which paths this forward's branches may take: the CUDA graphs (a short forward on the

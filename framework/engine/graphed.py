@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ import torch
 from framework.engine.architecture import Architecture
 from framework.engine.kv_cache import KVCache
 from framework.kernels.graphs import BranchGraphs, _SlotCache
-from framework.types import LayerPlan
+from framework.types import LayerPlan, Picked, TokenPick, pick_tokens
 
 #: Whole-forward graphs kept at once (`ForwardGraphs.max_graphs`).
 MAX_GRAPHS = 256
@@ -75,6 +75,8 @@ class ForwardSpec:
         hidden: return every block's residual (index 0: the embedding).
         tree: the rows form a token tree (a tree mask), else a causal chain.
         weights: ``"model"`` or a draft's low-bit format (`framework.kernels.lowbit`).
+        pick: the token chosen from the last row's logits in the graph
+            (`framework.types.TokenPick`), or ``None``.
     """
 
     plan: LayerPlan | None
@@ -84,6 +86,7 @@ class ForwardSpec:
     hidden: bool = False
     tree: bool = False
     weights: str = "model"
+    pick: TokenPick | None = None
 
 
 class ForwardGraphs:
@@ -136,6 +139,7 @@ class ForwardGraphs:
         persist: bool,
         head: Any,
         weights: str = "model",
+        pick: TokenPick | None = None,
     ) -> ForwardSpec | None:
         """The spec of this forward if it can take a whole graph, else ``None`` (see the module's
         docstring for what can)."""
@@ -152,7 +156,8 @@ class ForwardGraphs:
         if end > store.capacity:
             return None
         if head is not None or logits_at is None:
-            logits = "none"  # a reduced draft head runs after the graph
+            logits = "none"  # a reduced draft head runs after the graph (and its caller picks)
+            pick = None
         else:
             logits = "all"  # "last" and positions: taken from every row's logits after the graph
         return ForwardSpec(
@@ -163,6 +168,7 @@ class ForwardGraphs:
             capture_hidden,
             tree_mask is not None,
             weights,
+            pick,
         )
 
     def span(self, end: int) -> int:
@@ -213,14 +219,14 @@ class ForwardGraphs:
         *,
         base: int | None,
         tree_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, Picked | None]:
         """Run ``spec``'s graph on these inputs, keeping ``cache``'s books.
 
         Returns:
-            ``(logits, hidden_states, last_hidden)``: logits (1, T or 1, V) or ``None`` when the
-            spec's are ``"none"``, hidden states (stop + 1, 1, T, d) or ``None``, the residual
-            (1, T, d) where the forward stopped; copies (the graph's own outputs are overwritten by
-            its next replay).
+            ``(logits, hidden_states, last_hidden, picked)``: logits (1, T or 1, V) or ``None``
+            when the spec's are ``"none"``, hidden states (stop + 1, 1, T, d) or ``None``, the
+            residual (1, T, d) where the forward stopped, the token the spec's ``pick`` chose (or
+            ``None``); copies (the graph's own outputs are overwritten by its next replay).
         """
         t, plan = spec.rows, spec.plan
         n = self.arch.num_layers
@@ -242,10 +248,14 @@ class ForwardGraphs:
         self._touch(spec)
         logits = out["logits"]
         hidden = out["hidden"]
+        picked = None
+        if "pick.tokens" in out:
+            picked = Picked(**{f.name: out[f"pick.{f.name}"] for f in fields(Picked)}).clone()
         return (
             None if logits is None else logits.clone(),
             None if hidden is None else hidden.clone(),
             out["last"].clone(),
+            picked,
         )
 
     def _touch(self, spec: ForwardSpec) -> None:
@@ -322,8 +332,12 @@ class ForwardGraphs:
         logits = None
         if spec.logits != "none":
             logits = a.lm_head(a.final_norm(h))
-        return {
+        out = {
             "logits": logits,
             "hidden": None if captured is None else torch.stack(captured),
             "last": h,
         }
+        if spec.pick is not None and logits is not None:  # the graph's outputs: tensors
+            picked = pick_tokens(logits[:, -1], spec.pick)
+            out.update({f"pick.{f.name}": getattr(picked, f.name) for f in fields(Picked)})
+        return out

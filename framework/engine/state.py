@@ -34,7 +34,7 @@ from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.kernels.protocols import DraftWeights
-from framework.types import DecodeStats, LayerPlan, ModelInfo, Verification
+from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick, Verification
 
 
 @dataclass
@@ -242,6 +242,7 @@ class DecodeState:
         *,
         logits_at: str | torch.Tensor | None = "last",
         reusable: bool = False,
+        pick: TokenPick | None = None,
     ) -> ForwardOutput:
         """Feed the next draft token(s) (B, T) through the draft model ``plan``.
 
@@ -256,6 +257,11 @@ class DecodeState:
             reusable: the plan is a pure prefix (``exit_layer`` E, nothing skipped before it), and
                 the next chain verification may keep what these blocks computed instead of
                 recomputing it (early-exit reuse). Every step of the round must say so.
+            pick: choose the next token from the last row's logits inside the forward (its graph
+                on the ``forward`` route), returned as ``ForwardOutput.picked``
+                (`framework.types.TokenPick`; `framework.drafting.builder.DraftBuilder.pick` says
+                what a builder needs). A reduced draft head's logits come after the graph: then
+                nothing is picked.
 
         Raises:
             ValueError: ``reusable`` with a plan that is not a pure prefix, or with compressed
@@ -294,6 +300,7 @@ class DecodeState:
             capture_hidden=capture,
             head=self.draft_head,
             weights=self.draft_weights,
+            pick=pick,
         )
         if reusable and self._prefix is not None:
             self._prefix.ids.append(input_ids)

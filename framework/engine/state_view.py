@@ -13,7 +13,7 @@ import torch
 from framework.engine.adapter import ForwardOutput
 from framework.engine.draft_head import DraftHead
 from framework.engine.state import DecodeState
-from framework.types import DecodeStats, LayerPlan, ModelInfo
+from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick
 
 
 class StateView:
@@ -122,8 +122,9 @@ class StateView:
         *,
         logits_at: str | torch.Tensor | None = "last",
         reusable: bool = False,
+        pick: TokenPick | None = None,
     ) -> ForwardOutput:
-        return self.__state.forward_draft(input_ids, plan, logits_at=logits_at, reusable=reusable)
+        return self.__state.forward_draft(input_ids, plan, logits_at=logits_at, reusable=reusable, pick=pick)
 
     def forward_verify(
         self,

@@ -179,9 +179,10 @@ class EarlyExitDrafter(DraftVocab, Drafter):
         self._counts["rounds"] += 1
         x = state.pending
         for step in range(max_tokens):
-            fwd = state.forward_draft(x, prefix, logits_at="last", reusable=reuse)
+            fwd = state.forward_draft(x, prefix, logits_at="last", reusable=reuse, pick=out.pick)
             self._counts["draft_steps"] += 1
-            tok, conf = out.add(fwd.logits[:, -1], fwd.head)  # logits (B, V), or (B, K) over the head
+            # logits (B, V), or (B, K) over the head; picked: chosen inside the forward
+            tok, conf = out.add(fwd.logits[:, -1], fwd.head, fwd.picked)
             if step + 1 >= max_tokens:
                 break
             if not length.should_continue(step + 1, conf):

@@ -53,8 +53,9 @@ class LayerSkipDrafter(DraftVocab, Drafter):
         out = DraftBuilder(state)
         x = state.pending
         for step in range(max_tokens):
-            fwd = state.forward_draft(x, plan, logits_at="last")
-            tok, conf = out.add(fwd.logits[:, -1], fwd.head)  # logits (B, V), or (B, K) over the head
+            fwd = state.forward_draft(x, plan, logits_at="last", pick=out.pick)
+            # logits (B, V), or (B, K) over the head; picked: chosen inside the forward
+            tok, conf = out.add(fwd.logits[:, -1], fwd.head, fwd.picked)
             if step + 1 >= max_tokens:
                 break
             if not length.should_continue(step + 1, conf):

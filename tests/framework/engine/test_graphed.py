@@ -265,3 +265,42 @@ def test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too
     assert store.retired == 0 and not store._graphs
     draft(plans[1])
     assert store.captures == 5  # recorded anew after the reset
+
+
+# ---- the draft token chosen inside the forward (issue 38, item 3) ------------------------------
+def test_a_draft_step_picks_its_token_inside_the_whole_forward_graph():
+    """``pick`` puts the draft token's choice (argmax, or softmax top-1 with its probability, the
+    distribution and the top k) into the forward's graph: part of the spec's key, computed from
+    the last row's logits as the eager path computes it, handed back as copies."""
+    from framework.types import TokenPick, pick_tokens
+
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
+    plan = LayerPlan.from_indices(4, attn=[2])
+    states = _started((eager, graphed), random_prompt(6, seed=7))
+    for pick in (TokenPick(), TokenPick(softmax=True, probs=True, top_k=3)):
+        outs = [s.forward_draft(s.pending, plan, pick=pick) for s in states]
+        for s in states:
+            s.discard_draft()
+        want = pick_tokens(outs[0].logits[:, -1], pick)
+        for out in outs:
+            got = out.picked
+            assert torch.equal(got.tokens, want.tokens)
+            for name in ("top_p", "probs", "top_tokens", "top_probs"):
+                a, b = getattr(want, name), getattr(got, name)
+                assert (a is None) == (b is None), name
+                if a is not None:
+                    _close(a, b)
+    specs = [k[1] for k in graphed.graphs._graphs if k[0] == "forward"]
+    assert {s.pick for s in specs} == {TokenPick(), TokenPick(softmax=True, probs=True, top_k=3)}
+    held = outs[1].picked.tokens.clone()
+    states[1].forward_draft(states[1].pending, plan, pick=TokenPick())  # a replay
+    assert torch.equal(outs[1].picked.tokens, held)  # the caller's copy, not the graph's output
+    # no pick asked, or a reduced draft head (its logits come after the graph): nothing picked
+    assert states[1].forward_draft(states[1].pending, plan).picked is None
+    from framework.engine.draft_head import DraftHead
+
+    states[1].discard_draft()
+    states[1].draft_head = DraftHead(graphed, list(range(0, 64, 2)))
+    out = states[1].forward_draft(states[1].pending, plan, pick=TokenPick())
+    assert out.picked is None and out.head is not None

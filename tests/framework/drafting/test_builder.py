@@ -1,0 +1,62 @@
+"""framework/drafting/builder.py and the pick rule it shares with the forward
+(`framework.types.pick_tokens`): what a builder asks the forward to pick, and that a token picked
+inside the forward gives the draft a token chosen after it gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.drafting.builder import DraftBuilder
+from framework.types import TokenPick, pick_tokens
+
+
+def test_the_pick_rule():
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0 - 1e-6], [3.0, -1.0, 0.5, 0.0]], dtype=torch.float64)
+    plain = pick_tokens(logits, TokenPick())
+    assert plain.tokens.tolist() == [1, 0] and plain.top_p is None and plain.probs is None
+    full = pick_tokens(logits, TokenPick(softmax=True, probs=True, top_k=2))
+    p = torch.softmax(logits.float(), dim=-1)
+    assert full.tokens.tolist() == [1, 0]
+    assert torch.equal(full.top_p, p.max(dim=-1).values) and full.top_p.dtype == torch.float32
+    assert torch.equal(full.probs, p)
+    assert full.top_tokens.tolist() == [[1, 3], [0, 2]]  # by probability
+    assert torch.equal(full.top_probs, p.topk(2, dim=-1).values)
+    assert pick_tokens(logits, TokenPick(softmax=True, top_k=9)).top_tokens.shape == (2, 4)
+    with pytest.raises(ValueError, match="softmax=True"):
+        TokenPick(top_k=2)
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        TokenPick(softmax=True, top_k=-1)
+
+
+class _State:
+    def __init__(self, conf=False, probs=False, top_k=0, sampler=None):
+        self.draft_sampler, self.need_confidence, self.need_draft_probs = sampler, conf, probs
+        self.draft_top_k = top_k
+        self.pending, self.device = torch.zeros(1, 1, dtype=torch.long), torch.device("cpu")
+
+
+@pytest.mark.parametrize(("conf", "probs", "top_k"), [(False, False, 0), (True, False, 0), (True, True, 4)])
+def test_a_token_picked_in_the_forward_drafts_what_the_builder_picks(conf, probs, top_k):
+    state = _State(conf, probs, top_k)
+    steps = torch.randn(3, 1, 16, generator=torch.Generator().manual_seed(0))
+    after, inside = DraftBuilder(state), DraftBuilder(state)
+    assert inside.pick == TokenPick(softmax=conf or probs or top_k > 0, probs=probs, top_k=top_k)
+    for logits in steps:
+        a = after.add(logits)
+        b = inside.add(logits, picked=pick_tokens(logits, inside.pick))
+        assert torch.equal(a[0], b[0]) and a[1] == b[1]
+    x, y = after.build(None), inside.build(None)
+    for name in ("tokens", "confidences", "probs", "top_tokens", "top_probs"):
+        u, v = getattr(x, name), getattr(y, name)
+        assert (u is None) == (v is None) and (u is None or torch.equal(u, v)), name
+    assert x.host_top1 == y.host_top1
+
+
+def test_sampling_picks_nothing_in_the_forward_and_one_step_is_a_view():
+    sampler = lambda logits: (logits.argmax(-1), torch.softmax(logits, -1))  # noqa: E731
+    assert DraftBuilder(_State(sampler=sampler)).pick is None
+    b = DraftBuilder(_State(conf=True))
+    tok, _ = b.add(torch.randn(1, 16))
+    draft = b.build(None)
+    assert draft.tokens.shape == (1, 1) and draft.tokens.data_ptr() == tok.data_ptr()  # no copy
