@@ -77,9 +77,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "greedy_accepts_one_more",
         "the greedy verifier accepts one token past the first mismatch",
-        "strategies/verifiers/greedy.py",
-        "m = match.cumprod(dim=1).sum(dim=1)  # (B,)",
-        "m = (match.cumprod(dim=1).sum(dim=1) + 1).clamp(max=match.shape[1])  # (B,)",
+        "framework/types.py",
+        "m = (input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1)",
+        "m = ((input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1) + 1).clamp(max=target.shape[1] - 1)",
         (V + "test_greedy.py", "tests/strategies/test_combinations.py"),
     ),
     Mutation(
@@ -444,10 +444,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "greedy_check_after_the_forward",
+        "the greedy verifier checks the target's choices with eager operations after the verify "
+        "forward instead of inside it",
+        "strategies/verifiers/greedy.py",
+        'out = state.forward_verify(block, logits_at="all", check=True)\n        checked = out.checked',
+        'out = state.forward_verify(block, logits_at="all")\n        from framework.types import greedy_check\n\n'
+        "        checked = greedy_check(block, out.logits)",
+        (
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
+    Mutation(
         "greedy_verify_reads_twice",
         "the greedy verifier reads the accepted count and the target's tokens in two host reads",
         "strategies/verifiers/greedy.py",
-        "        row = torch.cat([m[:1], target[0]]).tolist()",
+        "        row = checked.packed.tolist()",
         "        row = [int(m[0]), *target[0].tolist()]",
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",

@@ -449,3 +449,35 @@ def pick_tokens(logits: torch.Tensor, pick: TokenPick) -> Picked:
     if pick.top_k:
         top_probs, top_tokens = p.topk(min(pick.top_k, p.shape[-1]), dim=-1)  # sorted by p
     return Picked(tok, top_p, p if pick.probs else None, top_tokens, top_probs)
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    """Greedy verification computed inside the verify forward (``forward_verify(..., check=True)``;
+    on the ``forward`` graph route inside its one graph, so it launches nothing after it).
+
+    Attributes:
+        target: LongTensor (B, T), the target's argmax after each input of the block.
+        num_accepted: LongTensor (B,), m: the longest prefix of the block's inputs after its first
+            (the draft tokens) that equals the target's choices before them.
+        packed: LongTensor (1 + T,), m of batch row 0 and then row 0's ``target``: what the
+            verifier reads in one copy.
+    """
+
+    target: torch.Tensor
+    num_accepted: torch.Tensor
+    packed: torch.Tensor
+
+    def clone(self) -> GreedyCheck:
+        """Copies (a graph's outputs are overwritten by its next replay)."""
+        return GreedyCheck(self.target.clone(), self.num_accepted.clone(), self.packed.clone())
+
+
+def greedy_check(input_ids: torch.Tensor, logits: torch.Tensor) -> GreedyCheck:
+    """The greedy acceptance rule over a verified block ``[pending, d_1..d_K]`` (B, K+1) and its
+    logits at every row (B, K+1, V): ``a = argmax``, ``m`` = the longest prefix with
+    ``d_j == a_{j-1}`` (Leviathan et al. 2023 at T = 0). The one rule of the forward that checks
+    inside its graph (`GreedyCheck`) and of any caller that checks after it."""
+    target = logits.argmax(dim=-1)
+    m = (input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1)  # booleans' product: an int
+    return GreedyCheck(target, m, torch.cat([m[:1], target[0]]))

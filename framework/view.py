@@ -120,9 +120,12 @@ class RoundView(Protocol):
         logits_at: str | torch.Tensor | None = "all",
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
+        check: bool = False,
     ) -> ForwardOutput:
         """Full-model forward over a block (B, T) starting at `pending_position`, the draft's KV
-        discarded first (see `framework.engine.state.DecodeState.forward_verify`)."""
+        discarded first (see `framework.engine.state.DecodeState.forward_verify`); ``check``: the
+        greedy verification of the block's own tokens inside the forward
+        (``ForwardOutput.checked``, `framework.types.greedy_check`)."""
 
     def forward_scratch(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,7 +27,15 @@ from framework.kernels.fused import WEIGHT_FORMATS, FusedBlocks
 from framework.kernels.graphs import BranchGraphs
 from framework.kernels.lowbit import LOWBIT_FORMATS, LowBitLinears
 from framework.kernels.protocols import DraftWeights
-from framework.types import LayerPlan, ModelInfo, Picked, TokenPick, pick_tokens
+from framework.types import (
+    GreedyCheck,
+    LayerPlan,
+    ModelInfo,
+    Picked,
+    TokenPick,
+    greedy_check,
+    pick_tokens,
+)
 from framework.utils import no_clock, synced_clock
 
 if TYPE_CHECKING:
@@ -71,6 +79,7 @@ class ForwardOutput:
             column j scores token ``head.ids[j]``), or ``None``: the full LM head.
         picked: the token chosen from the last row's logits inside the forward, when the pass
             asked (`Pass.pick`) and ran the full LM head; ``None`` otherwise.
+        checked: the greedy verification of the block's own tokens (`Pass.check`), or ``None``.
     """
 
     logits: torch.Tensor | None
@@ -78,6 +87,7 @@ class ForwardOutput:
     last_hidden: torch.Tensor
     head: DraftHead | None = None
     picked: Picked | None = None
+    checked: GreedyCheck | None = None
 
     def top1(self) -> torch.Tensor:
         """LongTensor (B, T'): the argmax token ids of `logits` (mapped through `head`)."""
@@ -109,6 +119,9 @@ class Pass:
         pick: choose a token from the last row's logits inside the forward
             (`framework.types.TokenPick`; part of its graph on the ``forward`` route); ignored with a
             reduced ``head`` (its logits come after the graph: the caller chooses).
+        check: check the block's own tokens against the target's argmax (`greedy_check`: a
+            greedy verification) inside the forward; needs ``logits_at="all"``, the full LM head
+            and token ids (`forward`).
     """
 
     plan: LayerPlan | None = None
@@ -123,6 +136,7 @@ class Pass:
     head: DraftHead | None = None
     weights: DraftWeights | None = None
     pick: TokenPick | None = None
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -507,11 +521,16 @@ class ModelAdapter:
         the other fields of `Pass` (``logits_at`` defaults to ``"all"``). With the ``forward``
         graph route, a forward it can take runs as one graph (`_run_graphed`)."""
         p = Pass(plan, **options)
+        if p.check and (not isinstance(p.logits_at, str) or p.logits_at != "all" or p.head is not None):
+            raise ValueError("check (a greedy verification) needs logits_at='all' and the full LM head")
+        out = None
         if self.forward_graphs is not None:
             out = self._run_graphed(input_ids, position_ids, cache, p)
-            if out is not None:
-                return out
-        return self.run(self.arch.embed(input_ids), position_ids, cache, p)
+        if out is None:
+            out = self.run(self.arch.embed(input_ids), position_ids, cache, p)
+        if p.check and out.checked is None:  # not in a graph: the same rule, here
+            out = replace(out, checked=greedy_check(input_ids, out.logits))
+        return out
 
     def _run_graphed(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache, p: Pass
@@ -540,11 +559,12 @@ class ModelAdapter:
             head=p.head,
             weights="model" if lowbit is None else lowbit.weights,
             pick=p.pick,
+            check=p.check,
         )
         if spec is None:
             return None
         with lowbit.active() if lowbit is not None else nullcontext(), self._backend():
-            logits, hidden, last, picked = fg.run(
+            logits, hidden, last, picked, checked = fg.run(
                 spec, input_ids, position_ids, cache, base=p.base, tree_mask=p.tree_mask
             )
         stop = self.num_layers if p.plan is None else p.plan.blocks_run
@@ -558,7 +578,7 @@ class ModelAdapter:
                 logits = logits.index_select(1, p.logits_at.to(logits.device))
             elif p.logits_at == "last":
                 logits = logits[:, -1:]
-        return ForwardOutput(logits, hidden, last, p.head if logits is not None else None, picked)
+        return ForwardOutput(logits, hidden, last, p.head if logits is not None else None, picked, checked)
 
     @torch.inference_mode()
     def forward_from(

@@ -51,7 +51,7 @@ import torch
 from framework.engine.architecture import Architecture
 from framework.engine.kv_cache import KVCache
 from framework.kernels.graphs import BranchGraphs, _SlotCache
-from framework.types import LayerPlan, Picked, TokenPick, pick_tokens
+from framework.types import GreedyCheck, LayerPlan, Picked, TokenPick, greedy_check, pick_tokens
 
 #: Whole-forward graphs kept at once (`ForwardGraphs.max_graphs`).
 MAX_GRAPHS = 256
@@ -77,6 +77,8 @@ class ForwardSpec:
         weights: ``"model"`` or a draft's low-bit format (`framework.kernels.lowbit`).
         pick: the token chosen from the last row's logits in the graph
             (`framework.types.TokenPick`), or ``None``.
+        check: the greedy verification of the block's own tokens in the graph
+            (`framework.types.greedy_check`).
     """
 
     plan: LayerPlan | None
@@ -87,6 +89,7 @@ class ForwardSpec:
     tree: bool = False
     weights: str = "model"
     pick: TokenPick | None = None
+    check: bool = False
 
 
 class ForwardGraphs:
@@ -140,6 +143,7 @@ class ForwardGraphs:
         head: Any,
         weights: str = "model",
         pick: TokenPick | None = None,
+        check: bool = False,
     ) -> ForwardSpec | None:
         """The spec of this forward if it can take a whole graph, else ``None`` (see the module's
         docstring for what can)."""
@@ -169,6 +173,7 @@ class ForwardGraphs:
             tree_mask is not None,
             weights,
             pick,
+            check and logits == "all",
         )
 
     def span(self, end: int) -> int:
@@ -219,14 +224,15 @@ class ForwardGraphs:
         *,
         base: int | None,
         tree_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, Picked | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, Picked | None, GreedyCheck | None]:
         """Run ``spec``'s graph on these inputs, keeping ``cache``'s books.
 
         Returns:
-            ``(logits, hidden_states, last_hidden, picked)``: logits (1, T or 1, V) or ``None``
-            when the spec's are ``"none"``, hidden states (stop + 1, 1, T, d) or ``None``, the
-            residual (1, T, d) where the forward stopped, the token the spec's ``pick`` chose (or
-            ``None``); copies (the graph's own outputs are overwritten by its next replay).
+            ``(logits, hidden_states, last_hidden, picked, checked)``: logits (1, T or 1, V) or
+            ``None`` when the spec's are ``"none"``, hidden states (stop + 1, 1, T, d) or
+            ``None``, the residual (1, T, d) where the forward stopped, the token the spec's
+            ``pick`` chose and the greedy verification its ``check`` asked for (or ``None``);
+            copies (the graph's own outputs are overwritten by its next replay).
         """
         t, plan = spec.rows, spec.plan
         n = self.arch.num_layers
@@ -248,14 +254,17 @@ class ForwardGraphs:
         self._touch(spec)
         logits = out["logits"]
         hidden = out["hidden"]
-        picked = None
+        picked = checked = None
         if "pick.tokens" in out:
             picked = Picked(**{f.name: out[f"pick.{f.name}"] for f in fields(Picked)}).clone()
+        if "check.target" in out:
+            checked = GreedyCheck(**{f.name: out[f"check.{f.name}"] for f in fields(GreedyCheck)}).clone()
         return (
             None if logits is None else logits.clone(),
             None if hidden is None else hidden.clone(),
             out["last"].clone(),
             picked,
+            checked,
         )
 
     def _touch(self, spec: ForwardSpec) -> None:
@@ -340,4 +349,7 @@ class ForwardGraphs:
         if spec.pick is not None and logits is not None:  # the graph's outputs: tensors
             picked = pick_tokens(logits[:, -1], spec.pick)
             out.update({f"pick.{f.name}": getattr(picked, f.name) for f in fields(Picked)})
+        if spec.check and logits is not None:
+            checked = greedy_check(ids, logits)
+            out.update({f"check.{f.name}": getattr(checked, f.name) for f in fields(GreedyCheck)})
         return out

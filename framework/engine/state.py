@@ -25,7 +25,7 @@ never fed). ``DecodeStats.verify_blocks_saved`` counts the block evaluations thi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,7 +34,7 @@ from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.kernels.protocols import DraftWeights
-from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick, Verification
+from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick, Verification, greedy_check
 
 
 @dataclass
@@ -318,12 +318,16 @@ class DecodeState:
         logits_at: str | torch.Tensor | None = "all",
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
+        check: bool = False,
     ) -> ForwardOutput:
         """Full-model forward over a block (B, T) starting at the first uncommitted position.
 
         The draft's KV is discarded first; the block is written at ``[committed, committed + T)``
         in every layer. ``position_ids``/``tree_mask`` support tree verification (default: a chain).
-        Stores the hidden states in ``last_hidden_states`` when ``capture_hidden``.
+        Stores the hidden states in ``last_hidden_states`` when ``capture_hidden``. ``check``: also
+        the greedy verification of the block's own tokens (``ForwardOutput.checked``,
+        `framework.types.greedy_check`), inside the forward's graph where it runs as one; needs
+        ``logits_at="all"``.
 
         After a reusable early-exit draft (see `forward_draft`) a chain verification whose block
         starts with the drafted inputs keeps the draft's blocks ``0..E-1`` for those positions and
@@ -336,7 +340,9 @@ class DecodeState:
             fed = torch.cat(prefix.ids, dim=1)[:, :n]
             complete = prefix.hidden is not None or not self.capture_hidden
             if n > 0 and complete and torch.equal(input_ids[:, :n], fed):
-                return self._verify_reusing(input_ids, prefix, n, logits_at)
+                out = self._verify_reusing(input_ids, prefix, n, logits_at)
+                # the reusing path runs eagerly around its forwards: the check here
+                return replace(out, checked=greedy_check(input_ids, out.logits)) if check else out
         self.cache.rollback()
         c = self.cache.committed
         t = input_ids.shape[1]
@@ -350,6 +356,7 @@ class DecodeState:
             capture_hidden=self.capture_hidden,
             base=c,
             tree_mask=tree_mask,
+            check=check,
         )
         self.stats.target_forwards += 1
         if self.capture_hidden:

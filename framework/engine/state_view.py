@@ -133,9 +133,10 @@ class StateView:
         logits_at: str | torch.Tensor | None = "all",
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
+        check: bool = False,
     ) -> ForwardOutput:
         return self.__state.forward_verify(
-            input_ids, logits_at=logits_at, position_ids=position_ids, tree_mask=tree_mask
+            input_ids, logits_at=logits_at, position_ids=position_ids, tree_mask=tree_mask, check=check
         )
 
     def forward_scratch(

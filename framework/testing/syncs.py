@@ -1,7 +1,8 @@
 """Counting device-to-host reads (the host-device synchronisations of a GPU run) on any device.
 
-On CUDA every ``.item()``, ``.tolist()``, ``int(t)``, ``float(t)``, ``bool(t)``, ``t.cpu()`` or
-``t.numpy()`` of a device tensor waits for the queued kernels to finish: one synchronisation.
+On CUDA every ``.item()``, ``.tolist()``, ``int(t)``, ``float(t)``, ``bool(t)``, ``t.cpu()``,
+``t.numpy()`` or ``torch.equal(a, b)`` of a device tensor waits for the queued kernels to finish:
+one synchronisation.
 `count_host_reads` counts those calls on any device, CPU included (where they cost nothing), by the
 line of project code that made them, and the blocking uploads (``torch.tensor(..., device=...)``)
 beside them, so a test on CPU can hold the decode loop to a budget of reads
@@ -113,14 +114,25 @@ def count_host_reads(
 
         return make
 
+    equal = torch.equal
+
+    def compare(a, b, *args, **kwargs):  # ``torch.equal`` answers a host bool: a read
+        if (skip is None or not skip()) and (device_type is None or a.device.type == device_type):
+            site = _site()
+            if site is not None:
+                out.by_site[("equal", site)] += 1
+        return equal(a, b, *args, **kwargs)
+
     try:
         for name in READS:
             setattr(torch.Tensor, name, wrap(name))
         for name in makers:
             setattr(torch, name, wrap_maker(name))
+        torch.equal = compare
         yield out
     finally:
         for name, original in saved.items():
             setattr(torch.Tensor, name, original)
         for name, original in makers.items():
             setattr(torch, name, original)
+        torch.equal = equal

@@ -25,13 +25,14 @@ class GreedyVerifier(Verifier):
 
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
-        out = state.forward_verify(block, logits_at="all")
-        target = out.logits.argmax(dim=-1)  # (B, K+1)
-        match = draft.tokens == target[:, :-1]  # (B, K)
-        m = match.cumprod(dim=1).sum(dim=1)  # (B,) (the product of booleans is an integer)
+        # The target's choices a_0..a_K and m, the longest prefix with d_j == a_{j-1}, computed
+        # inside the verify forward (in its one graph on a GPU: framework.types.greedy_check).
+        out = state.forward_verify(block, logits_at="all", check=True)
+        checked = out.checked
+        target, m = checked.target, checked.num_accepted  # (B, K+1), (B,)
         # The round's one device-to-host read: m and row 0's target choices together. The accepted
         # d_1..d_m equal a_0..a_{m-1}, so the committed tokens are a_0..a_m: a view of the target's.
-        row = torch.cat([m[:1], target[0]]).tolist()
+        row = checked.packed.tolist()
         k = row[0]
         new = target[:, : k + 1]  # (B, m+1); batch size 1 (DecodeState's)
         return Verification(

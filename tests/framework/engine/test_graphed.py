@@ -304,3 +304,31 @@ def test_a_draft_step_picks_its_token_inside_the_whole_forward_graph():
     states[1].draft_head = DraftHead(graphed, list(range(0, 64, 2)))
     out = states[1].forward_draft(states[1].pending, plan, pick=TokenPick())
     assert out.picked is None and out.head is not None
+
+
+def test_a_greedy_verification_is_checked_inside_the_whole_forward_graph():
+    """``check`` puts the greedy verification (the target's argmax at every row, the matched
+    prefix of the block's own tokens, both packed for one read) into the verify forward's graph,
+    computed as `greedy_check` computes it after an eager forward; it needs every row's logits."""
+    from framework.types import greedy_check
+
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
+    states = _started((eager, graphed), random_prompt(6, seed=2))
+    pending = int(states[0].pending)
+    want_next = int(states[0].forward_verify(states[0].pending, logits_at="last").logits[0, -1].argmax())
+    states[0].cache.rollback()
+    for block in ([[pending, want_next, 5, 9]], [[pending, 3, want_next, 1]]):
+        ids = torch.tensor(block)
+        outs = [s.forward_verify(ids, check=True) for s in states]
+        ref = greedy_check(ids, outs[0].logits)
+        for out in outs:
+            assert torch.equal(out.checked.target, ref.target)
+            assert torch.equal(out.checked.num_accepted, ref.num_accepted)
+            assert torch.equal(out.checked.packed, torch.cat([ref.num_accepted, ref.target[0]]))
+        for s in states:
+            s.cache.rollback()
+    assert int(outs[1].checked.num_accepted[0]) == (1 if block[0][1] == want_next else 0)
+    assert any(k[1].check for k in graphed.graphs._graphs if k[0] == "forward")
+    with pytest.raises(ValueError, match="check .* needs logits_at='all'"):
+        states[1].forward_verify(states[1].pending, logits_at="last", check=True)
