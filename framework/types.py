@@ -367,20 +367,32 @@ class ForwardSizes:
         tree: token-tree verifications.
         scratch: forwards whose attention hides part of the prefix (teacher-forced scratch passes,
             CLaSp's block evaluations): only their MLP branches take the graphs.
+        checked: chain verifications that check the greedy acceptance inside the forward
+            (``forward_verify(..., check=True)``: a graph of its own).
     """
 
     chain: frozenset[int] = frozenset()
     tree: frozenset[int] = frozenset()
     scratch: frozenset[int] = frozenset()
+    checked: frozenset[int] = frozenset()
 
     @classmethod
     def of(
-        cls, chain: Iterable[int] = (), tree: Iterable[int] = (), scratch: Iterable[int] = ()
+        cls,
+        chain: Iterable[int] = (),
+        tree: Iterable[int] = (),
+        scratch: Iterable[int] = (),
+        checked: Iterable[int] = (),
     ) -> ForwardSizes:
-        return cls(frozenset(chain), frozenset(tree), frozenset(scratch))
+        return cls(frozenset(chain), frozenset(tree), frozenset(scratch), frozenset(checked))
 
     def __or__(self, other: ForwardSizes) -> ForwardSizes:
-        return ForwardSizes(self.chain | other.chain, self.tree | other.tree, self.scratch | other.scratch)
+        return ForwardSizes(
+            self.chain | other.chain,
+            self.tree | other.tree,
+            self.scratch | other.scratch,
+            self.checked | other.checked,
+        )
 
 
 @dataclass(frozen=True)

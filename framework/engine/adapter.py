@@ -437,6 +437,7 @@ class ModelAdapter:
         mlp: Iterable[int] = (),
         weights: DraftWeights | None = None,
         hidden: bool = False,
+        checked: Iterable[int] = (),
     ) -> tuple[int, float]:
         """Before timing: size the CUDA graphs' KV pool for ``capacity`` slots and record every
         graph forwards of these token counts can use (`BranchGraphs.precapture`), so that no
@@ -445,7 +446,8 @@ class ModelAdapter:
 
         With the ``forward`` route (`set_cuda_graphs`), the full model's forwards of ``chain`` and
         ``tree`` tokens are recorded whole (`ForwardGraphs.precapture`, with every block's residual
-        when ``hidden``), the ``mlp`` sizes (scratch passes) as branches; draft steps, whose plans
+        when ``hidden``; the ``checked`` chain sizes also with the greedy check inside), the
+        ``mlp`` sizes (scratch passes) as branches; draft steps, whose plans
         and heads are the strategies', record whole on first use (a warm-up decode: the runner's
         and the benchmark's), counted in each generation's ``graph_captures``.
 
@@ -473,7 +475,7 @@ class ModelAdapter:
             else:
                 g.precapture(rotary, mlp=mlp)
                 if weights is None:
-                    fg.precapture(chain, tree, hidden=hidden)
+                    fg.precapture(chain, tree, hidden=hidden, checked=checked)
         return g.captures - n0, g.capture_seconds - s0
 
     def graph_counts(self) -> tuple[int, float]:

@@ -192,27 +192,35 @@ class ForwardGraphs:
             out.append(self.span(out[-1] + 1))
         return out
 
-    def precapture(self, chain: Iterable[int] = (), tree: Iterable[int] = (), hidden: bool = False) -> None:
+    def precapture(
+        self,
+        chain: Iterable[int] = (),
+        tree: Iterable[int] = (),
+        hidden: bool = False,
+        checked: Iterable[int] = (),
+    ) -> None:
         """Record, on the current pool, the full model's forwards of these token counts at every
         span (`spans`): causal ones for ``chain`` (plain steps, chain verifications), token trees
         for ``tree``, their logits at every row (a plain step's "last" is its one row), and every
-        block's residual too with ``hidden`` (a selector that reads them). Draft steps record on
-        first use: their plans and heads are the strategies' (a warm-up decode records them before
-        timing). The recording forwards write garbage into the pool's slots, so the pool must not
-        be lent (between generations)."""
+        block's residual too with ``hidden`` (a selector that reads them), and the ``checked``
+        chain sizes once more with the greedy check inside (a greedy verifier's). Draft steps
+        record on first use: their plans, heads and picks are the strategies' (a warm-up decode
+        records them before timing). The recording forwards write garbage into the pool's slots,
+        so the pool must not be lent (between generations)."""
         fits = lambda ts: sorted({t for t in ts if 1 <= t <= self.store.max_tokens})  # noqa: E731
-        for is_tree, sizes in ((False, fits(chain)), (True, fits(tree))):
-            for t in sizes:
-                ids, pos = self._inputs(t)
-                ids.zero_()
-                for span in self.spans():
-                    pos.copy_(torch.arange(span - t, span, device=self.store.device)[None])
-                    self._first.fill_(span - t)
-                    if is_tree:
-                        self._tree_buffer(t).copy_(torch.ones(t, t, dtype=torch.bool).tril())
-                    spec = ForwardSpec(None, t, span, "all", hidden, is_tree, "model")
-                    self.store.run(("forward", spec), lambda spec=spec: self._forward(spec))
-                    self._touch(spec)
+        kinds = [(False, False, t) for t in fits(chain)] + [(False, True, t) for t in fits(checked)]
+        kinds += [(True, False, t) for t in fits(tree)]
+        for is_tree, check, t in kinds:
+            ids, pos = self._inputs(t)
+            ids.zero_()
+            for span in self.spans():
+                pos.copy_(torch.arange(span - t, span, device=self.store.device)[None])
+                self._first.fill_(span - t)
+                if is_tree:
+                    self._tree_buffer(t).copy_(torch.ones(t, t, dtype=torch.bool).tril())
+                spec = ForwardSpec(None, t, span, "all", hidden, is_tree, "model", check=check)
+                self.store.run(("forward", spec), lambda spec=spec: self._forward(spec))
+                self._touch(spec)
 
     # ---- running one -----------------------------------------------------------------------
     def run(

@@ -217,7 +217,12 @@ class Session:
         capacity = longest + self.spec.max_draft + 8
         hidden = not self.cfg.method.baseline_only and self.spec.selector.needs_hidden_states
         n, seconds = self.adapter.prepare_graphs(
-            capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch, hidden=hidden
+            capacity,
+            chain=sizes.chain,
+            tree=sizes.tree,
+            mlp=sizes.scratch,
+            hidden=hidden,
+            checked=sizes.checked,
         )
         weights = self.spec.drafter.draft_weights() if not self.cfg.method.baseline_only else None
         if weights is not None and weights.weights != "float32":  # a draft's own graphs (low-bit)

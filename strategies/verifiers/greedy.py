@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, RoundView, Verification, Verifier, register_verifier
+from framework import Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,12 @@ class GreedyVerifier(Verifier):
     longest prefix with ``d_j == a_{j-1}`` is accepted and ``a_m`` is appended (the correction on a
     mismatch, the bonus token when all K are accepted).
     """
+
+    def forward_sizes(self, max_draft: int) -> ForwardSizes:
+        """Chain verifications of ``pending`` and 0..``max_draft`` drafts, each checked inside
+        its forward."""
+        sizes = range(1, max_draft + 2)
+        return ForwardSizes.of(chain=sizes, checked=sizes)
 
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)

@@ -224,20 +224,23 @@ def test_spans_are_coarse_and_precapture_records_the_full_models_forwards():
     store.reserve(10_000)  # a pool of 16,384 slots
     assert fg.spans() == [2048, 8192, 16384]
     assert (fg.span(1), fg.span(2048), fg.span(2049), fg.span(9000)) == (2048, 2048, 8192, 16384)
-    n, _ = graphed.prepare_graphs(10_000, chain=(1, 3), tree=(4,), hidden=True)
-    assert n == store.captures == 3 * 3  # three sizes at three spans, nothing else
+    n, _ = graphed.prepare_graphs(10_000, chain=(1, 3), tree=(4,), hidden=True, checked=(3,))
+    assert n == store.captures == 4 * 3  # four kinds at three spans, nothing else
     specs = {k[1] for k in store._graphs}
-    assert {(s.rows, s.tree, s.hidden, s.plan) for s in specs} == {
-        (1, False, True, None),
-        (3, False, True, None),
-        (4, True, True, None),
+    assert {(s.rows, s.tree, s.hidden, s.plan, s.check) for s in specs} == {
+        (1, False, True, None, False),
+        (3, False, True, None, False),
+        (3, False, True, None, True),  # a greedy verification's, checked inside
+        (4, True, True, None, False),
     }
     # a timed decode's plain steps and verifications of those sizes record nothing more
     state = _started((graphed,), random_prompt(6, seed=8))[0]
     state.capture_hidden = True
     _step(state)
-    state.forward_verify(torch.tensor([[int(state.pending), 3, 4]]))
-    assert store.captures == 9
+    block = torch.tensor([[int(state.pending), 3, 4]])
+    state.forward_verify(block)
+    state.forward_verify(block, check=True)
+    assert store.captures == 12
 
 
 def test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too_many_retire():
