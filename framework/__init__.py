@@ -54,11 +54,13 @@ from framework.registry import RegistryError, UnknownNameError
 from framework.types import (
     DecodeStats,
     Draft,
+    ForwardOutput,
     ForwardSizes,
     LayerPlan,
     LengthHint,
     ModelInfo,
     RoundRecord,
+    TokenPick,
     Verification,
 )
 from framework.view import PlanEvaluation, PrepareView, RoundView
@@ -73,6 +75,7 @@ __all__ = [
     "DecodeStats",
     "Draft",
     "Drafter",
+    "ForwardOutput",
     "ForwardSizes",
     "LayerPlan",
     "LayerSelector",
@@ -86,6 +89,7 @@ __all__ = [
     "RoundRecord",
     "RoundView",
     "Strategy",
+    "TokenPick",
     "UnknownNameError",
     "Verification",
     "Verifier",

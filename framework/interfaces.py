@@ -36,11 +36,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from framework.registry import BuiltinPackage, Registry
-from framework.types import Draft, ForwardSizes, LayerPlan, LengthHint, ModelInfo, Verification
+from framework.types import (
+    Draft,
+    DraftWeights,
+    ForwardSizes,
+    LayerPlan,
+    LengthHint,
+    ModelInfo,
+    ReducedHead,
+    Verification,
+)
 
 if TYPE_CHECKING:
-    from framework.engine.draft_head import DraftHead
-    from framework.kernels.protocols import DraftWeights
     from framework.view import PrepareView, RoundView
 
 
@@ -166,7 +173,7 @@ class LengthController(Strategy):
 class Drafter(Strategy):
     """Produces draft tokens with the target model's own (partial) layers."""
 
-    def draft_head(self) -> DraftHead | None:
+    def draft_head(self) -> ReducedHead | None:
         """The reduced LM head this drafter scores tokens with, once prepared
         (`framework.engine.draft_head.DraftHead`; see `framework.drafting.draft_vocab`); ``None``
         (the default): the full vocabulary. The decoder gives it to the decode state

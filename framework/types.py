@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -493,3 +493,100 @@ def greedy_check(input_ids: torch.Tensor, logits: torch.Tensor) -> GreedyCheck:
     target = logits.argmax(dim=-1)
     m = (input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1)  # booleans' product: an int
     return GreedyCheck(target, m, torch.cat([m[:1], target[0]]))
+
+
+class DraftWeights(Protocol):
+    """A compressed copy of a model's weights that draft passes run (``--drafter.draft_weights``):
+    the CPU kernels' fused branches (`framework.kernels.fused.FusedBlocks.compressed`) or the
+    modules' low-bit linear layers (`framework.kernels.lowbit.LowBitLinears`)."""
+
+    #: the storage format's name ("bfloat16", "int8", "int4", "fp8"; "float32": the model's own)
+    weights: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights (and scales) a draft reads."""
+
+
+class ReducedHead(Protocol):
+    """What a strategy uses of a reduced draft head (`framework.engine.draft_head.DraftHead`: the
+    LM head restricted to K token ids, scoring drafts over K tokens instead of V)."""
+
+    @property
+    def size(self) -> int:
+        """K, the tokens the head scores."""
+
+    @property
+    def key(self) -> str:
+        """Names the head in caches and records."""
+
+    def tokens(self, index: torch.Tensor) -> torch.Tensor:
+        """Vocabulary ids of head indices (any shape)."""
+
+    def expand(self, values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """(..., K) values over the head -> (..., V) over the vocabulary, ``fill`` elsewhere."""
+
+    def coverage(self, tokens: torch.Tensor | Iterable[int]) -> float:
+        """The share of ``tokens`` the head holds."""
+
+
+class CostPrices(Protocol):
+    """What a strategy uses of the measured cost model (`framework.engine.cost_model.CostModel`):
+    seconds per forward, priced by plan and draft length."""
+
+    num_layers: int
+
+    @property
+    def step(self) -> float:
+        """One plain decoding step."""
+
+    def draft_step(self, plan: LayerPlan) -> float:
+        """One draft step with ``plan``."""
+
+    def verify(self, tokens: int) -> float:
+        """A verification of ``tokens`` rows."""
+
+    def round_time(self, k: int, plan: LayerPlan, *, draft_scale: float = 1.0, width: float = 1.0) -> float:
+        """A round that drafts ``k`` tokens with ``plan`` and verifies them."""
+
+    def decode_time(self, plan: LayerPlan, draft_lengths: Sequence[int]) -> float:
+        """Rounds of these draft lengths with ``plan``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The prices as plain data (records)."""
+
+    def describe(self) -> str:
+        """One line for logs."""
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward returns (`framework.engine.adapter.ModelAdapter.forward`, and the
+    ``forward_*`` methods of a `framework.view.RoundView`).
+
+    Attributes:
+        logits: FloatTensor (B, T', V) at the requested positions, or ``None``; (B, T', K) over
+            ``head.ids`` when the pass ran a reduced draft head.
+        hidden_states: FloatTensor (L'+1, B, T, d) pre-norm residuals after each block run (index 0
+            is the embedding; only when ``capture_hidden``; L' = blocks run).
+        last_hidden: FloatTensor (B, T, d), the residual stream where the pass stopped (pre-norm).
+        head: the reduced draft head the logits come from (column j scores token ``head.ids[j]``),
+            or ``None``: the full LM head.
+        picked: the token chosen from the last row's logits inside the forward, when the pass
+            asked (``pick``, a `TokenPick`) and ran the full LM head; ``None`` otherwise.
+        checked: the greedy verification of the block's own tokens (``check``), or ``None``.
+    """
+
+    logits: torch.Tensor | None
+    hidden_states: torch.Tensor | None
+    last_hidden: torch.Tensor
+    head: ReducedHead | None = None
+    picked: Picked | None = None
+    checked: GreedyCheck | None = None
+
+    def top1(self) -> torch.Tensor:
+        """LongTensor (B, T'): the argmax token ids of `logits` (mapped through `head`)."""
+        if self.logits is None:
+            raise ValueError("this forward computed no logits")
+        idx = self.logits.argmax(dim=-1)
+        return idx if self.head is None else self.head.tokens(idx)

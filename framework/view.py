@@ -21,14 +21,19 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick
+from framework.types import (
+    CostPrices,
+    DecodeStats,
+    DraftWeights,
+    ForwardOutput,
+    LayerPlan,
+    ModelInfo,
+    ReducedHead,
+    TokenPick,
+)
 
 if TYPE_CHECKING:
-    from framework.engine.adapter import ForwardOutput
-    from framework.engine.cost_model import CostModel
-    from framework.engine.draft_head import DraftHead
     from framework.interfaces import Drafter, LengthController, Verifier
-    from framework.kernels.protocols import DraftWeights
 
 
 @runtime_checkable
@@ -76,7 +81,7 @@ class RoundView(Protocol):
     draft_sampler: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
     capture_hidden: bool
     compressed_drafts: bool
-    draft_head: DraftHead | None
+    draft_head: ReducedHead | None
     last_hidden_states: torch.Tensor | None
     stats: DecodeStats
     layer_loads: int
@@ -211,7 +216,7 @@ class PrepareView(Protocol):
     eos_token_ids: frozenset[int]
     artifact_stem: object
     log: Callable[[str], None]
-    draft_head: DraftHead | None
+    draft_head: ReducedHead | None
     draft_weights: DraftWeights | None
 
     def fingerprint(self) -> str:
@@ -222,7 +227,7 @@ class PrepareView(Protocol):
         """Calibration prompts (user messages): the first turns of a Spec-Bench JSONL file
         (``source``; empty: the built-in calibration set)."""
 
-    def cost_model(self) -> CostModel:
+    def cost_model(self) -> CostPrices:
         """The measured cost model of this model on this machine, its draft steps priced with the
         run's draft head and weights."""
 

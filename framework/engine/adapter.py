@@ -28,10 +28,9 @@ from framework.kernels.graphs import BranchGraphs
 from framework.kernels.lowbit import LOWBIT_FORMATS, LowBitLinears
 from framework.kernels.protocols import DraftWeights
 from framework.types import (
-    GreedyCheck,
+    ForwardOutput,
     LayerPlan,
     ModelInfo,
-    Picked,
     TokenPick,
     greedy_check,
     pick_tokens,
@@ -63,38 +62,6 @@ def adapter_for(model: nn.Module, *, fast_kernels: bool | None = None) -> ModelA
     adapter = ModelAdapter(architecture_for(model))
     adapter.set_fast_kernels(fast_kernels)
     return adapter
-
-
-@dataclass
-class ForwardOutput:
-    """What one adapter forward returns.
-
-    Attributes:
-        logits: FloatTensor (B, T', V) at the requested positions, or ``None``; (B, T', K) over
-            ``head.ids`` when the pass ran a reduced draft head.
-        hidden_states: FloatTensor (L'+1, B, T, d) pre-norm residuals after each block run (index 0
-            is the embedding; only when ``capture_hidden``; L' = blocks run).
-        last_hidden: FloatTensor (B, T, d), the residual stream where the pass stopped (pre-norm).
-        head: the reduced draft head the logits come from (`framework.engine.draft_head.DraftHead`;
-            column j scores token ``head.ids[j]``), or ``None``: the full LM head.
-        picked: the token chosen from the last row's logits inside the forward, when the pass
-            asked (`Pass.pick`) and ran the full LM head; ``None`` otherwise.
-        checked: the greedy verification of the block's own tokens (`Pass.check`), or ``None``.
-    """
-
-    logits: torch.Tensor | None
-    hidden_states: torch.Tensor | None
-    last_hidden: torch.Tensor
-    head: DraftHead | None = None
-    picked: Picked | None = None
-    checked: GreedyCheck | None = None
-
-    def top1(self) -> torch.Tensor:
-        """LongTensor (B, T'): the argmax token ids of `logits` (mapped through `head`)."""
-        if self.logits is None:
-            raise ValueError("this forward computed no logits")
-        idx = self.logits.argmax(dim=-1)
-        return idx if self.head is None else self.head.tokens(idx)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,20 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from framework.engine.adapter import ForwardOutput, ModelAdapter
+from framework.engine.adapter import ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.kernels.protocols import DraftWeights
-from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick, Verification, greedy_check
+from framework.types import (
+    DecodeStats,
+    ForwardOutput,
+    LayerPlan,
+    ModelInfo,
+    TokenPick,
+    Verification,
+    greedy_check,
+)
 
 
 @dataclass

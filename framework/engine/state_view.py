@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from framework.engine.adapter import ForwardOutput
 from framework.engine.draft_head import DraftHead
 from framework.engine.state import DecodeState
-from framework.types import DecodeStats, LayerPlan, ModelInfo, TokenPick
+from framework.types import DecodeStats, ForwardOutput, LayerPlan, ModelInfo, TokenPick
 
 
 class StateView:

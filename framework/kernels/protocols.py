@@ -15,6 +15,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from framework.types import DraftWeights  # the API's (a draft's weights, as strategies see them)
+
+__all__ = ["DraftWeights", "weights_key"]
+
 
 class CacheSlots(Protocol):
     """A KV cache during one forward (`framework.engine.kv_cache.KVCache` between ``begin`` and
@@ -105,19 +109,6 @@ class BranchModel(Protocol):
 
     def new_cache(self, capacity: int, batch: int = 1) -> CacheSlots:
         """A fresh KV cache of ``capacity`` slots."""
-
-
-class DraftWeights(Protocol):
-    """A compressed copy of a model's weights that draft passes run (``--drafter.draft_weights``):
-    the CPU kernels' fused branches (`framework.kernels.fused.FusedBlocks.compressed`) or the
-    modules' low-bit linear layers (`framework.kernels.lowbit.LowBitLinears`)."""
-
-    #: the storage format's name ("bfloat16", "int8", "int4", "fp8"; "float32": the model's own)
-    weights: str
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the weights (and scales) a draft reads."""
 
 
 def weights_key(weights: DraftWeights | None) -> str:

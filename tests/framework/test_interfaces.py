@@ -356,3 +356,30 @@ def test_default_strategy_instance():
         default_strategy_instance("drafters")
     with pytest.raises(KeyError, match="Did you mean 'static'"):
         default_strategy_instance("selector", "statc")
+
+
+def test_the_engine_objects_have_what_the_api_protocols_promise():
+    """`ReducedHead`, `CostPrices` and `DraftWeights` (framework.types) declare what a strategy uses
+    of the engine's draft head, cost model and compressed weights: each member exists there, a
+    property as a property and a method as a method."""
+    import inspect
+
+    from framework.engine.cost_model import CostModel
+    from framework.engine.draft_head import DraftHead
+    from framework.kernels.fused import FusedBlocks
+    from framework.kernels.lowbit import LowBitLinears
+    from framework.types import CostPrices, DraftWeights, ReducedHead
+
+    pairs = [(ReducedHead, DraftHead), (CostPrices, CostModel)]
+    pairs += [(DraftWeights, FusedBlocks), (DraftWeights, LowBitLinears)]
+    for proto, cls in pairs:
+        fields = getattr(cls, "__dataclass_fields__", {})
+        for name, member in vars(proto).items():
+            if name.startswith("_"):
+                continue
+            got = inspect.getattr_static(cls, name, None)
+            assert got is not None, (proto.__name__, cls.__name__, name)
+            assert isinstance(got, property) == isinstance(member, property), (cls.__name__, name)
+        if fields:  # a dataclass: its declared attributes too (others set theirs in __init__)
+            for name in getattr(proto, "__annotations__", {}):
+                assert name in fields, (proto.__name__, cls.__name__, name)

@@ -160,6 +160,16 @@ def test_api_kernels_engine_and_policies_import_only_lower_layers(module):
     assert not bad, f"{module} (layer {here}) imports higher layers: {bad}"
 
 
+@pytest.mark.parametrize("module", sorted(API - {"framework"}))
+def test_the_api_never_imports_from_above_it_not_even_for_type_checking(module):
+    """Issue 39, item 1: what a strategy reads (`ForwardOutput`, the protocols of a reduced draft
+    head, a draft's weights and the cost model's prices) is declared in the API, so no API module
+    names the engine or the kernels, even in annotations (the package root, the facade, re-exports
+    the engine's `PrepareContext`)."""
+    bad = [f"{t} (line {line})" for t, line, _ in imports(module, type_only=True) if layer(t) > 1]
+    assert not bad, f"{module} imports from above the API: {bad}"
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("framework.kernels")])
 def test_kernels_never_import_the_engine_not_even_for_type_checking(module):
     bad = [f"{t} (line {line})" for t, line, _ in imports(module, type_only=True) if layer(t) > 2]
