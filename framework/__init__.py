@@ -25,7 +25,6 @@ the benchmark and sweeps.
 """
 
 from framework.config_fields import ConfigError, build_config, check_choice, check_range, field_help, param
-from framework.engine.context import PrepareContext
 from framework.interfaces import (
     DRAFTERS,
     LENGTH_CONTROLLERS,
@@ -83,7 +82,6 @@ __all__ = [
     "LengthHint",
     "ModelInfo",
     "PlanEvaluation",
-    "PrepareContext",
     "PrepareView",
     "RegistryError",
     "RoundRecord",

@@ -179,7 +179,7 @@ class Drafter(Strategy):
         (the default): the full vocabulary. The decoder gives it to the decode state
         (``DecodeState.draft_head``, used by every draft pass; strategies read it as
         ``RoundView.draft_head``) and to the other strategies'
-        preparation (``PrepareContext.draft_head``)."""
+        preparation (``PrepareView.draft_head``)."""
         return None
 
     def draft_weights(self) -> DraftWeights | None:
@@ -187,7 +187,7 @@ class Drafter(Strategy):
         (`framework.engine.adapter.ModelAdapter.draft_branches`: bfloat16, int8 or int4 weights; see
         `framework.drafting.draft_vocab`); ``None`` (the default): the model's own weights. The
         decoder gives it to the decode state (``DecodeState.draft_weights``) and to the other
-        strategies' preparation (``PrepareContext.draft_weights``), as `draft_head`."""
+        strategies' preparation (``PrepareView.draft_weights``), as `draft_head`."""
         return None
 
     def forward_sizes(self, max_draft: int) -> ForwardSizes:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -34,6 +34,8 @@ from framework.types import (
 
 if TYPE_CHECKING:
     from framework.interfaces import Drafter, LengthController, Verifier
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -231,10 +233,28 @@ class PrepareView(Protocol):
         """The measured cost model of this model on this machine, its draft steps priced with the
         run's draft head and weights."""
 
-    def memo(self, owner: type, key: object, compute: Callable[[], object]) -> object:
+    def once(self, owner: type, key: object, compute: Callable[[], T]) -> T:
         """``compute()`` once per ``(owner, key)`` for everything this run prepares (fresh
         strategy instances of a rebuilt experiment reuse it): ``owner`` is the strategy's class,
         so that entries of different strategies never meet."""
+
+    def with_draft(self, drafter: Drafter) -> PrepareView:
+        """This view with ``drafter``'s (prepared) `draft_head` and `draft_weights`: what its
+        cost model prices (a drafter that gates its own source prepares the gate with it)."""
+
+    def reduced_head(self, size: int, vocab_file: str = "", *, context: bool = True) -> ReducedHead:
+        """The reduced draft head of the ``size`` top-ranked tokens of this model (or of
+        ``vocab_file``'s ranking), built once per run; ``context``: each generation's head also
+        scores its context's tokens. Raises ``ValueError`` for a bad size or file."""
+
+    def compressed_weights(
+        self, fmt: str, *, check: bool = True, compress_head: bool = True
+    ) -> tuple[DraftWeights | None, str]:
+        """The compressed copy of the weights that drafts run in format ``fmt`` (``"bfloat16"``,
+        ``"int8"``, ``"int4"``, ``"fp8"``, or ``"auto"``: the fastest that pays), chosen once per
+        run (with ``check``, its draft sub-layers timed against the model's own), and a note when
+        it is not what ``fmt`` asked for (``None``: the model's own weights);
+        ``compress_head=False`` scores a reduced draft head from the model's own weights."""
 
     def evaluate(
         self,

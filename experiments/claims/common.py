@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from framework import REGISTRIES, LayerPlan, PrepareContext
+from framework import REGISTRIES, LayerPlan
 from framework.config_fields import build_config
 from framework.data.prompts import calibration_texts, encode_chat, load_prompts, stop_token_ids
 from framework.engine.adapter import adapter_for
+from framework.engine.context import PrepareContext
 from framework.engine.cost_model import CostModel
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState

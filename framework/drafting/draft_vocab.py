@@ -38,13 +38,9 @@ from typing import Any
 
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
-from framework.engine.cost_model import draft_sublayer_seconds
 from framework.engine.draft_head import DraftHead, LiveDraftHead
-from framework.engine.token_ranking import draft_head_for
-from framework.kernels.fused import FusedBlocks
-from framework.kernels.lowbit import LowBitLinears
 from framework.kernels.protocols import DraftWeights
-from framework.view import RoundView
+from framework.view import PrepareView, RoundView
 
 #: The smallest ``draft_vocab`` (K) accepted: tree verification keeps up to 10 candidates per step.
 MIN_DRAFT_VOCAB = 16
@@ -126,28 +122,25 @@ class DraftVocab:
         self._weights: DraftWeights | None = None
         self._weights_note = ""  # why draft_weights is not what the config asked for
 
-    def prepare(self, ctx: Any) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         """Build (or reuse) the head of ``draft_vocab`` tokens; none when K >= V (the whole
-        vocabulary: a preset's K works on a model of any vocabulary)."""
+        vocabulary: a preset's K works on a model of any vocabulary). Choose the compressed
+        weights ``draft_weights`` names (`PrepareView.compressed_weights`)."""
         c = self.config
         self._head = None
         self._prepared = True
         self._weights, self._weights_note = None, ""
-        if c.draft_vocab and c.draft_vocab < ctx.adapter.info().vocab_size:
+        if c.draft_vocab and c.draft_vocab < ctx.info.vocab_size:
             try:
-                self._head = draft_head_for(ctx, c.draft_vocab, c.vocab_file, context=c.vocab_context)
+                self._head = ctx.reduced_head(c.draft_vocab, c.vocab_file, context=c.vocab_context)
             except ValueError as err:
                 raise ConfigError(
                     "--drafter.vocab_file", c.vocab_file or "(built)", f"usable: {err}"
                 ) from None
         if c.draft_weights != "float32":
-            self._weights, self._weights_note = ctx.once(
-                DraftVocab,
-                ("draft_weights", c.draft_weights, c.weights_check),
-                lambda: _draft_weights(ctx, c),
+            self._weights, self._weights_note = ctx.compressed_weights(
+                c.draft_weights, check=c.weights_check, compress_head=c.compress_head
             )
-            if isinstance(self._weights, FusedBlocks) and not c.compress_head:
-                self._weights = self._weights.with_head(None)
             if self._weights_note:
                 ctx.log(f"note: {self._weights_note}")
 
@@ -201,57 +194,3 @@ class DraftVocab:
             out["draft_vocab_now"] = live.size
             out["vocab_coverage"] = round(live.covered / live.committed, 4) if live.committed else None
         return out
-
-
-def _draft_weights(ctx: Any, c: DraftVocabConfig) -> tuple[DraftWeights | None, str]:
-    """``(the weights drafts run, a note when they are not what the config asked for)``.
-
-    A named format: the adapter's copy in it, dropped (``None``: the model's own) when there is
-    nothing to compress or, with ``weights_check``, when it does not draft faster (an int4 copy of
-    the fused branches without its VNNI kernel is kept, with a note: its scalar loop is slow).
-    ``auto``: int8 in the CPU kernels' fused branches where they run (int4 is opt-in); elsewhere
-    the fastest of the fp8 and int8 copies with a fast kernel, if it drafts faster than the model's
-    own weights.
-    """
-    adapter, own = ctx.adapter, "drafts run the model's own weights"
-    if c.draft_weights == "auto":
-        if adapter.fused is not None:
-            return adapter.draft_branches("int8"), ""
-        candidates = {f: adapter.draft_branches(f) for f in ("fp8", "int8")}
-        usable = {f: w for f, w in candidates.items() if isinstance(w, LowBitLinears) and w.kernel == "fast"}
-        if not usable:
-            return None, f"draft_weights=auto: no fast low-bit kernel on {adapter.device}: {own}"
-        return _fastest(ctx, usable, "draft_weights=auto")
-    fmt = c.draft_weights
-    weights = adapter.draft_branches(fmt)
-    if weights is None:
-        return None, f"draft_weights={fmt}: nothing to compress (the model is {adapter.dtype}): {own}"
-    if isinstance(weights, FusedBlocks) and fmt == "int4" and weights.int4_kernel != "avx512_vnni":
-        return (
-            weights,
-            "draft_weights=int4: no AVX-512 VNNI in this CPU's kernels: int4 drafts run a slow scalar loop",
-        )
-    if not isinstance(weights, LowBitLinears) or not c.weights_check:
-        return weights, ""
-    if weights.kernel == "reference":
-        return None, (
-            f"draft_weights={fmt} has no fast kernel on {adapter.device} (only the float32 "
-            f"reference, slower than the model's own weights): {own} (weights_check=False keeps it)"
-        )
-    return _fastest(ctx, {fmt: weights}, f"draft_weights={fmt}")
-
-
-def _fastest(ctx: Any, options: dict[str, LowBitLinears], what: str) -> tuple[DraftWeights | None, str]:
-    """The copy among ``options`` whose draft block (one attention and one MLP sub-layer, medians
-    of interleaved draft steps) is fastest, if faster than the model's own weights."""
-    costs = draft_sublayer_seconds(ctx.adapter, [None, *options.values()], reps=5)
-    per = {f: sum(c) for f, c in zip(["float32", *options], costs, strict=True)}
-    said = ", ".join(f"{f} {t * 1e6:.0f} us" for f, t in per.items())
-    best = min(options, key=per.__getitem__)
-    if per[best] < per["float32"]:
-        ctx.log(f"note: {what}: drafts run {best} ({options[best].kernel} kernel); a draft block: {said}")
-        return options[best], ""
-    return None, (
-        f"{what} measured no faster than the model's own weights on {ctx.adapter.device} (a draft "
-        f"block: {said}): drafts run the model's own weights (weights_check=False keeps the copy)"
-    )

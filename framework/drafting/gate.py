@@ -10,7 +10,7 @@ rule (see ``docs/concepts.md``, "The draft gate"):
    the accepted tokens count as m successes and the first rejected token (if m < K) as one
    failure of a chain with i.i.d. acceptance. ``alpha = S(acc) / (S(acc) + S(rej))`` over sums
    decayed by ``decay`` per drafted round. Rounds that drafted nothing leave the sums unchanged.
-2. **Expected speedup.** With the measured `CostModel` (``PrepareContext.cost_model()``) and the
+2. **Expected speedup.** With the measured `CostModel` (``PrepareView.cost_model()``) and the
    plan of the last drafted round (``Draft.plan``: what the drafter ran, e.g. an early-exit
    drafter's prefix plan), ``S(k) = E[tokens | alpha, k] * step / (k * draft_step(plan) +
    verify(k + 1))``, exactly `CostModel.expected_speedup`, with the draft step scaled by the draft
@@ -57,11 +57,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from framework.config_fields import check_choice, check_range, param
-from framework.engine.context import PrepareContext
 from framework.engine.cost_model import CostModel
 from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
-from framework.view import RoundView
+from framework.view import PrepareView, RoundView
 
 
 @dataclass(frozen=True)
@@ -343,7 +342,7 @@ class DraftGate:
         self.reset()
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def prepare(self, ctx: PrepareContext) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         """Take the measured cost model of the run (measured once per experiment, shared)."""
         self.costs = ctx.cost_model()
 
@@ -606,7 +605,7 @@ class GatedLength(LengthController):
     def setup(self, info: ModelInfo) -> None:
         self.inner.setup(info)
 
-    def prepare(self, ctx: PrepareContext) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         self.inner.prepare(ctx)
         self.gate.prepare(ctx)
 

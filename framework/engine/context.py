@@ -12,16 +12,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from framework.engine.adapter import ModelAdapter
-from framework.engine.cost_model import CostModel
+from framework.engine.cost_model import CostModel, draft_sublayer_seconds
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
+from framework.engine.token_ranking import draft_head_for
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
+from framework.kernels.fused import FusedBlocks
+from framework.kernels.lowbit import LowBitLinears
 from framework.kernels.protocols import weights_key
 from framework.types import LayerPlan, ModelInfo
 from framework.view import PlanEvaluation, RoundView
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
-    from framework.kernels.protocols import DraftWeights
+    from framework.types import DraftWeights
 
 T = TypeVar("T")
 
@@ -157,6 +160,27 @@ class PrepareContext:
         """``owner``'s entry of `prepared` under ``key``, computed by ``compute()`` once."""
         return self.prepared.once(owner, key, compute)
 
+    def reduced_head(self, size: int, vocab_file: str = "", *, context: bool = True) -> DraftHead:
+        """The reduced draft head of the ``size`` top-ranked tokens (or of ``vocab_file``'s
+        ranking), built once per run (`framework.engine.token_ranking.draft_head_for`)."""
+        return draft_head_for(self, size, vocab_file, context=context)
+
+    def compressed_weights(
+        self, fmt: str, *, check: bool = True, compress_head: bool = True
+    ) -> tuple[DraftWeights | None, str]:
+        """The compressed copy of the weights drafts run in format ``fmt`` (``"auto"``: the
+        fastest that pays), chosen once per run (`choose_draft_weights`: with ``check``, timed
+        against the model's own weights), and a note when it is not what ``fmt`` asked for;
+        ``compress_head=False`` scores the reduced draft head from the model's own weights."""
+        weights, note = self.once(
+            PrepareContext,
+            ("draft_weights", fmt, check),
+            lambda: choose_draft_weights(self.adapter, fmt, check, self.log),
+        )
+        if isinstance(weights, FusedBlocks) and not compress_head:
+            weights = weights.with_head(None)
+        return weights, note
+
     def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
         """Calibration prompts (user messages) for an offline search: the first turns of
         ``source`` (a Spec-Bench JSONL file; empty: the built-in calibration set).
@@ -219,3 +243,60 @@ class PrepareContext:
             accepted=sum(r.accepted for r in results),
             rounds=sum(len(r.accept_lengths) for r in results),
         )
+
+
+def choose_draft_weights(
+    adapter: ModelAdapter, fmt: str, check: bool, log: Callable[[str], None]
+) -> tuple[DraftWeights | None, str]:
+    """``(the weights drafts run, a note when they are not what the config asked for)``.
+
+    A named format (``fmt``): the adapter's copy in it, dropped (``None``: the model's own) when
+    there is nothing to compress or, with ``check``, when it does not draft faster (an int4 copy of
+    the fused branches without its VNNI kernel is kept, with a note: its scalar loop is slow).
+    ``auto``: int8 in the CPU kernels' fused branches where they run (int4 is opt-in); elsewhere
+    the fastest of the fp8 and int8 copies with a fast kernel, if it drafts faster than the model's
+    own weights.
+    """
+    own = "drafts run the model's own weights"
+    if fmt == "auto":
+        if adapter.fused is not None:
+            return adapter.draft_branches("int8"), ""
+        candidates = {f: adapter.draft_branches(f) for f in ("fp8", "int8")}
+        usable = {f: w for f, w in candidates.items() if isinstance(w, LowBitLinears) and w.kernel == "fast"}
+        if not usable:
+            return None, f"draft_weights=auto: no fast low-bit kernel on {adapter.device}: {own}"
+        return _fastest(adapter, log, usable, "draft_weights=auto")
+    weights = adapter.draft_branches(fmt)
+    if weights is None:
+        return None, f"draft_weights={fmt}: nothing to compress (the model is {adapter.dtype}): {own}"
+    if isinstance(weights, FusedBlocks) and fmt == "int4" and weights.int4_kernel != "avx512_vnni":
+        return (
+            weights,
+            "draft_weights=int4: no AVX-512 VNNI in this CPU's kernels: int4 drafts run a slow scalar loop",
+        )
+    if not isinstance(weights, LowBitLinears) or not check:
+        return weights, ""
+    if weights.kernel == "reference":
+        return None, (
+            f"draft_weights={fmt} has no fast kernel on {adapter.device} (only the float32 "
+            f"reference, slower than the model's own weights): {own} (weights_check=False keeps it)"
+        )
+    return _fastest(adapter, log, {fmt: weights}, f"draft_weights={fmt}")
+
+
+def _fastest(
+    adapter: ModelAdapter, log: Callable[[str], None], options: dict[str, LowBitLinears], what: str
+) -> tuple[DraftWeights | None, str]:
+    """The copy among ``options`` whose draft block (one attention and one MLP sub-layer, medians
+    of interleaved draft steps) is fastest, if faster than the model's own weights."""
+    costs = draft_sublayer_seconds(adapter, [None, *options.values()], reps=5)
+    per = {f: sum(c) for f, c in zip(["float32", *options], costs, strict=True)}
+    said = ", ".join(f"{f} {t * 1e6:.0f} us" for f, t in per.items())
+    best = min(options, key=per.__getitem__)
+    if per[best] < per["float32"]:
+        log(f"note: {what}: drafts run {best} ({options[best].kernel} kernel); a draft block: {said}")
+        return options[best], ""
+    return None, (
+        f"{what} measured no faster than the model's own weights on {adapter.device} (a draft "
+        f"block: {said}): drafts run the model's own weights (weights_check=False keeps the copy)"
+    )

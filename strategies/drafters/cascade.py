@@ -10,7 +10,7 @@ from framework import (
     Draft,
     LayerPlan,
     LengthController,
-    PrepareContext,
+    PrepareView,
     RoundView,
     Verification,
     register_drafter,
@@ -73,7 +73,7 @@ class CascadeDrafter(HybridDrafter):
         self.copy_gate.measured.forwards = 0.0  # copies run no forward: their drafts are free
         super().__init__(config)
 
-    def prepare(self, ctx: PrepareContext) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         super().prepare(ctx)
         self.copy_gate.prepare(ctx)  # the model's own cost model: a copy pays for its verification only
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from framework import (
@@ -11,7 +11,7 @@ from framework import (
     LayerPlan,
     LengthController,
     ModelInfo,
-    PrepareContext,
+    PrepareView,
     RoundView,
     Verification,
     register_drafter,
@@ -19,8 +19,7 @@ from framework import (
 from framework.config_fields import check_choice, check_range, param
 from framework.drafting.draft_vocab import DraftVocabConfig
 from framework.drafting.gate import DraftGate, GateConfig
-from framework.engine.draft_head import DraftHead
-from framework.kernels.protocols import DraftWeights
+from framework.types import DraftWeights, ReducedHead
 from strategies.drafters.layer_skip import LayerSkipDrafter, LayerSkipDrafterConfig
 from strategies.drafters.prompt_lookup import MAX_NGRAM, PromptLookupDrafter, PromptLookupDrafterConfig
 
@@ -77,7 +76,7 @@ class HybridDrafter(Drafter):
     (an empty draft: the round is a plain step). The run's draft gate around the length
     controller cannot make that choice: it sees the mixture of
     free copies and costly layer-skip drafts. This gate sees only the layer-skip source: its
-    acceptance estimate, the plan it ran and the measured cost model (``PrepareContext.cost_model``;
+    acceptance estimate, the plan it ran and the measured cost model (``PrepareView.cost_model``;
     without one, the decode state's timings), with the gate's probes so that the source comes back
     when it starts to pay (a better plan of an online selector, an easier stretch of text).
 
@@ -116,13 +115,12 @@ class HybridDrafter(Drafter):
         """Its own gate, without a cost model, prices drafts from the phase timings."""
         return self.gate is not None and self.gate.costs is None
 
-    def prepare(self, ctx: PrepareContext) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         self.layer_skip.prepare(ctx)  # the reduced draft head, when draft_vocab is set
         if self.gate is not None:  # prices the layer-skip source with the head it drafts with
-            ls = self.layer_skip
-            self.gate.prepare(replace(ctx, draft_head=ls.draft_head(), draft_weights=ls.draft_weights()))
+            self.gate.prepare(ctx.with_draft(self.layer_skip))
 
-    def draft_head(self) -> DraftHead | None:
+    def draft_head(self) -> ReducedHead | None:
         """The layer-skip source's head (copies score no tokens)."""
         return self.layer_skip.draft_head()
 

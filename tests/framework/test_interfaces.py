@@ -360,17 +360,20 @@ def test_default_strategy_instance():
 
 def test_the_engine_objects_have_what_the_api_protocols_promise():
     """`ReducedHead`, `CostPrices` and `DraftWeights` (framework.types) declare what a strategy uses
-    of the engine's draft head, cost model and compressed weights: each member exists there, a
-    property as a property and a method as a method."""
+    of the engine's draft head, cost model and compressed weights, and `PrepareView` what it uses
+    of the engine's `PrepareContext`: each member exists there, a property as a property and a
+    method as a method."""
     import inspect
 
+    from framework.engine.context import PrepareContext
     from framework.engine.cost_model import CostModel
     from framework.engine.draft_head import DraftHead
     from framework.kernels.fused import FusedBlocks
     from framework.kernels.lowbit import LowBitLinears
     from framework.types import CostPrices, DraftWeights, ReducedHead
+    from framework.view import PrepareView
 
-    pairs = [(ReducedHead, DraftHead), (CostPrices, CostModel)]
+    pairs = [(ReducedHead, DraftHead), (CostPrices, CostModel), (PrepareView, PrepareContext)]
     pairs += [(DraftWeights, FusedBlocks), (DraftWeights, LowBitLinears)]
     for proto, cls in pairs:
         fields = getattr(cls, "__dataclass_fields__", {})
@@ -382,4 +385,5 @@ def test_the_engine_objects_have_what_the_api_protocols_promise():
             assert isinstance(got, property) == isinstance(member, property), (cls.__name__, name)
         if fields:  # a dataclass: its declared attributes too (others set theirs in __init__)
             for name in getattr(proto, "__annotations__", {}):
-                assert name in fields, (proto.__name__, cls.__name__, name)
+                got = inspect.getattr_static(cls, name, None)
+                assert name in fields or isinstance(got, property), (proto.__name__, cls.__name__, name)

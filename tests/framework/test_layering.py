@@ -153,19 +153,18 @@ def test_no_relative_imports():
 @pytest.mark.parametrize("module", [m for m in MODULES if layer(m) <= 4])
 def test_api_kernels_engine_and_policies_import_only_lower_layers(module):
     """The API imports only the API, the kernels the API and themselves, the engine both, the
-    policies all three. The package root ``framework`` is the facade of the author API: it
-    re-exports names of the engine (``PrepareContext``) too, never of the tooling."""
-    here = 4 if module == "framework" else layer(module)
+    policies all three. The package root ``framework``, the facade of the author API, is API: it
+    re-exports the API's names only."""
+    here = layer(module)
     bad = [t for t in GRAPH[module] if layer(t) > here]
     assert not bad, f"{module} (layer {here}) imports higher layers: {bad}"
 
 
-@pytest.mark.parametrize("module", sorted(API - {"framework"}))
+@pytest.mark.parametrize("module", sorted(API))
 def test_the_api_never_imports_from_above_it_not_even_for_type_checking(module):
     """Issue 39, item 1: what a strategy reads (`ForwardOutput`, the protocols of a reduced draft
     head, a draft's weights and the cost model's prices) is declared in the API, so no API module
-    names the engine or the kernels, even in annotations (the package root, the facade, re-exports
-    the engine's `PrepareContext`)."""
+    names the engine or the kernels, even in annotations."""
     bad = [f"{t} (line {line})" for t, line, _ in imports(module, type_only=True) if layer(t) > 1]
     assert not bad, f"{module} imports from above the API: {bad}"
 
@@ -337,3 +336,20 @@ def test_no_function_in_the_framework_is_longer_than_the_limit():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{m}:{node.lineno} {node.name} ({n} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(("strategies", "framework.drafting"))])
+def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(module):
+    """Issue 39, item 1: a strategy, and a building block strategies compose, prepares with a
+    `framework.view.PrepareView` and runs rounds with a `RoundView`: none names the engine's
+    `PrepareContext` or reaches for a model adapter (``.adapter``)."""
+    tree = ast.parse(MODULES[module].read_text())
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "PrepareContext":
+            bad.append(f"line {node.lineno}: PrepareContext")
+        elif isinstance(node, ast.alias) and node.name.split(".")[-1] == "PrepareContext":
+            bad.append("imports PrepareContext")
+        elif isinstance(node, ast.Attribute) and node.attr == "adapter":
+            bad.append(f"line {node.lineno}: .adapter")
+    assert not bad, f"{module}: {bad}"

@@ -381,12 +381,12 @@ def test_low_bit_drafts_differ_from_the_target_only_by_rounding(module_adapter):
 def _fake_timings(monkeypatch, per_block: dict):
     """Draft-block timings (own weights first, then each copy by format) instead of measuring,
     and every copy's kernel called fast, as on a GPU."""
-    import framework.drafting.draft_vocab as dv
+    import framework.engine.context as chooser  # where the weights are chosen (PrepareView's service)
 
     def timings(adapter, weights, reps):
         return [(per_block["float32" if w is None else w.weights] / 2,) * 2 for w in weights]
 
-    monkeypatch.setattr(dv, "draft_sublayer_seconds", timings)
+    monkeypatch.setattr(chooser, "draft_sublayer_seconds", timings)
     real = LowBitLinears.build.__func__
 
     def build(cls, arch, fmt):
