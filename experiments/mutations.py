@@ -456,6 +456,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "strategy_reads_past_the_round_view",
+        "the greedy verifier reads the state's token buffer, which RoundView does not declare",
+        "strategies/verifiers/greedy.py",
+        "block = torch.cat([state.pending, draft.tokens], dim=1)",
+        "block = torch.cat([state._tokens[:, state.num_tokens - 1 : state.num_tokens], draft.tokens], dim=1)",
+        ("tests/framework/test_layering.py",),
+    ),
+    Mutation(
+        "strategy_reaches_for_the_adapter",
+        "the hybrid drafter's preparation reaches the model adapter through its context",
+        "strategies/drafters/hybrid.py",
+        "self.gate.prepare(ctx.with_draft(self.layer_skip))",
+        "self.gate.prepare(ctx.adapter and ctx.with_draft(self.layer_skip))",
+        ("tests/framework/test_layering.py",),
+    ),
+    Mutation(
         "greedy_verify_reads_twice",
         "the greedy verifier reads the accepted count and the target's tokens in two host reads",
         "strategies/verifiers/greedy.py",

@@ -1,13 +1,15 @@
 """What a strategy may read and call: the typed, read-only views of a round and of a preparation.
 
-Strategies never receive the engine itself. Every strategy method of a round (``plan``,
+Strategies see the engine through these protocols only. Every strategy method of a round (``plan``,
 ``length_hint``, ``max_length``, ``draft``, ``verify``, ``observe``) takes a `RoundView`: the
 tokens, the hidden states a strategy asked for (its capability flags), the model's facts, the
 counters of the generation and the forwards whose KV-cache bookkeeping the engine owns. The one-time
 ``prepare`` takes a `PrepareView`: the model's facts, prompts to calibrate on, the measured cost
 model, and `PrepareView.evaluate`, the search service that decodes prompts with a candidate plan.
-Neither exposes the model adapter or the KV cache; the engine's objects behind them
-(`framework.engine.state_view.StateView`, `framework.engine.context.PrepareContext`) implement them.
+Neither exposes the model adapter or the KV cache. The engine's objects implement them
+(`framework.engine.state.DecodeState`, handed out as it is, and
+`framework.engine.context.PrepareContext`); `tests/framework/test_layering.py` holds strategies to
+the views' members.
 
 Shape notation as in `framework.types`: ``B`` batch (1), ``T`` tokens in one forward, ``N``
 committed tokens, ``V`` vocabulary, ``L`` blocks, ``d`` hidden size.

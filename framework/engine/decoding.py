@@ -14,10 +14,10 @@ import torch
 
 from framework.engine.adapter import ModelAdapter
 from framework.engine.state import DecodeState
-from framework.engine.state_view import StateView
 from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
 from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
 from framework.utils import PhaseTimer, synced_clock
+from framework.view import RoundView
 
 if TYPE_CHECKING:
     from framework.engine.context import PrepareContext
@@ -426,10 +426,9 @@ class SpeculativeDecoder:
         phases = self.times_phases()
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
         timer = PhaseTimer(state.stats.timings, adapter.device, enabled=phases)
-        view = StateView(state)  # all the strategies see of the state
         codes: dict[LayerPlan, str] = {}  # plans repeat across rounds: encode each once
         while cut is None:
-            draft, result = self._round(state, view, stop.max_new_tokens - len(new) - 1, timer)
+            draft, result = self._round(state, stop.max_new_tokens - len(new) - 1, timer)
             state.stats.rounds.append(_record(draft, result, codes))
             start = len(new)
             new.extend(result.committed_host())  # the tokens committed, read once per round
@@ -441,12 +440,11 @@ class SpeculativeDecoder:
 
         return _finish(state, t0, counters, new, cut, phases=phases, summarise=summarise)
 
-    def _round(
-        self, state: DecodeState, view: StateView, budget: int, timer: PhaseTimer
-    ) -> tuple[Draft, Verification]:
+    def _round(self, state: DecodeState, budget: int, timer: PhaseTimer) -> tuple[Draft, Verification]:
         """One round: select, draft (at most ``budget`` tokens: the last token of a generation is
         the target's own), verify, commit, observe; each phase timed by ``timer``. The strategies
-        see ``view`` (of ``state``), never the state itself."""
+        see the state as a `framework.view.RoundView` (their annotations; the state commits)."""
+        view: RoundView = state
         timer.mark()
         plan = self.selector.plan(view)
         hint = self.selector.length_hint(view)

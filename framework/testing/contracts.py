@@ -34,7 +34,6 @@ from framework.config_fields import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.engine.state_view import StateView
 from framework.interfaces import REGISTRIES, LengthController, Strategy
 from framework.testing.stubs import (
     NoConfig,
@@ -134,9 +133,9 @@ class _Contract:
 
     def run_round(self, state: DecodeState, s: dict[str, Strategy], k_max: int = 4):
         """One round as the decoder runs it (plan, hint, length, draft, verify, commit, observe by
-        all four, the strategies seeing the state's `StateView` only); returns (plan, draft,
+        all four, the strategies seeing the state as a `RoundView`); returns (plan, draft,
         result)."""
-        view = StateView(state)
+        view = state
         plan = s["selector"].plan(view)
         hint = s["selector"].length_hint(view)
         k = max(0, min(int(s["length"].max_length(view, hint)), k_max))
@@ -190,7 +189,7 @@ class LayerSelectorContract(_Contract):
     def test_plan_is_valid_layer_plan(self):
         adapter, s, state = self.prepared()
         for _ in range(3):
-            plan = s["selector"].plan(StateView(state))
+            plan = s["selector"].plan(state)
             assert isinstance(plan, LayerPlan)
             assert plan.num_layers == adapter.num_layers
             assert plan.num_skipped < 2 * adapter.num_layers, "a plan must run at least one sub-layer"
@@ -205,7 +204,7 @@ class LayerSelectorContract(_Contract):
         if s["selector"].needs_hidden_states:
             assert state.last_hidden_states is not None
             assert state.last_hidden_states.shape[0] == adapter.num_layers + 1
-        plan = s["selector"].plan(StateView(state))
+        plan = s["selector"].plan(state)
         assert isinstance(plan, LayerPlan) and plan.num_skipped < 2 * adapter.num_layers
 
 
@@ -219,7 +218,7 @@ class LengthControllerContract(_Contract):
         for _ in range(4):
             # Any controller takes a hint (a controller that does not use hints ignores it).
             for hint in (None, LengthHint(max_length=2, threshold=0.5, source="contract")):
-                k = s["length"].max_length(StateView(state), hint)
+                k = s["length"].max_length(state, hint)
                 assert isinstance(k, int) and not isinstance(k, bool)
                 assert k >= 0
             self.run_round(state, s)
@@ -237,7 +236,7 @@ class LengthControllerContract(_Contract):
     def test_drafts_respect_max_length(self):
         adapter, s, state = self.prepared()
         for _ in range(4):
-            k_max = s["length"].max_length(StateView(state))
+            k_max = s["length"].max_length(state)
             _, draft, _ = self.run_round(state, s, k_max=64)
             assert draft.length <= k_max
 
@@ -297,7 +296,7 @@ class DrafterContract(_Contract):
             for plan in self._plans(adapter.num_layers):
                 for max_tokens in (1, 3, 6):
                     state = self.new_state(adapter, s)
-                    draft = s["drafter"].draft(StateView(state), plan, s["length"], max_tokens)
+                    draft = s["drafter"].draft(state, plan, s["length"], max_tokens)
                     self._check_draft(draft, state, plan, max_tokens)
 
     def test_confidences_when_requested(self):
@@ -307,14 +306,12 @@ class DrafterContract(_Contract):
         for need_conf in (True, False):
             state = DecodeState(adapter, random_prompt(5), capacity=32, need_confidence=need_conf)
             state.append(state.prefill().argmax(-1)[:, None])
-            draft = drafter.draft(StateView(state), LayerPlan.full(adapter.num_layers), length, 3)
+            draft = drafter.draft(state, LayerPlan.full(adapter.num_layers), length, 3)
             self._check_draft(draft, state, None, 3)
 
     def test_stops_when_length_says_so(self):
         adapter, s, state = self.prepared()
-        draft = s["drafter"].draft(
-            StateView(state), LayerPlan.full(adapter.num_layers), self._StopAfterOne(), 8
-        )
+        draft = s["drafter"].draft(state, LayerPlan.full(adapter.num_layers), self._StopAfterOne(), 8)
         assert draft.length == 1, (
             "should_continue returned False after the first token: that token is kept, no more"
         )
@@ -325,9 +322,7 @@ class DrafterContract(_Contract):
         keys = state.cache.keys[:, :, :, :c].clone()
         values = state.cache.values[:, :, :, :c].clone()
         tokens = state.tokens.clone()
-        s["drafter"].draft(
-            StateView(state), LayerPlan.from_indices(adapter.num_layers, attn=[1]), s["length"], 4
-        )
+        s["drafter"].draft(state, LayerPlan.from_indices(adapter.num_layers, attn=[1]), s["length"], 4)
         assert state.cache.committed == c
         assert torch.equal(state.tokens, tokens)
         assert torch.equal(state.cache.keys[:, :, :, :c], keys)
@@ -384,8 +379,8 @@ class VerifierContract(_Contract):
         for plan in plans:
             for k in (1, 4):
                 state = self.new_state(adapter, s)
-                draft = s["drafter"].draft(StateView(state), plan, s["length"], k)
-                result = s["verifier"].verify(StateView(state), draft)
+                draft = s["drafter"].draft(state, plan, s["length"], k)
+                result = s["verifier"].verify(state, draft)
                 self._check(result, draft, state)
                 n_before = state.num_tokens
                 state.commit(result)
@@ -395,7 +390,7 @@ class VerifierContract(_Contract):
     def test_empty_draft(self):
         adapter, s, state = self.prepared()
         draft = Draft.empty(1, LayerPlan.full(adapter.num_layers))
-        result = s["verifier"].verify(StateView(state), draft)
+        result = s["verifier"].verify(state, draft)
         assert self._check(result, draft, state) == 0
         state.commit(result)
         assert state.cache.committed == state.num_tokens - 1
@@ -409,7 +404,7 @@ class VerifierContract(_Contract):
             draft.confidences = torch.full((1, 5), 0.5)
         if state.need_draft_probs:
             draft.probs = torch.full((1, 5, adapter.config.vocab_size), 1.0 / adapter.config.vocab_size)
-        result = s["verifier"].verify(StateView(state), draft)
+        result = s["verifier"].verify(state, draft)
         self._check(result, draft, state)
 
     def test_choose_shape(self):

@@ -342,7 +342,12 @@ def test_no_function_in_the_framework_is_longer_than_the_limit():
 def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(module):
     """Issue 39, item 1: a strategy, and a building block strategies compose, prepares with a
     `framework.view.PrepareView` and runs rounds with a `RoundView`: none names the engine's
-    `PrepareContext` or reaches for a model adapter (``.adapter``)."""
+    `PrepareContext`, reaches for a model adapter (``.adapter``) or uses anything of its round's
+    ``state`` that `RoundView` does not declare (the engine hands its `DecodeState` out as it is,
+    so this check, not a wrapper, keeps strategies to the view)."""
+    from framework.view import RoundView
+
+    allowed = {n for n in (*dir(RoundView), *RoundView.__annotations__) if not n.startswith("_")}
     tree = ast.parse(MODULES[module].read_text())
     bad = []
     for node in ast.walk(tree):
@@ -352,4 +357,11 @@ def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(
             bad.append("imports PrepareContext")
         elif isinstance(node, ast.Attribute) and node.attr == "adapter":
             bad.append(f"line {node.lineno}: .adapter")
+        elif (  # the round's state (the engine's DecodeState, handed out as it is): RoundView's only
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "state"
+            and node.attr not in allowed
+        ):
+            bad.append(f"line {node.lineno}: state.{node.attr} (not a RoundView member)")
     assert not bad, f"{module}: {bad}"
