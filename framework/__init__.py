@@ -34,6 +34,7 @@ from framework.interfaces import (
     Drafter,
     LayerSelector,
     LengthController,
+    PrepareView,
     Strategy,
     Verifier,
     get_drafter,
@@ -62,7 +63,7 @@ from framework.types import (
     TokenPick,
     Verification,
 )
-from framework.view import PlanEvaluation, PrepareView, RoundView
+from framework.view import PlanEvaluation, RoundView
 
 __all__ = [
     "DRAFTERS",

@@ -12,7 +12,7 @@ One round of self-speculative decoding (see ``docs/concepts.md``)::
         s.observe(state, draft, result)
 
 ``state`` is the typed, read-only `framework.view.RoundView` of the generation (never the engine's
-decode state itself); ``prepare(ctx)`` receives a `framework.view.PrepareView`.
+decode state itself); ``prepare(ctx)`` receives a `framework.interfaces.PrepareView`.
 
 A declined round (``k_max == 0``) still verifies (an empty draft: one plain target step) and is
 observed like any other.
@@ -30,13 +30,14 @@ what no strategy asked for (``LayerSelector.needs_hidden_states``,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
 from framework.registry import BuiltinPackage, Registry
 from framework.types import (
+    CostPrices,
     Draft,
     DraftWeights,
     ForwardSizes,
@@ -46,9 +47,9 @@ from framework.types import (
     ReducedHead,
     Verification,
 )
+from framework.view import PlanEvaluation, RoundView
 
-if TYPE_CHECKING:
-    from framework.view import PrepareView, RoundView
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,3 +312,83 @@ def list_verifiers(pattern: str = "*") -> list[str]:
 def list_lengths(pattern: str = "*") -> list[str]:
     """Registered length-controller names matching a glob ``pattern``."""
     return LENGTH_CONTROLLERS.names(pattern)
+
+
+class PrepareView(Protocol):
+    """What a one-time preparation (``Strategy.prepare``) may use.
+
+    Attributes:
+        info: the model's facts.
+        device: where the model runs.
+        dtype: the model's dtype name (``"float32"``), recorded in artefacts.
+        encode: a user message -> chat-formatted prompt token ids.
+        eos_token_ids: tokens that end a generation.
+        artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``), or
+            ``None``.
+        log: progress and notices (the runner prints them).
+        draft_head: the reduced head the run's drafter scores tokens with (``None``: the full
+            head); set once the drafter is prepared.
+        draft_weights: the compressed weights the run's drafter drafts with (``None``: the model's
+            own); set with ``draft_head``.
+    """
+
+    info: ModelInfo
+    device: torch.device
+    dtype: str
+    encode: Callable[[str], list[int]]
+    eos_token_ids: frozenset[int]
+    artifact_stem: object
+    log: Callable[[str], None]
+    draft_head: ReducedHead | None
+    draft_weights: DraftWeights | None
+
+    def fingerprint(self) -> str:
+        """A short hash of the model's weights: what is saved for one model is only valid for the
+        weights it was computed on."""
+
+    def calibration_prompts(self, source: str = "", categories: tuple[str, ...] = ()) -> list[str]:
+        """Calibration prompts (user messages): the first turns of a Spec-Bench JSONL file
+        (``source``; empty: the built-in calibration set)."""
+
+    def cost_model(self) -> CostPrices:
+        """The measured cost model of this model on this machine, its draft steps priced with the
+        run's draft head and weights."""
+
+    def once(self, owner: type, key: object, compute: Callable[[], T]) -> T:
+        """``compute()`` once per ``(owner, key)`` for everything this run prepares (fresh
+        strategy instances of a rebuilt experiment reuse it): ``owner`` is the strategy's class,
+        so that entries of different strategies never meet."""
+
+    def with_draft(self, drafter: Drafter) -> PrepareView:
+        """This view with ``drafter``'s (prepared) `draft_head` and `draft_weights`: what its
+        cost model prices (a drafter that gates its own source prepares the gate with it)."""
+
+    def reduced_head(self, size: int, vocab_file: str = "", *, context: bool = True) -> ReducedHead:
+        """The reduced draft head of the ``size`` top-ranked tokens of this model (or of
+        ``vocab_file``'s ranking), built once per run; ``context``: each generation's head also
+        scores its context's tokens. Raises ``ValueError`` for a bad size or file."""
+
+    def compressed_weights(
+        self, fmt: str, *, check: bool = True, compress_head: bool = True
+    ) -> tuple[DraftWeights | None, str]:
+        """The compressed copy of the weights that drafts run in format ``fmt`` (``"bfloat16"``,
+        ``"int8"``, ``"int4"``, ``"fp8"``, or ``"auto"``: the fastest that pays), chosen once per
+        run (with ``check``, its draft sub-layers timed against the model's own), and a note when
+        it is not what ``fmt`` asked for (``None``: the model's own weights);
+        ``compress_head=False`` scores a reduced draft head from the model's own weights."""
+
+    def evaluate(
+        self,
+        plan: LayerPlan,
+        prompts: Sequence[torch.Tensor],
+        *,
+        length: LengthController,
+        drafter: Drafter,
+        verifier: Verifier,
+        max_new_tokens: int,
+        max_draft: int,
+    ) -> PlanEvaluation:
+        """Decode each prompt (LongTensor (1, P)) for exactly ``max_new_tokens`` tokens (no EOS
+        stop) by self-speculative decoding with ``plan`` in every round and the given length
+        controller, drafter and verifier (set up for this model here; prepare them first where
+        they need it): the search service of offline plan searches (Self-SD)."""

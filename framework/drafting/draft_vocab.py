@@ -39,8 +39,9 @@ from typing import Any
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
 from framework.engine.draft_head import DraftHead, LiveDraftHead
+from framework.interfaces import PrepareView
 from framework.kernels.protocols import DraftWeights
-from framework.view import PrepareView, RoundView
+from framework.view import RoundView
 
 #: The smallest ``draft_vocab`` (K) accepted: tree verification keeps up to 10 candidates per step.
 MIN_DRAFT_VOCAB = 16

@@ -58,9 +58,9 @@ from typing import Any, Literal
 
 from framework.config_fields import check_choice, check_range, param
 from framework.engine.cost_model import CostModel
-from framework.interfaces import LengthController
+from framework.interfaces import LengthController, PrepareView
 from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
-from framework.view import PrepareView, RoundView
+from framework.view import RoundView
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What a strategy's one-time preparation (`Strategy.prepare`) may use: `PrepareContext`, the
-engine's implementation of `framework.view.PrepareView`, and `PreparedCache`, where preparations
+engine's implementation of `framework.interfaces.PrepareView`, and `PreparedCache`, where preparations
 keep what they computed."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class _FixedPlan(LayerSelector):
 
 @dataclass
 class PrepareContext:
-    """The engine's `framework.view.PrepareView` (see there for what a preparation may use),
+    """The engine's `framework.interfaces.PrepareView` (see there for what a preparation may use),
     built by the runner (``Session``) once the model is loaded, before the warm-up.
 
     Attributes:
@@ -228,7 +228,7 @@ class PrepareContext:
         max_new_tokens: int,
         max_draft: int,
     ) -> PlanEvaluation:
-        """Decode each prompt with ``plan`` in every round (`framework.view.PrepareView.evaluate`)."""
+        """Decode each prompt with ``plan`` in every round (`framework.interfaces.PrepareView.evaluate`)."""
         dec = SpeculativeDecoder(
             self.adapter, _FixedPlan(plan), length, drafter, verifier, max_draft=max_draft
         )

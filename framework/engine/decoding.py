@@ -8,19 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from framework.engine.adapter import ModelAdapter
 from framework.engine.state import DecodeState
-from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
+from framework.interfaces import Drafter, LayerSelector, LengthController, PrepareView, Verifier
 from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
 from framework.utils import PhaseTimer, synced_clock
 from framework.view import RoundView
-
-if TYPE_CHECKING:
-    from framework.engine.context import PrepareContext
 
 
 class StopCondition:
@@ -370,7 +367,7 @@ class SpeculativeDecoder:
         for s in (selector, length, drafter, verifier):
             s.setup(info)
 
-    def prepare(self, ctx: PrepareContext) -> None:
+    def prepare(self, ctx: PrepareView) -> None:
         """Run every strategy's one-time `Strategy.prepare` (offline searches).
 
         The drafter goes first: it builds the head drafts score tokens with (``Drafter.draft_head``,

@@ -368,10 +368,10 @@ def test_the_engine_objects_have_what_the_api_protocols_promise():
     from framework.engine.context import PrepareContext
     from framework.engine.cost_model import CostModel
     from framework.engine.draft_head import DraftHead
+    from framework.interfaces import PrepareView
     from framework.kernels.fused import FusedBlocks
     from framework.kernels.lowbit import LowBitLinears
     from framework.types import CostPrices, DraftWeights, ReducedHead
-    from framework.view import PrepareView
 
     pairs = [(ReducedHead, DraftHead), (CostPrices, CostModel), (PrepareView, PrepareContext)]
     pairs += [(DraftWeights, FusedBlocks), (DraftWeights, LowBitLinears)]

@@ -218,7 +218,9 @@ def test_framework_modules_do_not_import_names_from_the_package_root():
     assert not bad, bad
 
 
-def test_no_import_cycles():
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (Tarjan's strongly connected components), a package's
+    ``__init__`` re-exporting its own submodules not counted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -226,12 +228,12 @@ def test_no_import_cycles():
     cycles: list[list[str]] = []
     counter = [0]
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -245,15 +247,27 @@ def test_no_import_cycles():
                 comp.append(w)
                 if w == v:
                     break
-            # a package __init__ that re-exports its own submodules is not a cycle of design
             pkgs = {c for c in comp if any(o.startswith(c + ".") for o in comp)}
             if len(comp) > 1 and len(set(comp) - pkgs) > 1:
                 cycles.append(sorted(comp))
 
-    for v in GRAPH:
+    for v in graph:
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    cycles = _cycles(GRAPH)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_import_cycles_even_for_type_checking():
+    """Issue 39, item 1: no circle closed by an ``if TYPE_CHECKING:`` import either (the view
+    protocols, the strategies' interfaces and the engine each import only downwards)."""
+    typed = {m: sorted({t for t, _, _ in imports(m, type_only=True)}) for m in MODULES}
+    cycles = _cycles(typed)
+    assert not cycles, f"import cycles through type-checking imports: {cycles}"
 
 
 FORBIDDEN_AFTER_ENGINE = (
@@ -341,7 +355,7 @@ def test_no_function_in_the_framework_is_longer_than_the_limit():
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(("strategies", "framework.drafting"))])
 def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(module):
     """Issue 39, item 1: a strategy, and a building block strategies compose, prepares with a
-    `framework.view.PrepareView` and runs rounds with a `RoundView`: none names the engine's
+    `framework.interfaces.PrepareView` and runs rounds with a `RoundView`: none names the engine's
     `PrepareContext`, reaches for a model adapter (``.adapter``) or uses anything of its round's
     ``state`` that `RoundView` does not declare (the engine hands its `DecodeState` out as it is,
     so this check, not a wrapper, keeps strategies to the view)."""
