@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,40 +31,13 @@ from framework.engine.context import PreparedCache
 from framework.engine.cost_model import CostModel
 from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, load_model, model_name
-from framework.models.provenance import run_provenance
+from framework.models.provenance import environment, run_provenance
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.session.run_config import MethodConfig, RunConfig
 from framework.session.session import Session
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
 WARMUP_TOKENS = 16
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def environment() -> dict[str, Any]:
-    """The machine and the versions, for ``meta.json`` and the report."""
-    import transformers
-
-    return {
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-    }
 
 
 def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:

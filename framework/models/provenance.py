@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
 import re
 import subprocess
 from pathlib import Path
@@ -130,3 +132,31 @@ def git_state(root: Path | None = None) -> dict[str, Any]:
         return {"commit": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    """The machine and the versions, for every run's ``meta.json`` (``run.py``'s and
+    ``bench.py``'s) and the benchmark's report: one definition for both."""
+    import transformers
+
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+    }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import signal
 import sys
 import time
@@ -32,12 +31,12 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-import transformers
 
 from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.data.specbench import check_answer_dir, write_answer_files
 from framework.models.loading import model_name
+from framework.models.provenance import environment
 from framework.results.metrics import mismatch_lines, results_table, time_breakdown
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
@@ -51,18 +50,6 @@ def default_output(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = "".join(ch if ch.isalnum() or ch in "-_+" else "_" for ch in cfg.method.label)
     return Path("runs") / f"{safe}-{stamp}.jsonl"
-
-
-def environment() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
 
 
 #: The results file of the run in progress (or last started) in this process: what the CLI's

@@ -92,3 +92,25 @@ def test_every_run_records_its_provenance(tmp_path, entry):
     assert prov["model"]["id"] == "tiny-random" and len(prov["model"]["weights_sha256"]) == 64
     assert prov["code"]["commit"] is None or len(prov["code"]["commit"]) == 40
     assert prov["device"] == "cpu" and prov["dtype"] == "float32"
+
+
+def test_run_and_bench_record_one_environment():
+    """Issue 39, item 2: ``environment()`` is written once; the runner's and the benchmark's
+    ``meta.json`` take it from `framework.models.provenance`."""
+    import framework.benchmark.bench as bench
+    import framework.runner.launch as launch
+    from framework.models.provenance import environment
+
+    assert launch.environment is environment and bench.environment is environment
+    env = environment()
+    assert {
+        "cpu",
+        "cpu_count",
+        "torch_threads",
+        "cuda",
+        "python",
+        "torch",
+        "transformers",
+        "platform",
+    } == set(env)
+    assert env["torch"] == torch.__version__
