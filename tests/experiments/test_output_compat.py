@@ -1,0 +1,208 @@
+"""The files ``run.py`` and ``bench.py`` write keep their shape across refactors (issue 39, item 2).
+
+`shape` reduces an output folder to what must not change: every file's name; every JSON, JSONL
+and YAML key, with each value's type; the values that are deterministic on a tiny random model
+(the tokens and texts decoded, the prompts, the methods, the configuration); the headings and
+table columns of the reports; the CSV tracker's metric names (the same keys go to W&B). Timings,
+time stamps, the machine and the code's commit are reduced to their types.
+
+The expected shapes (``data/output_shapes.json``) were written by the drivers before they
+shared one module (commit b72c85a). The resume fixture (``data/resume/``) is a results file that
+version wrote and an interruption cut short: the current runner must continue it.
+
+Regenerate the shapes only when an output format changes on purpose:
+``python tests/experiments/test_output_compat.py --write``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from framework.benchmark.cli import main as bench_main
+from framework.results.records import read_records
+from framework.runner.cli import main as run_main
+
+DATA = Path(__file__).with_name("data")
+SHAPES = DATA / "output_shapes.json"
+COMMON = ["--model", "tiny-random", "--limit", "1", "--max-new-tokens", "12", "--device", "cpu"]
+COMMON += ["--dtype", "float32", "--logger", "csv", "--threads", "1"]
+
+#: The commands, by the folder they write into (``{out}``: that folder).
+COMMANDS: dict[str, tuple[Any, list[str]]] = {
+    "run": (
+        run_main,
+        [*COMMON, "--method", "static_confidence", "--output", "{out}/out.jsonl"]
+        + ["--specbench-answers", "{out}/answers"],
+    ),
+    "run_vanilla": (run_main, [*COMMON, "--method", "vanilla", "--no-plots", "--output", "{out}/v.jsonl"]),
+    "bench": (
+        bench_main,
+        [*COMMON, "--methods", "vanilla,static_confidence,hf_generate", "--out", "{out}"]
+        + ["--specbench-answers", "{out}/answers"],
+    ),
+}
+
+#: Keys whose scalar values (or lists of scalars) are deterministic here and kept as they are.
+KEEP = {
+    "question_id",
+    "category",
+    "subcategory",
+    "method",
+    "kind",
+    "repeat",
+    "position",
+    "tokens",
+    "text",
+    "turns",
+    "new_tokens",
+    "stop_reason",
+    "lossless",
+    "prompt_tokens",
+    "model_id",
+    "prompts",
+}
+#: Keys whose whole subtree is kept: the resolved configuration.
+KEEP_TREE = {"config", "methods"}
+#: Subtrees that depend on the machine or the code's version: their keys are not part of the format.
+OPAQUE = {"environment", "provenance", "load", "cuda_graphs"}
+
+
+def _value(value: Any, out: Path) -> Any:
+    if isinstance(value, str):
+        return value.replace(str(out), "<out>")
+    return value
+
+
+def _type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "str"
+    return "list" if isinstance(value, list) else type(value).__name__
+
+
+def _tree(obj: Any, out: Path, key: str = "", keep: bool = False) -> Any:
+    """``obj`` with its undeterministic leaves replaced by their types."""
+    if key in OPAQUE and isinstance(obj, dict):
+        return "dict"
+    keep = keep or key in KEEP_TREE
+    if isinstance(obj, tuple):
+        obj = list(obj)
+    if isinstance(obj, dict):
+        return {
+            str(k): _tree(v, out, str(k), keep) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))
+        }
+    scalar = obj is None or isinstance(obj, (str, int, float, bool))
+    if isinstance(obj, list) and not all(x is None or isinstance(x, (str, int, float, bool)) for x in obj):
+        return [_tree(x, out, key, keep) for x in obj]
+    if keep or key in KEEP:
+        return [_value(x, out) for x in obj] if isinstance(obj, list) else _value(obj, out)
+    return _type(obj) if scalar or isinstance(obj, list) else repr(type(obj))
+
+
+def _markdown(text: str) -> list[str]:
+    """A report's headings and the header rows of its tables."""
+    lines = text.splitlines()
+    keep = [ln for ln in lines if ln.startswith("#")]
+    headers = [lines[i - 1] for i, ln in enumerate(lines) if i and ln.startswith("| ---")]
+    return keep + [" | ".join(cell.strip() for cell in row.strip("|").split("|")) for row in headers]
+
+
+def shape(out: Path) -> dict[str, Any]:
+    """The shape of every file under ``out`` (see the module's docstring)."""
+    files: dict[str, Any] = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        name = str(path.relative_to(out))
+        if path.suffix == ".jsonl":
+            files[name] = [_tree(json.loads(ln), out) for ln in path.read_text().splitlines() if ln.strip()]
+        elif path.suffix == ".json":
+            files[name] = _tree(json.loads(path.read_text()), out)
+        elif path.suffix == ".yaml":
+            # Lightning's hparams.yaml tags tuples as Python objects
+            data = yaml.load(path.read_text(), Loader=yaml.Loader)  # noqa: S506 - our own file
+            files[name] = _tree(data, out, keep=path.name.endswith("config.yaml"))
+        elif path.suffix == ".md":
+            files[name] = _markdown(path.read_text())
+        elif path.suffix == ".csv":
+            with path.open() as fh:
+                files[name] = sorted(next(csv.reader(fh)))
+        else:
+            files[name] = path.suffix
+    return files
+
+
+def write_outputs(root: Path) -> dict[str, Any]:
+    """Run every command into ``root/<name>``; returns ``{name: shape}``."""
+    shapes = {}
+    for name, (main, argv) in COMMANDS.items():
+        out = root / name
+        out.mkdir(parents=True)
+        assert main([a.replace("{out}", str(out)) for a in argv]) == 0, name
+        shapes[name] = shape(out)
+    return shapes
+
+
+@pytest.mark.slow
+def test_run_and_bench_write_the_files_the_previous_version_wrote(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    got = write_outputs(tmp_path / "out")
+    want = json.loads(SHAPES.read_text())
+    for name in COMMANDS:
+        assert sorted(got[name]) == sorted(want[name]), f"{name}: the files written changed"
+        for file, expected in want[name].items():
+            assert got[name][file] == expected, f"{name}/{file} changed its format"
+
+
+def test_a_results_file_of_the_previous_version_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for f in (DATA / "resume").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    before = read_records(tmp_path / "out.jsonl")
+    done = {(r["question_id"], r["method"]) for r in before}
+    argv = [*COMMON, "--method", "static_confidence", "--no-plots", "--output", "out.jsonl", "--resume"]
+    assert run_main(argv) == 0
+    assert f"{len(done) // 2} of 7 prompts already in out.jsonl" in capsys.readouterr().out
+    after = read_records(tmp_path / "out.jsonl")
+    assert after[: len(before)] == before  # kept as written
+    assert len({(r["question_id"], r["method"]) for r in after}) == 14
+    for qid in {r["question_id"] for r in after}:
+        pair = {r["method"]: r["turns"] for r in after if r["question_id"] == qid}
+        assert [t["tokens"] for t in pair["vanilla"]] == [t["tokens"] for t in pair["static_confidence"]]
+
+
+def _write_fixtures() -> None:  # pragma: no cover - run by hand when a format changes on purpose
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        shapes = write_outputs(Path(tmp) / "out")
+        SHAPES.write_text(json.dumps(shapes, indent=1, sort_keys=True) + "\n")
+        resume = DATA / "resume"
+        resume.mkdir(parents=True, exist_ok=True)
+        run_out = Path(tmp) / "out" / "run"
+        lines = (run_out / "out.jsonl").read_text().splitlines(keepends=True)
+        (resume / "out.jsonl").write_text("".join(lines[:4]))  # two prompts, both methods
+        meta = json.loads((run_out / "out.meta.json").read_text())
+        meta["config"]["output"] = "out.jsonl"
+        (resume / "out.meta.json").write_text(json.dumps(meta, indent=2))
+    print(f"wrote {SHAPES} and {resume}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if sys.argv[1:] == ["--write"]:
+        _write_fixtures()
+    else:
+        sys.exit("usage: python tests/experiments/test_output_compat.py --write")
