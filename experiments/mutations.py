@@ -514,6 +514,22 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/framework/engine/test_exact.py::test_the_backend_of_exact_mode_holds_for_every_attention_of_a_forward",
         ),
     ),
+    Mutation(
+        "driver_numpy_unseeded",
+        "the driver seeds Python's and torch's generators but not NumPy's (a run's NumPy draws differ)",
+        "framework/driver.py",
+        "np.random.seed(seed % 2**32)",
+        "np.random.seed()",
+        ("tests/framework/test_driver.py::test_seed_everything_seeds_python_numpy_and_torch",),
+    ),
+    Mutation(
+        "bench_error_every_prompt",
+        "a failed HF method's error is recorded again for every later prompt",
+        "framework/benchmark/bench.py",
+        "                reported.add(label)\n",
+        "",
+        ("tests/framework/benchmark/test_bench_run.py::test_hf_error_is_reported_in_its_row",),
+    ),
 )
 
 

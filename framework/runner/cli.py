@@ -17,6 +17,7 @@ import dataclasses
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import yaml
 
@@ -24,7 +25,7 @@ from framework.config_fields import field_defaults, field_help
 from framework.interfaces import REGISTRIES
 from framework.models.loading import describe_models
 from framework.results.records import read_records
-from framework.runner.launch import CURRENT_OUTPUT, run
+from framework.runner.launch import resolve_output, run
 from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
 from framework.session.notes import PAPER_PRESETS, published_by
@@ -203,7 +204,7 @@ def print_config(cfg: RunConfig, dest: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = pop_debug(argv)
-    CURRENT_OUTPUT[0] = None
+    outputs: list[Path] = []  # the results file, once chosen: what the error messages point at
 
     def body() -> int:
         _import_user_modules(argv)
@@ -215,12 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config is not None:
             print_config(cfg, args.print_config)
             return 0
-        run(cfg)
+        outputs.append(resolve_output(cfg))
+        run(cfg, output=outputs[-1])
         return 0
 
     def kept() -> str | None:
         """What is on disk: the finished prompts and the command that continues."""
-        out = CURRENT_OUTPUT[0]
+        out = outputs[-1] if outputs else None
         if out is None or not out.exists() or not out.stat().st_size:
             return None
         done = len({(r["question_id"], r["method"]) for r in read_records(out)})

@@ -33,39 +33,31 @@ import pytorch_lightning as pl
 import torch
 
 from framework.config_fields import ConfigError
-from framework.data.prompts import load_prompts
-from framework.data.specbench import check_answer_dir, write_answer_files
-from framework.models.loading import model_name
-from framework.models.provenance import environment
+from framework.driver import AnswerFiles, metadata, stamped, start, tracker
 from framework.results.metrics import mismatch_lines, results_table, time_breakdown
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, summary_metrics
-from framework.session.loggers import close_logger, make_logger
+from framework.session.loggers import close_logger
 from framework.session.run_config import RunConfig
-from framework.session.session import Session, provenance
-
-
-def default_output(cfg: RunConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = "".join(ch if ch.isalnum() or ch in "-_+" else "_" for ch in cfg.method.label)
-    return Path("runs") / f"{safe}-{stamp}.jsonl"
-
-
-#: The results file of the run in progress (or last started) in this process: what the CLI's
-#: error and interruption messages point at.
-CURRENT_OUTPUT: list[Path | None] = [None]
+from framework.session.session import Session
 
 
 def run(
-    cfg: RunConfig, log: Callable[[str], None] = print, model: Any = None, tokenizer: Any = None
+    cfg: RunConfig,
+    log: Callable[[str], None] = print,
+    model: Any = None,
+    tokenizer: Any = None,
+    *,
+    output: Path | None = None,
 ) -> dict[str, Any]:
     """Run one experiment as a Lightning predict loop; returns ``{"output", "table", "breakdown",
     "records", "summary", "plots", "run_dir", "specbench_answers"}`` (on rank 0; other ranks get
     ``{}``). With ``cfg.runner.specbench_answers`` the Spec-Bench answer files are written from the
     results at the end, and when the run is interrupted (`framework.data.specbench`).
 
-    Every prompt's records are appended to ``cfg.runner.output`` as soon as the prompt is done. With
+    Every prompt's records are appended to ``output`` (default: `resolve_output`, i.e.
+    ``cfg.runner.output`` or a fresh time-stamped file) as soon as the prompt is done. With
     ``cfg.runner.resume`` the prompts already in the file are skipped (the file must come from the same
     configuration). Ctrl-C stops after the current prompt's records are written and raises
     KeyboardInterrupt.
@@ -74,17 +66,16 @@ def run(
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    pl.seed_everything(cfg.generation.seed, verbose=False)
-    if cfg.runner.threads:
-        torch.set_num_threads(cfg.runner.threads)
-    prompts = load_prompts(cfg.data.path, cfg.data.categories or None, cfg.data.limit, cfg.data.offset)
-    out_path = resolve_output(cfg)
-    CURRENT_OUTPUT[0] = out_path
+    prompts = start(cfg)
+    out_path = output if output is not None else resolve_output(cfg)
     method = cfg.method.label
     names = ["vanilla"] + ([] if cfg.method.baseline_only else [method])
     rank0 = launch_rank(cfg) == 0
-    check_answer_dir(cfg.runner.specbench_answers, names, [out_path])
-    answers = _AnswerFiles(cfg, out_path, model, log)
+    answers = AnswerFiles(cfg.runner.specbench_answers, names, [out_path], cfg.model.name_or_path, log)
+
+    def write_answers() -> dict[str, Path]:
+        return answers.write(read_records(out_path), net=model)
+
     done = resume_state(cfg, out_path, names, log if rank0 else _silent) if cfg.runner.resume else set()
     todo = [p for p in prompts if prompt_key(p) not in done]
     if done and rank0:
@@ -104,19 +95,15 @@ def run(
         SpeedupProgressBar() if tty else PlainProgress(),
     ]
     tracked = {**cfg.describe(), "provenance": meta.get("provenance"), "notes": meta.get("notes", [])}
-    logger = (
-        make_logger(cfg.runner.logger, run_dir, run_dir.name, cfg.runner.wandb_project, tracked)
-        if rank0
-        else None
-    )
+    logger = tracker(cfg, run_dir, run_dir.name, tracked) if rank0 else None
     t_start = time.perf_counter()
-    trainer = _predict(cfg, module, _trainer_args(cfg, run_dir, callbacks, logger, tty), answers.write)
+    trainer = _predict(cfg, module, _trainer_args(cfg, run_dir, callbacks, logger, tty), write_answers)
     if trainer.global_rank != 0:
         return {}
     records = read_records(out_path)
     progress = (len(todo), len(prompts) - len(todo), bool(done), t_start)
     table, breakdown = _report(cfg, records, names, out_path, tracking.plot_paths, log, progress)
-    written = answers.write()
+    written = write_answers()
     if logger is not None:
         close_logger(logger, log)
     return {
@@ -136,41 +123,14 @@ def _prepare(
 ) -> tuple[Session | None, dict[str, Any]]:
     """The run's metadata, and its `Session` when one process decodes (validated and prepared
     before any logger or file exists; with several processes each rank builds its own)."""
-    meta = {
-        "config": cfg.describe(),
-        "environment": environment(),
-        "method": cfg.method.label,
-        "started": time.time(),
-    }
     if cfg.runner.devices * cfg.runner.num_nodes != 1:
-        return None, meta
+        return None, metadata(cfg.describe(), method=cfg.method.label)
     exp = Session(cfg, model, tokenizer, artifact_stem=run_dir, log=log, prompts=todo)
-    meta["provenance"] = provenance(cfg.model.name_or_path, exp)
-    meta["notes"] = exp.notes
-    return exp, meta
+    return exp, metadata(cfg.describe(), exp, method=cfg.method.label)
 
 
 def _silent(_msg: str) -> None:
     """A log that drops its messages (ranks other than 0)."""
-
-
-class _AnswerFiles:
-    """Spec-Bench's answer files of a run (``--specbench-answers``), rewritten from its results."""
-
-    def __init__(self, cfg: RunConfig, out_path: Path, model: Any, log: Callable[[str], None]) -> None:
-        self.cfg, self.out_path, self.model, self.log = cfg, out_path, model, log
-
-    def write(self) -> dict[str, Path]:
-        if not self.cfg.runner.specbench_answers:
-            return {}
-        paths = write_answer_files(
-            read_records(self.out_path),
-            self.cfg.runner.specbench_answers,
-            model=model_name(self.cfg.model.name_or_path, self.model),
-            protect=[self.out_path],
-        )
-        self.log(f"[selfspec] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
-        return paths
 
 
 def _trainer_args(
@@ -286,7 +246,7 @@ def resolve_output(cfg: RunConfig) -> Path:
     inherited = os.environ.get("SELFSPEC_RUN_OUTPUT")
     if inherited and launch_rank(cfg) > 0:
         return Path(inherited)
-    path = default_output(cfg)
+    path = stamped(cfg.method.label, ".jsonl")
     if cfg.runner.devices * cfg.runner.num_nodes > 1:
         os.environ["SELFSPEC_RUN_OUTPUT"] = str(path)
     return path

@@ -32,6 +32,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.utils.data import DataLoader
 
 from framework.data.prompts import Prompt
+from framework.driver import write_json
 from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, resolve_dtype
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
@@ -97,9 +98,7 @@ class DecodeModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         cfg = self.cfg
         world = self.trainer.world_size
-        if cfg.runner.threads:
-            torch.set_num_threads(cfg.runner.threads)
-        elif world > 1 and self.trainer.strategy.root_device.type == "cpu":
+        if not cfg.runner.threads and world > 1 and self.trainer.strategy.root_device.type == "cpu":
             # Several ranks on one machine's cores: split them instead of oversubscribing.
             per_node = max(1, world // max(1, self.trainer.num_nodes))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
@@ -128,7 +127,7 @@ class DecodeModule(pl.LightningModule):
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
             meta_path = self.out_path.with_suffix(".meta.json")
             if not (cfg.runner.resume and meta_path.exists()):  # a resumed run keeps its original metadata
-                meta_path.write_text(json.dumps(self.meta, indent=2, default=str))
+                write_json(meta_path, self.meta)
                 # `run.py --config <stem>.config.yaml` reproduces the run.
                 self.cfg.save(self.out_path.with_suffix(".config.yaml"))
             exp = self.exp

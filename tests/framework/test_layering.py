@@ -48,6 +48,7 @@ TOOLING = (
     "framework.models",
     "framework.session",
     "framework.results",
+    "framework.driver",
     "framework.runner",
     "framework.benchmark",
     "framework.sweep",

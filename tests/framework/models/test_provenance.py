@@ -96,12 +96,15 @@ def test_every_run_records_its_provenance(tmp_path, entry):
 
 def test_run_and_bench_record_one_environment():
     """Issue 39, item 2: ``environment()`` is written once; the runner's and the benchmark's
-    ``meta.json`` take it from `framework.models.provenance`."""
+    ``meta.json`` come from the one driver (`framework.driver.metadata`), which takes it from
+    `framework.models.provenance`."""
     import framework.benchmark.bench as bench
+    import framework.driver as driver
     import framework.runner.launch as launch
     from framework.models.provenance import environment
 
-    assert launch.environment is environment and bench.environment is environment
+    assert driver.environment is environment
+    assert launch.metadata is driver.metadata and bench.metadata is driver.metadata
     env = environment()
     assert {
         "cpu",

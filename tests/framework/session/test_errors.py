@@ -158,7 +158,7 @@ def test_conflicting_flags_print_one_line(capsys, tmp_path):
 def test_ctrl_c_before_any_result_says_nothing_was_written(tmp_path, monkeypatch, capsys):
     import framework.runner.cli as cli
 
-    def interrupted(cfg):
+    def interrupted(cfg, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "run", interrupted)
