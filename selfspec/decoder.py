@@ -217,9 +217,10 @@ class Decoder:
             strategies: strategy instances or classes that replace the preset's (see `Decoder`).
             log: progress messages (``None``: silent).
             **overrides: `RunConfig.from_preset` overrides of the model, method and generation
-                sections: their fields (``max_new_tokens=64``, ``dtype="bfloat16"``), strategies by
-                name (``selector="static"``), strategy fields (``selector={"skip_ratio": 0.3}`` or
-                ``**{"length.threshold": 0.7}``), the gate (``gate={"enabled": False}``).
+                sections, in the two spellings of every override: flat names
+                (``max_new_tokens=64``, ``dtype="bfloat16"``, a strategy by name:
+                ``selector="static"``) and dotted keys (``**{"length.threshold": 0.7,
+                "gate.enabled": False}``).
 
         Raises:
             ConfigError: an option of another section (``logger``, ``resume``, ``limit``: a

@@ -18,19 +18,21 @@ Every way of configuring a run ends in one frozen `RunConfig`: Python code
 (``framework.session.flags``; one flag per field, the sections do not show on the command line)
 and applied with the same override rules.
 
-Override keys (`RunConfig.from_preset`, `RunConfig.replace`, `RunConfig.of`):
+Override keys (`RunConfig.from_preset`, `RunConfig.replace`, `RunConfig.of`) come in two
+spellings, the same for flags, presets, sweeps and Python:
 
-- any field by its flat name, the flag without dashes: ``max_new_tokens=64``,
-  ``model="tiny-random"``, ``data="q.jsonl"``, ``categories="qa,rag"``, ``stop=("###",)``;
-- a dotted section key: ``**{"generation.max_new_tokens": 64}``; a whole section:
-  ``generation=GenerationConfig(...)`` or ``generation={"max_new_tokens": 64}``;
-- a strategy kind with a name: ``selector="static"`` replaces the strategy (its fields are reset
-  to the strategy's defaults unless the name is the current one), or with a mapping:
-  ``selector={"skip_ratio": 0.3}`` sets fields of the current strategy,
-  ``selector={"name": "static", "skip_ratio": 0.3}`` does both; a `StrategySpec` or a strategy's
-  config object is taken as it is;
-- a dotted strategy key: ``**{"selector.skip_ratio": 0.3}``, ``**{"gate.enabled": True}``;
-- ``gate={"enabled": True}`` or a ``GateConfig``.
+- a flat name, the flag without dashes: ``max_new_tokens=64``, ``model="tiny-random"``,
+  ``data="q.jsonl"``, ``categories="qa,rag"``, ``stop=("###",)``; a strategy kind names its
+  strategy: ``selector="static"`` (its fields are reset to the strategy's defaults unless the
+  name is the current one);
+- a dotted key, ``<section>.<field>`` or ``<kind>.<field>``: ``**{"generation.max_new_tokens":
+  64}``, ``**{"selector.skip_ratio": 0.3}``, ``**{"gate.enabled": True}``,
+  ``**{"length.name": "fixed"}``.
+
+A whole section, a strategy or the gate given as a mapping or an object (``gate={"enabled":
+True}``, ``selector=StaticSelectorConfig(...)``, ``generation=GenerationConfig(...)``) is refused
+with an error that spells it in dotted keys. Code that holds a section object swaps it in with
+``dataclasses.replace(cfg, method=...)``.
 
 Strings are parsed with the field's type, as on the command line (``"64"``, ``"true"``,
 ``"3,5"``); typed values are coerced (`framework.config_fields.coerce_value`: lists to tuples, YAML's
@@ -432,8 +434,9 @@ class RunConfig:
         Args:
             name_or_path: a preset name (``framework/session/assets/presets/<name>.yaml``), a
                 YAML path, or ``None`` for the defaults.
-            **overrides: see the module docstring (``max_new_tokens=64``,
-                ``selector="static"``, ``**{"selector.skip_ratio": 0.3}``, ``gate={"enabled": True}``).
+            **overrides: flat names and dotted keys, see the module docstring
+                (``max_new_tokens=64``, ``selector="static"``, ``**{"selector.skip_ratio": 0.3}``,
+                ``**{"gate.enabled": True}``).
 
         Raises:
             ConfigError: a bad preset, an unknown key, a value that does not parse or is out of
@@ -443,7 +446,8 @@ class RunConfig:
         if name_or_path is not None:
             preset = load_preset(name_or_path)
             base: dict[str, Any] = {"name": preset["name"], "baseline_only": preset["baseline_only"]}
-            base.update({k: preset[k] for k in (*REGISTRIES, "gate") if k in preset})
+            for key in (*REGISTRIES, *_NESTED):  # a preset file's blocks, as dotted keys
+                base.update({f"{key}.{k}": v for k, v in preset.get(key, {}).items()})
             _apply(draft, base)
         _apply(draft, overrides)
         return _build(draft)
@@ -485,7 +489,16 @@ class RunConfig:
         """
         if not isinstance(data, Mapping):
             raise ConfigError("--config", data, "a mapping of RunConfig sections")
-        return cls.from_preset(None, **dict(data))
+        keys: dict[str, Any] = {}
+        for key, value in data.items():  # the file's nesting, as dotted keys
+            block = key in SECTIONS or key in REGISTRIES or key in _NESTED
+            if block and isinstance(value, Mapping):
+                for sub, v in value.items():
+                    nested = key == "method" and sub in (*REGISTRIES, *_NESTED) and isinstance(v, Mapping)
+                    keys.update({f"{sub}.{k}": x for k, x in v.items()} if nested else {f"{key}.{sub}": v})
+            else:
+                keys[key] = value
+        return cls.from_preset(None, **keys)
 
     def save(self, path: str | Path) -> Path:
         """Write `to_dict` as YAML (JSON when ``path`` ends in ``.json``); returns the path."""
@@ -622,60 +635,46 @@ def _draft_of(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     return draft
 
 
-def _name_of_config(kind: str, config: Any) -> str | None:
-    for e in REGISTRIES[kind].entries():
-        if type(config) is e.config:
-            return e.name
-    return None
-
-
-def _set_strategy(method: dict[str, Any], kind: str, value: Any) -> None:
-    """Apply ``<kind>=value`` (a name, a StrategySpec, a config object, or a mapping)."""
-    current = method[kind]
-    if isinstance(value, StrategySpec):
-        method[kind] = {"name": value.name, **_fields_of(value.config)}
-        return
-    if isinstance(value, str):
-        value = {"name": value}
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = _name_of_config(kind, value)
-        if name is None:
-            raise ConfigError(f"--{kind}", value, f"the config of a registered {kind}")
-        method[kind] = {"name": name, **_fields_of(value)}
-        return
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"--{kind}", value, "a strategy name, a StrategySpec, a config or a mapping of fields"
-        )
-    value = dict(value)
-    name = value.pop("name", current["name"])
+def _set_strategy(method: dict[str, Any], kind: str, name: Any) -> None:
+    """Apply ``<kind>=name``: another strategy starts from its defaults (the fields set for the
+    old one are dropped); the current one keeps its fields."""
     _entry(kind, name)
-    if name != current["name"]:
-        current = {"name": name}  # another strategy: the fields set for the old one are dropped
-    method[kind] = {**current, **value}
+    if name != method[kind]["name"]:
+        method[kind] = {"name": name}
 
 
-def _set_nested(method: dict[str, Any], key: str, value: Any) -> None:
-    cls = _NESTED[key]
-    if isinstance(value, cls):
-        method[key] = _fields_of(value)
-    elif isinstance(value, Mapping):
-        method[key] = {**method[key], **value}
-    else:
-        raise ConfigError(f"--{key}", value, f"a {cls.__name__} or a mapping of its fields")
+def _changed_fields(obj: Any) -> dict[str, Any]:
+    """The fields of a config object that differ from its class's defaults (all of them when the
+    class has no defaults)."""
+    try:
+        default = _fields_of(type(obj)())
+    except TypeError:
+        default = {}
+    return {k: v for k, v in _fields_of(obj).items() if k not in default or default[k] != v}
 
 
-def _set_section(draft: dict[str, dict[str, Any]], section: str, value: Any) -> None:
-    """Apply ``<section>=value``: a section object, or a mapping of its fields (in the method
-    section, strategies and the gate take the values their own keys take)."""
-    if isinstance(value, SECTIONS[section]):
-        value = _draft_of(RunConfig(**{section: value}))[section]
-        draft[section] = value
-        return
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"--{section}", value, f"a {SECTIONS[section].__name__} or a mapping of its fields")
-    for key, v in value.items():
-        _apply(draft, {f"{section}.{key}": v})
+def _as_dotted(key: str, value: Any) -> dict[str, Any]:
+    """The dotted keys that say what ``key=value`` said in a spelling that went."""
+    if isinstance(value, StrategySpec):
+        fields = _changed_fields(value.config) if value.config is not None else {}
+        return {f"{key}.name": value.name, **{f"{key}.{k}": v for k, v in fields.items()}}
+    if isinstance(value, Mapping):
+        return {f"{key}.{k}": v for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f"{key}.{k}": v for k, v in _changed_fields(value).items()}
+    return {}
+
+
+def _spelling_gone(key: str, value: Any, wanted: str) -> ConfigError:
+    """The error of a whole section, strategy or gate given as a mapping or an object: it names
+    the dotted keys that say the same."""
+    dotted = _as_dotted(key, value)
+    example = ", ".join(f"{k}={v!r}" for k, v in dotted.items()) or f"{key}.<field>=VALUE"
+    return ConfigError(
+        f"--{key}",
+        value,
+        f"{wanted} (overrides are flat names or dotted keys: write {example})",
+    )
 
 
 def _unknown(raw_key: str, value: Any) -> ConfigError:
@@ -694,15 +693,13 @@ def _set_dotted(draft: dict[str, dict[str, Any]], key: str, value: Any) -> None:
     method = draft["method"]
     if head in REGISTRIES:
         if sub == "name":
-            _set_strategy(method, head, {"name": value})
+            _set_strategy(method, head, value)
         else:
             method[head] = {**method[head], sub: value}
     elif head in _NESTED:
         method[head] = {**method[head], sub: value}
     elif head in SECTIONS:
-        if head == "method" and (sub in REGISTRIES or sub in _NESTED):
-            _apply(draft, {sub: value})
-        elif sub in draft[head]:
+        if sub in draft[head]:
             draft[head][sub] = value
         else:
             names = ", ".join(draft[head])
@@ -716,22 +713,36 @@ def _set_dotted(draft: dict[str, dict[str, Any]], key: str, value: Any) -> None:
         )
 
 
+def _method_key(key: str) -> str:
+    """``method.<kind>`` is ``<kind>.name``, and ``method.<kind>.<field>`` or ``method.gate...``
+    the key without ``method.``; other keys are themselves."""
+    head, _, sub = key.partition(".")
+    if head != "method" or sub.split(".", 1)[0] not in (*REGISTRIES, *_NESTED):
+        return key
+    return f"{sub}.name" if sub in REGISTRIES else sub
+
+
 def _apply(draft: dict[str, dict[str, Any]], overrides: Mapping[str, Any]) -> None:
-    """Edit ``draft`` in place: whole sections, strategies and the gate first, then dotted keys
-    (strategy names before their fields), so that ``selector="static"`` and
-    ``**{"selector.skip_ratio": 0.3}`` combine in any order."""
+    """Edit ``draft`` in place: flat keys first, then dotted keys (strategy names before their
+    fields), so that ``selector="static"`` and ``**{"selector.skip_ratio": 0.3}`` combine in any
+    order.
+
+    Raises:
+        ConfigError: an unknown key, or a spelling that went (a section, a strategy or the gate as
+            a mapping or an object), with the dotted keys that say the same.
+    """
     dotted = []
     for raw_key, value in overrides.items():
-        key = raw_key.replace("-", "_")
+        key = _method_key(raw_key.replace("-", "_"))
         flat = _ALIASES.get(key, key)
         if "." in key:
             dotted.append((key, value))
         elif key in REGISTRIES:
+            if not isinstance(value, str):
+                raise _spelling_gone(key, value, f"a registered {key} name")
             _set_strategy(draft["method"], key, value)
-        elif key in _NESTED:
-            _set_nested(draft["method"], key, value)
-        elif key in SECTIONS and (isinstance(value, (Mapping, SECTIONS[key])) or key not in FLAT_KEYS):
-            _set_section(draft, key, value)
+        elif key in _NESTED or (key in SECTIONS and not isinstance(value, str | None)):
+            raise _spelling_gone(key, value, "set field by field")
         elif flat in FLAT_KEYS:
             section, name = FLAT_KEYS[flat]
             draft[section][name] = value

@@ -91,7 +91,7 @@ def test_a_preset_means_the_same_in_run_bench_and_the_decoder(capsys):
 def test_overrides_reach_the_strategies(model_and_tokenizer):
     model, tok = model_and_tokenizer
     dec = selfspec.Decoder.from_preset(
-        "swift", model=model, tokenizer=tok, **{"length.threshold": 0.7}, gate={"enabled": False}, **quiet()
+        "swift", model=model, tokenizer=tok, **{"length.threshold": 0.7, "gate.enabled": False}, **quiet()
     )
     assert dec.method.length.config.threshold == 0.7
     assert dec.strategies["length"].config.threshold == 0.7

@@ -24,9 +24,7 @@ from framework.data.specbench import (
 from framework.results.records import config_differences, read_records
 from framework.runner import cli as run_cli
 from framework.runner.launch import run
-from framework.session.run_config import RunConfig, RunnerConfig, StrategySpec
-from strategies.length.fixed import FixedLengthConfig
-from strategies.selectors.static import StaticSelectorConfig
+from framework.session.run_config import RunConfig, RunnerConfig
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 ROWS = [
@@ -225,8 +223,10 @@ def test_run_writes_answer_files_and_the_converter_agrees(tiny, data, tmp_path, 
         warmup=0,
         logger="none",
         plots=False,
-        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
-        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
+        selector="static",
+        **{"selector.skip_ratio": 0.3},
+        length="fixed",
+        **{"length.k": 3},
         specbench_answers=str(tmp_path / "sb"),
     )
     res = run(cfg, log=lambda s: None, model=model, tokenizer=tok)

@@ -20,7 +20,7 @@ from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
 from framework.results.compare import NEAR_TIE_ULPS, Method, first_mismatch, mismatch_details, near_tie, ulp
 from framework.runner.lightning import DecodeModule
-from framework.session.run_config import ModelConfig, RunConfig, StrategySpec
+from framework.session.run_config import ModelConfig, RunConfig
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
 from strategies.selectors.static import StaticSelectorConfig
@@ -42,11 +42,13 @@ def cfg_for(data, out, **kw) -> RunConfig:
         output=str(out),
         max_new_tokens=6,
         warmup=0,
-        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
-        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
         plots=False,
         logger="none",
     )
+    if "selector" not in kw:  # the tests' method: static at 0.3, fixed k = 3
+        base |= {"selector": "static", "selector.skip_ratio": 0.3}
+    if "length" not in kw:
+        base |= {"length": "fixed", "length.k": 3}
     base.update(kw)
     return RunConfig.of(**base)
 

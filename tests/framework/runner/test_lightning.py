@@ -14,11 +14,9 @@ from framework.config_fields import ConfigError
 from framework.results.records import prompt_key, read_records
 from framework.runner.launch import launch_rank, resolve_output, run
 from framework.runner.lightning import append_records
-from framework.session.run_config import RunConfig, StrategySpec
+from framework.session.run_config import RunConfig
 from framework.session.session import Session
 from framework.testing import plain_table, tiny_model, tiny_tokenizer
-from strategies.length.fixed import FixedLengthConfig
-from strategies.selectors.static import StaticSelectorConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 VOCAB = 128
@@ -41,11 +39,13 @@ def cfg_for(data, out, **kw):
         output=None if out is None else str(out),
         max_new_tokens=8,
         warmup=0,
-        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
-        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
         plots=False,
         logger="none",
     )
+    if "selector" not in kw:  # the tests' method: static at 0.3, fixed k = 3
+        base |= {"selector": "static", "selector.skip_ratio": 0.3}
+    if "length" not in kw:
+        base |= {"length": "fixed", "length.k": 3}
     base.update(kw)
     return RunConfig.of(**base)
 
@@ -82,9 +82,7 @@ def test_resume_refuses_a_file_from_another_configuration(tiny, data, tmp_path):
     model, tok = tiny
     out = tmp_path / "r.jsonl"
     run(cfg_for(data, out, limit=1), log=lambda s: None, model=model, tokenizer=tok)
-    other = cfg_for(
-        data, out, resume=True, selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.5))
-    )
+    other = cfg_for(data, out, resume=True, selector="static", **{"selector.skip_ratio": 0.5})
     with pytest.raises(
         ConfigError, match=r"same configuration \(it differs in selector: file .*0\.3.*now .*0\.5"
     ):

@@ -7,15 +7,13 @@ import json
 import pytest
 
 import strategies.selectors.selfsd_bo as selfsd
-from framework.config_fields import ConfigError, build_config
+from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.drafting.gate import GatedLength
 from framework.runner.launch import run
-from framework.session.run_config import RunConfig, StrategySpec
+from framework.session.run_config import RunConfig
 from framework.session.session import Session, build_decoder
 from framework.testing import plain_table
-from strategies.length.fixed import FixedLengthConfig
-from strategies.selectors.static import StaticSelectorConfig
 
 VOCAB = 128
 
@@ -39,9 +37,11 @@ def cfg_for(data, out, **kw):
         max_new_tokens=10,
         warmup=1,
         logger="none",
-        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
-        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )
+    if "selector" not in kw:  # the tests' method: static at 0.3, fixed k = 3
+        base |= {"selector": "static", "selector.skip_ratio": 0.3}
+    if "length" not in kw:
+        base |= {"length": "fixed", "length.k": 3}
     base.update(kw)
     return RunConfig.of(**base)
 
@@ -84,7 +84,7 @@ def test_gate_wraps_the_length_controller(tiny, data, tmp_path):
     cfg = cfg_for(data, tmp_path / "g.jsonl")
     exp = Session(cfg, model, tok)
     assert not isinstance(exp.spec.length, GatedLength)
-    gated_cfg = cfg.replace(gate={"enabled": True, "probe": 4})
+    gated_cfg = cfg.replace(**{"gate.enabled": True, "gate.probe": 4})
     decoder = build_decoder(exp.adapter, gated_cfg)
     assert isinstance(decoder.length, GatedLength)
     res = run(
@@ -133,7 +133,7 @@ def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
         run(cfg_for(too_long, out), log=lambda s: None, model=model, tokenizer=tok)
     with pytest.raises(ConfigError, match=r"--selector.skip_attn must be block indices in \[0, 3\]"):
         run(
-            cfg_for(data, out, selector=StrategySpec("static", StaticSelectorConfig(skip_attn=(7,)))),
+            cfg_for(data, out, selector="static", **{"selector.skip_attn": (7,)}),
             log=lambda s: None,
             model=model,
             tokenizer=tok,
@@ -144,7 +144,8 @@ def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
             cfg_for(
                 data,
                 out,
-                selector=StrategySpec("static", StaticSelectorConfig(skip_attn=every, skip_mlp=every)),
+                selector="static",
+                **{"selector.skip_attn": every, "selector.skip_mlp": every},
             ),
             log=lambda s: None,
             model=model,
@@ -187,10 +188,10 @@ def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_pat
     calls = []
     real = selfsd.search
     monkeypatch.setattr(selfsd, "search", lambda ctx, c: calls.append(ctx.artifact_stem) or real(ctx, c))
-    fast = build_config(selfsd.SelfSDConfig, {"iterations": 3, "calib_limit": 2, "calib_max_new_tokens": 6})
+    fast = {"selector.iterations": 3, "selector.calib_limit": 2, "selector.calib_max_new_tokens": 6}
     out = tmp_path / "sd.jsonl"
     res = run(
-        cfg_for(data, out, selector=StrategySpec("selfsd_bo", fast)),
+        cfg_for(data, out, selector="selfsd_bo", **fast),
         log=lambda s: None,
         model=model,
         tokenizer=tok,
@@ -202,9 +203,9 @@ def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_pat
     assert all(r["lossless"] for r in spec)
     assert spec[0]["turns"][0]["strategy_summary"]["selector"]["skip_set"] == str(saved)
 
-    reuse = build_config(selfsd.SelfSDConfig, {"skip_set": str(saved)})
+    reuse = {"selector.skip_set": str(saved)}
     run(
-        cfg_for(data, tmp_path / "again.jsonl", selector=StrategySpec("selfsd_bo", reuse)),
+        cfg_for(data, tmp_path / "again.jsonl", selector="selfsd_bo", **reuse),
         log=lambda s: None,
         model=model,
         tokenizer=tok,

@@ -13,9 +13,7 @@ import pytest
 from framework.runner.launch import run
 from framework.runner.tracking import prompt_metrics, round_rows, summary_metrics
 from framework.session.loggers import wandb_mode
-from framework.session.run_config import RunConfig, StrategySpec
-from strategies.length.fixed import FixedLengthConfig
-from strategies.selectors.static import StaticSelectorConfig
+from framework.session.run_config import RunConfig
 
 
 @pytest.fixture
@@ -47,9 +45,11 @@ def cfg_for(data, out, **kw):
         max_new_tokens=8,
         warmup=0,
         logger="none",  # the tests that log pass logger="csv" / "wandb"
-        selector=StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3)),
-        length=StrategySpec("fixed", FixedLengthConfig(k=3)),
     )
+    if "selector" not in kw:  # the tests' method: static at 0.3, fixed k = 3
+        base |= {"selector": "static", "selector.skip_ratio": 0.3}
+    if "length" not in kw:
+        base |= {"length": "fixed", "length.k": 3}
     base.update(kw)
     return RunConfig.of(**base)
 

@@ -35,7 +35,7 @@ def test_a_paper_selector_as_a_building_block_names_its_differences_from_the_pap
     (note,) = published_notes(overridden)
     assert note.startswith("clasp is not CLaSp (Chen et al., 2025) as published")
     assert published_notes(RunConfig.of().method) == []  # the generic static selector: nothing to say
-    gated = RunConfig.from_preset("swift", gate={"enabled": True}).method
+    gated = RunConfig.from_preset("swift", **{"gate.enabled": True}).method
     assert "--gate.enabled True (published: False)" in differences(
         gated, RunConfig.from_preset("swift").method
     )

@@ -89,12 +89,12 @@ def test_overrides_plain_fields_typed_and_as_strings():
     assert typed.data.limit == 2 and isinstance(typed.data.limit, int)
 
 
-def test_sections_hold_every_field_and_take_dotted_and_whole_overrides():
+def test_sections_hold_every_field_and_take_flat_and_dotted_overrides():
     cfg = RunConfig.of(**{"generation.max_new_tokens": 12, "model.dtype": "float64", "data.limit": "3"})
     assert (cfg.generation.max_new_tokens, cfg.model.dtype, cfg.data.limit) == (12, "float64", 3)
-    cfg = RunConfig.of(generation={"seed": 5}, runner=RunnerConfig(logger="none"), method={"length": "fixed"})
+    cfg = RunConfig.of(**{"generation.seed": 5, "runner.logger": "none", "method.length": "fixed"})
     assert cfg.generation.seed == 5 and cfg.runner.logger == "none" and cfg.method.length.name == "fixed"
-    assert RunConfig.of(model={"name_or_path": "tiny-random"}).model.name_or_path == "tiny-random"
+    assert RunConfig.of(**{"model.name_or_path": "tiny-random"}).model.name_or_path == "tiny-random"
     assert RunConfig.of(model="tiny-random").model.name_or_path == "tiny-random"  # the flat key
     # every plain field sits in exactly one section, under one flat key
     seen = [(section, name) for section, name in FLAT_KEYS.values()]
@@ -136,32 +136,85 @@ def test_strategy_by_name_replaces_it_and_drops_the_presets_fields():
     assert same.method.selector == base.method.selector  # the preset's own strategy keeps its fields
 
 
-def test_strategy_by_mapping_spec_config_and_dotted_key():
-    cfg = RunConfig.from_preset("static_confidence", selector={"skip_ratio": 0.3})
+def test_strategy_fields_by_dotted_key():
+    cfg = RunConfig.from_preset("static_confidence", **{"selector.skip_ratio": 0.3})
     assert cfg.method.selector.config.skip_ratio == 0.3 and cfg.method.selector.name == "static"
-    cfg = RunConfig.from_preset("swift", selector={"name": "static", "skip_ratio": 0.3})
+    cfg = RunConfig.from_preset("swift", **{"selector.name": "static", "selector.skip_ratio": 0.3})
     assert cfg.method.selector == StrategySpec("static", StaticSelectorConfig(skip_ratio=0.3))
     cfg = RunConfig.from_preset(None, **{"selector.skip_ratio": 0.25, "length.max_length": "8"})
     assert cfg.method.selector.config.skip_ratio == 0.25 and cfg.method.length.config.max_length == 8
     # A dotted field applies to the strategy named beside it, whatever the order of the keys.
     cfg = RunConfig.from_preset("swift", **{"length.k": 3}, length="fixed")
     assert cfg.method.length == StrategySpec("fixed", FixedLengthConfig(k=3))
-    cfg = RunConfig.from_preset(None, length=FixedLengthConfig(k=2))
-    assert cfg.method.length == StrategySpec("fixed", FixedLengthConfig(k=2))
-    cfg = RunConfig.from_preset(None, length=StrategySpec("fixed", FixedLengthConfig(k=7)))
-    assert cfg.method.length.config.k == 7
+    cfg = RunConfig.from_preset("swift", **{"length.k": 3, "method.length": "fixed"})
+    assert cfg.method.length == StrategySpec("fixed", FixedLengthConfig(k=3))
 
 
 def test_gate_overrides():
-    assert RunConfig.from_preset(None, gate={"enabled": True}).method.gate == GateConfig(enabled=True)
-    assert RunConfig.from_preset(None, gate=GateConfig(enabled=True, probe=4)).method.gate.probe == 4
     cfg = RunConfig.from_preset(None, **{"gate.enabled": "true", "gate.margin": "0.1"})
     assert cfg.method.gate == GateConfig(enabled=True, margin=0.1)
+    assert RunConfig.from_preset(None, **{"gate.probe": 4}).method.gate.probe == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag", "spelled"),
+    [
+        ({"gate": {"enabled": True}}, "--gate", "gate.enabled=True"),
+        ({"gate": GateConfig(enabled=True, probe=4)}, "--gate", "gate.enabled=True, gate.probe=4"),
+        ({"selector": {"skip_ratio": 0.3}}, "--selector", "selector.skip_ratio=0.3"),
+        (
+            {"selector": {"name": "static", "skip_ratio": 0.3}},
+            "--selector",
+            "selector.name='static', selector.skip_ratio=0.3",
+        ),
+        ({"length": FixedLengthConfig(k=2)}, "--length", "length.k=2"),
+        (
+            {"length": StrategySpec("fixed", FixedLengthConfig(k=7))},
+            "--length",
+            "length.name='fixed', length.k=7",
+        ),
+        ({"generation": {"seed": 5}}, "--generation", "generation.seed=5"),
+        ({"runner": RunnerConfig(logger="none")}, "--runner", "runner.logger='none'"),
+        ({"model": {"name_or_path": "tiny-random"}}, "--model", "model.name_or_path='tiny-random'"),
+        ({"method": {"length": "fixed"}}, "--method", "method.length='fixed'"),
+        ({"method.gate": {"enabled": True}}, "--gate", "gate.enabled=True"),
+    ],
+)
+def test_the_spellings_that_went_are_refused_with_the_dotted_keys_that_say_the_same(overrides, flag, spelled):
+    """Issue 39, item 4: overrides come in two spellings, flat names and dotted keys; a whole
+    section, strategy or gate as a mapping or an object is refused, and the message says it in
+    dotted keys."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_preset("static_confidence", **overrides)
+    message = str(err.value)
+    assert message.startswith(f"{flag} must be ")
+    assert f"overrides are flat names or dotted keys: write {spelled})" in message
+    with pytest.raises(ConfigError, match="overrides are flat names or dotted keys"):
+        RunConfig.of().replace(**overrides)
+
+
+def test_the_dotted_keys_an_error_names_give_what_the_old_spelling_meant():
+    for old, dotted in [
+        ({"gate": {"enabled": True, "probe": 4}}, {"gate.enabled": True, "gate.probe": 4}),
+        (
+            {"selector": {"name": "static", "skip_ratio": 0.3}},
+            {"selector.name": "static", "selector.skip_ratio": 0.3},
+        ),
+        ({"generation": {"seed": 5}}, {"generation.seed": 5}),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            RunConfig.from_preset("swift", **old)
+        named = str(err.value).split("write ", 1)[1].split(")", 1)[0]
+        parsed = dict(item.split("=", 1) for item in named.split(", "))
+        assert set(parsed) == set(dotted)
+        cfg = RunConfig.from_preset("swift", **dotted)
+        key = next(iter(old))
+        assert getattr(cfg.method if key in ("gate", "selector") else cfg, key) is not None
 
 
 def test_replace_starts_from_self():
     cfg = RunConfig.from_preset("swift", max_new_tokens=32, **{"selector.work_budget": 0.05})
-    new = cfg.replace(limit=2, gate={"enabled": True})
+    new = cfg.replace(limit=2, **{"gate.enabled": True})
     assert new.data.limit == 2 and new.generation.max_new_tokens == 32
     assert new.method.selector == cfg.method.selector
     assert new.method.gate.enabled and new.method.name == "swift"
@@ -177,7 +230,7 @@ def test_replace_starts_from_self():
     "overrides, message",
     [
         ({"selector.skip_ratio": 1.5}, "--selector.skip_ratio must be in [0, 1), got 1.5"),
-        ({"selector": {"skip_ratio": "abc"}}, "--selector.skip_ratio must be a number (float), got 'abc'"),
+        ({"selector.skip_ratio": "abc"}, "--selector.skip_ratio must be a number (float), got 'abc'"),
         (
             {"length": "fixed", "length.threshold": 0.5},
             "--length.threshold must be a field of FixedLengthConfig",
@@ -192,8 +245,11 @@ def test_replace_starts_from_self():
         ),
         ({"logger": "tensorboard"}, "--logger must be one of wandb, csv, none, got 'tensorboard'"),
         ({"gate.margin": 0.9}, "--gate.margin must be in [-0.5, 0.5], got 0.9"),
-        ({"gate": {"nope": 1}}, "--gate.nope must be a field of GateConfig"),
-        ({"gate": 3}, "--gate must be a GateConfig or a mapping of its fields, got 3"),
+        ({"gate.nope": 1}, "--gate.nope must be a field of GateConfig"),
+        (
+            {"gate": 3},
+            "--gate must be set field by field (overrides are flat names or dotted keys: write gate.<field>=VALUE), got 3",
+        ),
         ({"no_such_field": 1}, "--no-such-field must be a RunConfig field"),
         ({"sampler.x": 1}, "--sampler.x must be <kind>.<field>"),
         ({"kernels": "maybe"}, "--kernels must be a boolean (true/false), got 'maybe'"),
@@ -231,8 +287,7 @@ def test_to_dict_is_plain_and_from_dict_inverts_it(tmp_path):
         "hybrid",
         categories="qa,rag",
         stop_strings=("###",),
-        gate={"enabled": True},
-        **{"selector.skip_attn": (1,)},
+        **{"gate.enabled": True, "selector.skip_attn": (1,)},
     )
     d = cfg.to_dict()
     assert yaml.safe_load(yaml.safe_dump(d)) == d  # only plain YAML types
@@ -284,7 +339,7 @@ def test_print_config_file_then_config_file_gives_the_same_config(tmp_path, caps
     argv = ["--method", "swift", "--max-new-tokens", "64", "--gate.enabled", "--length.threshold", "0.7"]
     assert main([*argv, "--print-config", str(path)]) == 0
     want = RunConfig.from_preset(
-        "swift", max_new_tokens=64, gate={"enabled": True}, **{"length.threshold": 0.7}
+        "swift", max_new_tokens=64, **{"gate.enabled": True, "length.threshold": 0.7}
     )
     assert RunConfig.load(path) == want
     capsys.readouterr()
