@@ -78,8 +78,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "greedy_accepts_one_more",
         "the greedy verifier accepts one token past the first mismatch",
         "framework/types.py",
-        "m = (input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1)",
-        "m = ((input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1) + 1).clamp(max=target.shape[1] - 1)",
+        "    m = ok.cumprod(dim=1).sum(dim=1)",
+        "    m = (ok.cumprod(dim=1).sum(dim=1) + 1).clamp(max=target.shape[1] - 1)",
         (V + "test_greedy.py", "tests/strategies/test_combinations.py"),
     ),
     Mutation(
@@ -529,6 +529,35 @@ MUTATIONS: tuple[Mutation, ...] = (
         "                reported.add(label)\n",
         "",
         ("tests/framework/benchmark/test_bench_run.py::test_hf_error_is_reported_in_its_row",),
+    ),
+    Mutation(
+        "override_mapping_passes",
+        "a strategy given as a mapping slips past the spelling check (the error no longer names the dotted keys)",
+        "framework/session/run_config.py",
+        "            if not isinstance(value, str):\n                raise _spelling_gone(",
+        "            if False:\n                raise _spelling_gone(",
+        (
+            "tests/framework/session/test_run_config.py::test_the_spellings_that_went_are_refused_with_the_dotted_keys_that_say_the_same",
+        ),
+    ),
+    Mutation(
+        "method_kind_key_not_a_name",
+        "``method.<kind>`` is taken as a plain field of the method section, not as the strategy's name",
+        "framework/session/run_config.py",
+        '    if head != "method" or sub.split(".", 1)[0] not in (*REGISTRIES, *_NESTED):',
+        "    if True:",
+        ("tests/framework/session/test_run_config.py::test_strategy_fields_by_dotted_key",),
+    ),
+    Mutation(
+        "reuse_check_uncapped",
+        "a verification that keeps an early-exit draft accepts from rows that saw the draft's inputs, "
+        "not the block's",
+        "framework/types.py",
+        "        ok[:, : n - 1] &= input_ids[:, 1:n] == fed[:, 1:]",
+        "        pass",
+        (
+            "tests/framework/engine/test_kv_cache.py::test_a_checked_reusing_verification_never_accepts_from_rows_that_saw_the_drafts_inputs",
+        ),
     ),
 )
 

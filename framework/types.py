@@ -485,13 +485,25 @@ class GreedyCheck:
         return GreedyCheck(self.target.clone(), self.num_accepted.clone(), self.packed.clone())
 
 
-def greedy_check(input_ids: torch.Tensor, logits: torch.Tensor) -> GreedyCheck:
+def greedy_check(
+    input_ids: torch.Tensor, logits: torch.Tensor, fed: torch.Tensor | None = None
+) -> GreedyCheck:
     """The greedy acceptance rule over a verified block ``[pending, d_1..d_K]`` (B, K+1) and its
     logits at every row (B, K+1, V): ``a = argmax``, ``m`` = the longest prefix with
     ``d_j == a_{j-1}`` (Leviathan et al. 2023 at T = 0). The one rule of the forward that checks
-    inside its graph (`GreedyCheck`) and of any caller that checks after it."""
+    inside its graph (`GreedyCheck`) and of any caller that checks after it.
+
+    ``fed`` (B, n): a verification that kept an early-exit draft's blocks for the ``n`` inputs it
+    fed (`framework.engine.state.DecodeState.forward_verify`). From the first position where the
+    block differs from them, rows saw the draft's inputs, not the block's (attention is causal:
+    rows before it did not), so ``d_j`` is accepted only if the draft fed ``d_j`` itself too. Then
+    the accepted tokens and the bonus come from rows the target computed, without a read."""
     target = logits.argmax(dim=-1)
-    m = (input_ids[:, 1:] == target[:, :-1]).cumprod(dim=1).sum(dim=1)  # booleans' product: an int
+    ok = input_ids[:, 1:] == target[:, :-1]  # (B, K): d_j == a_{j-1}
+    if fed is not None:
+        n = fed.shape[1]
+        ok[:, : n - 1] &= input_ids[:, 1:n] == fed[:, 1:]  # and row j saw d_j (j < n)
+    m = ok.cumprod(dim=1).sum(dim=1)  # booleans' product: an int
     return GreedyCheck(target, m, torch.cat([m[:1], target[0]]))
 
 

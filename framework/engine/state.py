@@ -339,7 +339,12 @@ class DecodeState:
 
         After a reusable early-exit draft (see `forward_draft`) a chain verification whose block
         starts with the drafted inputs keeps the draft's blocks ``0..E-1`` for those positions and
-        runs blocks ``E..L-1`` only; the result equals a full forward up to rounding.
+        runs blocks ``E..L-1`` only; the result equals a full forward up to rounding. Without
+        ``check`` the block is compared with the drafted inputs first (one device-to-host read;
+        a block that differs is recomputed). With ``check`` nothing is read: the block is
+        verified reusing the draft, and the check accepts nothing from the first position where
+        the block leaves the drafted inputs on (`framework.types.greedy_check` with ``fed``), so
+        what it accepts is the full forward's. A block starts with the pending token, as the draft's first input does.
         """
         prefix, self._prefix = self._prefix, None
         self.stats.verify_tokens += int(input_ids.shape[1])
@@ -347,10 +352,15 @@ class DecodeState:
             n = min(prefix.length, input_ids.shape[1])
             fed = torch.cat(prefix.ids, dim=1)[:, :n]
             complete = prefix.hidden is not None or not self.capture_hidden
-            if n > 0 and complete and torch.equal(input_ids[:, :n], fed):
+            if n > 0 and complete and check:
+                # No read: the check accepts only inputs the draft fed itself (`greedy_check`'s
+                # ``fed``); the reusing path runs eagerly around its forwards.
                 out = self._verify_reusing(input_ids, prefix, n, logits_at)
-                # the reusing path runs eagerly around its forwards: the check here
-                return replace(out, checked=greedy_check(input_ids, out.logits)) if check else out
+                return replace(out, checked=greedy_check(input_ids, out.logits, fed))
+            if (
+                n > 0 and complete and torch.equal(input_ids[:, :n], fed)
+            ):  # one read: a caller that checks itself
+                return self._verify_reusing(input_ids, prefix, n, logits_at)
         self.cache.rollback()
         c = self.cache.committed
         t = input_ids.shape[1]
