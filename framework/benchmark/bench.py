@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from framework.benchmark.bench_config import BASELINE, RAW_SUFFIX, BenchConfig, MethodSpec, method_section
+from framework.benchmark.bench_config import BASELINE, BenchConfig, MethodSpec, preset_run_config
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.load import LoadMonitor, vanilla_spread
 from framework.benchmark.load import warnings as load_warnings
@@ -25,48 +25,13 @@ from framework.data.specbench import written_on_interrupt
 from framework.driver import AnswerFiles, metadata, stamped, start, write_json
 from framework.engine.context import PreparedCache
 from framework.engine.cost_model import CostModel
-from framework.interfaces import REGISTRIES
 from framework.models.loading import dtype_name, load_model
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
-from framework.session.run_config import MethodConfig, RunConfig
+from framework.session.run_config import RunConfig
 from framework.session.session import Session
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
 WARMUP_TOKENS = 16
-
-
-def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
-    """The `RunConfig` of a preset method: the benchmark's shared sections with the preset's method
-    section (`BenchConfig.method_run_config`), the gate off for a ``--raw`` companion,
-    ``--skip-set`` when the preset's selector takes one, then the method's ``--preset-args``
-    overrides; named after the method.
-
-    Raises:
-        ConfigError: a bad ``--preset-args`` value, or a preset whose verifier samples.
-    """
-    method = dataclasses.replace(method_section(spec.source), name=spec.label)
-    if spec.raw:
-        method = dataclasses.replace(method, gate=dataclasses.replace(method.gate, enabled=False))
-    overrides: dict[str, Any] = {}
-    selector_cfg = method.selector.config
-    if (
-        cfg.skip_set
-        and selector_cfg is not None
-        and "skip_set" in {f.name for f in dataclasses.fields(selector_cfg)}
-    ):
-        overrides["selector.skip_set"] = cfg.skip_set
-    for label, given in cfg.preset_args:  # a raw companion takes its method's overrides too
-        if label == spec.label or (spec.raw and label + RAW_SUFFIX == spec.label):
-            overrides.update(given)
-    run_cfg = cfg.method_run_config(method, overrides)
-    verifier = REGISTRIES["verifier"].get(run_cfg.method.verifier.name)
-    if getattr(verifier, "lossless", "greedy") != "greedy":
-        raise ConfigError(
-            "--methods",
-            spec.label if isinstance(spec.source, MethodConfig) else spec.source,
-            f"a greedy preset (the benchmark is greedy; its verifier {run_cfg.method.verifier.name!r} samples)",
-        )
-    return run_cfg
 
 
 def head_costs(
@@ -299,17 +264,6 @@ def _hf_decoder(cfg: BenchConfig, model: Any, label: str) -> HFGenerateDecoder:
     )
 
 
-def method_settings(exp: Session) -> dict[str, Any]:
-    """What a method ran: each strategy's name and config and the gate (``baseline_only``:
-    plain decoding)."""
-    method = exp.cfg.method
-    if method.baseline_only:
-        return {"baseline_only": True}
-    out: dict[str, Any] = {kind: spec.describe() for kind, spec in method.strategies().items()}
-    out["gate"] = dataclasses.asdict(method.gate)
-    return out
-
-
 def write_meta(plan: BenchPlan, methods: Methods, log: Callable[[str], None]) -> dict[str, Any]:
     """Write ``meta.json`` (the configuration, the machine, what produced the run, each method's
     resolved strategies and the HF methods' settings) and the run's first log line; returns it."""
@@ -317,7 +271,7 @@ def write_meta(plan: BenchPlan, methods: Methods, log: Callable[[str], None]) ->
     meta = metadata(plan.cfg.describe(), methods.base, prompts=len(plan.prompts))
     meta["notes"] = methods.notes()
     # each method's resolved strategies and gate (a preset's name alone does not say what ran)
-    meta["methods"] = {label: method_settings(e) for label, e in methods.sessions.items()}
+    meta["methods"] = {label: e.cfg.method.settings() for label, e in methods.sessions.items()}
     meta["hf"] = {s.label: methods.decoders[s.label].describe() for s in plan.specs if s.kind == "hf"}
     write_json(plan.out_dir / "meta.json", meta)
     adapter = methods.base.adapter

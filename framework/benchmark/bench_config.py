@@ -20,6 +20,7 @@ from typing import Any
 
 from framework.benchmark.hf import HF_METHODS
 from framework.config_fields import ConfigError, check_range, param, parse_value
+from framework.interfaces import REGISTRIES
 from framework.session.flags import add_config_flags, config_overrides_from_args, flag_of
 from framework.session.presets import list_presets, load_preset
 from framework.session.run_config import FLAT_KEYS, MethodConfig, RunConfig
@@ -314,6 +315,40 @@ class BenchConfig:
         return d
 
 
+def preset_run_config(spec: MethodSpec, cfg: BenchConfig) -> RunConfig:
+    """The `RunConfig` of a preset method: the benchmark's shared sections with the preset's method
+    section (`BenchConfig.method_run_config`), the gate off for a ``--raw`` companion,
+    ``--skip-set`` when the preset's selector takes one, then the method's ``--preset-args``
+    overrides; named after the method.
+
+    Raises:
+        ConfigError: a bad ``--preset-args`` value, or a preset whose verifier samples.
+    """
+    method = dataclasses.replace(method_section(spec.source), name=spec.label)
+    if spec.raw:
+        method = dataclasses.replace(method, gate=dataclasses.replace(method.gate, enabled=False))
+    overrides: dict[str, Any] = {}
+    selector_cfg = method.selector.config
+    if (
+        cfg.skip_set
+        and selector_cfg is not None
+        and "skip_set" in {f.name for f in dataclasses.fields(selector_cfg)}
+    ):
+        overrides["selector.skip_set"] = cfg.skip_set
+    for label, given in cfg.preset_args:  # a raw companion takes its method's overrides too
+        if label == spec.label or (spec.raw and label + RAW_SUFFIX == spec.label):
+            overrides.update(given)
+    run_cfg = cfg.method_run_config(method, overrides)
+    verifier = REGISTRIES["verifier"].get(run_cfg.method.verifier.name)
+    if getattr(verifier, "lossless", "greedy") != "greedy":
+        raise ConfigError(
+            "--methods",
+            spec.label if isinstance(spec.source, MethodConfig) else spec.source,
+            f"a greedy preset (the benchmark is greedy; its verifier {run_cfg.method.verifier.name!r} samples)",
+        )
+    return run_cfg
+
+
 __all__ = [
     "BASELINE",
     "DEFAULT_METHODS",
@@ -323,4 +358,5 @@ __all__ = [
     "MethodSpec",
     "allowed_methods",
     "parse_methods",
+    "preset_run_config",
 ]

@@ -288,6 +288,15 @@ class MethodConfig:
         """The four strategies by kind."""
         return {kind: getattr(self, kind) for kind in REGISTRIES}
 
+    def settings(self) -> dict[str, Any]:
+        """What the method runs, for a run's metadata: each strategy's name and config and the
+        gate (``{"baseline_only": True}``: plain decoding)."""
+        if self.baseline_only:
+            return {"baseline_only": True}
+        out: dict[str, Any] = {kind: spec.describe() for kind, spec in self.strategies().items()}
+        out["gate"] = dataclasses.asdict(self.gate)
+        return out
+
 
 @dataclass(frozen=True)
 class DataConfig:

@@ -345,3 +345,14 @@ def test_print_config_file_then_config_file_gives_the_same_config(tmp_path, caps
     capsys.readouterr()
     assert main(["--config", str(path), "--print-config"]) == 0
     assert RunConfig.from_dict(yaml.safe_load(capsys.readouterr().out)) == want
+
+
+def test_a_methods_settings_say_what_it_runs():
+    assert RunConfig.from_preset("vanilla").method.settings() == {"baseline_only": True}
+    settings = RunConfig.from_preset("static_confidence", **{"selector.skip_ratio": 0.3}).method.settings()
+    assert set(settings) == {"selector", "length", "drafter", "verifier", "gate"}
+    assert settings["selector"] == {
+        "name": "static",
+        "config": {**settings["selector"]["config"], "skip_ratio": 0.3},
+    }
+    assert settings["gate"]["enabled"] is True
