@@ -475,7 +475,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "greedy_verify_reads_twice",
         "the greedy verifier reads the accepted count and the target's tokens in two host reads",
         "strategies/verifiers/greedy.py",
-        "        row = checked.packed.tolist()",
+        "        row = state.read(checked.packed)",
         "        row = [int(m[0]), *target[0].tolist()]",
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
@@ -557,6 +557,64 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        pass",
         (
             "tests/framework/engine/test_kv_cache.py::test_a_checked_reusing_verification_never_accepts_from_rows_that_saw_the_drafts_inputs",
+        ),
+    ),
+    Mutation(
+        "ride_values_shifted",
+        "a ride's values are cut from the round's read one place early (the verifier's last number first)",
+        "framework/engine/state.py",
+        "        at = n\n",
+        "        at = n - 1\n",
+        (
+            "tests/framework/engine/test_host_reads.py::test_a_ride_comes_back_with_the_verifiers_read_aligned_and_exact",
+            "tests/strategies/selectors/test_del_tpl.py::test_sums_riding_on_the_rounds_reads_are_the_sums_read_apart",
+        ),
+    ),
+    Mutation(
+        "ride_outlives_its_round",
+        "a ride registered in one round and never read is computed in a later round's read",
+        "framework/engine/state.py",
+        "        self._rides, self._verified_chain = [], None  # a ride lasts one round",
+        "        self._verified_chain = None",
+        ("tests/framework/engine/test_host_reads.py::test_a_ride_runs_on_chains_only_and_lasts_one_round",),
+    ),
+    Mutation(
+        "ride_on_a_tree",
+        "a ride runs on a token tree's hidden states, whose path is known only after the read",
+        "framework/engine/state.py",
+        "        self._verified_chain = out.hidden_states if tree_mask is None and position_ids is None else None",
+        "        self._verified_chain = out.hidden_states",
+        ("tests/framework/engine/test_host_reads.py::test_a_ride_runs_on_chains_only_and_lasts_one_round",),
+    ),
+    Mutation(
+        "static_inputs_not_copied",
+        "a strategy's static function replays its graph on the inputs of its first call",
+        "framework/engine/graphed.py",
+        "        for buf, t in zip(bufs, inputs, strict=True):\n            buf.copy_(t, non_blocking=True)\n",
+        "        if spec not in self._used:\n            for buf, t in zip(bufs, inputs, strict=True):\n                buf.copy_(t, non_blocking=True)\n",
+        (
+            "tests/framework/engine/test_graphed.py::test_a_static_function_is_one_graph_per_key_and_shapes_with_copied_inputs_and_outputs",
+            "tests/framework/engine/test_graphed.py::test_del_statistics_as_a_static_function_decide_what_they_decide_eagerly",
+        ),
+    ),
+    Mutation(
+        "chain_sums_first_exit",
+        "DEL's chain statistics end the window where the first candidate layer, not the exit E, leaves the target",
+        "strategies/selectors/del_tpl.py",
+        "    diff = toks.index_select(0, exit_row)[0] != ref  # layer E against the target",
+        "    diff = toks[0] != ref  # layer E against the target",
+        (
+            "tests/strategies/selectors/test_del_tpl.py::test_chain_sums_take_the_window_of_the_exit_they_are_given",
+        ),
+    ),
+    Mutation(
+        "del_ride_refusal_ignored",
+        "a round whose riding sums found the work budget spent reads and adds them anyway",
+        "strategies/selectors/del_tpl.py",
+        "        if self._refused:  # the ride asked the budget: spent\n            return\n",
+        "",
+        (
+            "tests/strategies/selectors/test_del_tpl.py::test_sums_riding_on_the_rounds_reads_are_the_sums_read_apart",
         ),
     ),
 )

@@ -114,6 +114,11 @@ class LayerSelector(Strategy):
     #: The verify pass must return every layer's hidden states (CLaSp, DEL).
     needs_hidden_states: ClassVar[bool] = False
 
+    def begin(self, state: RoundView) -> None:  # noqa: B027 - optional hook
+        """Called once a generation's state exists, before its prefill (after `reset`). A
+        selector that reads something computed from the prompt's hidden states registers a
+        `RoundView.ride` here: it is read with the prefill's first token (DEL's prompt statistics)."""
+
     @abstractmethod
     def plan(self, state: RoundView) -> LayerPlan:
         """The LayerPlan for the next draft round."""

@@ -8,7 +8,7 @@ size. Tensors are annotated ``name: LongTensor (B, K)`` in docstrings.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -303,6 +303,29 @@ class LengthHint:
     max_length: int
     threshold: float | None = None
     source: str = ""
+
+
+@dataclass
+class Ride:
+    """Device values a strategy reads with the round's verification, in its one transfer.
+
+    A strategy that needs numbers computed from a verification (DEL's per-layer sums) would read
+    them after the verifier read its own: a second device-to-host synchronisation every round.
+    Registered with `framework.view.RoundView.ride` before the round verifies, ``compute`` runs on
+    the verified chain's hidden states right before the verifier's read (`RoundView.read`), and
+    what it returned travels in the same transfer.
+
+    Attributes:
+        compute: ``hidden (L+1, B, T, d) -> values`` (any shape, read flattened) or ``None`` (nothing
+            to read this round). It is called only after a chain verification that captured the
+            hidden states (not a token tree: its path is known only after the read).
+        values: what ``compute`` returned, read to the host as Python floats; ``None`` until then,
+            and for good when it was not called (a tree, no hidden states, a verifier that read its
+            result some other way) or returned ``None``: the strategy then reads by itself.
+    """
+
+    compute: Callable[[torch.Tensor], torch.Tensor | None]
+    values: list[float] | None = None
 
 
 @dataclass(frozen=True)

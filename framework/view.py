@@ -18,9 +18,9 @@ committed tokens, ``V`` vocabulary, ``L`` blocks, ``d`` hidden size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -30,6 +30,7 @@ from framework.types import (
     LayerPlan,
     ModelInfo,
     ReducedHead,
+    Ride,
     TokenPick,
 )
 
@@ -154,6 +155,22 @@ class RoundView(Protocol):
         """The greedy token and its probability for pre-norm residuals (..., d) through the final
         norm and the LM head (DEL's shadow tokens): the full head, or with ``draft_head`` the
         generation's `draft_head` (the full head when there is none)."""
+
+    def run_static(
+        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], *inputs: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Run your own per-round device work ``fn(*inputs)`` as forwards run: one CUDA graph on
+        the ``forward`` route (keyed by ``key`` and the inputs' shapes), eagerly otherwise
+        (`framework.engine.adapter.ModelAdapter.run_static`: what ``fn`` may do)."""
+
+    def ride(self, compute: Callable[[torch.Tensor], torch.Tensor | None]) -> Ride:
+        """Have ``compute`` (``hidden (L+1, B, T, d) -> values or None``) run on this round's
+        verified chain and its values read with the verifier's read (`Ride`); register it in
+        ``plan``. ``Ride.values`` stays ``None`` when it could not ride: read by yourself then."""
+
+    def read(self, values: torch.Tensor) -> list[Any]:
+        """The round's one device-to-host read, for verifiers: ``values`` flattened, as Python
+        numbers (ints for an integer tensor), with this round's rides in the same transfer."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from token ids, `forward_from` from residuals that already went through the firs
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -716,6 +716,24 @@ class ModelAdapter:
         if timed:
             self.lm_head_seconds += clock() - t0
         return logits
+
+    @torch.inference_mode()
+    def run_static(
+        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], *inputs: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Run a strategy's own device work ``fn(*inputs)`` the way forwards run: one CUDA graph
+        on the ``forward`` route (`ForwardGraphs.run_static`: keyed by ``key`` and the inputs'
+        shapes, recorded on first use and counted with the forwards' captures), eagerly
+        otherwise.
+
+        ``fn`` must be a pure function of its tensor inputs (and of tensors that outlive every
+        call, such as the model's weights) that returns a dict of tensors, with no host reads, no
+        uploads and no Python side effects: a graph runs it at recording and replays only its
+        kernels after that. ``key`` names the function and whatever else it depends on.
+        """
+        if self.forward_graphs is None:
+            return fn(*inputs)
+        return self.forward_graphs.run_static(key, fn, inputs)
 
     def logits_from_hidden(
         self, hidden: torch.Tensor, head: DraftHead | None = None, weights: DraftWeights | None = None

@@ -204,7 +204,7 @@ def _prefill(
     t0 = clock()
     logits = state.prefill()
     first = choose(logits)[:, None]
-    new = [int(first[0, 0])]  # the generation's first device read
+    new = state.read(first[0, :1])  # the generation's first device read (with a selector's ride)
     state.append(first, host=new)
     state.stats.timings["prefill"] = clock() - t0
     return t0, new, stop.find_cut(new, 0)
@@ -419,6 +419,7 @@ class SpeculativeDecoder:
             self.verifier,
             self.drafter,
         )
+        self.selector.begin(state)
         counters = _Counters.of(adapter)
         phases = self.times_phases()
         t0, new, cut = _prefill(state, self.verifier.choose, stop)

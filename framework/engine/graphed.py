@@ -29,6 +29,10 @@ block evaluations), verifications that start inside the model (early-exit reuse)
 across devices take the branch route or run eagerly. A reduced draft head runs eagerly after the
 graph (it grows between rounds); the blocks before it are still one graph.
 
+A strategy's own per-round device work (DEL's statistics over the verified chain) can take the
+route too: `ForwardGraphs.run_static` records a pure function of static input buffers as one graph
+per key and input shapes (`ModelAdapter.run_static`, `framework.view.RoundView.run_static`).
+
 Graphs live in a bounded cache (`max_graphs`, least recently used dropped first): plans that
 change every round (SWIFT's search, CLaSp, DEL) record a graph per new plan, and a bound keeps
 their number finite. A dropped graph stays alive while others live (their cuBLAS workspace,
@@ -42,7 +46,7 @@ tests check the route's arithmetic and books; a stand-in recorder checks the cac
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -102,6 +106,7 @@ class ForwardGraphs:
 
     Attributes:
         forwards: forwards run through this route.
+        static_runs: strategies' own functions run through it (`run_static`).
         evicted: graphs dropped for the bound.
         resets: times every graph was dropped because too many were retired.
     """
@@ -115,7 +120,10 @@ class ForwardGraphs:
         self.forwards = 0
         self.evicted = 0
         self.resets = 0
-        self._used: OrderedDict[ForwardSpec, None] = OrderedDict()
+        self._used: OrderedDict[ForwardSpec | tuple, None] = OrderedDict()
+        #: `run_static`'s graphs: ("static", key, input shapes) -> the static input buffers
+        self._static: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self.static_runs = 0
         dev, n = store.device, arch.num_layers
         with torch.inference_mode(False):
             self._first = torch.zeros(n, dtype=torch.long, device=dev)  # each layer's first slot
@@ -275,8 +283,34 @@ class ForwardGraphs:
             checked,
         )
 
-    def _touch(self, spec: ForwardSpec) -> None:
-        """Mark ``spec`` used; drop the least recently used graph beyond the bound."""
+    def run_static(
+        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], inputs: tuple[torch.Tensor, ...]
+    ) -> dict[str, torch.Tensor]:
+        """Run a strategy's own device work ``fn(*inputs)`` as one graph (`ModelAdapter.run_static`).
+
+        The graph is keyed by ``key`` and the inputs' shapes and dtypes, recorded on first use
+        (counted and timed with the forwards' in ``BranchGraphs.captures``), and bounded with them
+        (`max_graphs`, least recently used dropped first). Each call copies the inputs into the
+        graph's static buffers and returns copies of its outputs.
+        """
+        shapes = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        spec = ("static", key, shapes)
+        bufs = self._static.get(spec)
+        if bufs is None:
+            with torch.inference_mode(False):
+                bufs = self._static[spec] = tuple(
+                    torch.zeros(shape, dtype=dtype, device=self.store.device) for shape, dtype in shapes
+                )
+        for buf, t in zip(bufs, inputs, strict=True):
+            buf.copy_(t, non_blocking=True)
+        out = self.store.run(spec, lambda: fn(*bufs))
+        self.static_runs += 1
+        self._touch(spec)
+        return {name: t.clone() for name, t in out.items()}
+
+    def _touch(self, spec: ForwardSpec | tuple) -> None:
+        """Mark ``spec`` (a forward's, or a static function's key) used; drop the least recently
+        used graph beyond the bound."""
         used = self._used
         if spec in used:
             used.move_to_end(spec)
@@ -285,11 +319,16 @@ class ForwardGraphs:
         if len(used) <= self.max_graphs:
             return
         old, _ = used.popitem(last=False)
-        self.store.drop([("forward", old)])
+        if isinstance(old, ForwardSpec):
+            self.store.drop([("forward", old)])
+        else:
+            self.store.drop([old])
+            self._static.pop(old, None)
         self.evicted += 1
         if self.store.retired >= self.max_graphs:  # retired graphs hold memory: start anew
             self.store.clear()
             used.clear()
+            self._static.clear()
             self.resets += 1
 
     def _inputs(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:

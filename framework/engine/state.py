@@ -24,8 +24,9 @@ never fed). ``DecodeStats.verify_blocks_saved`` counts the block evaluations thi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -39,6 +40,7 @@ from framework.types import (
     ForwardOutput,
     LayerPlan,
     ModelInfo,
+    Ride,
     TokenPick,
     Verification,
     greedy_check,
@@ -123,6 +125,9 @@ class DecodeState:
         #: Hidden states of the last verification (L+1, B, T, d), when capture_hidden.
         self.last_hidden_states: torch.Tensor | None = None
         self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
+        #: this round's `Ride`s (`ride`), and the hidden states of its chain verification, if any
+        self._rides: list[Ride] = []
+        self._verified_chain: torch.Tensor | None = None
         self._prefix_plans: dict[int, LayerPlan] = {}
         #: `forward_block`'s ``(position, positions (1, n), mask (n, n))`` for the last position it
         #: was called with, n the most candidates it was given there
@@ -233,6 +238,7 @@ class DecodeState:
         self.stats.target_forwards += 1
         if self.capture_hidden:
             self.last_hidden_states = out.hidden_states
+        self._verified_chain = out.hidden_states  # the prompt: what a ride registered before reads
         return out.logits[:, -1]
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
@@ -361,6 +367,7 @@ class DecodeState:
                 n > 0 and complete and torch.equal(input_ids[:, :n], fed)
             ):  # one read: a caller that checks itself
                 return self._verify_reusing(input_ids, prefix, n, logits_at)
+        self._verified_chain = None
         self.cache.rollback()
         c = self.cache.committed
         t = input_ids.shape[1]
@@ -379,6 +386,7 @@ class DecodeState:
         self.stats.target_forwards += 1
         if self.capture_hidden:
             self.last_hidden_states = out.hidden_states
+        self._verified_chain = out.hidden_states if tree_mask is None and position_ids is None else None
         return out
 
     def _verify_reusing(
@@ -412,6 +420,7 @@ class DecodeState:
         if capture:
             hidden = torch.cat([lower, upper.hidden_states[1:]], dim=0)  # (L+1, B, T, d)
             self.last_hidden_states = hidden
+        self._verified_chain = hidden  # a chain: the verification of a pure-prefix draft
         return ForwardOutput(upper.logits, hidden, upper.last_hidden)
 
     def forward_scratch(
@@ -504,6 +513,50 @@ class DecodeState:
         )
         return out.last_hidden[0]
 
+    def run_static(
+        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], *inputs: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """A strategy's own device work as one graph where forwards run as one
+        (`ModelAdapter.run_static`)."""
+        return self.adapter.run_static(key, fn, *inputs)
+
+    # ------------------------------------------------------------------ the round's read
+    def ride(self, compute: Callable[[torch.Tensor], torch.Tensor | None]) -> Ride:
+        """Read what ``compute`` makes of this round's verified chain with the verifier's read
+        (`Ride`: one transfer a round instead of two). Register it before the round verifies (in
+        ``plan``); it lasts until the round commits. Registered before the prefill
+        (`LayerSelector.begin`), it runs on the prompt's hidden states and is read with the first
+        token."""
+        ride = Ride(compute)
+        self._rides.append(ride)
+        return ride
+
+    def read(self, values: torch.Tensor) -> list[Any]:
+        """The round's device-to-host read, for its verifier: ``values`` as Python numbers (ints
+        for an integer tensor), flattened. The `Ride`s of this round ride along: each ``compute``
+        runs on the verified chain's hidden states, and its values are read in the same transfer
+        (one concatenation in float64, exact for token ids and counts). Without a ride this is
+        ``values.tolist()``."""
+        rides, self._rides = self._rides, []
+        hidden = self._verified_chain
+        extra = []
+        if hidden is not None:
+            for ride in rides:
+                got = ride.compute(hidden)
+                if got is not None:
+                    extra.append((ride, got.reshape(-1)))
+        flat = values.reshape(-1)
+        if not extra:
+            return flat.tolist()
+        n = flat.numel()
+        host = torch.cat([flat.double(), *(v.to(flat.device, torch.float64) for _, v in extra)]).tolist()
+        at = n
+        for ride, v in extra:
+            ride.values = host[at : at + v.numel()]
+            at += v.numel()
+        head = host[:n]
+        return head if flat.is_floating_point() else [int(x) for x in head]
+
     # ------------------------------------------------------------------ commits
     def append(self, tokens: torch.Tensor, host: Sequence[int] | None = None) -> None:
         """Append (B, n) tokens without KV changes (the first token after prefill); ``host``: row
@@ -544,6 +597,7 @@ class DecodeState:
         self.append(new, host=result.committed_host() if new.shape[0] == 1 else None)
         self.draft_len = 0
         self._prefix = None
+        self._rides, self._verified_chain = [], None  # a ride lasts one round
         self.round += 1
         return new
 

@@ -132,6 +132,12 @@ class WorkBudget:
             self.work_seconds += record.seconds
             self.units += 1
 
+    def charge(self, seconds: float) -> None:
+        """Add ``seconds`` of work done elsewhere for the last unit (a unit in two parts: work
+        dispatched to the device in one place and finished on the host in another)."""
+        self._last = self.clock()
+        self.work_seconds += seconds
+
     def summary(self) -> dict[str, Any]:
         """The counters for a strategy's ``summary()``: ``budget_units``, ``budget_skipped`` and
         ``work_share`` (work over wall time since `restart`, 4 decimals)."""

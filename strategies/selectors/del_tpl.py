@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -14,6 +15,7 @@ from framework import (
     LayerSelector,
     LengthHint,
     ModelInfo,
+    Ride,
     RoundView,
     Verification,
     register_selector,
@@ -71,7 +73,8 @@ class DelTplConfig:
         help="how a round's shadow tokens are computed (the statistics are the same): 'window' reads "
         "where the window ends first (layer E and the target over the verified chain), then runs the "
         "candidates over the window only: fewest LM-head rows, two reads; 'chain' runs every "
-        "candidate over the whole chain and applies the window on the device: one read; 'auto': "
+        "candidate over the whole chain and applies the window on the device, its sums riding on "
+        "the verifier's read: no read of its own; 'auto': "
         "'chain' on CUDA (a read costs more than rows there), 'window' elsewhere",
     )
     work_budget: float = budget_param(
@@ -180,6 +183,31 @@ def window_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | N
     return torch.cat([sums.view(-1), w.sum(dim=0, keepdim=True)])
 
 
+def chain_sums(
+    top1: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    hidden: torch.Tensor,
+    rows: torch.Tensor,
+    exit_row: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """A round's `window_sums` over a whole verified chain, as one static function of device
+    tensors (`RoundView.run_static`: one graph where forwards run as one).
+
+    Args:
+        top1: pre-norm residuals (..., d) -> their greedy tokens and top-1 probabilities (the full
+            LM head: `RoundView.top1_from_hidden`).
+        hidden: FloatTensor (L+1, n, d), the chain's residuals after each block.
+        rows: LongTensor (k+1,), the candidate layers and then L (the target's).
+        exit_row: LongTensor (1,), which of the k candidates is this round's exit E.
+
+    Returns:
+        ``{"sums": FloatTensor (3k + 1,)}`` (`window_sums`' layout).
+    """
+    toks, conf = top1(hidden.index_select(0, rows))  # (k+1, n)
+    ref, toks, conf = toks[-1], toks[:-1], conf[:-1]
+    diff = toks.index_select(0, exit_row)[0] != ref  # layer E against the target
+    return {"sums": window_sums(toks == ref, conf, window(diff))}
+
+
 class ShadowStatistics:
     """DEL's exponentially decayed per-layer sums (DEL §4.2, Appendix A), as Python floats on the
     host (a round adds k + 1 numbers read at once; no device work).
@@ -277,6 +305,10 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     alpha_l and a per-layer dynamic threshold tau_l. ``(E, d) = argmax TPL(l, d)``; the prompt's last
     ``init_tokens`` positions initialise the sums at the first round.
 
+    With ``shadow_rows='chain'`` (CUDA's) a round's statistics are one static function of the
+    verified chain (`chain_sums`, `RoundView.run_static`) whose sums ride on the verifier's read
+    (`RoundView.ride`), and the prompt's ride on the prefill's (`begin`): one read a round.
+
     The plan is an early exit at E (run by ``early_exit``, or by ``layer_skip``). Length and
     threshold reach the length controller as this round's `length_hint` (``del_dynamic`` uses it;
     other controllers ignore it). When no exit beats plain decoding the hint asks for no draft.
@@ -328,6 +360,9 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._rows = 0
         self._init_positions = 0
         self._indices: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+        self._ride: Ride | None = None  # this round's sums, riding on the verifier's read
+        self._refused = False  # this round's ride found the budget spent
+        self._rode = 0
         # The budget spans generations, so that the prompt initialisation (once per generation)
         # is budgeted like the updates; the time between generations earns nothing.
         self.budget.resume()
@@ -380,24 +415,59 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._hint = LengthHint(max_length=cap, threshold=threshold, source="del_tpl")
         self._alpha_now = [round(a, 4) for a in alpha]
 
-    def _initialise(self, state: RoundView) -> None:
-        """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round."""
-        self._initialised = True
-        hs = state.last_hidden_states
+    def begin(self, state: RoundView) -> None:
+        """The prompt initialisation's sums ride on the prefill's read (`RoundView.ride`). Against
+        the prompt's own next tokens (``init_reference='prompt'``) they wait for the first token:
+        `_initialise` reads them at the first round."""
+        rides = state.capture_hidden and self.config.init_reference == "target"
+        self._ride = state.ride(partial(self._prompt_sums, state)) if rides else None
+
+    def _prompt_sums(self, state: RoundView, hs: torch.Tensor) -> torch.Tensor | None:
+        """The prompt initialisation's sums on the device (one unit of the budget), from the
+        prefill's hidden states ``hs`` (L+1, B, P, d); ``None`` when there is nothing to count or
+        the budget is spent (the generation then starts without statistics: its first rounds do
+        not draft)."""
         p = state.prompt_len
         w = min(self.config.init_tokens, p - 1)
-        # Over budget, the generation starts without statistics (its first rounds do not draft).
-        if hs is not None and w > 0 and state.round == 0 and hs.shape[2] >= p and self.budget.allows():
-            with self.budget.unit() as unit:
-                h = hs[:, 0, p - w : p]  # (L+1, w, d)
-                prompt = self.config.init_reference == "prompt"
-                toks, conf, ref = self._shadow(state, h, self._layers, target=not prompt)
-                if prompt:
-                    ref = state.tokens[0, p - w + 1 : p + 1].to(toks.device)  # each next prompt token
-                self._stats.update_from(self._layers, window_sums(toks == ref, conf).tolist())
-                self._init_positions = w
-            self._seconds += unit.seconds
+        if w <= 0 or hs.shape[2] < p:
+            return None
+        if not self.budget.allows():
+            self._refused = True
+            return None
+        with self.budget.unit() as unit:
+            h = hs[:, 0, p - w : p]  # (L+1, w, d)
+            prompt = self.config.init_reference == "prompt"
+            toks, conf, ref = self._shadow(state, h, self._layers, target=not prompt)
+            if prompt:
+                ref = state.tokens[0, p - w + 1 : p + 1].to(toks.device)  # each next prompt token
+            sums = window_sums(toks == ref, conf)
+        self._init_positions = w
+        self._seconds += unit.seconds
+        return sums
+
+    def _initialise(self, state: RoundView) -> None:
+        """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round, read
+        with the prefill's first token (`begin`), else here."""
+        self._initialised = True
+        ride, self._ride = self._ride, None
+        if ride is not None and ride.values is not None:
+            self._charged(self._stats.update_from, self._layers, ride.values)
+        elif not self._refused and state.round == 0 and state.last_hidden_states is not None:
+            sums = self._prompt_sums(state, state.last_hidden_states)
+            if sums is not None:
+                self._charged(self._stats.update_from, self._layers, sums.tolist())
+        self._refused = False
         self._choose()
+
+    def _charged(self, work: Callable[..., None], *args: Any) -> None:
+        """Run the host half of a unit of work whose device half was timed as the unit, and
+        charge its seconds to the budget."""
+        clock = self.budget.clock
+        t0 = clock()
+        work(*args)
+        seconds = clock() - t0
+        self.budget.charge(seconds)
+        self._seconds += seconds
 
     # ------------------------------------------------------------------ interface
     def plan(self, state: RoundView) -> LayerPlan:
@@ -416,6 +486,8 @@ class DelTplSelector(BudgetedWork, LayerSelector):
                 "alpha": self._alpha_now,
             }
         )
+        self._refused = False
+        self._ride = state.ride(partial(self._ride_sums, state)) if self._rides_along(state) else None
         return state.prefix_plan(self._exit)
 
     def length_hint(self, state: RoundView) -> LengthHint | None:
@@ -429,6 +501,12 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._loads += loads
         if self._trace:
             self._trace[-1]["etpl"] = round(tokens / loads, 5) if loads else None
+        ride, self._ride = self._ride, None
+        if ride is not None and ride.values is not None:  # the sums came with the verifier's read
+            self._charged(self._apply, self._layers, ride.values)
+            return
+        if self._refused:  # the ride asked the budget: spent
+            return
         hs = result.path_hidden  # (L+1, B, n, d): along the verified chain
         if hs is None:
             return
@@ -438,6 +516,23 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         if done is not None:
             self._seconds += done[1]
 
+    def _rides_along(self, state: RoundView) -> bool:
+        """Whether this round's sums ride on the verifier's read (`RoundView.ride`): the window on
+        the device (``shadow_rows`` 'chain') over the whole chain (``window`` 'shadow')."""
+        return state.capture_hidden and self.config.window == "shadow" and self._chain_rows(state.device)
+
+    def _ride_sums(self, state: RoundView, hidden: torch.Tensor) -> torch.Tensor | None:
+        """`Ride.compute`: the round's sums over the verified chain ``hidden`` (L+1, B, n, d), on
+        the device, right before the verifier reads; one unit of the budget (``None`` when spent)."""
+        if not self.budget.allows():
+            self._refused = True
+            return None
+        self._rode += 1
+        with self.budget.unit() as unit:
+            sums = self._sums(state, hidden[:, 0], chain=True)[1]
+        self._seconds += unit.seconds
+        return sums
+
     def _update(self, state: RoundView, result: Verification, hs: torch.Tensor) -> None:
         """One round's statistics: shadow tokens of ``hs`` (L+1, B, n, d), the verified chain
         (`Verification.path_hidden`: the draft block's positions), in the valid window (up to and
@@ -446,22 +541,41 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         h = hs[:, 0]  # (L+1, n, d)
         if self.config.window == "accepted":
             h = h[:, : result.accepted + 1]
+        layers, sums = self._sums(state, h, chain=self._chain_rows(h.device))
+        self._apply(layers, sums.tolist())
+
+    def _sums(self, state: RoundView, h: torch.Tensor, *, chain: bool) -> tuple[list[int], torch.Tensor]:
+        """The layers and their `window_sums` (on the device) of the chain ``h`` (L+1, n, d)."""
         e = self._exit
-        if self._chain_rows(h.device):  # every candidate over the chain; the window on the device
+        if chain and state.draft_head is None:  # one static function: a graph on the graph route
+            layers = self._layers
+            self._rows += (len(layers) + 1) * h.shape[1]
+            rows = self._rows_of((*layers, self._L), h.device)
+            exit_row = self._rows_of((layers.index(e),), h.device)
+            out = state.run_static(
+                ("del_tpl.chain_sums", len(layers)),
+                partial(chain_sums, state.top1_from_hidden),
+                h,
+                rows,
+                exit_row,
+            )
+            return layers, out["sums"]
+        if chain:  # every candidate over the chain; the window on the device
             toks, conf, ref = self._shadow(state, h, self._layers)
             diff = toks[self._layers.index(e)] != ref  # layer E against the target
-            sums = window_sums(toks == ref, conf, window(diff))
-            layers = self._layers
-        else:  # the window's end first (layer E and the target), then the other layers over it
-            x_e, conf_e, ref = self._shadow(state, h, [e])
-            diff = x_e[0] != ref
-            n = int(window(diff).sum())  # a read: the window's length
-            layers = [ell for ell in self._layers if ell != e]
-            toks, conf, _ = self._shadow(state, h[:, :n], layers, target=False)
-            toks, conf = torch.cat([toks, x_e[:, :n]]), torch.cat([conf, conf_e[:, :n]])
-            sums = window_sums(toks == ref[:n], conf)
-            layers = [*layers, e]
-        self._stats.update_from(layers, sums.tolist())
+            return self._layers, window_sums(toks == ref, conf, window(diff))
+        # the window's end first (layer E and the target), then the other layers over it
+        x_e, conf_e, ref = self._shadow(state, h, [e])
+        diff = x_e[0] != ref
+        n = int(window(diff).sum())  # a read: the window's length
+        layers = [ell for ell in self._layers if ell != e]
+        toks, conf, _ = self._shadow(state, h[:, :n], layers, target=False)
+        toks, conf = torch.cat([toks, x_e[:, :n]]), torch.cat([conf, conf_e[:, :n]])
+        return [*layers, e], window_sums(toks == ref[:n], conf)
+
+    def _apply(self, layers: Sequence[int], sums: Sequence[float]) -> None:
+        """A round's sums, read, into the decayed statistics; then next round's choice."""
+        self._stats.update_from(layers, sums)
         self._choose()
 
     def _chain_rows(self, device: torch.device) -> bool:
@@ -486,6 +600,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
             "init_positions": self._init_positions,
             "guards": dict(self._stats.guards),
             "shadow_rows": self._rows,
+            "rides": self._rode,
             "update_seconds": round(self._seconds, 6),
             **self.budget.summary(),
         }

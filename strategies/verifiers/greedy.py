@@ -36,9 +36,10 @@ class GreedyVerifier(Verifier):
         out = state.forward_verify(block, logits_at="all", check=True)
         checked = out.checked
         target, m = checked.target, checked.num_accepted  # (B, K+1), (B,)
-        # The round's one device-to-host read: m and row 0's target choices together. The accepted
-        # d_1..d_m equal a_0..a_{m-1}, so the committed tokens are a_0..a_m: a view of the target's.
-        row = checked.packed.tolist()
+        # The round's one device-to-host read (`RoundView.read`: with any strategy's ride): m and
+        # row 0's target choices together. The accepted d_1..d_m equal a_0..a_{m-1}, so the
+        # committed tokens are a_0..a_m: a view of the target's.
+        row = state.read(checked.packed)
         k = row[0]
         new = target[:, : k + 1]  # (B, m+1); batch size 1 (DecodeState's)
         return Verification(

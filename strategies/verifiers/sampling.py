@@ -180,7 +180,7 @@ class SamplingVerifier(Verifier):
         p = self.warp(out.logits)  # (B, K+1, V)
         q = draft.probs if k else p.new_zeros(p.shape[0], 0, p.shape[-1])
         m, nxt = accept_prefix(draft.tokens, q, p, self.generator(p.device))
-        row = torch.cat([m[:1], nxt[:1], draft.tokens[0]]).tolist()  # the round's one device read
+        row = state.read(torch.cat([m[:1], nxt[:1], draft.tokens[0]]))  # the round's one device read
         a = row[0]
         new = torch.cat([draft.tokens[:, :a], nxt[:, None]], dim=1)  # (B, m+1)
         return Verification(

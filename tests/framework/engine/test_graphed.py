@@ -169,6 +169,9 @@ class _Graph:
     def replay(self):
         self.replays += 1
         new = self.fn()
+        if isinstance(self.out, torch.Tensor):  # a branch's graph (the branch route)
+            self.out.copy_(new)
+            return
         for key, t in self.out.items():
             if t is not None:
                 t.copy_(new[key])
@@ -335,3 +338,73 @@ def test_a_greedy_verification_is_checked_inside_the_whole_forward_graph():
     assert any(k[1].check for k in graphed.graphs._graphs if k[0] == "forward")
     with pytest.raises(ValueError, match="check .* needs logits_at='all'"):
         states[1].forward_verify(states[1].pending, logits_at="last", check=True)
+
+
+# ---- a strategy's own device work as a graph (`ModelAdapter.run_static`) ----------------------
+def _scaled_sum(x, w):
+    return {"out": (x * w).sum(-1), "max": x.amax()}
+
+
+def test_a_static_function_is_one_graph_per_key_and_shapes_with_copied_inputs_and_outputs():
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=2, recorder=rec, capture=True, max_graphs=3)
+    fg, store = graphed.forward_graphs, graphed.graphs
+    x, w = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)), torch.full((5,), 2.0)
+    want = _scaled_sum(x, w)
+    assert eager.run_static("f", _scaled_sum, x, w).keys() == want.keys()  # no route: eager
+    first = graphed.run_static("f", _scaled_sum, x, w)
+    torch.testing.assert_close(first["out"], want["out"])
+    held = first["out"].clone()
+    assert store.captures == 1 and len(rec.graphs) == 1
+    x2 = x + 1
+    again = graphed.run_static("f", _scaled_sum, x2, w)  # new values, same shapes: a replay
+    assert store.captures == 1 and rec.graphs[0].replays == 2  # (a recording is replayed at once)
+    torch.testing.assert_close(again["out"], _scaled_sum(x2, w)["out"])  # the inputs were copied in
+    assert torch.equal(first["out"], held)  # the caller's copy, not the graph's output
+    graphed.run_static("f", _scaled_sum, x[:2], w)  # other shapes: another graph
+    graphed.run_static("g", _scaled_sum, x, w)  # another key: another graph
+    assert store.captures == 3 and fg.static_runs == 4 and fg.forwards == 0
+    # bounded with the forwards' graphs, least recently used first
+    graphed.run_static("f", _scaled_sum, x, w)
+    state = _started((graphed,), random_prompt(6, seed=8))[0]
+    state.forward_verify(state.pending, logits_at="last")  # a forward's graph: the 4th, one goes
+    assert store.captures == 4 and fg.evicted == 1
+    assert not any(k[0] == "static" and k[1] == "f" and k[2][0][0] == (2, 5) for k in store._graphs)
+
+
+def test_del_statistics_as_a_static_function_decide_what_they_decide_eagerly(monkeypatch):
+    """DEL's chain statistics (`strategies.selectors.del_tpl.chain_sums`) through the graph route,
+    recorded once per chain length and replayed: the same decisions, to the bit, as the same
+    function run eagerly on the same adapter."""
+    from framework.engine.graphed import ForwardGraphs
+    from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
+    from strategies.length.del_dynamic import DelDynamicLength
+    from strategies.selectors.del_tpl import DelTplConfig, DelTplSelector
+    from strategies.verifiers.greedy import GreedyVerifier
+
+    def decode():
+        rec = _Recorder()
+        _, graphed = _adapters(num_layers=6, recorder=rec, capture=True)
+        sel = DelTplSelector(DelTplConfig(shadow_rows="chain", min_exit=1, init_tokens=8))
+        dec = SpeculativeDecoder(
+            graphed,
+            sel,
+            DelDynamicLength(),
+            EarlyExitDrafter(EarlyExitDrafterConfig(on_stop="drop")),
+            GreedyVerifier(),
+        )
+        dec.prepare(prepare_context(graphed))
+        res = dec.generate(random_prompt(12, 128, seed=4), StopCondition(40))
+        statics = {k[2][0][0][1] for k in graphed.graphs._graphs if k[0] == "static"}  # chain lengths
+        return res, graphed.forward_graphs.static_runs, statics
+
+    graphed_res, runs, lengths = decode()
+    rounds = len(graphed_res.accept_lengths)
+    assert runs == rounds and lengths == {n + 1 for n in graphed_res.draft_lengths}
+    monkeypatch.setattr(ForwardGraphs, "run_static", lambda self, key, fn, inputs: fn(*inputs))
+    eager_res, runs, lengths = decode()
+    assert runs == 0 and not lengths
+    s, w = graphed_res.strategy_summary["selector"], eager_res.strategy_summary["selector"]
+    assert graphed_res.tokens == eager_res.tokens
+    for key in ("exit_layers", "lengths", "thresholds", "alpha", "rides"):
+        assert s[key] == w[key], key

@@ -135,3 +135,63 @@ def test_the_state_keeps_row_0_on_the_host(adapter):
     assert reads.total == 0  # everything was already on the host
     state.num_tokens -= 2  # a shorter state: the copy follows
     assert state.host_tokens() == want[:-2]
+
+
+def _verified_state(adapter, drafts=(5, 9, 11)):
+    """A state after its prefill and first token, with hidden states, and a chain block to verify."""
+    from framework.engine.state import DecodeState
+
+    state = DecodeState(adapter, random_prompt(8, 128, seed=0), 64, capture_hidden=True)
+    state.append(state.prefill().argmax(-1)[:, None])
+    return state, torch.cat([state.pending, torch.tensor([list(drafts)])], dim=1)
+
+
+def test_a_ride_comes_back_with_the_verifiers_read_aligned_and_exact(adapter):
+    """`RoundView.ride`: a strategy's device values travel in the verifier's one read; each ride
+    gets its own values back (flattened, in order), the verifier its own, as ints."""
+    state, block = _verified_state(adapter)
+    shapes = []
+    a = state.ride(lambda h: shapes.append(tuple(h.shape)) or h[2, 0, :, :3].sum(-1))  # float32 (T,)
+    b = state.ride(lambda h: torch.tensor([[7, -3]]))  # an integer matrix: flattened
+    c = state.ride(lambda h: None)  # nothing this round
+    out = state.forward_verify(block, logits_at="all", check=True)
+    with count_host_reads() as reads:
+        row = state.read(out.checked.packed)
+    assert reads.total == 1, reads.by_site
+    assert row == out.checked.packed.tolist() and all(type(x) is int for x in row)
+    assert shapes == [(7, 1, 4, 64)]  # L+1 = 7 layers of the verified chain, 4 positions, d = 64
+    assert a.values == out.hidden_states[2, 0, :, :3].sum(-1).tolist()  # float32 -> float64: exact
+    assert b.values == [7.0, -3.0] and c.values is None
+    with count_host_reads() as reads:
+        assert state.read(torch.tensor([1.5, 2.0])) == [1.5, 2.0]  # the rides went with the last read
+    assert reads.total == 1
+
+
+def test_a_ride_runs_on_chains_only_and_lasts_one_round(adapter):
+    state, block = _verified_state(adapter)
+    pos = torch.arange(block.shape[1])[None] + state.pending_position
+    tree = state.ride(lambda h: pytest.fail("computed on a block given its own positions (a tree)"))
+    state.forward_verify(block, logits_at="all", position_ids=pos)
+    assert state.read(torch.tensor([0])) == [0] and tree.values is None
+    # registered, never read (a verifier reading by itself), committed: gone the next round
+    stale = state.ride(lambda h: pytest.fail("a ride outlived its round"))
+    state.forward_verify(block, logits_at="all")
+    new = block[:, :1]
+    state.commit(Verification(num_accepted=torch.tensor([0]), new_tokens=new, host_tokens=(int(new[0, 0]),)))
+    out = state.forward_verify(torch.cat([state.pending, block[:, 1:]], dim=1), logits_at="all", check=True)
+    state.read(out.checked.packed)
+    assert stale.values is None
+
+
+def test_a_ride_registered_before_the_prefill_reads_the_prompts_hidden_states(adapter):
+    """What `LayerSelector.begin` registers runs on the prompt and comes with the first token."""
+    from framework.engine.decoding import _prefill
+    from framework.engine.state import DecodeState
+
+    state = DecodeState(adapter, random_prompt(8, 128, seed=0), 64, capture_hidden=True)
+    ride = state.ride(lambda h: h[-1, 0, :, 0])  # (P,): one number per prompt position
+    with count_host_reads() as reads:
+        _, new, _ = _prefill(state, lambda logits: logits.argmax(-1), StopCondition(4))
+    assert reads.total == 1, reads.by_site  # the first token, and the ride with it
+    assert new == [int(state.tokens[0, 8])]
+    assert ride.values == state.last_hidden_states[-1, 0, :, 0].tolist()

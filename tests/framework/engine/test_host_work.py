@@ -4,9 +4,10 @@ kernel launch on a GPU) and device-to-host reads (each a synchronisation), count
 
 The issue's limits are 20 operations and 1 read a round. Every preset is held to its recorded
 budget (`BUDGETS`, what it measured with a margin), so that a change adding work to a round fails
-a test; every preset not named in `OVER_OPS` to 20 operations; every one not named in `OVER_READS`
-to one read a round outside its draft steps (a confidence stop rule reads each drafted token's
-confidence to decide whether to run the next draft forward: counted apart, `HostWork.step_reads`).
+a test; every preset not named in `OVER_OPS` to 20 operations; every one to one read a round
+outside its draft steps (a confidence stop rule reads each drafted token's confidence to decide
+whether to run the next draft forward: counted apart, `HostWork.step_reads`) and, for those in
+`OVER_READS`, besides the reads the issue allows them (CLaSp's one per re-selection).
 The presets in `WITHIN_LIMITS` meet both limits for the whole round. The presets over the limits
 and why are in docs/performance.md ("Host work per round").
 """
@@ -27,7 +28,9 @@ LIMIT_OPS, LIMIT_READS = 20, 1.0
 #: into the verify forward and `torch.equal` was counted as a read (8-block tiny Llama, two
 #: prompts, 32 tokens; the layerskip presets in the fourth session, after early-exit reuse
 #: stopped comparing its block on the host: 12.8/1.98, 13.2/1.00, 13.7/1.00, 3.5/1.00, and a
-#: reads budget of exactly one where the count is one read a round), each with about 15% headroom (more for the gated presets' reads: their
+#: reads budget of exactly one where the count is one read a round; `del` and `del_safe` in the
+#: fifth, after their sums rode on the verifier's read as one static function: 8.7/1.33 and
+#: 3.7/1.03, each 1.00 outside the stop rule's reads), each with about 15% headroom (more for the gated presets' reads: their
 #: gate's decisions follow measured costs, so how often they draft varies a little from run to
 #: run; `clasp` has none below the limit, and its count is deterministic: no gate): a preset may
 #: not do more work per round than this.
@@ -35,8 +38,8 @@ BUDGETS = {
     "cascade": (6, 1.2),
     "clasp": (17, 2.4),
     "clasp_safe": (6, 1.3),
-    "del": (40, 3.0),
-    "del_safe": (7, 1.3),
+    "del": (10, 1.6),
+    "del_safe": (5, 1.2),
     "hybrid": (5, 1.2),
     "layerskip_dv": (15, 2.3),
     "layerskip_fs": (15, 1.0),
@@ -56,19 +59,18 @@ WITHIN_LIMITS = ("layerskip_fs", "layerskip_static", "layerskip_static_safe", "p
 QUICK = ("prompt_lookup", "layerskip_static", "static_confidence")
 #: Presets over 20 operations a round, and why (docs/performance.md, "Host work per round").
 OVER_OPS = {
-    "del": "its statistics: the final norm and LM head over every candidate layer's residuals "
-    "(one head call, 12 operations) and the round's window and sums on the device (13)",
     "selfsd_sampling": "warping and sampling at every draft step and over the verified rows",
 }
 #: Presets that sample their drafts (the sampler's warping runs after each draft forward).
 SAMPLED = ("selfsd_sampling",)
 #: Presets over one read a round outside their draft steps (a stop rule reads each drafted
-#: token's confidence: the decision whether to run the next draft forward), and why.
+#: token's confidence: the decision whether to run the next draft forward): the file whose reads
+#: are the excess, and why. CLaSp's DP reads its choices once per re-selection, which the issue
+#: allows ("CLaSp's dynamic programme runs with one transfer per re-selection"): its rounds are
+#: held to one read besides those.
 OVER_READS = {
-    "clasp": "one read per DP re-selection (the DP's choices, read at once)",
-    "clasp_safe": "one read per DP (the prompt's, at least)",
-    "del": "one read of the round's statistics (3k + 1 sums), after the verifier's",
-    "del_safe": "one read of the round's statistics (3k + 1 sums), after the verifier's",
+    "clasp": ("strategies/selectors/clasp_dp.py", "one read per DP re-selection (its choices, at once)"),
+    "clasp_safe": ("strategies/selectors/clasp_dp.py", "one read per DP (the prompt's, at least)"),
 }
 
 
@@ -125,8 +127,12 @@ def test_host_work_per_round_stays_within_the_presets_budget(name):
     # the issue's limits: 20 operations a round; one read a round besides a stop rule's reads
     if name not in OVER_OPS:
         assert ops <= LIMIT_OPS, (name, ops)
-    if name not in OVER_READS:
-        assert work.per_round_outside_steps()[1] <= LIMIT_READS, (name, work.per_round_outside_steps())
+    allowed = work.host_reads.at(OVER_READS[name][0]) if name in OVER_READS else 0
+    assert (work.round_reads - work.step_reads - allowed) / work.rounds <= LIMIT_READS, (
+        name,
+        work.per_round_outside_steps(),
+        work.host_reads.by_site,
+    )
     if name in WITHIN_LIMITS:
         assert reads <= LIMIT_READS, (name, reads)
     if name not in SAMPLED:  # the draft token is chosen inside the draft forward (TokenPick)

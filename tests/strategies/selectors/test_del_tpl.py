@@ -23,6 +23,7 @@ from strategies.selectors.del_tpl import (
     ShadowStatistics,
     choose_exit,
     tpl_table,
+    window,
     window_sums,
 )
 from strategies.verifiers.greedy import GreedyVerifier
@@ -357,12 +358,10 @@ def test_cap_by_length_and_no_draft_options():
 def test_accepted_window_option():
     """window='accepted' also ends the window at the verifier's rejection point."""
     adapter = _early_exit_friendly()
-    for window, want_n in (("shadow", None), ("accepted", 1)):
+    for kind, want_n in (("shadow", None), ("accepted", 1)):
         state = _new_state(adapter, seed=2)  # a prompt whose first exit-2 draft is partly accepted
         sel = DelTplSelector(
-            DelTplConfig(
-                init_tokens=0, window=window, min_exit=2, max_exit=2, no_draft_when_unprofitable=False
-            )
+            DelTplConfig(init_tokens=0, window=kind, min_exit=2, max_exit=2, no_draft_when_unprofitable=False)
         )
         sel.setup(adapter.info())
         drafter = EarlyExitDrafter()
@@ -417,19 +416,20 @@ def _on_fake_clock(sel, monkeypatch, update_seconds: float) -> list[bool]:
     the budget's answer of every round, filled while decoding."""
     clock = FakeClock()
     sel.budget = WorkBudget(sel.config.work_budget, clock=clock)
-    plan, update, allows = sel.plan, sel._update, sel.budget.allows
+    plan, sums, allows = sel.plan, sel._sums, sel.budget.allows
     answers: list[bool] = []
 
     def timed_plan(state):
         clock.t += 1.0
         return plan(state)
 
-    def timed_update(*args):
-        update(*args)
+    def timed_sums(*args, **kwargs):
+        out = sums(*args, **kwargs)
         clock.t += update_seconds
+        return out
 
     monkeypatch.setattr(sel, "plan", timed_plan)
-    monkeypatch.setattr(sel, "_update", timed_update)
+    monkeypatch.setattr(sel, "_sums", timed_sums)
     monkeypatch.setattr(sel.budget, "allows", lambda: answers.append(allows()) or answers[-1])
     return answers
 
@@ -532,18 +532,32 @@ def test_shadow_tokens_use_the_draft_head_and_the_reference_the_full_head():
 def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
     """Issue 38, item 3. ``shadow_rows='chain'`` (CUDA's choice): the round's shadow tokens (every
     candidate layer and the target, one head call), its window and its sums stay on the device
-    until one read of 3k + 1 numbers. ``'window'`` (the CPU's) reads where the window ends first and
-    runs the candidates over the window only. Both give the same statistics; the decayed sums and
-    the TPL choice are Python floats either way."""
+    and their 3k + 1 numbers ride on the verifier's read: the round reads once. ``'window'`` (the
+    CPU's) reads where the window ends first and runs the candidates over the window only, then
+    reads the sums. Both give the same statistics; the decayed sums and the TPL choice are Python
+    floats either way."""
     from framework.engine.draft_head import DraftHead
     from framework.testing.host_work import count_host_work
 
     seen = {}
     for rows in ("chain", "window"):
-        adapter, state, sel, draft, res = _first_early_exit_round(shadow_rows=rows)
+        adapter = _early_exit_friendly()
+        state = _new_state(adapter, seed=2)
         if with_head:
             state.draft_head = DraftHead(adapter, list(range(0, 128, 2)))
+        sel = DelTplSelector(
+            DelTplConfig(
+                decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False, shadow_rows=rows
+            )
+        )
+        sel.setup(adapter.info())
+        drafter = EarlyExitDrafter()
+        drafter.setup(adapter.info())
+        draft = drafter.draft(state, sel.plan(state), FixedLength(FixedLengthConfig(k=4)), 4)
+        # the verification (its read carries the chain's sums: `RoundView.ride`), then observe
         with torch.inference_mode(), count_host_work() as work:
+            res = GreedyVerifier().verify(state, draft)
+            state.commit(res)
             sel.observe(state, draft, res)
         st = sel.statistics
         chain, n = res.path_hidden.shape[2], int(st.n)  # decay 1: the round's window
@@ -551,22 +565,83 @@ def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
         if not with_head:
             assert n == res.accepted + 1  # at the rejection
         seen[rows] = (st.c, st.tcs, st.fcs, st.n, st.tau, st.guards, sel.length_hint(state))
-        if rows == "chain":
+        if rows == "chain":  # one read: the verifier's, with the sums
             assert work.reads == 1, work.host_reads.by_site
-            # the rows' upload (once a generation) and index (2), the final norm (8 on this float64
-            # model: two casts), the LM head and a cast to float32, top-1 and its probability (4),
-            # the window (4) and its sums (9); a draft head adds a head call for the target's row
-            # and the mapping of the head's tokens to the vocabulary's
-            assert work.ops <= (29 if not with_head else 46), work.by_op
+            # the verification's own (13: its block, the early-exit reuse's concatenations around
+            # its forwards, the commit); the rows' uploads (2, once a generation); the read's casts
+            # and concatenation (3) (measured: 21). The shadow tokens, window and sums are one
+            # static function (`RoundView.run_static`: a graph on the graph route, not counted,
+            # like a forward). With a draft head (it grows between rounds: no graph) they run
+            # eagerly: the rows' index, the final norm (8 on this float64 model: two casts), two
+            # head calls and casts, top-1 and its probability, the mapping of the head's tokens to
+            # the vocabulary's, the window (4) and its sums (9) (measured: 63)
+            assert work.ops <= (23 if not with_head else 65), work.by_op
             assert sel.summary()["shadow_rows"] == 5 * chain  # 4 candidates and L
-        else:
-            assert work.reads == 2, work.host_reads.by_site
+            assert sel.summary()["rides"] == 1
+        else:  # the verifier's read, then the window's length and the sums
+            assert work.reads == 3, work.host_reads.by_site
             assert sel.summary()["shadow_rows"] == 2 * chain + 3 * n  # E and L, then the others
+            assert sel.summary()["rides"] == 0
     for a, b in zip(seen["chain"][:3], seen["window"][:3], strict=True):
         assert a == pytest.approx(b)
     assert seen["chain"][3] == seen["window"][3]
     assert seen["chain"][4] == pytest.approx(seen["window"][4])
     assert seen["chain"][5:] == seen["window"][5:]
+
+
+def test_chain_sums_take_the_window_of_the_exit_they_are_given():
+    """`chain_sums` (the graph route's statistics) against a hand count, for every exit row: the
+    window ends where that layer's shadow token first leaves the target's."""
+    from strategies.selectors.del_tpl import chain_sums
+
+    adapter, state, sel, draft, res = _first_early_exit_round()
+    h = res.hidden_states[:, 0]  # (L+1, T, d)
+    layers = [1, 2, 3, 4, 5]
+    toks, conf = adapter.top1_from_hidden(h[layers])
+    ref = adapter.top1_from_hidden(h[6])[0]
+    rows = torch.tensor([*layers, 6])
+    got = {}
+    for i in range(len(layers)):
+        out = chain_sums(adapter.top1_from_hidden, h, rows, torch.tensor([i]))["sums"]
+        want = window_sums(toks == ref, conf, window(toks[i] != ref))
+        torch.testing.assert_close(out, want)
+        got[i] = out[-1].item()  # the window's length
+    assert len(set(got.values())) > 1, got  # the exits' windows differ: the exit row matters
+
+
+@pytest.mark.parametrize("work_budget", [0.0, 0.3])
+def test_sums_riding_on_the_rounds_reads_are_the_sums_read_apart(monkeypatch, work_budget):
+    """Issue 38, item 3. With ``shadow_rows='chain'`` the prompt's sums ride on the prefill's read
+    (`LayerSelector.begin`) and each round's on the verifier's (`RoundView.ride`): one read a round.
+    Where no ride can be registered (here: `ride` hands out rides it never computes, as a verifier
+    reading by itself would leave them) DEL reads its sums itself. The decisions are the same, to
+    the bit, with the work budget deciding on the same rounds; only the reads differ."""
+    from framework.testing.syncs import count_host_reads
+    from framework.types import Ride
+
+    adapter = _early_exit_friendly()
+    prompt = random_prompt(20, 128, 3)
+
+    def decode():
+        sel = DelTplSelector(DelTplConfig(shadow_rows="chain", init_tokens=8, work_budget=work_budget))
+        answers = _on_fake_clock(sel, monkeypatch, update_seconds=1.0)
+        with torch.inference_mode(), count_host_reads() as reads:
+            res = _del_decoder(adapter, sel).generate(prompt, StopCondition(40))
+        return res, reads.total, answers
+
+    rode, rode_reads, rode_answers = decode()
+    monkeypatch.setattr(DecodeState, "ride", lambda self, compute: Ride(compute))
+    apart, apart_reads, apart_answers = decode()
+    s, w = rode.strategy_summary["selector"], apart.strategy_summary["selector"]
+    rounds = len(rode.accept_lengths)
+    assert rode.tokens == apart.tokens and rode.accept_lengths == apart.accept_lengths
+    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "init_positions", "guards"):
+        assert s[key] == w[key], key
+    assert rode_answers == apart_answers and s["budget_units"] == w["budget_units"]
+    updates = sum(rode_answers[1:])
+    assert s["rides"] == updates and w["rides"] == 0 and s["init_positions"] == 8
+    assert (updates < rounds) == (work_budget > 0)
+    assert apart_reads - rode_reads == updates + 1  # each update's read, and the prompt's
 
 
 def test_shadow_rows_auto_is_the_chain_on_cuda_only():

@@ -439,6 +439,9 @@ class _FixedLogitsState:
         assert block.shape == (self.pending.shape[0], self.zp.shape[0]) and logits_at == "all"
         return SimpleNamespace(logits=self.zp[None].expand(block.shape[0], -1, -1), hidden_states=None)
 
+    def read(self, values):
+        return values.reshape(-1).tolist()
+
 
 class _UnwarpedDraftQ(SamplingVerifier):
     """Planted bug: the draft is sampled from the warped q but Draft.probs keeps softmax(logits)."""
