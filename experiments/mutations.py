@@ -598,6 +598,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "dp_graph_sees_later_slots",
+        "CLaSp's DP as one graph lets its candidates attend to committed slots at and after their position",
+        "framework/engine/graphed.py",
+        "        hidden_slots = (ar[None, :] >= self._at[0]) & (ar[None, :] != slots[:, None])  # (n, span)",
+        "        hidden_slots = (ar[None, :] >= self._at[1]) & (ar[None, :] != slots[:, None])  # (n, span)",
+        (
+            "tests/framework/engine/test_graphed.py::test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses",
+        ),
+    ),
+    Mutation(
         "chain_sums_first_exit",
         "DEL's chain statistics end the window where the first candidate layer, not the exit E, leaves the target",
         "strategies/selectors/del_tpl.py",

@@ -163,6 +163,18 @@ class RoundView(Protocol):
         the ``forward`` route (keyed by ``key`` and the inputs' shapes), eagerly otherwise
         (`framework.engine.adapter.ModelAdapter.run_static`: what ``fn`` may do)."""
 
+    def run_with_blocks(
+        self,
+        key: Hashable,
+        fn: Callable[..., dict[str, torch.Tensor]],
+        *inputs: torch.Tensor,
+        position: int,
+        rows: int,
+    ) -> dict[str, torch.Tensor]:
+        """``fn(*inputs, run_block)``, whose model calls are ``run_block(b, states (n, d))`` (as
+        `forward_block` at the committed ``position``, n <= ``rows``): one CUDA graph on the
+        ``forward`` route, eagerly otherwise (CLaSp's dynamic programme)."""
+
     def ride(self, compute: Callable[[torch.Tensor], torch.Tensor | None]) -> Ride:
         """Have ``compute`` (``hidden (L+1, B, T, d) -> values or None``) run on this round's
         verified chain and its values read with the verifier's read (`Ride`); register it in

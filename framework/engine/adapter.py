@@ -735,6 +735,31 @@ class ModelAdapter:
             return fn(*inputs)
         return self.forward_graphs.run_static(key, fn, inputs)
 
+    @torch.inference_mode()
+    def run_with_blocks(
+        self,
+        key: Hashable,
+        fn: Callable[..., dict[str, torch.Tensor]],
+        *inputs: torch.Tensor,
+        position: int,
+        cache: KVCache,
+        rows: int,
+        eager_block: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """``fn(*inputs, run_block)``, device work whose model calls are ``run_block(b, states (n,
+        d))``: block b on n <= ``rows`` candidate states of the committed ``position``. On the
+        ``forward`` graph route all of it is one CUDA graph (`ForwardGraphs.run_with_blocks`:
+        ``run_block`` is the static form of a block against the pool); otherwise, or where the
+        pool cannot serve the cache, ``fn`` runs eagerly with ``eager_block``
+        (`DecodeState.forward_block`). ``fn`` obeys `run_static`'s rules."""
+        if self.forward_graphs is not None:
+            out = self.forward_graphs.run_with_blocks(
+                key, fn, inputs, position=position, cache=cache, rows=rows
+            )
+            if out is not None:
+                return out
+        return fn(*inputs, eager_block)
+
     def logits_from_hidden(
         self, hidden: torch.Tensor, head: DraftHead | None = None, weights: DraftWeights | None = None
     ) -> torch.Tensor:

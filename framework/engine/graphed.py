@@ -31,7 +31,10 @@ graph (it grows between rounds); the blocks before it are still one graph.
 
 A strategy's own per-round device work (DEL's statistics over the verified chain) can take the
 route too: `ForwardGraphs.run_static` records a pure function of static input buffers as one graph
-per key and input shapes (`ModelAdapter.run_static`, `framework.view.RoundView.run_static`).
+per key and input shapes (`ModelAdapter.run_static`, `framework.view.RoundView.run_static`), and
+`ForwardGraphs.run_with_blocks` one whose model work is blocks run on candidate states of a
+committed position against the pool (CLaSp's dynamic programme: its L block calls and their glue
+in one graph).
 
 Graphs live in a bounded cache (`max_graphs`, least recently used dropped first): plans that
 change every round (SWIFT's search, CLaSp, DEL) record a graph per new plan, and a bound keeps
@@ -127,6 +130,7 @@ class ForwardGraphs:
         dev, n = store.device, arch.num_layers
         with torch.inference_mode(False):
             self._first = torch.zeros(n, dtype=torch.long, device=dev)  # each layer's first slot
+            self._at = torch.zeros(2, dtype=torch.long, device=dev)  # `run_with_blocks`' position, slot
             self._offsets = torch.arange(store.max_tokens, device=dev)
         self._ids: dict[int, torch.Tensor] = {}
         self._pos: dict[int, torch.Tensor] = {}
@@ -307,6 +311,58 @@ class ForwardGraphs:
         self.static_runs += 1
         self._touch(spec)
         return {name: t.clone() for name, t in out.items()}
+
+    def run_with_blocks(
+        self,
+        key: Hashable,
+        fn: Callable[..., dict[str, torch.Tensor]],
+        inputs: tuple[torch.Tensor, ...],
+        *,
+        position: int,
+        cache: KVCache,
+        rows: int,
+    ) -> dict[str, torch.Tensor] | None:
+        """``fn(*inputs, run_block)`` as one graph (`ModelAdapter.run_with_blocks`), where
+        ``run_block(b, states (n, d))`` runs block b on n <= ``rows`` candidate states of the
+        committed ``position``: each attends to the pool's slots before ``position`` and to its own
+        key and value, written in scratch slots after every layer's end (left unclaimed: the cache's
+        books do not change). The position and the scratch slot are device inputs, the attention
+        span part of the key.
+
+        Returns:
+            copies of ``fn``'s outputs, or ``None`` when the pool cannot serve ``cache`` (it does
+            not hold it, or the scratch rows would not fit): run it eagerly then.
+        """
+        store = self.store
+        base = max(cache.lengths)
+        if not (store.holds(cache) and 0 <= position < cache.committed and rows <= store.max_tokens):
+            return None
+        if base + rows > store.capacity:
+            return None
+        span = self.span(base + rows)
+        self._at.copy_(torch.tensor([position, base], dtype=torch.long), non_blocking=True)
+        return self.run_static(
+            ("blocks", key, span), lambda *xs: fn(*xs, lambda b, h: self._static_block(b, h, span)), inputs
+        )
+
+    def _static_block(self, b: int, states: torch.Tensor, span: int) -> torch.Tensor:
+        """Block ``b`` on candidate states (n, d) at the position in ``_at[0]``, their keys and
+        values written from slot ``_at[1]`` on: the static form of `DecodeState.forward_block`."""
+        a, store = self.arch, self.store
+        assert store.keys is not None and store.values is not None
+        n = states.shape[0]
+        h = states[None]  # (1, n, d): one sequence of n candidates
+        pos_emb = a.rotary(h, self._at[:1].expand(1, n))
+        slots = self._at[1] + self._offsets[:n]  # (n,)
+        ar = self._slots_arange()[:span]
+        hidden_slots = (ar[None, :] >= self._at[0]) & (ar[None, :] != slots[:, None])  # (n, span)
+        dtype = store.keys.dtype
+        mask = torch.zeros(hidden_slots.shape, dtype=dtype, device=store.device)
+        mask = mask.masked_fill(hidden_slots, torch.finfo(dtype).min)
+        kv = _SlotCache(store.keys, store.values, slots, span)
+        h = h + a.attention_branch(b, h, pos_emb, mask[None, None], kv)
+        h = h + a.mlp_branch(b, h)
+        return h[0]
 
     def _touch(self, spec: ForwardSpec | tuple) -> None:
         """Mark ``spec`` (a forward's, or a static function's key) used; drop the least recently

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -519,6 +520,29 @@ class DecodeState:
         """A strategy's own device work as one graph where forwards run as one
         (`ModelAdapter.run_static`)."""
         return self.adapter.run_static(key, fn, *inputs)
+
+    def run_with_blocks(
+        self,
+        key: Hashable,
+        fn: Callable[..., dict[str, torch.Tensor]],
+        *inputs: torch.Tensor,
+        position: int,
+        rows: int,
+    ) -> dict[str, torch.Tensor]:
+        """``fn(*inputs, run_block)`` with ``run_block(b, states)`` = `forward_block` at the
+        committed ``position`` (n <= ``rows`` states), as one graph where forwards run as one
+        (`ModelAdapter.run_with_blocks`)."""
+        if not 0 <= position < self.cache.committed:
+            raise ValueError(f"position must be committed, in [0, {self.cache.committed}), got {position}")
+        return self.adapter.run_with_blocks(
+            key,
+            fn,
+            *inputs,
+            position=position,
+            cache=self.cache,
+            rows=rows,
+            eager_block=partial(self.forward_block, position=position),
+        )
 
     # ------------------------------------------------------------------ the round's read
     def ride(self, compute: Callable[[torch.Tensor], torch.Tensor | None]) -> Ride:

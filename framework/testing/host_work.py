@@ -8,8 +8,8 @@ test can hold every preset to a budget per round:
 - operations: every ATen operator dispatched inside the block (a ``TorchDispatchMode``), except
   inside the model's forwards (`ModelAdapter.forward`, ``run``, ``forward_from``: what the
   executor owns, one graph each on the forward route) and a strategy's static functions
-  (`ModelAdapter.run_static`: one graph each on that route too), by operator and by the line of
-  project code that dispatched it;
+  (`ModelAdapter.run_static`, ``run_with_blocks``: one graph each on that route too), by operator
+  and by the line of project code that dispatched it;
 - host reads: `framework.testing.syncs.count_host_reads`, outside the forwards too.
 
     with count_host_work() as work:
@@ -79,7 +79,7 @@ IF_NEW = frozenset({"aten.to"})
 
 #: The adapter's methods whose work is the forward's (excluded). Its LM-head services for
 #: strategies (``logits_from_hidden``, ``top1_from_hidden``: DEL's shadow tokens) are round work.
-FORWARDS = ("forward", "run", "forward_from", "run_static")
+FORWARDS = ("forward", "run", "forward_from", "run_static", "run_with_blocks")
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -152,6 +152,93 @@ def _dp_tables(
     return runs, reach, has_run, both
 
 
+def _check_skip(n_layers: int, m: int, protected: set[int]) -> None:
+    if not 0 <= m <= n_layers - len(protected):
+        raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(protected)} protected")
+
+
+def dp_tables(n_layers: int, m: int, protected: Collection[int], device: torch.device) -> torch.Tensor:
+    """BoolTensor (2, L, M+1) on ``device``: which DP states may come from running a block, and
+    which from running or skipping it (`_dp_tables`), uploaded once for `dp_choices`."""
+    prot = set(protected)
+    _check_skip(n_layers, m, prot)
+    _, reach, has_run, both = _dp_tables(n_layers, m, prot)
+    if not reach[n_layers][m]:  # unreachable given the check above; kept as a guard
+        raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
+    return upload([has_run, both], device, torch.bool)
+
+
+def dp_choices(
+    x: torch.Tensor,
+    tables: torch.Tensor,
+    run_block: RunBlock,
+    num_skip: int,
+    *,
+    protected: Collection[int] = (),
+    objective: str = "max_cosine",
+    sequence_parallel: bool = True,
+) -> torch.Tensor:
+    """The DP's work on the device (`clasp_dp`): every layer's choices and the final cosine,
+    FloatTensor (L * (M+1) + 1,) in float64, ready for one read (`backtrack`).
+
+    No host read, no upload and no Python state: with ``tables`` (`dp_tables`) and ``run_block``
+    given, this is a static function of ``x``, which `RoundView.run_with_blocks` records as one
+    CUDA graph on the forward route. Arguments as `clasp_dp`'s.
+    """
+    n_layers = x.shape[0] - 1
+    m = num_skip
+    runs = _dp_tables(n_layers, m, set(protected))[0]
+    # Row j of layer i: g(i, j). The candidates of layer i are stacked as
+    # [ran (M+1 rows: block i-1 on g(i-1, j)), x_i, g(i-1, 0..M-1)], so that rows M+1.. are the
+    # "skip" candidates of j = 0..M (g(i, 0) = x_i, and g(i-1, j-1) passed through for j >= 1).
+    units = _units(x)  # x_i / |x_i|, every layer at once
+    zeros = x.new_zeros(m + 1, x.shape[1])
+    better = torch.gt if objective == "max_cosine" else torch.lt  # run only if strictly better
+    prev = torch.cat([x[:1], zeros[:m]])
+    decisions = []
+    for i in range(1, n_layers + 1):
+        b = i - 1
+        a, z = runs[b]
+        parts = [zeros[:a]] if a else []
+        if z >= a:
+            states = prev[a : z + 1]  # a contiguous band: a view
+            if sequence_parallel:
+                parts.append(run_block(b, states))
+            else:
+                parts += [run_block(b, states[k : k + 1]) for k in range(z - a + 1)]
+            parts.append(zeros[: m - z])
+        else:
+            parts = [zeros]
+        cand = torch.cat([*parts, x[i : i + 1], prev[:m]])  # (2M + 2, d)
+        cos = _cos(cand, units[i])
+        run = torch.where(tables[1, b], better(cos[: m + 1], cos[m + 1 :]), tables[0, b])
+        prev = torch.where(run[:, None], cand[: m + 1], cand[m + 1 :])
+        decisions.append(run)
+    final = _cos(prev[m : m + 1], units[n_layers])
+    return torch.cat([torch.stack(decisions).flatten().double(), final.double()])
+
+
+def dp_work(n_layers: int, m: int, protected: Collection[int], sequence_parallel: bool) -> tuple[int, int]:
+    """``(block calls, single-state evaluations)`` of one DP: fixed by (L, M, protected)."""
+    calls = evals = 0
+    for a, z in _dp_tables(n_layers, m, set(protected))[0]:
+        if z >= a:
+            calls += 1 if sequence_parallel else z - a + 1
+            evals += z - a + 1
+    return calls, evals
+
+
+def backtrack(read: Sequence[float], n_layers: int, m: int) -> tuple[tuple[int, ...], float]:
+    """The skip set and final cosine from `dp_choices`' values, read: from (L, M) back to (0, 0)."""
+    cosine, ran = read[-1], read[:-1]
+    skip, j = [], m
+    for i in range(n_layers, 0, -1):
+        if j > 0 and not ran[(i - 1) * (m + 1) + j]:
+            skip.append(i - 1)
+            j -= 1
+    return tuple(sorted(skip)), cosine
+
+
 def clasp_dp(
     x: torch.Tensor,
     run_block: RunBlock,
@@ -169,11 +256,11 @@ def clasp_dp(
     Backtracking from ``(L, M)`` gives the skip set. States that can no longer reach ``(L, M)``
     (``j < M - (L - i)``) are never evaluated; this prunes work without changing the result.
 
-    Work on the device: which states exist depends on (L, M, protected) only (`_dp_tables`, on the
-    host); a layer's choices are a fixed handful of tensor operations over all M + 1 rows at once
-    (one concatenation, a cosine, a comparison, two selections), with no host-device
-    synchronisation; the choices of every layer and the final cosine are read once, for the
-    backtrack.
+    Work on the device (`dp_choices`): which states exist depends on (L, M, protected) only
+    (`_dp_tables`, on the host, uploaded once: `dp_tables`); a layer's choices are a fixed handful
+    of tensor operations over all M + 1 rows at once (one concatenation, a cosine, a comparison,
+    two selections), with no host-device synchronisation; the choices of every layer and the final
+    cosine are read once, for the backtrack (`backtrack`).
 
     Args:
         x: (L+1, d) the full model's pre-norm residuals of one token (index 0: its embedding).
@@ -188,52 +275,18 @@ def clasp_dp(
         ValueError: M blocks cannot be skipped outside ``protected``.
     """
     n_layers = x.shape[0] - 1
-    m = num_skip
-    if not 0 <= m <= n_layers - len(set(protected)):
-        raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(set(protected))} protected")
-    runs, reach, has_run, both = _dp_tables(n_layers, m, set(protected))
-    if not reach[n_layers][m]:  # unreachable given the check above; kept as a guard
-        raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
-    # Row j of layer i: g(i, j). The candidates of layer i are stacked as
-    # [ran (M+1 rows: block i-1 on g(i-1, j)), x_i, g(i-1, 0..M-1)], so that rows M+1.. are the
-    # "skip" candidates of j = 0..M (g(i, 0) = x_i, and g(i-1, j-1) passed through for j >= 1).
-    tables = upload([has_run, both], x.device, torch.bool)  # (2, L, M+1): one upload
-    units = _units(x)  # x_i / |x_i|, every layer at once
-    zeros = x.new_zeros(m + 1, x.shape[1])
-    better = torch.gt if objective == "max_cosine" else torch.lt  # run only if strictly better
-    prev = torch.cat([x[:1], zeros[:m]])
-    decisions = []
-    calls = evals = 0
-    for i in range(1, n_layers + 1):
-        b = i - 1
-        a, z = runs[b]
-        parts = [zeros[:a]] if a else []
-        if z >= a:
-            states = prev[a : z + 1]  # a contiguous band: a view
-            if sequence_parallel:
-                parts.append(run_block(b, states))
-                calls += 1
-            else:
-                parts += [run_block(b, states[k : k + 1]) for k in range(z - a + 1)]
-                calls += z - a + 1
-            evals += z - a + 1
-            parts.append(zeros[: m - z])
-        else:
-            parts = [zeros]
-        cand = torch.cat([*parts, x[i : i + 1], prev[:m]])  # (2M + 2, d)
-        cos = _cos(cand, units[i])
-        run = torch.where(tables[1, b], better(cos[: m + 1], cos[m + 1 :]), tables[0, b])
-        prev = torch.where(run[:, None], cand[: m + 1], cand[m + 1 :])
-        decisions.append(run)
-    final = _cos(prev[m : m + 1], units[n_layers])
-    read = torch.cat([torch.stack(decisions).flatten().double(), final.double()]).tolist()  # one read
-    cosine, ran = read[-1], read[:-1]
-    skip, j = [], m
-    for i in range(n_layers, 0, -1):
-        if j > 0 and not ran[(i - 1) * (m + 1) + j]:
-            skip.append(i - 1)
-            j -= 1
-    return DPResult(tuple(sorted(skip)), cosine, calls, evals)
+    tables = dp_tables(n_layers, num_skip, protected, x.device)
+    options = {"protected": protected, "objective": objective, "sequence_parallel": sequence_parallel}
+    read = dp_choices(x, tables, run_block, num_skip, **options).tolist()  # one read
+    skip, cosine = backtrack(read, n_layers, num_skip)
+    return DPResult(skip, cosine, *dp_work(n_layers, num_skip, protected, sequence_parallel))
+
+
+def _dp_values(
+    x: torch.Tensor, tables: torch.Tensor, run_block: RunBlock, **options: Any
+) -> dict[str, torch.Tensor]:
+    """`dp_choices` as a static function (`RoundView.run_with_blocks`' ``fn``)."""
+    return {"read": dp_choices(x, tables, run_block, **options)}
 
 
 def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[int]:
@@ -264,6 +317,7 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         self._L = 0
         self._m = 0
         self._protected: frozenset[int] = frozenset()
+        self._tables: dict[torch.device, torch.Tensor] = {}
         # ``self.budget`` (BudgetedWork) caps the DPs' share of wall time; it spans generations
         # (`reset` resumes it)
         self.reset()
@@ -291,6 +345,8 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
                 f"protect_last={c.protect_last} (M = {m})",
             )
         self._L, self._m, self._protected = n, m, frozenset(protected)
+        #: `dp_tables` per device, uploaded once (a graph of the DP copies them in each run)
+        self._tables: dict[torch.device, torch.Tensor] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -327,15 +383,31 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         One unit of the work budget: timed by it, whether or not `WorkBudget.allows` was asked
         (the caller decides; the prompt's DP, the generation's first unit, is always allowed).
         """
+        c, n_layers = self.config, hidden.shape[0] - 1
+        key = ("clasp_dp", self._m, tuple(sorted(self._protected)), c.objective, c.sequence_parallel)
         with self.budget.unit() as unit:
-            res = clasp_dp(
+            tables = self._tables.get(hidden.device)
+            if tables is None:
+                tables = self._tables[hidden.device] = dp_tables(
+                    n_layers, self._m, self._protected, hidden.device
+                )
+            # The DP's block calls and glue: one CUDA graph on the forward route (one read after it)
+            out = state.run_with_blocks(
+                key,
+                partial(
+                    _dp_values,
+                    num_skip=self._m,
+                    protected=self._protected,
+                    objective=c.objective,
+                    sequence_parallel=c.sequence_parallel,
+                ),
                 hidden,
-                partial(state.forward_block, position=position),
-                self._m,
-                protected=self._protected,
-                objective=self.config.objective,
-                sequence_parallel=self.config.sequence_parallel,
+                tables,
+                position=position,
+                rows=self._m + 1,
             )
+            skip, cosine = backtrack(out["read"].tolist(), n_layers, self._m)  # the DP's one read
+            res = DPResult(skip, cosine, *dp_work(n_layers, self._m, self._protected, c.sequence_parallel))
         self._set_plan(res.skip)
         self._dp_seconds.append(unit.seconds)
         self._calls += res.block_calls

@@ -408,3 +408,63 @@ def test_del_statistics_as_a_static_function_decide_what_they_decide_eagerly(mon
     assert graphed_res.tokens == eager_res.tokens
     for key in ("exit_layers", "lengths", "thresholds", "alpha", "rides"):
         assert s[key] == w[key], key
+
+
+def test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses():
+    """CLaSp's dynamic programme through `run_with_blocks` on the forward route: its L block calls
+    (the static form of `forward_block`, against the pool) and their glue are one graph, recorded
+    once and replayed at any committed position (a device input); the skip set is the eager DP's,
+    and the cache's books do not change."""
+    from functools import partial
+
+    from strategies.selectors.clasp_dp import _dp_values, backtrack, clasp_dp, dp_tables
+
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=8, recorder=rec, capture=True)
+    states = [DecodeState(a, random_prompt(12, seed=3), 48, capture_hidden=True) for a in (eager, graphed)]
+    for s in states:
+        s.append(s.prefill().argmax(-1)[:, None])
+    m = 4
+    fn = partial(_dp_values, num_skip=m, protected=(), objective="max_cosine", sequence_parallel=True)
+    lengths = list(states[1].cache.lengths)
+    for p in (11, 6, 9):  # committed positions of the prompt
+        x = states[0].last_hidden_states[:, 0, p]
+        want = clasp_dp(x, partial(states[0].forward_block, position=p), m)
+        tables = dp_tables(8, m, (), x.device)
+        out = states[1].run_with_blocks("dp", fn, x, tables, position=p, rows=m + 1)
+        skip, cosine = backtrack(out["read"].tolist(), 8, m)
+        assert skip == want.skip and cosine == pytest.approx(want.cosine, abs=1e-5), p
+    assert graphed.graphs.captures == 1 and rec.graphs[0].replays == 3  # one graph, any position
+    assert states[1].cache.lengths == lengths
+    with pytest.raises(ValueError, match="position must be committed"):
+        states[1].run_with_blocks("dp", fn, x, tables, position=12, rows=m + 1)
+
+
+def test_clasp_decodes_through_its_dp_graph_as_through_the_eager_dp(monkeypatch):
+    from framework.engine.graphed import ForwardGraphs
+    from strategies.drafters.layer_skip import LayerSkipDrafter
+    from strategies.length.fixed import FixedLength, FixedLengthConfig
+    from strategies.selectors.clasp_dp import ClaspDPConfig, ClaspDPSelector
+    from strategies.verifiers.greedy import GreedyVerifier
+
+    prompt = random_prompt(10, 128, seed=6)
+
+    def decode():
+        _, graphed = _adapters(num_layers=8, recorder=_Recorder(), capture=True)
+        sel = ClaspDPSelector(ClaspDPConfig(num_skip=3, interval=2))
+        dec = SpeculativeDecoder(
+            graphed, sel, FixedLength(FixedLengthConfig(k=3)), LayerSkipDrafter(), GreedyVerifier()
+        )
+        dec.prepare(prepare_context(graphed))
+        res = dec.generate(prompt, StopCondition(30))
+        return res, graphed.forward_graphs.static_runs, graphed
+
+    graphed_res, runs, adapter = decode()
+    sets = graphed_res.strategy_summary["selector"]["sets"]
+    assert runs == len(sets) >= 4  # the prompt's DP and the refreshes, each one graph
+    assert graphed_res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(30)).tokens
+    monkeypatch.setattr(ForwardGraphs, "run_with_blocks", lambda self, *args, **kwargs: None)
+    eager_res, runs, _ = decode()
+    assert runs == 0
+    assert [s["skip"] for s in sets] == [s["skip"] for s in eager_res.strategy_summary["selector"]["sets"]]
+    assert graphed_res.tokens == eager_res.tokens

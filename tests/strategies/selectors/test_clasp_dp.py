@@ -415,7 +415,7 @@ def _on_fake_clock(sel, monkeypatch, dp_seconds: float) -> None:
     takes 1 s and every DP ``dp_seconds`` (the DPs themselves run for real)."""
     clock = FakeClock()
     sel.budget = WorkBudget(sel.config.work_budget, clock=clock)
-    plan, dp = sel.plan, clasp_module.clasp_dp
+    plan, dp = sel.plan, clasp_module.backtrack  # once per DP, inside its timed unit
 
     def timed_plan(state):
         clock.t += 1.0
@@ -427,7 +427,7 @@ def _on_fake_clock(sel, monkeypatch, dp_seconds: float) -> None:
         return out
 
     monkeypatch.setattr(sel, "plan", timed_plan)
-    monkeypatch.setattr(clasp_module, "clasp_dp", timed_dp)
+    monkeypatch.setattr(clasp_module, "backtrack", timed_dp)
 
 
 def test_work_budget_defers_refreshes_to_the_next_round_and_reports_it(monkeypatch):
