@@ -608,6 +608,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "sample_noise_multiplied",
+        "sampling multiplies the weights by the exponential noise instead of dividing (not the race)",
+        "strategies/verifiers/sampling.py",
+        "    return (probs / noise).argmax(dim=-1)",
+        "    return (probs * noise).argmax(dim=-1)",
+        (
+            "tests/strategies/verifiers/test_sampling.py::test_sample_is_torch_multinomial_draw_for_draw",
+            "tests/strategies/verifiers/test_sampling_rule.py::test_accept_prefix_samples_the_exact_law",
+        ),
+    ),
+    Mutation(
+        "draft_noise_off_the_verifiers_stream",
+        "a sampled draft step draws its noise from torch's global generator, not the verifier's seeded one",
+        "strategies/verifiers/sampling.py",
+        "            1, generator=self.generator(logits.device)\n",
+        "            1\n",
+        ("tests/strategies/verifiers/test_sampling.py",),
+    ),
+    Mutation(
         "chain_sums_first_exit",
         "DEL's chain statistics end the window where the first candidate layer, not the exit E, leaves the target",
         "strategies/selectors/del_tpl.py",

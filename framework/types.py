@@ -8,7 +8,7 @@ size. Tensors are annotated ``name: LongTensor (B, K)`` in docstrings.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -303,6 +303,29 @@ class LengthHint:
     max_length: int
     threshold: float | None = None
     source: str = ""
+
+
+@dataclass(frozen=True)
+class DraftSampler:
+    """How drafters sample a token, split so that the rule can run as one graph.
+
+    A sampling verifier's `Verifier.draft_sampler` (any callable ``logits -> (tokens, q)`` works
+    too). Called, it draws and samples. `framework.drafting.builder.DraftBuilder` instead draws the
+    step's random numbers with ``noise`` (from the verifier's generator) and runs ``rule`` through
+    `RoundView.run_static`, which records it as one graph on the forward graph route.
+
+    Attributes:
+        key: what the rule depends on besides its inputs (the warping's settings).
+        noise: ``logits (B, V) -> draws``, the step's random numbers.
+        rule: ``(logits (B, V), draws) -> (tokens (B,), q (B, V))``: pure, no generator, no read.
+    """
+
+    key: Hashable
+    noise: Callable[[torch.Tensor], torch.Tensor]
+    rule: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rule(logits, self.noise(logits))
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from framework.interfaces import LengthController
-from framework.types import Draft, LayerPlan, Picked, TokenPick, pick_tokens
+from framework.types import Draft, DraftSampler, LayerPlan, Picked, TokenPick, pick_tokens
 from framework.utils import upload
 from framework.view import RoundView
 
@@ -68,6 +68,7 @@ class DraftBuilder:
     """
 
     def __init__(self, state: RoundView) -> None:
+        self._state = state
         self.sampler = state.draft_sampler
         self.want_extras = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
         self.want_probs = state.need_draft_probs
@@ -117,14 +118,17 @@ class DraftBuilder:
         """
         if self.sampler is not None:  # sampling: the same warping as the verifier's target
             full = logits if head is None else head.expand(logits)  # q is 0 outside the head
-            tok, p = self.sampler(full)  # p: the warped draft distribution q (B, V)
-            top_p = p.max(dim=-1).values  # Draft & Verify Alg. 4: max_x q(x)
+            if isinstance(self.sampler, DraftSampler):  # the draws here, the rest one static function
+                key = ("draft.sample", self.sampler.key, self.top_k)
+                out = self._state.run_static(key, self._sampled_step, full, self.sampler.noise(full))
+            else:
+                out = self._sampled_step(full)
+            tok, p, top_p = out["tokens"], out["q"], out["top_p"]  # p: the warped draft q (B, V)
             if self.want_probs:
                 self.probs.append(p)  # over the vocabulary already
             if self.top_k:
-                vals, idx = p.topk(min(self.top_k, p.shape[-1]), dim=-1)  # (B, k), sorted by p
-                self.top_tokens.append(idx)
-                self.top_probs.append(vals)
+                self.top_tokens.append(out["top_tokens"])
+                self.top_probs.append(out["top_probs"])
         else:
             if picked is None:
                 picked = pick_tokens(logits, self.pick)
@@ -149,6 +153,19 @@ class DraftBuilder:
         if self.sampler is not None:
             return tok, DraftConfidence(self.host_top1[-1], full[0], tok[0])
         return tok, DraftConfidence(self.host_top1[-1])  # greedy: the drafted token is the argmax
+
+    def _sampled_step(
+        self, logits: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """A sampled step's device work: the token and q (the sampler's rule, given its draws, or
+        the sampler itself), q's top-1 probability (Draft & Verify Alg. 4: max_x q(x)) and its top
+        ``top_k``."""
+        tok, p = self.sampler(logits) if noise is None else self.sampler.rule(logits, noise)
+        out = {"tokens": tok, "q": p, "top_p": p.max(dim=-1).values}
+        if self.top_k:
+            vals, idx = p.topk(min(self.top_k, p.shape[-1]), dim=-1)  # (B, k), sorted by p
+            out.update(top_tokens=idx, top_probs=vals)
+        return out
 
     def drop_last(self, conf: float | None = None) -> None:
         """Forget the last token (a drafter that breaks before appending, as DEL does).

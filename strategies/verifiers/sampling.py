@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from framework import Draft, RoundView, Verification, Verifier, register_verifier
 from framework.config_fields import ConfigError, check_range, param
+from framework.types import DraftSampler
 
 #: A residual ``max(0, p - q)`` with less total mass than this is treated as empty (p == q up to
 #: rounding, where a rejection has probability ~0): the replacement is then sampled from p.
@@ -66,8 +66,29 @@ def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: 
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of ``probs`` (B, V) -> LongTensor (B,); zero-probability tokens never come."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row of ``probs`` (B, V) -> LongTensor (B,); zero-probability tokens never come.
+
+    ``torch.multinomial(probs, 1)``, token for token and draw for draw: its own rule for one
+    sample is the argmax of ``probs / noise`` with Exp(1) noise (`sample_with_noise`), which is
+    drawn here first, so that the rule itself can run where no generator is (a graph).
+    """
+    return sample_with_noise(probs, torch.empty_like(probs).exponential_(1, generator=generator))
+
+
+def sample_with_noise(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """`sample` given its noise: ``argmax(probs / noise)`` over the last dimension, ``noise``
+    (B, V) Exp(1) draws (the exponential race: exact for any non-negative weights)."""
+    return (probs / noise).argmax(dim=-1)
+
+
+def acceptance_noise(
+    batch: int, k: int, vocab: int, dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The random draws of one `accept_prefix`, in its order: the K acceptance uniforms (B, K)
+    (``None`` when K = 0), then the Exp(1) noise (B, V) of the token it samples."""
+    u = torch.rand(batch, k, generator=generator, device=device, dtype=dtype) if k else None
+    e = torch.empty(batch, vocab, dtype=dtype, device=device).exponential_(1, generator=generator)
+    return u, e
 
 
 def accept_prefix(
@@ -79,7 +100,8 @@ def accept_prefix(
     first rejection the replacement is sampled from ``norm(max(0, p_j - q_j))`` (from ``p_j`` if that
     residual is numerically empty) and drafting stops; if all K are accepted the bonus token is
     sampled from ``p_{K+1}``. The K uniforms are drawn at once (equivalent to drawing them one by
-    one and stopping at the first rejection), then one token.
+    one and stopping at the first rejection), then one token (`acceptance_noise`, then
+    `accept_with_noise`).
 
     Args:
         draft_tokens: LongTensor (B, K), K >= 0.
@@ -91,22 +113,32 @@ def accept_prefix(
         ``(num_accepted (B,), next_token (B,))``: m per row and the correction or bonus token.
     """
     b, k = draft_tokens.shape
+    u, e = acceptance_noise(b, k, p.shape[-1], p.dtype, p.device, generator)
+    return accept_with_noise(draft_tokens, q, p, u, e)
+
+
+def accept_with_noise(
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor | None, e: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`accept_prefix` given its draws (`acceptance_noise`): no generator, no host read (a static
+    function of device tensors)."""
+    b, k = draft_tokens.shape
+    if not k:
+        return torch.zeros(b, dtype=torch.long, device=p.device), sample_with_noise(p[:, 0], e)
+    assert u is not None
     q = q.to(p.dtype)
     rows = torch.arange(b, device=p.device)
-    if not k:
-        return torch.zeros(b, dtype=torch.long, device=p.device), sample(p[:, 0], generator)
     idx = draft_tokens[..., None]
     p_d = p[:, :k].gather(-1, idx).squeeze(-1)  # (B, K)
     q_d = q.gather(-1, idx).squeeze(-1)
-    u = torch.rand(b, k, generator=generator, device=p.device, dtype=p.dtype)
     # u < min(1, p/q) is u * q < p for u in [0, 1): no division, and q(d) = 0 (which cannot happen
     # for a token sampled from q) accepts iff p(d) > 0
     m = torch.lt(u * q_d, p_d).cumprod(dim=1).sum(dim=1)  # (B,): accepted before the first rejection
     p_m = p[rows, m]  # (B, V): p_{m+1}, the bonus distribution when m == K
     q_m = q[rows, m.clamp(max=k - 1)]
-    residual = (p_m - q_m).clamp_min(0)  # multinomial normalises it
+    residual = (p_m - q_m).clamp_min(0)  # the exponential race takes weights: no normalising
     use_residual = (m < k) & (residual.sum(dim=-1) > RESIDUAL_EPS)  # rejected, and p != q there
-    return m, sample(torch.where(use_residual[:, None], residual, p_m), generator)
+    return m, sample_with_noise(torch.where(use_residual[:, None], residual, p_m), e)
 
 
 @register_verifier("sampling", config=SamplingVerifierConfig)
@@ -151,12 +183,23 @@ class SamplingVerifier(Verifier):
         c = self.config
         return warp(logits, c.temperature, c.top_k, c.top_p)
 
-    def draft_sampler(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        def sample_draft(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            q = self.warp(logits)
-            return sample(q, self.generator(q.device)), q
+    def draft_sampler(self) -> DraftSampler:
+        """Warp the draft logits as the target's, sample from q: ``noise`` draws what `sample`
+        draws, from this verifier's stream; ``rule`` is the rest (a graph on the graph route)."""
+        c = self.config
+        return DraftSampler(
+            ("sampling.draft", c.temperature, c.top_k, c.top_p), self._draft_noise, self._draft_rule
+        )
 
-        return sample_draft
+    def _draft_noise(self, logits: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # `warp`'s
+        return torch.empty(logits.shape, dtype=dtype, device=logits.device).exponential_(
+            1, generator=self.generator(logits.device)
+        )
+
+    def _draft_rule(self, logits: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.warp(logits)
+        return sample_with_noise(q, noise), q
 
     def choose(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.warp(logits)
@@ -177,16 +220,44 @@ class SamplingVerifier(Verifier):
             )
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
         out = state.forward_verify(block, logits_at="all")
-        p = self.warp(out.logits)  # (B, K+1, V)
-        q = draft.probs if k else p.new_zeros(p.shape[0], 0, p.shape[-1])
-        m, nxt = accept_prefix(draft.tokens, q, p, self.generator(p.device))
-        row = state.read(torch.cat([m[:1], nxt[:1], draft.tokens[0]]))  # the round's one device read
+        logits = out.logits
+        b, _, v = logits.shape
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # `warp`'s
+        u, e = acceptance_noise(b, k, v, dtype, logits.device, self.generator(logits.device))
+        # The warping, the acceptance rule and the round's values in one static function: one
+        # graph on the forward graph route (the draws above are its only random inputs)
+        c = self.config
+        key = ("sampling.verify", c.temperature, c.top_k, c.top_p, k)
+        inputs = (logits, draft.tokens, e) if not k else (logits, draft.tokens, e, draft.probs, u)
+        res = state.run_static(key, self._verify_static, *inputs)
+        row = state.read(res["packed"])  # the round's one device read
         a = row[0]
-        new = torch.cat([draft.tokens[:, :a], nxt[:, None]], dim=1)  # (B, m+1)
+        new = torch.cat([draft.tokens[:, :a], res["next"][:, None]], dim=1)  # (B, m+1)
         return Verification(
-            num_accepted=m,
+            num_accepted=res["m"],
             new_tokens=new,
-            target_tokens=out.logits.argmax(dim=-1),
+            target_tokens=res["target"],
             hidden_states=out.hidden_states,
             host_tokens=(*row[2 : 2 + a], row[1]),
         )
+
+    def _verify_static(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        e: torch.Tensor,
+        q: torch.Tensor | None = None,
+        u: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """`verify`'s device work given its draws: warp the target rows, apply `accept_with_noise`,
+        pack m, the next token and row 0's drafts for the read."""
+        p = self.warp(logits)  # (B, K+1, V)
+        if q is None:
+            q = p.new_zeros(p.shape[0], 0, p.shape[-1])
+        m, nxt = accept_with_noise(tokens, q, p, u, e)
+        return {
+            "m": m,
+            "next": nxt,
+            "target": logits.argmax(dim=-1),
+            "packed": torch.cat([m[:1], nxt[:1], tokens[0]]),
+        }

@@ -468,3 +468,39 @@ def test_clasp_decodes_through_its_dp_graph_as_through_the_eager_dp(monkeypatch)
     assert runs == 0
     assert [s["skip"] for s in sets] == [s["skip"] for s in eager_res.strategy_summary["selector"]["sets"]]
     assert graphed_res.tokens == eager_res.tokens
+
+
+def test_speculative_sampling_through_static_graphs_draws_what_it_draws_eagerly(monkeypatch):
+    """A sampled draft step's rule and the sampling verification (warping, acceptance, the
+    replacement or bonus token) run as static functions on the forward route; their random draws
+    stay outside, from the verifier's stream. So the same seed gives the same tokens as the same
+    functions run eagerly on the same adapter."""
+    from framework.engine.graphed import ForwardGraphs
+    from strategies.drafters.layer_skip import LayerSkipDrafter
+    from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
+    from strategies.selectors.static import StaticSelector, StaticSelectorConfig
+    from strategies.verifiers.sampling import SamplingVerifier, SamplingVerifierConfig
+
+    prompt = random_prompt(8, 128, seed=2)
+
+    def decode():
+        _, graphed = _adapters(num_layers=6, recorder=_Recorder(), capture=True)
+        dec = SpeculativeDecoder(
+            graphed,
+            StaticSelector(StaticSelectorConfig(skip_ratio=0.3)),
+            ConfidenceLength(ConfidenceLengthConfig(threshold=0.05, max_length=4)),
+            LayerSkipDrafter(),
+            SamplingVerifier(SamplingVerifierConfig(temperature=0.8, top_p=0.95, seed=11)),
+        )
+        dec.prepare(prepare_context(graphed))
+        res = dec.generate(prompt, StopCondition(30))
+        kinds = {k[1][0] for k in graphed.graphs._graphs if k[0] == "static"}
+        return res, kinds, graphed.forward_graphs.static_runs
+
+    graphed_res, kinds, runs = decode()
+    assert kinds == {"sampling.verify", "draft.sample"}
+    assert runs == len(graphed_res.accept_lengths) + graphed_res.drafted
+    monkeypatch.setattr(ForwardGraphs, "run_static", lambda self, key, fn, inputs: fn(*inputs))
+    eager_res, kinds, runs = decode()
+    assert not kinds and runs == 0
+    assert graphed_res.tokens == eager_res.tokens and graphed_res.accept_lengths == eager_res.accept_lengths

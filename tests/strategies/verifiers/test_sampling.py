@@ -582,3 +582,34 @@ def test_speculative_sampling_with_a_plan_changing_selector():
     )
     assert seen["replanned"] >= N_REPLAN // 2, f"the plan changed within only {seen['replanned']} runs"
     _assert_lossless("clasp_dp replanning", samples)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sample_is_torch_multinomial_draw_for_draw(dtype):
+    """`sample` draws its Exp(1) noise first and applies `torch.multinomial`'s own rule for one
+    sample (the exponential race): the same tokens from the same stream, which then stands where
+    multinomial's would (the rule itself can run in a graph, the draws before it)."""
+    from strategies.verifiers.sampling import sample
+
+    w = torch.softmax(torch.randn(3, 500, dtype=dtype, generator=torch.Generator().manual_seed(1)), -1)
+    w[:, 7] = 0.0  # a token that never comes
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(100):
+        assert torch.equal(sample(w, g1), torch.multinomial(w, 1, generator=g2).squeeze(-1))
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_the_draft_sampler_draws_then_applies_its_rule():
+    """`DraftSampler`: calling it draws from the verifier's stream and applies the rule; the builder
+    splits the two (draws on the host side, the rule a static function) with the same result."""
+    from framework.types import DraftSampler
+
+    ver = SamplingVerifier(SamplingVerifierConfig(temperature=0.7, top_p=0.9, seed=3))
+    sampler = ver.draft_sampler()
+    assert isinstance(sampler, DraftSampler) and sampler.key == ("sampling.draft", 0.7, 0, 0.9)
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(2))
+    tok, q = sampler(logits)
+    torch.testing.assert_close(q, ver.warp(logits))
+    again = SamplingVerifier(SamplingVerifierConfig(temperature=0.7, top_p=0.9, seed=3)).draft_sampler()
+    tok2, q2 = again.rule(logits, again.noise(logits))
+    assert torch.equal(tok, tok2) and torch.equal(q, q2)

@@ -442,6 +442,9 @@ class _FixedLogitsState:
     def read(self, values):
         return values.reshape(-1).tolist()
 
+    def run_static(self, key, fn, *inputs):
+        return fn(*inputs)
+
 
 class _UnwarpedDraftQ(SamplingVerifier):
     """Planted bug: the draft is sampled from the warped q but Draft.probs keeps softmax(logits)."""
