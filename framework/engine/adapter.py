@@ -753,9 +753,10 @@ class ModelAdapter:
         pool cannot serve the cache, ``fn`` runs eagerly with ``eager_block``
         (`DecodeState.forward_block`). ``fn`` obeys `run_static`'s rules."""
         if self.forward_graphs is not None:
-            out = self.forward_graphs.run_with_blocks(
-                key, fn, inputs, position=position, cache=cache, rows=rows
-            )
+            with self._backend():  # its attention runs as the forwards' does (exact mode's backend)
+                out = self.forward_graphs.run_with_blocks(
+                    key, fn, inputs, position=position, cache=cache, rows=rows
+                )
             if out is not None:
                 return out
         return fn(*inputs, eager_block)
