@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -120,10 +121,12 @@ def _units(x: torch.Tensor) -> torch.Tensor:
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-8)
 
 
+@functools.lru_cache(maxsize=64)
 def _dp_tables(
-    n_layers: int, m: int, protected: Collection[int]
+    n_layers: int, m: int, protected: frozenset[int]
 ) -> tuple[list[tuple[int, int]], list[list[bool]], list[list[bool]], list[list[bool]]]:
-    """Which DP states exist and how they can be reached: this depends on (L, M, protected) only.
+    """Which DP states exist and how they can be reached: this depends on (L, M, protected) only,
+    so it is computed once per triple (callers must not modify the lists).
 
     Returns, per layer i in 1..L (index i - 1):
         runs: ``(a, b)``, the contiguous rows j of layer i - 1 run through block i - 1
@@ -152,7 +155,7 @@ def _dp_tables(
     return runs, reach, has_run, both
 
 
-def _check_skip(n_layers: int, m: int, protected: set[int]) -> None:
+def _check_skip(n_layers: int, m: int, protected: frozenset[int]) -> None:
     if not 0 <= m <= n_layers - len(protected):
         raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(protected)} protected")
 
@@ -160,7 +163,7 @@ def _check_skip(n_layers: int, m: int, protected: set[int]) -> None:
 def dp_tables(n_layers: int, m: int, protected: Collection[int], device: torch.device) -> torch.Tensor:
     """BoolTensor (2, L, M+1) on ``device``: which DP states may come from running a block, and
     which from running or skipping it (`_dp_tables`), uploaded once for `dp_choices`."""
-    prot = set(protected)
+    prot = frozenset(protected)
     _check_skip(n_layers, m, prot)
     _, reach, has_run, both = _dp_tables(n_layers, m, prot)
     if not reach[n_layers][m]:  # unreachable given the check above; kept as a guard
@@ -187,7 +190,7 @@ def dp_choices(
     """
     n_layers = x.shape[0] - 1
     m = num_skip
-    runs = _dp_tables(n_layers, m, set(protected))[0]
+    runs = _dp_tables(n_layers, m, frozenset(protected))[0]
     # Row j of layer i: g(i, j). The candidates of layer i are stacked as
     # [ran (M+1 rows: block i-1 on g(i-1, j)), x_i, g(i-1, 0..M-1)], so that rows M+1.. are the
     # "skip" candidates of j = 0..M (g(i, 0) = x_i, and g(i-1, j-1) passed through for j >= 1).
@@ -221,7 +224,7 @@ def dp_choices(
 def dp_work(n_layers: int, m: int, protected: Collection[int], sequence_parallel: bool) -> tuple[int, int]:
     """``(block calls, single-state evaluations)`` of one DP: fixed by (L, M, protected)."""
     calls = evals = 0
-    for a, z in _dp_tables(n_layers, m, set(protected))[0]:
+    for a, z in _dp_tables(n_layers, m, frozenset(protected))[0]:
         if z >= a:
             calls += 1 if sequence_parallel else z - a + 1
             evals += z - a + 1
