@@ -514,6 +514,18 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/framework/engine/test_exact.py::test_the_backend_of_exact_mode_holds_for_every_attention_of_a_forward",
         ),
     ),
+    # ---- low precision (issue 48, item 4) -------------------------------------------------------
+    Mutation(
+        "bf16_head_check_at_float32_tolerance",
+        "the reduced draft head is checked against a bfloat16 model's own head at float32's tolerance "
+        "(the default preset's preparation fails in bfloat16)",
+        "framework/engine/draft_head.py",
+        "    return max(1e-3, HEAD_CHECK_ULPS * torch.finfo(dtype).eps)",
+        "    return 1e-3",
+        (
+            "tests/framework/session/test_low_precision_presets.py::test_every_preset_prepares_and_decodes_in_low_precision[static_confidence-bfloat16-plain]",
+        ),
+    ),
     Mutation(
         "driver_numpy_unseeded",
         "the driver seeds Python's and torch's generators but not NumPy's (a run's NumPy draws differ)",

@@ -116,8 +116,10 @@ def _parse_value(text: str, tp: Any, flag: str) -> Any:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
-        if text.strip().lower() in ("none", "null", ""):
-            return None
+        if text.strip().lower() in ("none", "null", "") or (
+            args == [bool] and text.strip().lower() == "auto"
+        ):
+            return None  # an optional boolean's None is its automatic choice (``--exact``)
         return _parse_value(text, args[0], flag)
     if origin is Literal:
         choices = get_args(tp)

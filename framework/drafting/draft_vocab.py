@@ -38,7 +38,7 @@ from typing import Any
 
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
-from framework.engine.draft_head import DraftHead, LiveDraftHead
+from framework.engine.draft_head import DraftHead, HeadNotLinear, LiveDraftHead
 from framework.interfaces import PrepareView
 from framework.kernels.protocols import DraftWeights
 from framework.view import RoundView
@@ -134,10 +134,14 @@ class DraftVocab:
         if c.draft_vocab and c.draft_vocab < ctx.info.vocab_size:
             try:
                 self._head = ctx.reduced_head(c.draft_vocab, c.vocab_file, context=c.vocab_context)
-            except ValueError as err:
+            except HeadNotLinear as err:  # the architecture's, whatever the ranking
                 raise ConfigError(
-                    "--drafter.vocab_file", c.vocab_file or "(built)", f"usable: {err}"
+                    "--drafter.draft_vocab", c.draft_vocab, f"0 for this model ({err})"
                 ) from None
+            except ValueError as err:
+                if c.vocab_file:
+                    raise ConfigError("--drafter.vocab_file", c.vocab_file, f"usable: {err}") from None
+                raise ConfigError("--drafter.draft_vocab", c.draft_vocab, f"usable: {err}") from None
         if c.draft_weights != "float32":
             self._weights, self._weights_note = ctx.compressed_weights(
                 c.draft_weights, check=c.weights_check, compress_head=c.compress_head

@@ -78,9 +78,9 @@ class DraftHead:
         bias: FloatTensor (K,) or ``None``.
 
     Raises:
-        ValueError: ids out of range or repeated, fewer than `MIN_SIZE`, or an adapter whose LM
-            head is not a plain linear map of the final norm's output (soft-capping, scaling: the
-            restricted rows would not reproduce its logits).
+        ValueError: ids out of range or repeated, or fewer than `MIN_SIZE`.
+        HeadNotLinear: an adapter whose LM head is not a plain linear map of the final norm's
+            output (soft-capping, scaling: the restricted rows would not reproduce its logits).
     """
 
     def __init__(
@@ -202,22 +202,59 @@ class DraftHead:
         return LiveDraftHead(self, prompt)
 
     def _check(self, adapter: Any) -> None:
-        """The restricted rows must reproduce the adapter's own head on those columns."""
+        """The restricted rows must reproduce the adapter's own head on those columns.
+
+        The reference is the same product in float64 (the rows as stored, the same input), and the
+        tolerance follows the weights' dtype: the head's logits are rounded to that dtype (2^-8
+        relative in bfloat16, 2^-11 in float16) and summed in some order, so ``HEAD_CHECK_ULPS``
+        units of its rounding, relative to the largest logit, and never below 1e-3. The input is
+        scaled so that the largest logit is `HEAD_CHECK_SCALE`: a soft-capped head (Gemma 2 caps
+        at 30) or a scaled one (Cohere's 0.0625, Granite's 1/16) then misses the reference by far
+        more than any rounding.
+
+        Raises:
+            HeadNotLinear: the LM head is not a plain linear map of its input.
+        """
         w = self.head_weight
         gen = torch.Generator().manual_seed(0)
         with torch.inference_mode():
-            x = torch.randn(1, 1, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
-            full = adapter.arch.lm_head(x)[..., self.ids].float()
-            mine = torch.cat([F.linear(x, rows) for rows in self._chunks()], dim=-1).float()
-            if self.bias is not None:
-                mine = mine + self.bias.float()
-        tol = 1e-3 * (1.0 + float(full.abs().max()))
-        if not torch.allclose(full, mine, atol=tol, rtol=1e-3):
-            raise ValueError(
-                f"{type(adapter.arch).__name__}'s LM head is not a plain linear map of the final norm's output "
-                "(e.g. logit soft-capping or scaling), so a reduced draft head cannot reproduce it; "
-                "use the full vocabulary (draft_vocab 0)"
+            x = torch.randn(1, 1, w.shape[1], generator=gen, dtype=torch.float64)
+            rows = torch.cat([r.double() for r in self._chunks()])
+            bias = None if self.bias is None else self.bias.double()
+            scale = HEAD_CHECK_SCALE / float(F.linear(x, rows).abs().max().clamp_min(1e-30))
+            x = (x * scale).to(device=w.device, dtype=w.dtype)  # what the model is given
+            want = F.linear(x.double(), rows, bias)
+            got = adapter.arch.lm_head(x)[..., self.ids].double()
+        tol = head_check_tolerance(w.dtype) * float(want.abs().max())
+        err = float((got - want).abs().max())
+        if not err <= tol:
+            raise HeadNotLinear(
+                f"{type(adapter.arch).__name__}'s LM head is not a plain linear map of the final "
+                f"norm's output (its logits miss the rows' product by {err:.3g}, more than {w.dtype}'s "
+                f"rounding allows, {tol:.3g}: soft-capping or scaling?), so a reduced draft head "
+                "cannot reproduce it; use the full vocabulary (draft_vocab 0)"
             )
+
+
+#: The largest logit of `DraftHead._check`'s probe input.
+HEAD_CHECK_SCALE = 100.0
+
+#: `DraftHead._check` allows this many units of the weights' rounding (relative to the largest
+#: logit): the product's own rounding to the dtype is half a unit, the rest is the order of the sums.
+HEAD_CHECK_ULPS = 4
+
+
+def head_check_tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance of `DraftHead._check` for LM head weights of ``dtype``: `HEAD_CHECK_ULPS`
+    units of its rounding (``torch.finfo(dtype).eps``), at least 1e-3 (0.031 in bfloat16, 0.0039
+    in float16, 1e-3 in float32)."""
+    return max(1e-3, HEAD_CHECK_ULPS * torch.finfo(dtype).eps)
+
+
+class HeadNotLinear(ValueError):
+    """The model's LM head is not a plain linear map of the final norm's output (soft-capping or
+    scaling), so no reduced draft head can reproduce its logits: the architecture's fault, not a
+    setting's."""
 
 
 class LiveDraftHead(DraftHead):

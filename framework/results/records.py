@@ -168,9 +168,12 @@ def repair_tail(path: Path, log: Callable[[str], None]) -> None:
 
 def config_differences(old: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The fields (outside `RESUMABLE_FIELDS`) in which the metadata config ``old`` of a results
-    file differs from ``cfg``. A file from before the draft gate existed had it off."""
+    file differs from ``cfg``. A file from before the draft gate existed had it off; one from before
+    ``exact`` was a boolean wrote it as auto/on/off (unset, true, false)."""
     old = dict(old)
     old.setdefault("gate", dataclasses.asdict(GateConfig()))
+    if isinstance(old.get("exact"), str):
+        old["exact"] = {"auto": None, "on": True, "off": False}.get(old["exact"], old["exact"])
     new = json.loads(json.dumps(cfg.describe(), default=str))
     return sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
 

@@ -11,7 +11,9 @@ How a field becomes flags:
 - a plain field ``max_new_tokens`` becomes ``--max-new-tokens VALUE``; the value is kept as the
   string typed and parsed later with the field's type annotation (`framework.config_fields.parse_value`),
   so every error names the flag; ``Literal`` fields list their choices in ``--help``;
-- a ``bool`` field ``kernels`` becomes ``--kernels`` / ``--no-kernels``;
+- a ``bool`` field ``kernels`` becomes ``--kernels [BOOL]`` / ``--no-kernels`` (``--kernels`` alone
+  is true; a value is yes/no, true/false, on/off, 1/0); a ``bool | None`` field (``exact``: unset
+  is an automatic choice) the same, and ``--exact auto`` unsets it;
 - a tuple field with ``param(..., repeat=True)`` takes one item per flag (``--stop A --stop B``);
   other tuple fields take a comma-separated list (``--categories qa,rag``);
 - a strategy field (metadata ``strategy=<kind>``, ``default_name`` and optional
@@ -82,6 +84,9 @@ def _choices(tp: Any) -> tuple[Any, ...] | None:
 
 
 def _is_bool(tp: Any) -> bool:
+    """``bool``, or ``bool | None`` (unset: an automatic choice, ``--exact``)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return sorted(map(str, get_args(tp))) == sorted(map(str, (bool, type(None))))
     return tp is bool
 
 
@@ -161,31 +166,37 @@ def add_config_flags(
             _add_nested_flags(group(groups.get(f.name, f"{f.name} ({nested.__name__})")), f, nested)
             continue
         g = group(groups.get(f.name, default_title))
-        flag = flag_name(f)
         dest = DEST_PREFIX + (f"{_section}.{f.name}" if _section else f.name)
-        names = [flag, *f.metadata.get("aliases", ())]
-        help_text = _help(helps[f.name], defaults.get(f.name))
-        if _is_bool(tp):
-            g.add_argument(*names, dest=dest, action="store_const", const=True, default=None, help=help_text)
-            negative = ["--no-" + n[2:] for n in names]
-            g.add_argument(
-                *negative, dest=dest, action="store_const", const=False, default=None, help=f"turn {flag} off"
-            )
-        elif f.metadata.get("repeat"):
-            g.add_argument(
-                *names,
-                dest=dest,
-                action="append",
-                default=None,
-                metavar=f.metadata.get("metavar", "VALUE"),
-                help=help_text + " (repeatable)",
-            )
-        else:
-            choices = _choices(tp)
-            metavar = f.metadata.get("metavar") or (
-                "{" + ",".join(str(c) for c in choices) + "}" if choices else f.name.upper()
-            )
-            g.add_argument(*names, dest=dest, default=None, metavar=metavar, help=help_text)
+        _add_field_flag(g, f, tp, dest, _help(helps[f.name], defaults.get(f.name)))
+
+
+def _add_field_flag(
+    g: argparse._ArgumentGroup, f: dataclasses.Field, tp: Any, dest: str, help_text: str
+) -> None:
+    """The flag of one plain field (see the module's docstring)."""
+    flag = flag_name(f)
+    names = [flag, *f.metadata.get("aliases", ())]
+    if _is_bool(tp):  # --flag, --flag BOOL (yes/no, true/false, on/off; auto where unset means it), --no-flag
+        g.add_argument(*names, dest=dest, nargs="?", const=True, default=None, metavar="BOOL", help=help_text)
+        negative = ["--no-" + n[2:] for n in names]
+        g.add_argument(
+            *negative, dest=dest, action="store_const", const=False, default=None, help=f"turn {flag} off"
+        )
+    elif f.metadata.get("repeat"):
+        g.add_argument(
+            *names,
+            dest=dest,
+            action="append",
+            default=None,
+            metavar=f.metadata.get("metavar", "VALUE"),
+            help=help_text + " (repeatable)",
+        )
+    else:
+        choices = _choices(tp)
+        metavar = f.metadata.get("metavar") or (
+            "{" + ",".join(str(c) for c in choices) + "}" if choices else f.name.upper()
+        )
+        g.add_argument(*names, dest=dest, default=None, metavar=metavar, help=help_text)
 
 
 def _add_strategy_flags(g: argparse._ArgumentGroup, f: dataclasses.Field, kind: str) -> None:

@@ -170,13 +170,15 @@ class ModelConfig:
     kernels: bool = param(
         True, help="the batch-invariant CPU kernels (framework.kernels.cpu) for float32 on CPU"
     )
-    exact: Literal["auto", "on", "off"] = param(
-        "auto",
-        help="exact mode: plain steps and verifications compute every row the same way, so greedy "
-        "speculative output equals our plain greedy output token for token in float32 and bfloat16 "
-        "(on a CPU the batch-invariant kernels; on CUDA one attention backend, SDPA's memory-efficient "
-        "one, docs/performance.md). auto: on for a CPU (with --kernels), off for CUDA, where it cost "
-        "more than 5% a step on an H200",
+    exact: bool | None = param(
+        None,
+        help="exact mode (--exact, --no-exact; unset: auto, on for a CPU with the kernels, off for CUDA): "
+        "plain steps and verifications compute every row the same way, so greedy speculative output "
+        "equals our plain greedy output token for token in float32 and bfloat16. On a CPU it is the "
+        "batch-invariant kernels (float32 runs them whatever this says; a bfloat16 model streams its "
+        "weights through them and keeps its KV cache in float32); float16 has none. On CUDA every "
+        "attention runs SDPA's memory-efficient backend, which cost 7.8% a step of SmolLM2 on an "
+        "H200 (docs/performance.md)",
     )
     phase_timing: Literal["auto", "on", "off"] = param(
         "auto",
@@ -207,14 +209,16 @@ class ModelConfig:
             raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
         if self.cuda_graph_route not in ("forward", "branch"):
             raise ConfigError("--cuda-graph-route", self.cuda_graph_route, "forward or branch")
-        if self.exact not in PHASE_TIMING:
-            raise ConfigError("--exact", self.exact, f"one of {', '.join(PHASE_TIMING)}")
-        if self.exact == "on" and self.kernels is False:
+        if self.exact is not None:
+            _check_bools((("--exact", self.exact),))
+        if self.exact and self.kernels is False:
             raise ConfigError(
-                "--exact", "on", "off or auto with --no-kernels (a CPU's exact mode is the kernels)"
+                "--exact", True, "unset or off with --no-kernels (a CPU's exact mode is the kernels)"
             )
-        if self.exact == "on" and self.device_map:
-            raise ConfigError("--exact", "on", "off or auto with --device-map (exact mode serves one device)")
+        if self.exact and self.device_map:
+            raise ConfigError(
+                "--exact", True, "unset or off with --device-map (exact mode serves one device)"
+            )
         _check_bools((("--kernels", self.kernels), ("--cuda-graphs", self.cuda_graphs)))
         if not isinstance(self.device_map, str):
             raise ConfigError("--device-map", self.device_map, "auto or DEVICE[=BLOCKS],...")
@@ -229,11 +233,11 @@ class ModelConfig:
             raise ConfigError("--cuda-graphs", True, "off with --device-map (CUDA graphs serve one device)")
 
     def exact_on(self, device: torch.device) -> bool:
-        """Whether ``--exact`` turns exact mode on for a model on ``device``: ``on``; ``auto`` on a
-        CPU with the kernels and the whole model on it."""
-        if self.exact == "auto":
+        """Whether exact mode is on for a model on ``device``: ``--exact``; unset (auto), on a CPU
+        with the kernels and the whole model on it."""
+        if self.exact is None:
             return device.type == "cpu" and self.kernels and not self.device_map
-        return self.exact == "on"
+        return self.exact
 
     @property
     def phase_timing_flag(self) -> bool | None:

@@ -122,10 +122,16 @@ class Session:
                 ) from None
         try:
             self.adapter.set_exact(m.exact_on(self.adapter.device))
-        except ValueError as err:  # "auto" where exact mode cannot run: off
-            if m.exact == "on":
-                raise ConfigError("--exact", m.exact, f"off ({err})") from None
+        except ValueError as err:  # unset (auto) where exact mode cannot run: off
+            if m.exact:
+                raise ConfigError("--exact", True, f"off ({err})") from None
             self.adapter.set_exact(False)
+        a = self.adapter
+        if m.exact is not None and a.device.type == "cpu" and a.dtype is torch.float32 and a.fast_kernels:
+            log(
+                f"note: --{'' if m.exact else 'no-'}exact changes nothing here: a float32 model on a CPU "
+                "with the kernels computes every row alike whatever it says (--no-kernels: the stock path)"
+            )
         self.adapter.time_lm_head = m.phase_timing_flag
         if cfg.model.cuda_graphs:  # before any preparation: what a search times is what decodes
             if self.adapter.device.type != "cuda":

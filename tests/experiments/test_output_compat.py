@@ -11,6 +11,11 @@ shared one module (commit b72c85a: ``PYTHONPATH=<its checkout> python
 tests/experiments/test_output_compat.py --write``). The resume fixture (``data/resume/``) is a results file that
 version wrote and an interruption cut short: the current runner must continue it.
 
+Changed on purpose since: ``exact`` is a boolean, or null where unset (it was the string
+auto/on/off; issue 48). A results file that wrote the string still resumes
+(`framework.results.records.config_differences` reads it as the boolean), and so does a saved
+config (``auto`` parses as unset).
+
 Regenerate the shapes only when an output format changes on purpose:
 ``python tests/experiments/test_output_compat.py --write``.
 """

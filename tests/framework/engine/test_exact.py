@@ -146,15 +146,32 @@ def test_the_backend_of_exact_mode_holds_for_every_attention_of_a_forward(monkey
 def test_exact_flag_is_validated_and_auto_is_on_for_a_cpu_only():
     from framework.session.run_config import ModelConfig, RunConfig
 
-    with pytest.raises(ConfigError, match="--exact"):
+    with pytest.raises(ConfigError, match="--exact must be a boolean"):
         RunConfig.from_preset("static_confidence", exact="sometimes")
     with pytest.raises(ConfigError, match="--no-kernels"):
-        RunConfig.from_preset("static_confidence", exact="on", kernels=False)
+        RunConfig.from_preset("static_confidence", exact=True, kernels=False)
     assert ModelConfig().exact_on(torch.device("cpu"))
     assert not ModelConfig().exact_on(torch.device("cuda"))
-    assert ModelConfig(exact="on").exact_on(torch.device("cuda"))
-    assert not ModelConfig(exact="off").exact_on(torch.device("cpu"))
+    assert ModelConfig(exact=True).exact_on(torch.device("cuda"))
+    assert not ModelConfig(exact=False).exact_on(torch.device("cpu"))
     assert not ModelConfig(kernels=False).exact_on(torch.device("cpu"))
+    # the spellings a boolean takes everywhere, and the ones saved configs before it used
+    for text, want in (("yes", True), ("on", True), ("true", True), ("no", False), ("off", False), ("auto", None)):
+        assert RunConfig.from_preset("static_confidence", exact=text).model.exact is want
+
+
+def test_exact_is_a_boolean_flag_like_the_others():
+    from framework.runner.cli import build_parser, config_from_args
+
+    for argv, want in (
+        (["--exact"], True),
+        (["--exact", "yes"], True),
+        (["--no-exact"], False),
+        (["--exact", "off"], False),
+        (["--exact", "auto"], None),
+        ([], None),
+    ):
+        assert config_from_args(build_parser().parse_args(argv)).model.exact is want, argv
 
 
 def _lossless_presets() -> list[str]:
@@ -197,7 +214,7 @@ def test_every_lossless_preset_equals_plain_decoding_in_bfloat16_in_exact_mode(n
         if preset.get(kind, {}).get("name") == strategy
         for field, value in fields.items()
     }
-    cfg = RunConfig.from_preset(name, max_new_tokens=24, exact="on", **fast)
+    cfg = RunConfig.from_preset(name, max_new_tokens=24, exact=True, **fast)
     model = tiny_model("llama", num_layers=6, seed=9, dtype=torch.bfloat16)
     exp = Session(cfg, model, tiny_tokenizer(), log=lambda _msg: None)
     assert exp.adapter.exact and exp.adapter.kv_dtype is torch.float32
