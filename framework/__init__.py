@@ -59,12 +59,12 @@ from framework.types import (
     LayerPlan,
     LengthHint,
     ModelInfo,
-    Ride,
+    RandomStream,
     RoundRecord,
     TokenPick,
     Verification,
 )
-from framework.view import PlanEvaluation, RoundView
+from framework.view import DeviceOps, PlanEvaluation, RoundView
 
 __all__ = [
     "DRAFTERS",
@@ -75,6 +75,7 @@ __all__ = [
     "ConfigError",
     "DecodeStats",
     "Draft",
+    "DeviceOps",
     "Drafter",
     "ForwardOutput",
     "ForwardSizes",
@@ -86,7 +87,7 @@ __all__ = [
     "PlanEvaluation",
     "PrepareView",
     "RegistryError",
-    "Ride",
+    "RandomStream",
     "RoundRecord",
     "RoundView",
     "Strategy",

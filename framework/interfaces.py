@@ -30,7 +30,7 @@ what no strategy asked for (``LayerSelector.needs_hidden_states``,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
@@ -44,6 +44,7 @@ from framework.types import (
     LayerPlan,
     LengthHint,
     ModelInfo,
+    RandomStream,
     ReducedHead,
     Verification,
 )
@@ -97,6 +98,15 @@ class Strategy(ABC):
         Strategies whose state carries across prompts (e.g. SWIFT's optimisation) keep it here.
         """
 
+    def reads(self, state: RoundView, chain: torch.Tensor) -> Mapping[str, torch.Tensor] | None:
+        """Device values to read, by name, from a verified chain's hidden states ``chain``
+        (L+1, B, T, d: the prompt's at the prefill, then each round's verified block; only when
+        some selector asked for hidden states). They travel in the round's one device-to-host
+        transfer and reach this strategy, by name, as ``state.values_for(self)`` (in ``plan`` the
+        prompt's at the first round, in ``observe`` the round's). Compute them with
+        ``state.compute``. Default: nothing to read."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """Per-prompt statistics to log (e.g. optimisation steps, chosen sets)."""
         return {}
@@ -115,9 +125,7 @@ class LayerSelector(Strategy):
     needs_hidden_states: ClassVar[bool] = False
 
     def begin(self, state: RoundView) -> None:  # noqa: B027 - optional hook
-        """Called once a generation's state exists, before its prefill (after `reset`). A
-        selector that reads something computed from the prompt's hidden states registers a
-        `RoundView.ride` here: it is read with the prefill's first token (DEL's prompt statistics)."""
+        """Called once a generation's state exists, before its prefill (after `reset`)."""
 
     @abstractmethod
     def plan(self, state: RoundView) -> LayerPlan:
@@ -224,13 +232,19 @@ class Verifier(Strategy):
     #: sampling: the same distribution as sampling from the target; checked statistically).
     lossless: ClassVar[str] = "greedy"
 
-    def draft_sampler(self) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    #: The generation's random stream (a sampling verifier's, seeded once per run): what the
+    #: device functions' ``ops.uniform`` / ``ops.exponential`` draw from. ``None``: no randomness.
+    random: RandomStream | None = None
+
+    def draft_sampler(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
         """How drafters pick tokens, so that draft and target use the same warping.
 
         Returns:
-            ``None`` for greedy drafting (argmax), or a function ``logits (B, V) -> (tokens (B,),
-            probs (B, V))`` that samples a draft token from the warped draft distribution q and
-            returns q.
+            ``None`` for greedy drafting (argmax), or a device rule ``(ops, logits (B, V)) ->
+            (tokens (B,), q (B, V))`` that samples a draft token from the warped draft
+            distribution q (its random numbers from ``ops``) and returns q: a module-level
+            function, or a ``functools.partial`` of one with plain values, which drafters run
+            through ``RoundView.compute``.
         """
         return None
 

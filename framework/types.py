@@ -8,7 +8,7 @@ size. Tensors are annotated ``name: LongTensor (B, K)`` in docstrings.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -305,50 +305,41 @@ class LengthHint:
     source: str = ""
 
 
-@dataclass(frozen=True)
-class DraftSampler:
-    """How drafters sample a token, split so that the rule can run as one graph.
+class RandomStream:
+    """One seeded random stream per device: the generation's random numbers (a sampling
+    verifier's, shared by its draft steps, its acceptance rule and its plain sampling).
 
-    A sampling verifier's `Verifier.draft_sampler` (any callable ``logits -> (tokens, q)`` works
-    too). Called, it draws and samples. `framework.drafting.builder.DraftBuilder` instead draws the
-    step's random numbers with ``noise`` (from the verifier's generator) and runs ``rule`` through
-    `RoundView.run_static`, which records it as one graph on the forward graph route.
-
-    Attributes:
-        key: what the rule depends on besides its inputs (the warping's settings).
-        noise: ``logits (B, V) -> draws``, the step's random numbers.
-        rule: ``(logits (B, V), draws) -> (tokens (B,), q (B, V))``: pure, no generator, no read.
+    Created once per verifier and never re-seeded, so successive generations differ while a run
+    (same seed, same calls) repeats.
     """
 
-    key: Hashable
-    noise: Callable[[torch.Tensor], torch.Tensor]
-    rule: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
 
-    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rule(logits, self.noise(logits))
+    def generator(self, device: torch.device | str) -> torch.Generator:
+        """The stream's generator on ``device`` (created and seeded on first use)."""
+        device = torch.device(device)
+        if device.type != "cpu" and device.index is None:
+            device = torch.device(device.type, torch.get_device_module(device.type).current_device())
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return gen
 
+    def fill(self, kind: str, out: torch.Tensor) -> torch.Tensor:
+        """Fill ``out`` with ``kind`` numbers from the stream, in place: ``"uniform"`` in [0, 1)
+        (what ``torch.rand`` draws) or ``"exponential"`` of rate 1."""
+        gen = self.generator(out.device)
+        if kind == "uniform":
+            return out.uniform_(0, 1, generator=gen)
+        return out.exponential_(1, generator=gen)
 
-@dataclass
-class Ride:
-    """Device values a strategy reads with the round's verification, in its one transfer.
-
-    A strategy that needs numbers computed from a verification (DEL's per-layer sums) would read
-    them after the verifier read its own: a second device-to-host synchronisation every round.
-    Registered with `framework.view.RoundView.ride` before the round verifies, ``compute`` runs on
-    the verified chain's hidden states right before the verifier's read (`RoundView.read`), and
-    what it returned travels in the same transfer.
-
-    Attributes:
-        compute: ``hidden (L+1, B, T, d) -> values`` (any shape, read flattened) or ``None`` (nothing
-            to read this round). It is called only after a chain verification that captured the
-            hidden states (not a token tree: its path is known only after the read).
-        values: what ``compute`` returned, read to the host as Python floats; ``None`` until then,
-            and for good when it was not called (a tree, no hidden states, a verifier that read its
-            result some other way) or returned ``None``: the strategy then reads by itself.
-    """
-
-    compute: Callable[[torch.Tensor], torch.Tensor | None]
-    values: list[float] | None = None
+    def draw(
+        self, kind: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """``kind`` numbers of ``shape`` (`fill` on a new tensor)."""
+        return self.fill(kind, torch.empty(shape, dtype=dtype, device=device))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ committed tokens, ``V`` vocabulary, ``L`` blocks, ``d`` hidden size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,7 +30,6 @@ from framework.types import (
     LayerPlan,
     ModelInfo,
     ReducedHead,
-    Ride,
     TokenPick,
 )
 
@@ -54,8 +53,8 @@ class RoundView(Protocol):
             asked for it).
         need_draft_probs: drafters keep their full distributions (the verifier asked).
         draft_top_k: top candidates per draft step the drafter keeps (0: none).
-        draft_sampler: how drafters pick a token (``None``: argmax; else ``logits (B, V) ->
-            (tokens (B,), probs (B, V))``, the verifier's warped sampler).
+        draft_sampler: how drafters pick a token (``None``: argmax; else the verifier's device
+            rule ``(ops, logits (B, V)) -> (tokens (B,), q (B, V))``, run through `compute`).
         capture_hidden: verifications return every layer's hidden states (the selector asked).
         compressed_drafts: draft passes run a compressed copy of the weights (no early-exit KV
             reuse then).
@@ -77,7 +76,7 @@ class RoundView(Protocol):
     need_confidence: bool
     need_draft_probs: bool
     draft_top_k: int
-    draft_sampler: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+    draft_sampler: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None
     capture_hidden: bool
     compressed_drafts: bool
     draft_head: ReducedHead | None
@@ -156,33 +155,52 @@ class RoundView(Protocol):
         norm and the LM head (DEL's shadow tokens): the full head, or with ``draft_head`` the
         generation's `draft_head` (the full head when there is none)."""
 
-    def run_static(
-        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], *inputs: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """Run your own per-round device work ``fn(*inputs)`` as forwards run: one CUDA graph on
-        the ``forward`` route (keyed by ``key`` and the inputs' shapes), eagerly otherwise
-        (`framework.engine.adapter.ModelAdapter.run_static`: what ``fn`` may do)."""
+    def compute(self, fn: Callable[..., Any], *inputs: torch.Tensor | None, **params: Any) -> Any:
+        """Hand the engine your per-round device work: ``fn(ops, *inputs, **params)``, where
+        ``ops`` is the engine's `DeviceOps` (the LM head, random numbers), ``inputs`` tensors and
+        ``params`` plain values (numbers, strings, dtypes, tuples and frozen dataclasses of them,
+        module-level functions). Returns what ``fn`` returns (tensors: a dict, tuple or one).
 
-    def run_with_blocks(
-        self,
-        key: Hashable,
-        fn: Callable[..., dict[str, torch.Tensor]],
-        *inputs: torch.Tensor,
-        position: int,
-        rows: int,
-    ) -> dict[str, torch.Tensor]:
-        """``fn(*inputs, run_block)``, whose model calls are ``run_block(b, states (n, d))`` (as
-        `forward_block` at the committed ``position``, n <= ``rows``): one CUDA graph on the
-        ``forward`` route, eagerly otherwise (CLaSp's dynamic programme)."""
+        Write ``fn`` as a module-level function of its arguments: the engine keys it by its name,
+        its bound values and the inputs' shapes and dtypes, and runs it as one CUDA graph where
+        forwards run as one (`framework.engine.work`). A closure, a lambda, a bound method or a
+        value that is not plain runs eagerly instead, with one warning naming your line."""
 
-    def ride(self, compute: Callable[[torch.Tensor], torch.Tensor | None]) -> Ride:
-        """Have ``compute`` (``hidden (L+1, B, T, d) -> values or None``) run on this round's
-        verified chain and its values read with the verifier's read (`Ride`); register it in
-        ``plan``. ``Ride.values`` stays ``None`` when it could not ride: read by yourself then."""
+    def compute_at(
+        self, position: int, fn: Callable[..., Any], *inputs: torch.Tensor | None, **params: Any
+    ) -> Any:
+        """`compute`, with ``ops.block(b, states (n, d))``: decoder block b on n candidate states
+        of the committed ``position`` (each attends to the context before it and to itself; the
+        cache is untouched): CLaSp's dynamic programme."""
 
-    def read(self, values: torch.Tensor) -> list[Any]:
-        """The round's one device-to-host read, for verifiers: ``values`` flattened, as Python
-        numbers (ints for an integer tensor), with this round's rides in the same transfer."""
+    def read(self, **values: torch.Tensor) -> dict[str, list[Any]]:
+        """The round's one device-to-host read, for verifiers: each value by name, flattened into
+        Python numbers (ints for an integer tensor). What the strategies' ``reads`` asked for
+        travels in the same transfer."""
+
+    def values_for(self, strategy: Any) -> Mapping[str, list[Any]]:
+        """What ``strategy.reads`` asked for, read by name: the prompt's until the first round
+        commits, then each round's (read with the verifier's read, or by the engine at the commit
+        when the verifier read nothing it could join). Empty when it asked for nothing."""
+
+
+class DeviceOps(Protocol):
+    """What a device function handed to `RoundView.compute` may ask of the engine (its first
+    argument). Everything here runs inside the function's graph where there is one."""
+
+    def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy token (LongTensor) and its top-1 probability (float32) of pre-norm
+        residuals (..., d) through the final norm and the LM head, or with ``draft_head`` the
+        generation's reduced draft head (the full head when there is none): DEL's shadow tokens."""
+
+    def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
+        """Decoder block ``b`` on candidate states (n, d) of `RoundView.compute_at`'s position."""
+
+    def uniform(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uniform numbers in [0, 1) from the generation's random stream (the verifier's)."""
+
+    def exponential(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Exp(1) numbers from the generation's random stream."""
 
 
 @dataclass(frozen=True)

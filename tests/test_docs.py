@@ -108,6 +108,7 @@ DOC_SCRIPTS = (
     "docs/tutorials/compare_methods.py",
     "docs/tutorials/custom_length.py",
     "docs/tutorials/python_api.py",
+    "docs/tutorials/fast_strategy.py",
 )
 
 #: The line each script prints last when it finished (``ok`` unless listed here).

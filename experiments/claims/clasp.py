@@ -40,7 +40,7 @@ def c_cl_bruteforce(ctx: Ctx) -> dict[str, Any]:
     pts = dp_positions(ctx, 2 if ctx.smoke else 3, 2 if ctx.smoke else (4 if ctx.mode == "quick" else 7))
     rows = []
     for i, state, x, pos in pts:
-        res = clasp_dp(x, partial(state.forward_block, position=pos), m, protected=protected)
+        res = clasp_dp(x, partial(state.compute_at, pos), m, protected=protected)
         every = [dp_cosine(state, x, pos, s) for s in itertools.combinations(window, m)]
         rows.append(
             {
@@ -90,8 +90,8 @@ def c_cl_dp_vs_random(ctx: Ctx) -> dict[str, Any]:
         if i not in first_set:  # the set of LOI = infinity: the DP on the prompt's last token
             p = state.prompt_len - 1
             hs_prompt = _prompt_hidden(ctx, i)
-            first_set[i] = clasp_dp(hs_prompt, partial(state.forward_block, position=p), m).skip
-        res = clasp_dp(x, partial(state.forward_block, position=pos), m)
+            first_set[i] = clasp_dp(hs_prompt, partial(state.compute_at, p), m).skip
+        res = clasp_dp(x, partial(state.compute_at, pos), m)
         cos_dp.append(res.cosine)
         cos_prompt.append(dp_cosine(state, x, pos, first_set[i]))
         cos_rand.append(statistics.mean(dp_cosine(state, x, pos, rng.sample(range(L), m)) for _ in range(4)))
@@ -157,7 +157,7 @@ def _parallel_runs(ctx: Ctx) -> dict[str, Any]:
         return ctx.memo["cl_parallel"]
     m = max(1, ctx.L // 2)
     (i, state, x, pos) = dp_positions(ctx, 1, 1)[0]
-    run = partial(state.forward_block, position=pos)
+    run = partial(state.compute_at, pos)
     full = LayerPlan.full(ctx.L)
     start = max(0, state.num_tokens - 1 - 4)
     tp, tv, ts = [], [], []
@@ -262,7 +262,7 @@ def c_cl_persistence(ctx: Ctx) -> dict[str, Any]:
         if hs is None:
             continue
         sets = [
-            set(clasp_dp(hs[:, j], partial(state.forward_block, position=state.prompt_len + j), m).skip)
+            set(clasp_dp(hs[:, j], partial(state.compute_at, state.prompt_len + j), m).skip)
             for j in range(hs.shape[1])
         ]
         jac = {

@@ -12,15 +12,15 @@ committed tokens by `NgramIndex.follow`) and `copy_draft` (a copied draft with t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from framework.interfaces import LengthController
-from framework.types import Draft, DraftSampler, LayerPlan, Picked, TokenPick, pick_tokens
+from framework.types import Draft, LayerPlan, Picked, TokenPick, pick_tokens
 from framework.utils import upload
-from framework.view import RoundView
+from framework.view import DeviceOps, RoundView
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -57,6 +57,19 @@ class DraftConfidence(float):
             self._sampled = float(torch.softmax(self._logits.float(), dim=-1)[self._token])
             self._logits = self._token = None
         return self._sampled
+
+
+def sampled_step(
+    ops: DeviceOps, logits: torch.Tensor, *, rule: Callable[..., Any], top_k: int
+) -> dict[str, torch.Tensor]:
+    """A sampled draft step's device work: the token and q by the verifier's ``rule`` (its draws
+    from ``ops``), q's top-1 probability (Draft & Verify Alg. 4: max_x q(x)) and its ``top_k``."""
+    tok, p = rule(ops, logits)
+    out = {"tokens": tok, "q": p, "top_p": p.max(dim=-1).values}
+    if top_k:
+        vals, idx = p.topk(min(top_k, p.shape[-1]), dim=-1)  # (B, k), sorted by p
+        out.update(top_tokens=idx, top_probs=vals)
+    return out
 
 
 class DraftBuilder:
@@ -118,11 +131,7 @@ class DraftBuilder:
         """
         if self.sampler is not None:  # sampling: the same warping as the verifier's target
             full = logits if head is None else head.expand(logits)  # q is 0 outside the head
-            if isinstance(self.sampler, DraftSampler):  # the draws here, the rest one static function
-                key = ("draft.sample", self.sampler.key, self.top_k)
-                out = self._state.run_static(key, self._sampled_step, full, self.sampler.noise(full))
-            else:
-                out = self._sampled_step(full)
+            out = self._state.compute(sampled_step, full, rule=self.sampler, top_k=self.top_k)
             tok, p, top_p = out["tokens"], out["q"], out["top_p"]  # p: the warped draft q (B, V)
             if self.want_probs:
                 self.probs.append(p)  # over the vocabulary already
@@ -153,19 +162,6 @@ class DraftBuilder:
         if self.sampler is not None:
             return tok, DraftConfidence(self.host_top1[-1], full[0], tok[0])
         return tok, DraftConfidence(self.host_top1[-1])  # greedy: the drafted token is the argmax
-
-    def _sampled_step(
-        self, logits: torch.Tensor, noise: torch.Tensor | None = None
-    ) -> dict[str, torch.Tensor]:
-        """A sampled step's device work: the token and q (the sampler's rule, given its draws, or
-        the sampler itself), q's top-1 probability (Draft & Verify Alg. 4: max_x q(x)) and its top
-        ``top_k``."""
-        tok, p = self.sampler(logits) if noise is None else self.sampler.rule(logits, noise)
-        out = {"tokens": tok, "q": p, "top_p": p.max(dim=-1).values}
-        if self.top_k:
-            vals, idx = p.topk(min(self.top_k, p.shape[-1]), dim=-1)  # (B, k), sorted by p
-            out.update(top_tokens=idx, top_probs=vals)
-        return out
 
     def drop_last(self, conf: float | None = None) -> None:
         """Forget the last token (a drafter that breaks before appending, as DEL does).

@@ -10,7 +10,7 @@ from token ids, `forward_from` from residuals that already went through the firs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -716,50 +716,6 @@ class ModelAdapter:
         if timed:
             self.lm_head_seconds += clock() - t0
         return logits
-
-    @torch.inference_mode()
-    def run_static(
-        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], *inputs: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """Run a strategy's own device work ``fn(*inputs)`` the way forwards run: one CUDA graph
-        on the ``forward`` route (`ForwardGraphs.run_static`: keyed by ``key`` and the inputs'
-        shapes, recorded on first use and counted with the forwards' captures), eagerly
-        otherwise.
-
-        ``fn`` must be a pure function of its tensor inputs (and of tensors that outlive every
-        call, such as the model's weights) that returns a dict of tensors, with no host reads, no
-        uploads and no Python side effects: a graph runs it at recording and replays only its
-        kernels after that. ``key`` names the function and whatever else it depends on.
-        """
-        if self.forward_graphs is None:
-            return fn(*inputs)
-        return self.forward_graphs.run_static(key, fn, inputs)
-
-    @torch.inference_mode()
-    def run_with_blocks(
-        self,
-        key: Hashable,
-        fn: Callable[..., dict[str, torch.Tensor]],
-        *inputs: torch.Tensor,
-        position: int,
-        cache: KVCache,
-        rows: int,
-        eager_block: Callable[[int, torch.Tensor], torch.Tensor],
-    ) -> dict[str, torch.Tensor]:
-        """``fn(*inputs, run_block)``, device work whose model calls are ``run_block(b, states (n,
-        d))``: block b on n <= ``rows`` candidate states of the committed ``position``. On the
-        ``forward`` graph route all of it is one CUDA graph (`ForwardGraphs.run_with_blocks`:
-        ``run_block`` is the static form of a block against the pool); otherwise, or where the
-        pool cannot serve the cache, ``fn`` runs eagerly with ``eager_block``
-        (`DecodeState.forward_block`). ``fn`` obeys `run_static`'s rules."""
-        if self.forward_graphs is not None:
-            with self._backend():  # its attention runs as the forwards' does (exact mode's backend)
-                out = self.forward_graphs.run_with_blocks(
-                    key, fn, inputs, position=position, cache=cache, rows=rows
-                )
-            if out is not None:
-                return out
-        return fn(*inputs, eager_block)
 
     def logits_from_hidden(
         self, hidden: torch.Tensor, head: DraftHead | None = None, weights: DraftWeights | None = None

@@ -204,8 +204,9 @@ def _prefill(
     t0 = clock()
     logits = state.prefill()
     first = choose(logits)[:, None]
-    new = state.read(first[0, :1])  # the generation's first device read (with a selector's ride)
-    state.append(first, host=new)
+    state.append(first)  # before the read: the strategies' reads of the prompt may look at it
+    new = state.read(token=first[0, :1])["token"]  # the generation's first read (with the strategies' reads)
+    state.known_on_host(new)
     state.stats.timings["prefill"] = clock() - t0
     return t0, new, stop.find_cut(new, 0)
 

@@ -38,6 +38,7 @@ runs, and the cost model prices drafts with it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -149,6 +150,11 @@ class DraftHead:
     def size(self) -> int:
         """K, the number of tokens the draft scores (now)."""
         return int(self.ids.numel())
+
+    @functools.cached_property
+    def host_ids(self) -> frozenset[int]:
+        """The K token ids as a set on the host (made once: membership without a device read)."""
+        return frozenset(self.ids.tolist())
 
     @property
     def key(self) -> str:
@@ -268,6 +274,10 @@ class LiveDraftHead(DraftHead):
     (two matrix products; the context rows are copied from the LM head once each). The set changes
     only between rounds, so a draft's distribution q is well defined at every draft step.
 
+    Which tokens the head holds is known on the host too (the shared ids once per model, the
+    context's as they come), so a round's `observe` of the committed tokens, which the host has
+    already, reads nothing from the device: it uploads only the ids of new context rows.
+
     Also counts how many committed tokens the head could have proposed when they were committed
     (`committed`, `covered`).
     """
@@ -288,9 +298,10 @@ class LiveDraftHead(DraftHead):
         self.ids = base.ids
         self.mask = base.mask
         self.bias = base.bias
+        self._extra: set[int] = set()  # the context rows' ids, on the host
         if self.context:
             self.mask = base.mask.clone()
-            self._add(prompt.reshape(-1))
+            self._add(prompt.reshape(-1).tolist())
 
     @property
     def weight(self) -> torch.Tensor:
@@ -308,23 +319,28 @@ class LiveDraftHead(DraftHead):
     def start(self, prompt: torch.Tensor) -> LiveDraftHead:
         return self.base.start(prompt)
 
-    @torch.inference_mode()
-    def observe(self, tokens: torch.Tensor) -> None:
-        """Committed tokens (any shape): count how many the head covered, then add the new ones
-        to the context rows (with ``context``)."""
-        flat = tokens.reshape(-1).to(self.mask.device)
-        inside = self.mask[flat]
-        self.committed += int(flat.numel())
-        self.covered += int(inside.sum())
-        if self.context and not bool(inside.all()):
-            self._add(flat[~inside])
+    def holds(self, token: int) -> bool:
+        """Whether the head can propose ``token`` now."""
+        return token in self.base.host_ids or token in self._extra
 
     @torch.inference_mode()
-    def _add(self, tokens: torch.Tensor) -> None:
-        new = torch.unique(tokens[~self.mask[tokens]])
-        if not new.numel():
+    def observe(self, tokens: torch.Tensor, host: Sequence[int] | None = None) -> None:
+        """Committed tokens (any shape; ``host``: the same as Python ints, when the caller has
+        them: then nothing is read): count how many the head covered, then add the new ones to
+        the context rows (with ``context``)."""
+        flat = tokens.reshape(-1).tolist() if host is None else list(host)
+        missing = [t for t in flat if not self.holds(t)]
+        self.committed += len(flat)
+        self.covered += len(flat) - len(missing)
+        if self.context and missing:
+            self._add(missing)
+
+    @torch.inference_mode()
+    def _add(self, tokens: Sequence[int]) -> None:
+        new = sorted({t for t in tokens if not self.holds(t)})
+        if not new:
             return
-        n, m = self._n, int(new.numel())
+        n, m = self._n, len(new)
         if n + m > self._extra_ids.numel():  # grow the buffers (doubling)
             cap = max(2 * self._extra_ids.numel(), n + m, 64)
             ids = self._extra_ids.new_empty(cap)
@@ -336,10 +352,12 @@ class LiveDraftHead(DraftHead):
                 b = self._extra_b.new_empty(cap)
                 b[:n] = self._extra_b[:n]
                 self._extra_b = b
-        self._extra_ids[n : n + m] = new
-        self._extra_w[n : n + m] = self.base.head_weight.detach().index_select(0, new)
+        rows = torch.tensor(new, dtype=torch.long).to(self._extra_ids.device, non_blocking=True)
+        self._extra_ids[n : n + m] = rows
+        self._extra_w[n : n + m] = self.base.head_weight.detach().index_select(0, rows)
         if self._extra_b is not None:
-            self._extra_b[n : n + m] = self.base.head_bias.detach().index_select(0, new)
+            self._extra_b[n : n + m] = self.base.head_bias.detach().index_select(0, rows)
         self._n = n + m
-        self.mask[new] = True
+        self._extra.update(new)
+        self.mask[rows] = True
         self.ids = torch.cat([self.base.ids, self._extra_ids[: self._n]])

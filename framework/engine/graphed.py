@@ -30,11 +30,10 @@ across devices take the branch route or run eagerly. A reduced draft head runs e
 graph (it grows between rounds); the blocks before it are still one graph.
 
 A strategy's own per-round device work (DEL's statistics over the verified chain) can take the
-route too: `ForwardGraphs.run_static` records a pure function of static input buffers as one graph
-per key and input shapes (`ModelAdapter.run_static`, `framework.view.RoundView.run_static`), and
-`ForwardGraphs.run_with_blocks` one whose model work is blocks run on candidate states of a
-committed position against the pool (CLaSp's dynamic programme: its L block calls and their glue
-in one graph).
+route too: `ForwardGraphs.run_work` records a strategy's function (`framework.view.RoundView.compute`)
+as one graph per key the engine derived (`framework.engine.work`), its model work included (DEL's
+shadow tokens; CLaSp's dynamic programme, whose L block calls run on candidate states of a
+committed position against the pool, and their glue).
 
 Graphs live in a bounded cache (`max_graphs`, least recently used dropped first): plans that
 change every round (SWIFT's search, CLaSp, DEL) record a graph per new plan, and a bound keeps
@@ -48,8 +47,9 @@ tests check the route's arithmetic and books; a stand-in recorder checks the cac
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -57,6 +57,7 @@ import torch
 
 from framework.engine.architecture import Architecture
 from framework.engine.kv_cache import KVCache
+from framework.engine.work import Draw, RandomStream, StaticOps, outputs_of
 from framework.kernels.graphs import BranchGraphs, _SlotCache
 from framework.types import GreedyCheck, LayerPlan, Picked, TokenPick, greedy_check, pick_tokens
 
@@ -109,7 +110,7 @@ class ForwardGraphs:
 
     Attributes:
         forwards: forwards run through this route.
-        static_runs: strategies' own functions run through it (`run_static`).
+        static_runs: strategies' own functions run through it (`run_work`).
         evicted: graphs dropped for the bound.
         resets: times every graph was dropped because too many were retired.
     """
@@ -124,13 +125,13 @@ class ForwardGraphs:
         self.evicted = 0
         self.resets = 0
         self._used: OrderedDict[ForwardSpec | tuple, None] = OrderedDict()
-        #: `run_static`'s graphs: ("static", key, input shapes) -> the static input buffers
-        self._static: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        #: `run_work`'s graphs: ("work", key) -> the static input buffers and draw buffers
+        self._static: dict[tuple, tuple[tuple, tuple[torch.Tensor, ...]]] = {}
         self.static_runs = 0
         dev, n = store.device, arch.num_layers
         with torch.inference_mode(False):
             self._first = torch.zeros(n, dtype=torch.long, device=dev)  # each layer's first slot
-            self._at = torch.zeros(2, dtype=torch.long, device=dev)  # `run_with_blocks`' position, slot
+            self._at = torch.zeros(2, dtype=torch.long, device=dev)  # `run_work`'s block position, slot
             self._offsets = torch.arange(store.max_tokens, device=dev)
         self._ids: dict[int, torch.Tensor] = {}
         self._pos: dict[int, torch.Tensor] = {}
@@ -287,65 +288,71 @@ class ForwardGraphs:
             checked,
         )
 
-    def run_static(
-        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], inputs: tuple[torch.Tensor, ...]
-    ) -> dict[str, torch.Tensor]:
-        """Run a strategy's own device work ``fn(*inputs)`` as one graph (`ModelAdapter.run_static`).
+    def run_work(
+        self,
+        key: Hashable,
+        fn: Callable[..., Any],
+        inputs: tuple[torch.Tensor | None, ...],
+        params: Mapping[str, Any],
+        *,
+        draws: tuple[Draw, ...],
+        random: RandomStream | None,
+        top1: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        position: int | None = None,
+        cache: KVCache | None = None,
+    ) -> Any:
+        """A strategy's device function ``fn(ops, *inputs, **params)`` as one graph
+        (`framework.engine.work.DeviceWork.execute`, which derived ``key``).
 
-        The graph is keyed by ``key`` and the inputs' shapes and dtypes, recorded on first use
-        (counted and timed with the forwards' in ``BranchGraphs.captures``), and bounded with them
+        The graph is keyed by ``key`` (which holds the inputs' shapes), recorded on first use
+        (counted and timed with the forwards' in ``BranchGraphs.captures``) and bounded with them
         (`max_graphs`, least recently used dropped first). Each call copies the inputs into the
-        graph's static buffers and returns copies of its outputs.
+        graph's static buffers, draws ``draws`` from ``random`` into its draw buffers (in order:
+        what the eager function draws), and returns copies of its outputs.
+
+        With a committed ``position``, ``ops.block(b, states)`` runs block b on n candidate states
+        of that position against the pool: each attends to the slots before ``position`` and to
+        its own key and value, written in scratch slots after every layer's end (left unclaimed:
+        the cache's books do not change). The position and the scratch slot are device inputs;
+        the attention span, which covers the most candidates a forward may have, is part of the key.
+
+        Returns:
+            the copies, or ``None`` when the pool cannot serve ``cache`` for ``position`` (run it
+            eagerly then).
         """
-        shapes = tuple((tuple(t.shape), t.dtype) for t in inputs)
-        spec = ("static", key, shapes)
+        store = self.store
+        block = None
+        if position is not None:
+            assert cache is not None
+            base, rows = max(cache.lengths), store.max_tokens
+            if not (store.holds(cache) and 0 <= position < cache.committed) or base + rows > store.capacity:
+                return None
+            span = self.span(base + rows)
+            key = ("blocks", key, span)
+            self._at.copy_(torch.tensor([position, base], dtype=torch.long), non_blocking=True)
+            block = functools.partial(self._static_block, span=span)
+        spec = ("work", key)
         bufs = self._static.get(spec)
         if bufs is None:
             with torch.inference_mode(False):
-                bufs = self._static[spec] = tuple(
-                    torch.zeros(shape, dtype=dtype, device=self.store.device) for shape, dtype in shapes
-                )
-        for buf, t in zip(bufs, inputs, strict=True):
-            buf.copy_(t, non_blocking=True)
-        out = self.store.run(spec, lambda: fn(*bufs))
+                ins = tuple(None if t is None else torch.zeros_like(t) for t in inputs)
+                drawn = tuple(torch.zeros(d.shape, dtype=d.dtype, device=store.device) for d in draws)
+            bufs = self._static[spec] = (ins, drawn)
+        ins, drawn = bufs
+        for buf, t in zip(ins, inputs, strict=True):
+            if buf is not None:
+                buf.copy_(t, non_blocking=True)
+        if draws:
+            if random is None:
+                raise RuntimeError("this generation has no random stream (the verifier declares none)")
+            for buf, d in zip(drawn, draws, strict=True):
+                random.fill(d.kind, buf)
+        out = store.run(spec, lambda: fn(StaticOps(top1, block, drawn), *ins, **params))
         self.static_runs += 1
         self._touch(spec)
-        return {name: t.clone() for name, t in out.items()}
+        return outputs_of(out)
 
-    def run_with_blocks(
-        self,
-        key: Hashable,
-        fn: Callable[..., dict[str, torch.Tensor]],
-        inputs: tuple[torch.Tensor, ...],
-        *,
-        position: int,
-        cache: KVCache,
-        rows: int,
-    ) -> dict[str, torch.Tensor] | None:
-        """``fn(*inputs, run_block)`` as one graph (`ModelAdapter.run_with_blocks`), where
-        ``run_block(b, states (n, d))`` runs block b on n <= ``rows`` candidate states of the
-        committed ``position``: each attends to the pool's slots before ``position`` and to its own
-        key and value, written in scratch slots after every layer's end (left unclaimed: the cache's
-        books do not change). The position and the scratch slot are device inputs, the attention
-        span part of the key.
-
-        Returns:
-            copies of ``fn``'s outputs, or ``None`` when the pool cannot serve ``cache`` (it does
-            not hold it, or the scratch rows would not fit): run it eagerly then.
-        """
-        store = self.store
-        base = max(cache.lengths)
-        if not (store.holds(cache) and 0 <= position < cache.committed and rows <= store.max_tokens):
-            return None
-        if base + rows > store.capacity:
-            return None
-        span = self.span(base + rows)
-        self._at.copy_(torch.tensor([position, base], dtype=torch.long), non_blocking=True)
-        return self.run_static(
-            ("blocks", key, span), lambda *xs: fn(*xs, lambda b, h: self._static_block(b, h, span)), inputs
-        )
-
-    def _static_block(self, b: int, states: torch.Tensor, span: int) -> torch.Tensor:
+    def _static_block(self, b: int, states: torch.Tensor, *, span: int) -> torch.Tensor:
         """Block ``b`` on candidate states (n, d) at the position in ``_at[0]``, their keys and
         values written from slot ``_at[1]`` on: the static form of `DecodeState.forward_block`."""
         a, store = self.arch, self.store

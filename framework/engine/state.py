@@ -24,9 +24,8 @@ never fed). ``DecodeStats.verify_blocks_saved`` counts the block evaluations thi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 import torch
@@ -34,14 +33,14 @@ import torch
 from framework.engine.adapter import ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.kv_cache import KVCache
-from framework.interfaces import Drafter, LayerSelector, LengthController, Verifier
+from framework.engine.work import DeviceWork, RandomStream
+from framework.interfaces import Drafter, LayerSelector, LengthController, Strategy, Verifier
 from framework.kernels.protocols import DraftWeights
 from framework.types import (
     DecodeStats,
     ForwardOutput,
     LayerPlan,
     ModelInfo,
-    Ride,
     TokenPick,
     Verification,
     greedy_check,
@@ -72,6 +71,7 @@ class DecodeState:
         capture_hidden: verification passes return every layer's hidden states.
         need_confidence: drafters compute top-1 probabilities.
         need_draft_probs: drafters keep their full distributions.
+        readers: strategies whose ``reads`` the round's read serves (`values_for`).
     """
 
     def __init__(
@@ -83,6 +83,7 @@ class DecodeState:
         capture_hidden: bool = False,
         need_confidence: bool = False,
         need_draft_probs: bool = False,
+        readers: Sequence[Any] = (),
     ) -> None:
         if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
             raise ValueError(f"prompt_ids must be (B, P) with P >= 1, got shape {tuple(prompt_ids.shape)}")
@@ -126,9 +127,16 @@ class DecodeState:
         #: Hidden states of the last verification (L+1, B, T, d), when capture_hidden.
         self.last_hidden_states: torch.Tensor | None = None
         self._prefix: _DraftPrefix | None = None  # this round's reusable early-exit draft
-        #: this round's `Ride`s (`ride`), and the hidden states of its chain verification, if any
-        self._rides: list[Ride] = []
+        #: the generation's random stream (`compute`'s draws; the decoder sets the verifier's)
+        self.random: RandomStream | None = None
+        self._work = DeviceWork(self)
+        #: strategies whose `reads` ask for values of each verified chain, and what they got
+        self._readers: tuple[Any, ...] = tuple(readers)
+        self._values: dict[Any, dict[str, list[Any]]] = {}
+        #: the hidden states of this round's chain verification (or the prompt's), if any, and
+        #: whether its readers were served
         self._verified_chain: torch.Tensor | None = None
+        self._served = False
         self._prefix_plans: dict[int, LayerPlan] = {}
         #: `forward_block`'s ``(position, positions (1, n), mask (n, n))`` for the last position it
         #: was called with, n the most candidates it was given there
@@ -148,8 +156,8 @@ class DecodeState:
         """A state whose flags and hooks come from the strategies' capability declarations.
 
         The one place that wires ``needs_hidden_states``, ``needs_confidence``,
-        ``needs_draft_probs``, ``draft_sampler()``, ``draft_top_k()`` and ``draft_head()`` into the
-        state.
+        ``needs_draft_probs``, ``draft_sampler()``, ``draft_top_k()``, ``random``, ``reads`` and
+        ``draft_head()`` into the state.
         """
         state = cls(
             adapter,
@@ -158,9 +166,15 @@ class DecodeState:
             capture_hidden=selector.needs_hidden_states,
             need_confidence=length.needs_confidence,
             need_draft_probs=verifier.needs_draft_probs,
+            readers=[
+                s
+                for s in (selector, length, drafter, verifier)
+                if s is not None and type(s).reads is not Strategy.reads
+            ],
         )
         state.draft_sampler = verifier.draft_sampler()
         state.draft_top_k = verifier.draft_top_k()
+        state.random = verifier.random
         head = drafter.draft_head() if drafter is not None else None
         if head is not None:
             state.draft_head = head.start(prompt_ids)
@@ -239,7 +253,10 @@ class DecodeState:
         self.stats.target_forwards += 1
         if self.capture_hidden:
             self.last_hidden_states = out.hidden_states
-        self._verified_chain = out.hidden_states  # the prompt: what a ride registered before reads
+        self._verified_chain, self._served = (
+            out.hidden_states,
+            False,
+        )  # the prompt's: read with the first token
         return out.logits[:, -1]
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
@@ -387,7 +404,8 @@ class DecodeState:
         self.stats.target_forwards += 1
         if self.capture_hidden:
             self.last_hidden_states = out.hidden_states
-        self._verified_chain = out.hidden_states if tree_mask is None and position_ids is None else None
+        chain = tree_mask is None and position_ids is None  # a tree's path: known after the read
+        self._verified_chain, self._served = (out.hidden_states if chain else None), False
         return out
 
     def _verify_reusing(
@@ -421,7 +439,7 @@ class DecodeState:
         if capture:
             hidden = torch.cat([lower, upper.hidden_states[1:]], dim=0)  # (L+1, B, T, d)
             self.last_hidden_states = hidden
-        self._verified_chain = hidden  # a chain: the verification of a pure-prefix draft
+        self._verified_chain, self._served = hidden, False  # a chain: the verification of a pure-prefix draft
         return ForwardOutput(upper.logits, hidden, upper.last_hidden)
 
     def forward_scratch(
@@ -514,72 +532,56 @@ class DecodeState:
         )
         return out.last_hidden[0]
 
-    def run_static(
-        self, key: Hashable, fn: Callable[..., dict[str, torch.Tensor]], *inputs: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """A strategy's own device work as one graph where forwards run as one
-        (`ModelAdapter.run_static`)."""
-        return self.adapter.run_static(key, fn, *inputs)
+    # ------------------------------------------------------------------ strategies' device work
+    def compute(self, fn: Callable[..., Any], *inputs: torch.Tensor | None, **params: Any) -> Any:
+        """A strategy's device work ``fn(ops, *inputs, **params)``, keyed, randomised and run by
+        the engine (`framework.engine.work`: one graph where forwards run as one)."""
+        return self._work.run(fn, inputs, params)
 
-    def run_with_blocks(
-        self,
-        key: Hashable,
-        fn: Callable[..., dict[str, torch.Tensor]],
-        *inputs: torch.Tensor,
-        position: int,
-        rows: int,
-    ) -> dict[str, torch.Tensor]:
-        """``fn(*inputs, run_block)`` with ``run_block(b, states)`` = `forward_block` at the
-        committed ``position`` (n <= ``rows`` states), as one graph where forwards run as one
-        (`ModelAdapter.run_with_blocks`)."""
+    def compute_at(
+        self, position: int, fn: Callable[..., Any], *inputs: torch.Tensor | None, **params: Any
+    ) -> Any:
+        """`compute`, whose ``ops.block(b, states)`` is `forward_block` at the committed
+        ``position`` (CLaSp's dynamic programme).
+
+        Raises:
+            ValueError: ``position`` is not committed.
+        """
         if not 0 <= position < self.cache.committed:
             raise ValueError(f"position must be committed, in [0, {self.cache.committed}), got {position}")
-        return self.adapter.run_with_blocks(
-            key,
-            fn,
-            *inputs,
-            position=position,
-            cache=self.cache,
-            rows=rows,
-            eager_block=partial(self.forward_block, position=position),
-        )
+        return self._work.run(fn, inputs, params, position)
 
     # ------------------------------------------------------------------ the round's read
-    def ride(self, compute: Callable[[torch.Tensor], torch.Tensor | None]) -> Ride:
-        """Read what ``compute`` makes of this round's verified chain with the verifier's read
-        (`Ride`: one transfer a round instead of two). Register it before the round verifies (in
-        ``plan``); it lasts until the round commits. Registered before the prefill
-        (`LayerSelector.begin`), it runs on the prompt's hidden states and is read with the first
-        token."""
-        ride = Ride(compute)
-        self._rides.append(ride)
-        return ride
+    def read(self, **values: torch.Tensor) -> dict[str, list[Any]]:
+        """The round's device-to-host read, by name: each tensor flattened into Python numbers
+        (ints for an integer tensor). The strategies' `reads` of the chain just verified (or of
+        the prompt, at the prefill) travel in the same transfer (one concatenation in float64,
+        exact for token ids and counts) and reach them by `values_for`."""
+        asked = []
+        if not self._served and self._verified_chain is not None:  # a chain (a tree's path: at the commit)
+            asked = self._readers_values(self._verified_chain)
+            self._served = True
+        out = _read_named(
+            {**values, **{f"{i}.{k}": v for i, (_, vals) in enumerate(asked) for k, v in vals.items()}}
+        )
+        for i, (strategy, vals) in enumerate(asked):
+            self._values[strategy] = {k: out.pop(f"{i}.{k}") for k in vals}
+        return out
 
-    def read(self, values: torch.Tensor) -> list[Any]:
-        """The round's device-to-host read, for its verifier: ``values`` as Python numbers (ints
-        for an integer tensor), flattened. The `Ride`s of this round ride along: each ``compute``
-        runs on the verified chain's hidden states, and its values are read in the same transfer
-        (one concatenation in float64, exact for token ids and counts). Without a ride this is
-        ``values.tolist()``."""
-        rides, self._rides = self._rides, []
-        hidden = self._verified_chain
-        extra = []
-        if hidden is not None:
-            for ride in rides:
-                got = ride.compute(hidden)
-                if got is not None:
-                    extra.append((ride, got.reshape(-1)))
-        flat = values.reshape(-1)
-        if not extra:
-            return flat.tolist()
-        n = flat.numel()
-        host = torch.cat([flat.double(), *(v.to(flat.device, torch.float64) for _, v in extra)]).tolist()
-        at = n
-        for ride, v in extra:
-            ride.values = host[at : at + v.numel()]
-            at += v.numel()
-        head = host[:n]
-        return head if flat.is_floating_point() else [int(x) for x in head]
+    def values_for(self, strategy: Any) -> Mapping[str, list[Any]]:
+        """What ``strategy``'s `reads` asked for, read: of the prompt until the first round
+        commits, then of each round's verified chain (empty when it asked for nothing)."""
+        return self._values.get(strategy, {})
+
+    def _readers_values(self, chain: torch.Tensor | None) -> list[tuple[Any, dict[str, torch.Tensor]]]:
+        """Each reading strategy's values of ``chain`` (L+1, B, T, d); every reader starts empty."""
+        out = []
+        for strategy in self._readers:
+            self._values[strategy] = {}
+            vals = strategy.reads(self, chain) if chain is not None else None
+            if vals:
+                out.append((strategy, dict(vals)))
+        return out
 
     # ------------------------------------------------------------------ commits
     def append(self, tokens: torch.Tensor, host: Sequence[int] | None = None) -> None:
@@ -591,6 +593,12 @@ class DecodeState:
         if host is not None and len(self._host) == self.num_tokens:
             self._host.extend(host)
         self.num_tokens += n
+
+    def known_on_host(self, tokens: Sequence[int]) -> None:
+        """Row 0's last ``len(tokens)`` tokens, appended without ``host``, as the host read them
+        (kept for `host_tokens`: no device read for them later)."""
+        if len(self._host) + len(tokens) == self.num_tokens:
+            self._host.extend(tokens)
 
     def host_tokens(self) -> list[int]:
         """Row 0's tokens (prompt, generated, ``pending``) as Python ints, without a device read
@@ -616,12 +624,22 @@ class DecodeState:
         self.cache.commit(n, keep=result.kv_keep, keep_host=result.kv_keep_host)
         if self.capture_hidden and result.hidden_states is None:
             result.hidden_states = self.last_hidden_states
+        host = result.committed_host() if new.shape[0] == 1 else None
         if isinstance(self.draft_head, LiveDraftHead):
-            self.draft_head.observe(new)  # coverage; a context head adds the new tokens
-        self.append(new, host=result.committed_host() if new.shape[0] == 1 else None)
+            self.draft_head.observe(new, host)  # coverage; a context head adds the new tokens
+        self.append(new, host=host)
         self.draft_len = 0
         self._prefix = None
-        self._rides, self._verified_chain = [], None  # a ride lasts one round
+        if not self._served and self._readers:  # nothing rode on a read: the engine reads itself
+            chain = result.path_hidden if self.capture_hidden else None
+            asked = self._readers_values(chain)
+            if asked:
+                got = _read_named(
+                    {f"{i}.{k}": v for i, (_, vals) in enumerate(asked) for k, v in vals.items()}
+                )
+                for i, (strategy, vals) in enumerate(asked):
+                    self._values[strategy] = {k: got[f"{i}.{k}"] for k in vals}
+        self._verified_chain, self._served = None, False  # the next round's
         self.round += 1
         return new
 
@@ -639,3 +657,31 @@ class DecodeState:
                 )
             grow[:, : self.num_tokens] = self._tokens[:, : self.num_tokens]
             self._tokens = grow
+
+
+def _read_named(values: Mapping[str, torch.Tensor]) -> dict[str, list[Any]]:
+    """``values`` read to the host in one transfer, by name: each flattened into Python numbers,
+    ints for an integer (or boolean) tensor. One tensor reads as it is; several are concatenated,
+    in their dtype when they share an integer one, else in float64 (exact for token ids and
+    counts)."""
+    flat = {k: v.reshape(-1) for k, v in values.items()}
+    if not flat:
+        return {}
+    if len(flat) == 1:
+        ((name, v),) = flat.items()
+        return {name: v.tolist()}
+    device = next(iter(flat.values())).device
+    dtypes = {v.dtype for v in flat.values()}
+    common = (
+        dtypes.pop()
+        if len(dtypes) == 1 and not flat[next(iter(flat))].dtype.is_floating_point
+        else torch.float64
+    )
+    host = torch.cat([v.to(device, common) for v in flat.values()]).tolist()
+    out, at = {}, 0
+    for name, v in flat.items():
+        n = v.numel()
+        part = host[at : at + n]
+        out[name] = part if v.is_floating_point() else [int(x) for x in part]
+        at += n
+    return out

@@ -59,6 +59,8 @@ import torch
 from framework.kernels.lowbit import active_format
 from framework.kernels.protocols import BranchModel, CacheSlots
 
+#: The first item of a branch graph's key (others are a whole forward's or a strategy's work).
+BRANCHES = ("attn", "tree", "mlp")
 #: Smallest pool capacity (slots); a larger request rounds up to the next power of two.
 MIN_CAPACITY = 512
 #: Smallest attention span (slots) a graph reads; spans are powers of two up to the pool capacity.
@@ -226,7 +228,7 @@ class BranchGraphs:
                     torch.zeros(cos.shape, dtype=cos.dtype, device=self.device),
                     torch.zeros(sin.shape, dtype=sin.dtype, device=self.device),
                 )
-            self._drop_graphs(lambda key: key[0] == "forward" or key[2] != t)
+            self._drop_graphs(lambda key: key[0] not in BRANCHES or key[2] != t)  # branches of T
         bufs[0].copy_(cos)
         bufs[1].copy_(sin)
 

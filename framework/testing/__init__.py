@@ -11,6 +11,7 @@ from framework.testing.contracts import (
     LengthControllerContract,
     VerifierContract,
 )
+from framework.testing.host_work import HostWorkReport, measure_host_work
 from framework.testing.stubs import (
     DEFAULT_NAMES,
     FAST_OVERRIDES,
@@ -20,6 +21,7 @@ from framework.testing.stubs import (
     RejectAllVerifier,
     ZeroLength,
     default_strategy_instance,
+    device_ops,
     prepare_context,
     random_prompt,
     synthetic_cost_model,
@@ -42,6 +44,7 @@ __all__ = [
     "AlwaysAcceptDrafter",
     "DrafterContract",
     "FakeClock",
+    "HostWorkReport",
     "LayerSelectorContract",
     "LengthControllerContract",
     "NeverAcceptDrafter",
@@ -50,7 +53,9 @@ __all__ = [
     "ZeroLength",
     "cached_tiny_model",
     "default_strategy_instance",
+    "device_ops",
     "prepare_context",
+    "measure_host_work",
     "random_prompt",
     "synthetic_cost_model",
     "tiny_model",

@@ -7,9 +7,11 @@ test can hold every preset to a budget per round:
 
 - operations: every ATen operator dispatched inside the block (a ``TorchDispatchMode``), except
   inside the model's forwards (`ModelAdapter.forward`, ``run``, ``forward_from``: what the
-  executor owns, one graph each on the forward route) and a strategy's static functions
-  (`ModelAdapter.run_static`, ``run_with_blocks``: one graph each on that route too), by operator
-  and by the line of project code that dispatched it;
+  executor owns, one graph each on the forward route) and a strategy's keyed device functions
+  (`framework.engine.work.DeviceWork.execute`: one graph each on that route too; a function the
+  engine could not key runs eagerly there too, and its operations count; its random numbers count
+  too, one operation a draw: they are drawn before its graph replays), by operator and by the
+  line of project code that dispatched it;
 - host reads: `framework.testing.syncs.count_host_reads`, outside the forwards too.
 
     with count_host_work() as work:
@@ -25,18 +27,24 @@ data dispatches one ``aten.detach_``: it stays counted, standing for the host-to
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from framework.drafting.builder import DraftBuilder
-from framework.engine.adapter import ModelAdapter
-from framework.engine.decoding import SpeculativeDecoder
+from framework.engine.adapter import ModelAdapter, adapter_for
+from framework.engine.decoding import SpeculativeDecoder, StopCondition
+from framework.engine.work import EAGER_RUNS, DeviceWork
+from framework.testing.stubs import default_strategy_instance, prepare_context, random_prompt
 from framework.testing.syncs import HostReads, _site, count_host_reads
+from framework.testing.tiny import tiny_model
+from framework.types import RandomStream
 
 #: ATen operators that launch no kernel (views and metadata): not counted as work.
 FREE = frozenset(
@@ -77,9 +85,15 @@ FREE = frozenset(
 #: device a tensor already has returns it as is.
 IF_NEW = frozenset({"aten.to"})
 
-#: The adapter's methods whose work is the forward's (excluded). Its LM-head services for
-#: strategies (``logits_from_hidden``, ``top1_from_hidden``: DEL's shadow tokens) are round work.
-FORWARDS = ("forward", "run", "forward_from", "run_static", "run_with_blocks")
+#: The methods whose work is the forward's or a graph's (excluded): the adapter's forwards and the
+#: keyed device functions strategies hand the engine. The adapter's LM-head services for
+#: strategies called outside those (``logits_from_hidden``, ``top1_from_hidden``) are round work.
+FORWARDS = (
+    (ModelAdapter, "forward"),
+    (ModelAdapter, "run"),
+    (ModelAdapter, "forward_from"),
+    (DeviceWork, "execute"),
+)
 
 
 @dataclass
@@ -109,6 +123,8 @@ class HostWork:
     draft_steps: int = 0
     step_ops: int = 0
     step_reads: int = 0
+    #: draft tokens proposed in the block (filled by the caller from its generations)
+    drafted: int = 0
 
     @property
     def ops(self) -> int:
@@ -174,8 +190,8 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
     """
     work = HostWork()
     inside = [0]
-    saved = {name: getattr(ModelAdapter, name) for name in FORWARDS}
-    round_fn, add_fn = SpeculativeDecoder._round, DraftBuilder.add
+    saved = {(cls, name): getattr(cls, name) for cls, name in FORWARDS}
+    round_fn, add_fn, fill_fn = SpeculativeDecoder._round, DraftBuilder.add, RandomStream.fill
 
     def tallied(original, count, ops_field: str, reads_field: str):
         """``original`` with the work done inside each call added to two of ``work``'s fields."""
@@ -201,16 +217,132 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
 
         return call
 
+    def included(original):
+        """Counted even inside an excluded call: a device function's random numbers are drawn
+        before its graph replays, one launch each (`RandomStream.fill`)."""
+
+        def call(self, *args, **kwargs):
+            held, inside[0] = inside[0], 0
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                inside[0] = held
+
+        return call
+
     try:
-        for name, original in saved.items():
-            setattr(ModelAdapter, name, excluded(original))
+        for (cls, name), original in saved.items():
+            setattr(cls, name, excluded(original))
         SpeculativeDecoder._round = tallied(round_fn, "rounds", "round_ops", "round_reads")  # type: ignore[method-assign]
         DraftBuilder.add = tallied(add_fn, "draft_steps", "step_ops", "step_reads")  # type: ignore[method-assign]
+        RandomStream.fill = included(fill_fn)  # type: ignore[method-assign]
         with count_host_reads(device_type, skip=lambda: inside[0] > 0) as reads, _Counting(work, inside):
             work.host_reads = reads  # reads made inside the forwards are the executor's: not counted
             yield work
     finally:
-        for name, original in saved.items():
-            setattr(ModelAdapter, name, original)
+        for (cls, name), original in saved.items():
+            setattr(cls, name, original)
         SpeculativeDecoder._round = round_fn  # type: ignore[method-assign]
         DraftBuilder.add = add_fn  # type: ignore[method-assign]
+        RandomStream.fill = fill_fn  # type: ignore[method-assign]
+
+
+#: The engine's limits on a round's host work outside its forwards (issue 38): operations (each an
+#: eager launch on a GPU) and device-to-host reads besides a stop rule's reads of each drafted
+#: token's confidence (each read a synchronisation).
+ROUND_OPS_LIMIT, ROUND_READS_LIMIT = 20, 1.0
+
+
+@dataclass
+class HostWorkReport:
+    """What `measure_host_work` saw, per speculative round, against the engine's limits.
+
+    Attributes:
+        rounds: speculative rounds decoded.
+        ops: operations a round outside the forwards and keyed device functions.
+        reads: host reads a round.
+        reads_outside_steps: host reads a round besides the draft steps' (a stop rule's).
+        eager: the warnings of device work the engine could not key (it ran eagerly).
+        work: the full count (`HostWork`: by operator, by line, the reads by site).
+    """
+
+    rounds: int
+    ops: float
+    reads: float
+    reads_outside_steps: float
+    eager: list[str]
+    work: HostWork
+
+    @property
+    def within_limits(self) -> bool:
+        """At most `ROUND_OPS_LIMIT` operations and `ROUND_READS_LIMIT` reads (besides a stop
+        rule's) a round, and no device work left eager."""
+        return (
+            self.ops <= ROUND_OPS_LIMIT and self.reads_outside_steps <= ROUND_READS_LIMIT and not self.eager
+        )
+
+    def describe(self, top: int = 5) -> str:
+        """A few lines for a person: the numbers against the limits, then where the work was."""
+        verdict = "within the limits" if self.within_limits else "OVER the limits"
+        lines = [
+            f"{self.rounds} rounds: {self.ops:.1f} operations a round (limit {ROUND_OPS_LIMIT}), "
+            f"{self.reads_outside_steps:.2f} host reads a round besides a stop rule's (limit "
+            f"{ROUND_READS_LIMIT:g}; {self.reads:.2f} in all): {verdict}"
+        ]
+        rounds = max(1, self.rounds)
+        lines += [f"  {n / rounds:5.1f} a round at {site}" for site, n in self.work.by_site.most_common(top)]
+        lines += [
+            f"  reads: {n / rounds:.2f} a round at {site[1]} ({site[0]})"
+            for site, n in self.work.host_reads.by_site.most_common(top)
+        ]
+        lines += [f"  eager: {w}" for w in self.eager]
+        return "\n".join(lines)
+
+
+def measure_host_work(
+    selector: Any = "static",
+    length: Any = "fixed",
+    drafter: Any = "layer_skip",
+    verifier: Any = "greedy",
+    *,
+    model: Any = None,
+    prompts: list[torch.Tensor] | None = None,
+    max_new_tokens: int = 32,
+) -> HostWorkReport:
+    """Decode a few prompts with these strategies and count the host work of each round outside
+    the forwards (`count_host_work`): is a strategy fast on a GPU, measured on a CPU?
+
+    Args:
+        selector, length, drafter, verifier: registered names (default config) or instances.
+        model: an HF causal LM (default: a random 8-block Llama built in-process, float64).
+        prompts: LongTensor (1, P) prompts (default: two random ones of 12 tokens).
+        max_new_tokens: new tokens per prompt.
+
+    Returns:
+        the `HostWorkReport` (``within_limits``, ``describe()``).
+    """
+
+    def instance(kind: str, s: Any) -> Any:
+        return default_strategy_instance(kind, s) if isinstance(s, str) else s
+
+    if model is None:
+        model = tiny_model("llama", num_layers=8, seed=0)
+    vocab = int(model.config.vocab_size)
+    if prompts is None:
+        prompts = [random_prompt(12, vocab, seed=seed) for seed in (0, 1)]
+    adapter = adapter_for(model)
+    dec = SpeculativeDecoder(
+        adapter,
+        instance("selector", selector),
+        instance("length", length),
+        instance("drafter", drafter),
+        instance("verifier", verifier),
+    )
+    dec.prepare(prepare_context(adapter))
+    before = collections.Counter(EAGER_RUNS)
+    with torch.inference_mode(), count_host_work() as work:
+        for prompt in prompts:
+            dec.generate(prompt, StopCondition(max_new_tokens))
+    ops, reads = work.per_round()
+    eager = sorted(EAGER_RUNS - before)
+    return HostWorkReport(work.rounds, ops, reads, work.per_round_outside_steps()[1], eager, work)

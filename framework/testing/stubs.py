@@ -1,12 +1,14 @@
 """Stub strategies and helpers for tests: strategies with a known outcome (drafts that are always
 or never accepted, a verifier that rejects everything, a controller that never drafts), a fake
-clock, random prompts, a synthetic cost model and a test `PrepareContext`.
+clock, random prompts, a synthetic cost model, a test `PrepareContext` and the engine's ops to call
+a device function directly (`device_ops`).
 
 Everything here runs on CPU in seconds and never downloads anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +18,10 @@ from framework.config_fields import build_config
 from framework.data.prompts import calibration_texts
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.cost_model import CostModel
+from framework.engine.work import EagerOps
 from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
-from framework.types import Draft, LayerPlan, LengthHint, Verification
-from framework.view import RoundView
+from framework.types import Draft, LayerPlan, LengthHint, RandomStream, Verification
+from framework.view import DeviceOps, RoundView
 
 #: The strategy `default_strategy_instance` picks for a kind when no name is given.
 DEFAULT_NAMES: dict[str, str] = {
@@ -219,3 +222,26 @@ __all__ = [
     "random_prompt",
     "synthetic_cost_model",
 ]
+
+
+def device_ops(
+    random: RandomStream | None = None,
+    *,
+    top1: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+    block: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    device: torch.device | str = "cpu",
+) -> DeviceOps:
+    """The engine's ops as an eager run gives them (`framework.engine.work.EagerOps`), to call a
+    device function directly in a test: ``fn(device_ops(verifier.random), *inputs, **params)``.
+
+    Args:
+        random: the stream ``ops.uniform`` / ``ops.exponential`` draw from.
+        top1: what ``ops.top1(hidden, draft_head=...)`` runs (e.g. ``state.top1_from_hidden``).
+        block: what ``ops.block(b, states)`` runs (e.g. ``partial(state.forward_block, position=p)``).
+        device: where the draws are made.
+    """
+
+    def no_head(hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("device_ops was given no top1")
+
+    return EagerOps(top1 or no_head, block, random, torch.device(device), growing_head=False)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from framework import (
+    DeviceOps,
     Draft,
     ForwardSizes,
     LayerPlan,
@@ -102,8 +103,9 @@ class DPResult:
     evaluations: int
 
 
-#: ``(block b, states (n, d)) -> (n, d)``: ``partial(state.forward_block, position=p)``.
-RunBlock = Callable[[int, torch.Tensor], torch.Tensor]
+#: How the DP's device work runs: ``partial(state.compute_at, p)`` for the token at committed
+#: position p (`RoundView.compute_at`: ``run(fn, *inputs, **params)``, ``ops.block`` at p).
+RunWork = Callable[..., torch.Tensor]
 
 
 def _cos(a: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
@@ -172,22 +174,19 @@ def dp_tables(n_layers: int, m: int, protected: Collection[int], device: torch.d
 
 
 def dp_choices(
+    ops: DeviceOps,
     x: torch.Tensor,
     tables: torch.Tensor,
-    run_block: RunBlock,
-    num_skip: int,
     *,
-    protected: Collection[int] = (),
+    num_skip: int,
+    protected: frozenset[int] = frozenset(),
     objective: str = "max_cosine",
     sequence_parallel: bool = True,
 ) -> torch.Tensor:
-    """The DP's work on the device (`clasp_dp`): every layer's choices and the final cosine,
-    FloatTensor (L * (M+1) + 1,) in float64, ready for one read (`backtrack`).
-
-    No host read, no upload and no Python state: with ``tables`` (`dp_tables`) and ``run_block``
-    given, this is a static function of ``x``, which `RoundView.run_with_blocks` records as one
-    CUDA graph on the forward route. Arguments as `clasp_dp`'s.
-    """
+    """The DP's work on the device: every layer's choices and the final cosine, FloatTensor
+    (L * (M+1) + 1,) in float64, ready for one read (`backtrack`). ``ops.block(b, states)`` runs
+    block b on candidate states of the token; ``tables`` are `dp_tables`'. Arguments as
+    `clasp_dp`'s."""
     n_layers = x.shape[0] - 1
     m = num_skip
     runs = _dp_tables(n_layers, m, frozenset(protected))[0]
@@ -206,9 +205,9 @@ def dp_choices(
         if z >= a:
             states = prev[a : z + 1]  # a contiguous band: a view
             if sequence_parallel:
-                parts.append(run_block(b, states))
+                parts.append(ops.block(b, states))
             else:
-                parts += [run_block(b, states[k : k + 1]) for k in range(z - a + 1)]
+                parts += [ops.block(b, states[k : k + 1]) for k in range(z - a + 1)]
             parts.append(zeros[: m - z])
         else:
             parts = [zeros]
@@ -244,7 +243,7 @@ def backtrack(read: Sequence[float], n_layers: int, m: int) -> tuple[tuple[int, 
 
 def clasp_dp(
     x: torch.Tensor,
-    run_block: RunBlock,
+    run: RunWork,
     num_skip: int,
     *,
     protected: Collection[int] = (),
@@ -259,37 +258,29 @@ def clasp_dp(
     Backtracking from ``(L, M)`` gives the skip set. States that can no longer reach ``(L, M)``
     (``j < M - (L - i)``) are never evaluated; this prunes work without changing the result.
 
-    Work on the device (`dp_choices`): which states exist depends on (L, M, protected) only
-    (`_dp_tables`, on the host, uploaded once: `dp_tables`); a layer's choices are a fixed handful
-    of tensor operations over all M + 1 rows at once (one concatenation, a cosine, a comparison,
-    two selections), with no host-device synchronisation; the choices of every layer and the final
-    cosine are read once, for the backtrack (`backtrack`).
+    Which states exist depends on (L, M, protected) only (`_dp_tables`, on the host, uploaded:
+    `dp_tables`); a layer's choices are a handful of tensor operations over all M + 1 rows at once
+    (`dp_choices`, the device work: one block call per layer and its glue); the choices of every
+    layer and the final cosine are read once, for the backtrack (`backtrack`).
 
     Args:
         x: (L+1, d) the full model's pre-norm residuals of one token (index 0: its embedding).
-        run_block: ``(block b, states (n, d)) -> (n, d)``, block b applied to n candidate states of
-            that token (each attending to the committed context and itself only).
+        run: how the device work runs at that token's committed position p:
+            ``partial(state.compute_at, p)``.
         num_skip: M.
         protected: blocks that may not be skipped.
         objective: ``"max_cosine"`` (the DP) or ``"min_cosine"`` (Eq. 1's typo, for ablation).
-        sequence_parallel: one ``run_block`` call per layer for all candidates, else one each.
+        sequence_parallel: one block call per layer for all candidates, else one each.
 
     Raises:
         ValueError: M blocks cannot be skipped outside ``protected``.
     """
-    n_layers = x.shape[0] - 1
-    tables = dp_tables(n_layers, num_skip, protected, x.device)
-    options = {"protected": protected, "objective": objective, "sequence_parallel": sequence_parallel}
-    read = dp_choices(x, tables, run_block, num_skip, **options).tolist()  # one read
+    n_layers, prot = x.shape[0] - 1, frozenset(protected)
+    tables = dp_tables(n_layers, num_skip, prot, x.device)
+    options = {"protected": prot, "objective": objective, "sequence_parallel": sequence_parallel}
+    read = run(dp_choices, x, tables, num_skip=num_skip, **options).tolist()  # one read
     skip, cosine = backtrack(read, n_layers, num_skip)
-    return DPResult(skip, cosine, *dp_work(n_layers, num_skip, protected, sequence_parallel))
-
-
-def _dp_values(
-    x: torch.Tensor, tables: torch.Tensor, run_block: RunBlock, **options: Any
-) -> dict[str, torch.Tensor]:
-    """`dp_choices` as a static function (`RoundView.run_with_blocks`' ``fn``)."""
-    return {"read": dp_choices(x, tables, run_block, **options)}
+    return DPResult(skip, cosine, *dp_work(n_layers, num_skip, prot, sequence_parallel))
 
 
 def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[int]:
@@ -320,7 +311,6 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         self._L = 0
         self._m = 0
         self._protected: frozenset[int] = frozenset()
-        self._tables: dict[torch.device, torch.Tensor] = {}
         # ``self.budget`` (BudgetedWork) caps the DPs' share of wall time; it spans generations
         # (`reset` resumes it)
         self.reset()
@@ -348,8 +338,6 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
                 f"protect_last={c.protect_last} (M = {m})",
             )
         self._L, self._m, self._protected = n, m, frozenset(protected)
-        #: `dp_tables` per device, uploaded once (a graph of the DP copies them in each run)
-        self._tables: dict[torch.device, torch.Tensor] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -386,31 +374,16 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         One unit of the work budget: timed by it, whether or not `WorkBudget.allows` was asked
         (the caller decides; the prompt's DP, the generation's first unit, is always allowed).
         """
-        c, n_layers = self.config, hidden.shape[0] - 1
-        key = ("clasp_dp", self._m, tuple(sorted(self._protected)), c.objective, c.sequence_parallel)
+        c = self.config
         with self.budget.unit() as unit:
-            tables = self._tables.get(hidden.device)
-            if tables is None:
-                tables = self._tables[hidden.device] = dp_tables(
-                    n_layers, self._m, self._protected, hidden.device
-                )
-            # The DP's block calls and glue: one CUDA graph on the forward route (one read after it)
-            out = state.run_with_blocks(
-                key,
-                partial(
-                    _dp_values,
-                    num_skip=self._m,
-                    protected=self._protected,
-                    objective=c.objective,
-                    sequence_parallel=c.sequence_parallel,
-                ),
+            res = clasp_dp(
                 hidden,
-                tables,
-                position=position,
-                rows=self._m + 1,
+                partial(state.compute_at, position),
+                self._m,
+                protected=self._protected,
+                objective=c.objective,
+                sequence_parallel=c.sequence_parallel,
             )
-            skip, cosine = backtrack(out["read"].tolist(), n_layers, self._m)  # the DP's one read
-            res = DPResult(skip, cosine, *dp_work(n_layers, self._m, self._protected, c.sequence_parallel))
         self._set_plan(res.skip)
         self._dp_seconds.append(unit.seconds)
         self._calls += res.block_calls

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal
 
 import torch
 
 from framework import (
+    DeviceOps,
     Draft,
     LayerPlan,
     LayerSelector,
     LengthHint,
     ModelInfo,
-    Ride,
     RoundView,
     Verification,
     register_selector,
@@ -161,8 +160,11 @@ def window(diff: torch.Tensor) -> torch.Tensor:
     return diff.cumsum(dim=0) <= diff  # no disagreement before the position
 
 
-def window_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """One round's per-layer sums over the valid window, on the device, ready for one read.
+def prefix_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """One round's per-layer sums over the valid window, for every prefix of the positions, on
+    the device, ready for one read: column j sums positions 0..j (the window cut after j as well:
+    DEL's ``window = "accepted"`` takes the column of the accepted count, the paper's window the
+    last).
 
     Args:
         match: BoolTensor (k, n): shadow token == the target's token.
@@ -170,42 +172,46 @@ def window_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | N
         valid: BoolTensor (n,): the positions of the window; ``None``: all n.
 
     Returns:
-        FloatTensor (3k + 1,): the matches ``c``, the matched confidence ``tcs`` and the
-        mismatched confidence ``fcs`` of each layer (k each), then the window length.
+        FloatTensor (3k + 1, n): the matches ``c``, the matched confidence ``tcs`` and the
+        mismatched confidence ``fcs`` of each layer (k rows each), then the window length.
     """
-    if valid is None:
-        hit = match.to(conf.dtype)
-        sums = torch.stack([hit, conf * hit, conf - conf * hit]).sum(dim=-1)  # (3, k)
-        return torch.cat([sums.view(-1), sums.new_full((1,), match.shape[1])])
-    w = valid.to(conf.dtype)
+    w = torch.ones_like(conf[0]) if valid is None else valid.to(conf.dtype)
     hit = match * w
-    sums = torch.stack([hit, conf * hit, conf * (w - hit)]).sum(dim=-1)  # (3, k)
-    return torch.cat([sums.view(-1), w.sum(dim=0, keepdim=True)])
+    return torch.cat([hit, conf * hit, conf * (w - hit), w[None]]).cumsum(dim=1)
+
+
+def window_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """`prefix_sums` over every position: FloatTensor (3k + 1,)."""
+    return prefix_sums(match, conf, valid)[:, -1]
+
+
+def column(sums: Sequence[float], rows: int, j: int) -> list[float]:
+    """Column ``j`` of a (rows, n) table of `prefix_sums` read flat (row-major), ``j`` cut to n - 1."""
+    n = len(sums) // rows
+    j = min(j, n - 1)
+    return [sums[r * n + j] for r in range(rows)]
 
 
 def chain_sums(
-    top1: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    hidden: torch.Tensor,
-    rows: torch.Tensor,
-    exit_row: torch.Tensor,
+    ops: DeviceOps, hidden: torch.Tensor, rows: torch.Tensor, exit_row: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """A round's `window_sums` over a whole verified chain, as one static function of device
-    tensors (`RoundView.run_static`: one graph where forwards run as one).
+    """A round's `prefix_sums` over a whole verified chain: the device work of DEL's statistics
+    (`RoundView.compute`).
 
     Args:
-        top1: pre-norm residuals (..., d) -> their greedy tokens and top-1 probabilities (the full
-            LM head: `RoundView.top1_from_hidden`).
+        ops: the engine's (the candidates' shadow tokens through the draft's head, the target's
+            through the full head).
         hidden: FloatTensor (L+1, n, d), the chain's residuals after each block.
-        rows: LongTensor (k+1,), the candidate layers and then L (the target's).
+        rows: LongTensor (k,), the candidate layers.
         exit_row: LongTensor (1,), which of the k candidates is this round's exit E.
 
     Returns:
-        ``{"sums": FloatTensor (3k + 1,)}`` (`window_sums`' layout).
+        ``{"sums": FloatTensor (3k + 1, n)}``.
     """
-    toks, conf = top1(hidden.index_select(0, rows))  # (k+1, n)
-    ref, toks, conf = toks[-1], toks[:-1], conf[:-1]
+    toks, conf = ops.top1(hidden.index_select(0, rows), draft_head=True)  # (k, n)
+    ref = ops.top1(hidden[-1])[0]  # the target's: layer L, the full head
     diff = toks.index_select(0, exit_row)[0] != ref  # layer E against the target
-    return {"sums": window_sums(toks == ref, conf, window(diff))}
+    return {"sums": prefix_sums(toks == ref, conf, window(diff))}
 
 
 class ShadowStatistics:
@@ -305,9 +311,9 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     alpha_l and a per-layer dynamic threshold tau_l. ``(E, d) = argmax TPL(l, d)``; the prompt's last
     ``init_tokens`` positions initialise the sums at the first round.
 
-    With ``shadow_rows='chain'`` (CUDA's) a round's statistics are one static function of the
-    verified chain (`chain_sums`, `RoundView.run_static`) whose sums ride on the verifier's read
-    (`RoundView.ride`), and the prompt's ride on the prefill's (`begin`): one read a round.
+    The sums are what the selector `reads` of each verified chain (and of the prompt): they come
+    with the round's one read. With ``shadow_rows='chain'`` (CUDA's) they are one device function
+    of the chain (`chain_sums`, handed to `RoundView.compute`).
 
     The plan is an early exit at E (run by ``early_exit``, or by ``layer_skip``). Length and
     threshold reach the length controller as this round's `length_hint` (``del_dynamic`` uses it;
@@ -360,9 +366,8 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._rows = 0
         self._init_positions = 0
         self._indices: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
-        self._ride: Ride | None = None  # this round's sums, riding on the verifier's read
-        self._refused = False  # this round's ride found the budget spent
-        self._rode = 0
+        self._sum_layers: list[int] = []  # the layers of the sums `reads` asked for, in their order
+        self._read = 0  # rounds whose sums were read (with the verifier's read, or at the commit)
         # The budget spans generations, so that the prompt initialisation (once per generation)
         # is budgeted like the updates; the time between generations earns nothing.
         self.budget.resume()
@@ -378,7 +383,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     # ------------------------------------------------------------------ statistics
     def _rows_of(self, layers: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """``layers`` as an index on ``device``, uploaded once per generation (a few sets: the
-        candidates, with or without L, and each exit layer E alone)."""
+        candidates, and each exit layer E's place among them)."""
         key = (layers, device)
         if key not in self._indices:
             self._indices[key] = upload(list(layers), device, torch.long)
@@ -389,14 +394,8 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Shadow tokens and confidences (len(layers), n) of ``hidden`` (L+1, n, d) at ``layers``:
         what a draft exiting there predicts (through the draft's head, ``state.draft_head``), and
-        with ``target`` the target's tokens (n,) (layer L, the full LM head; else ``None``).
-        Without a draft head the rows go through the head in one call."""
-        k, n = len(layers), hidden.shape[1]
-        self._rows += (k + target) * n
-        if target and state.draft_head is None:
-            rows = self._rows_of((*layers, self._L), hidden.device)
-            toks, conf = state.top1_from_hidden(hidden[rows])
-            return toks[:k], conf[:k], toks[k]
+        with ``target`` the target's tokens (n,) (layer L, the full LM head; else ``None``)."""
+        self._rows += (len(layers) + target) * hidden.shape[1]
         rows = self._rows_of(tuple(layers), hidden.device)
         toks, conf = state.top1_from_hidden(hidden[rows], draft_head=True)
         return toks, conf, state.top1_from_hidden(hidden[self._L])[0] if target else None
@@ -415,59 +414,83 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._hint = LengthHint(max_length=cap, threshold=threshold, source="del_tpl")
         self._alpha_now = [round(a, 4) for a in alpha]
 
-    def begin(self, state: RoundView) -> None:
-        """The prompt initialisation's sums ride on the prefill's read (`RoundView.ride`). Against
-        the prompt's own next tokens (``init_reference='prompt'``) they wait for the first token:
-        `_initialise` reads them at the first round."""
-        rides = state.capture_hidden and self.config.init_reference == "target"
-        self._ride = state.ride(partial(self._prompt_sums, state)) if rides else None
-
-    def _prompt_sums(self, state: RoundView, hs: torch.Tensor) -> torch.Tensor | None:
-        """The prompt initialisation's sums on the device (one unit of the budget), from the
-        prefill's hidden states ``hs`` (L+1, B, P, d); ``None`` when there is nothing to count or
-        the budget is spent (the generation then starts without statistics: its first rounds do
-        not draft)."""
-        p = state.prompt_len
-        w = min(self.config.init_tokens, p - 1)
-        if w <= 0 or hs.shape[2] < p:
-            return None
+    # ------------------------------------------------------------------ the statistics' reads
+    def reads(self, state: RoundView, chain: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """The sums to read with the round's one transfer (`prefix_sums`, by position): of the
+        prompt's last ``init_tokens`` positions at the prefill (DEL §4.2's initialisation), then
+        of each verified chain (L+1, B, n, d); one unit of the work budget each (``None`` when
+        spent: the statistics then skip it, and E, d and tau stay what they were)."""
+        prompt = not self._initialised
+        if prompt:
+            w = min(self.config.init_tokens, state.prompt_len - 1)
+            if w <= 0 or chain.shape[2] < state.prompt_len:
+                return None
         if not self.budget.allows():
-            self._refused = True
             return None
         with self.budget.unit() as unit:
-            h = hs[:, 0, p - w : p]  # (L+1, w, d)
-            prompt = self.config.init_reference == "prompt"
-            toks, conf, ref = self._shadow(state, h, self._layers, target=not prompt)
-            if prompt:
-                ref = state.tokens[0, p - w + 1 : p + 1].to(toks.device)  # each next prompt token
-            sums = window_sums(toks == ref, conf)
-        self._init_positions = w
+            sums = (
+                self._prompt_sums(state, chain[:, 0], w) if prompt else self._round_sums(state, chain[:, 0])
+            )
         self._seconds += unit.seconds
-        return sums
+        self._read += not prompt
+        return {"sums": sums}
+
+    def _prompt_sums(self, state: RoundView, hs: torch.Tensor, w: int) -> torch.Tensor:
+        """Prefix sums of the last ``w`` prompt positions (all valid) of the prefill's ``hs``
+        (L+1, P, d), against the target's tokens or (``init_reference='prompt'``) each position's
+        next token (the last one's is the first generated token)."""
+        p = state.prompt_len
+        prompt = self.config.init_reference == "prompt"
+        toks, conf, ref = self._shadow(state, hs[:, p - w : p], self._layers, target=not prompt)
+        if prompt:
+            ref = state.tokens[0, p - w + 1 : p + 1].to(toks.device)
+        self._sum_layers, self._init_positions = list(self._layers), w
+        return prefix_sums(toks == ref, conf)
+
+    def _round_sums(self, state: RoundView, h: torch.Tensor) -> torch.Tensor:
+        """Prefix sums of a verified chain ``h`` (L+1, n, d) over DEL's window (up to the first
+        position where layer E's shadow token differs from the target's). ``shadow_rows`` says how
+        (`DelTplConfig`); the sums are the same."""
+        e, layers = self._exit, self._layers
+        if self._chain_rows(h.device):  # every candidate over the chain, the window on the device
+            self._sum_layers = list(layers)
+            self._rows += (len(layers) + 1) * h.shape[1]
+            rows = self._rows_of(tuple(layers), h.device)
+            exit_row = self._rows_of((layers.index(e),), h.device)
+            return state.compute(chain_sums, h, rows, exit_row)["sums"]
+        # the window's end first (layer E and the target), then the other layers over it
+        x_e, conf_e, ref = self._shadow(state, h, [e])
+        diff = x_e[0] != ref
+        n = int(window(diff).sum())  # a read: the window's length
+        others = [ell for ell in layers if ell != e]
+        toks, conf, _ = self._shadow(state, h[:, :n], others, target=False)
+        toks, conf = torch.cat([toks, x_e[:, :n]]), torch.cat([conf, conf_e[:, :n]])
+        self._sum_layers = [*others, e]
+        return prefix_sums(toks == ref[:n], conf)
 
     def _initialise(self, state: RoundView) -> None:
-        """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round, read
-        with the prefill's first token (`begin`), else here."""
+        """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round,
+        read with the prefill's first token."""
         self._initialised = True
-        ride, self._ride = self._ride, None
-        if ride is not None and ride.values is not None:
-            self._charged(self._stats.update_from, self._layers, ride.values)
-        elif not self._refused and state.round == 0 and state.last_hidden_states is not None:
-            sums = self._prompt_sums(state, state.last_hidden_states)
-            if sums is not None:
-                self._charged(self._stats.update_from, self._layers, sums.tolist())
-        self._refused = False
-        self._choose()
+        self._apply(state.values_for(self).get("sums"), None)
 
-    def _charged(self, work: Callable[..., None], *args: Any) -> None:
-        """Run the host half of a unit of work whose device half was timed as the unit, and
-        charge its seconds to the budget."""
-        clock = self.budget.clock
-        t0 = clock()
-        work(*args)
-        seconds = clock() - t0
-        self.budget.charge(seconds)
-        self._seconds += seconds
+    def _apply(self, sums: Sequence[float] | None, accepted: int | None) -> None:
+        """A round's sums, read (`prefix_sums`: the column of ``accepted`` with
+        ``window='accepted'``, else the window's), into the decayed statistics; then next round's
+        choice. ``None``: nothing was read (over budget, no hidden states), nothing changes but
+        the choice at the first round."""
+        if sums is not None:
+            clock = self.budget.clock
+            t0 = clock()
+            rows = 3 * len(self._sum_layers) + 1
+            j = accepted if accepted is not None and self.config.window == "accepted" else len(sums)
+            self._stats.update_from(self._sum_layers, column(sums, rows, j))
+            seconds = clock() - t0
+            self.budget.charge(seconds)  # the host half of the unit whose device half `reads` timed
+            self._seconds += seconds
+            self._choose()
+        elif accepted is None:
+            self._choose()
 
     # ------------------------------------------------------------------ interface
     def plan(self, state: RoundView) -> LayerPlan:
@@ -486,8 +509,6 @@ class DelTplSelector(BudgetedWork, LayerSelector):
                 "alpha": self._alpha_now,
             }
         )
-        self._refused = False
-        self._ride = state.ride(partial(self._ride_sums, state)) if self._rides_along(state) else None
         return state.prefix_plan(self._exit)
 
     def length_hint(self, state: RoundView) -> LengthHint | None:
@@ -501,82 +522,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._loads += loads
         if self._trace:
             self._trace[-1]["etpl"] = round(tokens / loads, 5) if loads else None
-        ride, self._ride = self._ride, None
-        if ride is not None and ride.values is not None:  # the sums came with the verifier's read
-            self._charged(self._apply, self._layers, ride.values)
-            return
-        if self._refused:  # the ride asked the budget: spent
-            return
-        hs = result.path_hidden  # (L+1, B, n, d): along the verified chain
-        if hs is None:
-            return
-        # Over budget: this round never enters the decayed sums (they see fewer rounds), and E, d
-        # and tau stay what the statistics so far chose.
-        done = self.run_budgeted(self._update, state, result, hs)
-        if done is not None:
-            self._seconds += done[1]
-
-    def _rides_along(self, state: RoundView) -> bool:
-        """Whether this round's sums ride on the verifier's read (`RoundView.ride`): the window on
-        the device (``shadow_rows`` 'chain') over the whole chain (``window`` 'shadow')."""
-        return state.capture_hidden and self.config.window == "shadow" and self._chain_rows(state.device)
-
-    def _ride_sums(self, state: RoundView, hidden: torch.Tensor) -> torch.Tensor | None:
-        """`Ride.compute`: the round's sums over the verified chain ``hidden`` (L+1, B, n, d), on
-        the device, right before the verifier reads; one unit of the budget (``None`` when spent)."""
-        if not self.budget.allows():
-            self._refused = True
-            return None
-        self._rode += 1
-        with self.budget.unit() as unit:
-            sums = self._sums(state, hidden[:, 0], chain=True)[1]
-        self._seconds += unit.seconds
-        return sums
-
-    def _update(self, state: RoundView, result: Verification, hs: torch.Tensor) -> None:
-        """One round's statistics: shadow tokens of ``hs`` (L+1, B, n, d), the verified chain
-        (`Verification.path_hidden`: the draft block's positions), in the valid window (up to and
-        including the first position where layer E's shadow token differs from the target's),
-        then next round's choice. ``shadow_rows`` says how (`DelTplConfig`): the sums are the same."""
-        h = hs[:, 0]  # (L+1, n, d)
-        if self.config.window == "accepted":
-            h = h[:, : result.accepted + 1]
-        layers, sums = self._sums(state, h, chain=self._chain_rows(h.device))
-        self._apply(layers, sums.tolist())
-
-    def _sums(self, state: RoundView, h: torch.Tensor, *, chain: bool) -> tuple[list[int], torch.Tensor]:
-        """The layers and their `window_sums` (on the device) of the chain ``h`` (L+1, n, d)."""
-        e = self._exit
-        if chain and state.draft_head is None:  # one static function: a graph on the graph route
-            layers = self._layers
-            self._rows += (len(layers) + 1) * h.shape[1]
-            rows = self._rows_of((*layers, self._L), h.device)
-            exit_row = self._rows_of((layers.index(e),), h.device)
-            out = state.run_static(
-                ("del_tpl.chain_sums", len(layers)),
-                partial(chain_sums, state.top1_from_hidden),
-                h,
-                rows,
-                exit_row,
-            )
-            return layers, out["sums"]
-        if chain:  # every candidate over the chain; the window on the device
-            toks, conf, ref = self._shadow(state, h, self._layers)
-            diff = toks[self._layers.index(e)] != ref  # layer E against the target
-            return self._layers, window_sums(toks == ref, conf, window(diff))
-        # the window's end first (layer E and the target), then the other layers over it
-        x_e, conf_e, ref = self._shadow(state, h, [e])
-        diff = x_e[0] != ref
-        n = int(window(diff).sum())  # a read: the window's length
-        layers = [ell for ell in self._layers if ell != e]
-        toks, conf, _ = self._shadow(state, h[:, :n], layers, target=False)
-        toks, conf = torch.cat([toks, x_e[:, :n]]), torch.cat([conf, conf_e[:, :n]])
-        return [*layers, e], window_sums(toks == ref[:n], conf)
-
-    def _apply(self, layers: Sequence[int], sums: Sequence[float]) -> None:
-        """A round's sums, read, into the decayed statistics; then next round's choice."""
-        self._stats.update_from(layers, sums)
-        self._choose()
+        self._apply(state.values_for(self).get("sums"), result.accepted)
 
     def _chain_rows(self, device: torch.device) -> bool:
         rows = self.config.shadow_rows
@@ -600,7 +546,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
             "init_positions": self._init_positions,
             "guards": dict(self._stats.guards),
             "shadow_rows": self._rows,
-            "rides": self._rode,
+            "rides": self._read,
             "update_seconds": round(self._seconds, 6),
             **self.budget.summary(),
         }

@@ -36,16 +36,15 @@ class GreedyVerifier(Verifier):
         out = state.forward_verify(block, logits_at="all", check=True)
         checked = out.checked
         target, m = checked.target, checked.num_accepted  # (B, K+1), (B,)
-        # The round's one device-to-host read (`RoundView.read`: with any strategy's ride): m and
-        # row 0's target choices together. The accepted d_1..d_m equal a_0..a_{m-1}, so the
-        # committed tokens are a_0..a_m: a view of the target's.
-        row = state.read(checked.packed)
-        k = row[0]
-        new = target[:, : k + 1]  # (B, m+1); batch size 1 (DecodeState's)
+        # The round's one device-to-host read (with any strategy's reads): m and row 0's target
+        # choices. The accepted d_1..d_m equal a_0..a_{m-1}, so the committed tokens are a_0..a_m:
+        # a view of the target's.
+        got = state.read(accepted=m[:1], target=target[0])
+        k = got["accepted"][0]
         return Verification(
             num_accepted=m,
-            new_tokens=new,
+            new_tokens=target[:, : k + 1],  # (B, m+1); batch size 1 (DecodeState's)
             target_tokens=target,
             hidden_states=out.hidden_states,
-            host_tokens=tuple(row[1 : k + 2]),
+            host_tokens=tuple(got["target"][: k + 1]),
         )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, RandomStream, RoundView, Verification, Verifier, register_verifier
 from framework.config_fields import ConfigError, check_range, param
-from framework.types import DraftSampler
 
 #: A residual ``max(0, p - q)`` with less total mass than this is treated as empty (p == q up to
 #: rounding, where a rejection has probability ~0): the replacement is then sampled from p.
@@ -154,9 +154,11 @@ class SamplingVerifier(Verifier):
     and the vanilla baseline), so speculative and vanilla sampling target the same distribution.
     `verify` runs one full forward over ``[pending, d_1..d_K]`` and applies `accept_prefix`.
 
-    Randomness: one ``torch.Generator`` per device, seeded from ``config.seed`` when first used and
-    never re-seeded (``reset`` keeps it), so successive generations differ but a run (same seed,
-    same calls) is reproducible. Draft sampling, acceptance and vanilla sampling share it.
+    Randomness: one stream (`random`, a generator per device seeded from ``config.seed`` when
+    first used and never re-seeded: ``reset`` keeps it), so successive generations differ but a
+    run (same seed, same calls) is reproducible. Draft sampling and acceptance draw from it inside
+    their rules (``ops``, the engine's handle on it: `sample_draft`, `accept_rule`), vanilla
+    sampling in `choose`: the same draws in the same order, eagerly or from a graph.
     """
 
     needs_draft_probs = True
@@ -164,42 +166,22 @@ class SamplingVerifier(Verifier):
 
     def __init__(self, config: SamplingVerifierConfig | None = None) -> None:
         super().__init__(config)
-        self._generators: dict[torch.device, torch.Generator] = {}
-        self.generator(torch.device("cpu"))
+        self.random = RandomStream(self.config.seed)
 
     def generator(self, device: torch.device | str) -> torch.Generator:
-        """The verifier's random stream on ``device`` (created and seeded on first use)."""
-        device = torch.device(device)
-        if device.type != "cpu" and device.index is None:
-            device = torch.device(device.type, torch.get_device_module(device.type).current_device())
-        gen = self._generators.get(device)
-        if gen is None:
-            gen = torch.Generator(device=device).manual_seed(self.config.seed)
-            self._generators[device] = gen
-        return gen
+        """The verifier's random stream on ``device`` (`random`'s generator there)."""
+        return self.random.generator(device)
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """The configured warping of ``logits`` (..., V) into probabilities (see `warp`)."""
         c = self.config
         return warp(logits, c.temperature, c.top_k, c.top_p)
 
-    def draft_sampler(self) -> DraftSampler:
-        """Warp the draft logits as the target's, sample from q: ``noise`` draws what `sample`
-        draws, from this verifier's stream; ``rule`` is the rest (a graph on the graph route)."""
+    def draft_sampler(self) -> functools.partial:
+        """Warp the draft logits as the target's and sample from q (`sample_draft`, with this
+        verifier's warping)."""
         c = self.config
-        return DraftSampler(
-            ("sampling.draft", c.temperature, c.top_k, c.top_p), self._draft_noise, self._draft_rule
-        )
-
-    def _draft_noise(self, logits: torch.Tensor) -> torch.Tensor:
-        dtype = torch.promote_types(logits.dtype, torch.float32)  # `warp`'s
-        return torch.empty(logits.shape, dtype=dtype, device=logits.device).exponential_(
-            1, generator=self.generator(logits.device)
-        )
-
-    def _draft_rule(self, logits: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.warp(logits)
-        return sample_with_noise(q, noise), q
+        return functools.partial(sample_draft, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
 
     def choose(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.warp(logits)
@@ -220,44 +202,55 @@ class SamplingVerifier(Verifier):
             )
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
         out = state.forward_verify(block, logits_at="all")
-        logits = out.logits
-        b, _, v = logits.shape
-        dtype = torch.promote_types(logits.dtype, torch.float32)  # `warp`'s
-        u, e = acceptance_noise(b, k, v, dtype, logits.device, self.generator(logits.device))
-        # The warping, the acceptance rule and the round's values in one static function: one
-        # graph on the forward graph route (the draws above are its only random inputs)
         c = self.config
-        key = ("sampling.verify", c.temperature, c.top_k, c.top_p, k)
-        inputs = (logits, draft.tokens, e) if not k else (logits, draft.tokens, e, draft.probs, u)
-        res = state.run_static(key, self._verify_static, *inputs)
-        row = state.read(res["packed"])  # the round's one device read
-        a = row[0]
+        res = state.compute(
+            accept_rule,
+            out.logits,
+            draft.tokens,
+            draft.probs,
+            temperature=c.temperature,
+            top_k=c.top_k,
+            top_p=c.top_p,
+        )
+        got = state.read(accepted=res["m"][:1], next=res["next"][:1], drafts=draft.tokens[0])  # one read
+        a = got["accepted"][0]
         new = torch.cat([draft.tokens[:, :a], res["next"][:, None]], dim=1)  # (B, m+1)
         return Verification(
             num_accepted=res["m"],
             new_tokens=new,
             target_tokens=res["target"],
             hidden_states=out.hidden_states,
-            host_tokens=(*row[2 : 2 + a], row[1]),
+            host_tokens=(*got["drafts"][:a], got["next"][0]),
         )
 
-    def _verify_static(
-        self,
-        logits: torch.Tensor,
-        tokens: torch.Tensor,
-        e: torch.Tensor,
-        q: torch.Tensor | None = None,
-        u: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """`verify`'s device work given its draws: warp the target rows, apply `accept_with_noise`,
-        pack m, the next token and row 0's drafts for the read."""
-        p = self.warp(logits)  # (B, K+1, V)
-        if q is None:
-            q = p.new_zeros(p.shape[0], 0, p.shape[-1])
-        m, nxt = accept_with_noise(tokens, q, p, u, e)
-        return {
-            "m": m,
-            "next": nxt,
-            "target": logits.argmax(dim=-1),
-            "packed": torch.cat([m[:1], nxt[:1], tokens[0]]),
-        }
+
+def sample_draft(
+    ops: DeviceOps, logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sampled draft step: q = `warp` of the draft logits (B, V), one token of it per row (the
+    exponential race of `sample`, its noise from the generation's stream). Returns ``(tokens (B,),
+    q (B, V))``."""
+    q = warp(logits, temperature, top_k, top_p)
+    return sample_with_noise(q, ops.exponential(*q.shape, dtype=q.dtype)), q
+
+
+def accept_rule(
+    ops: DeviceOps,
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> dict[str, torch.Tensor]:
+    """The sampling verification of draft ``tokens`` (B, K) drawn from ``q`` (B, K, V) against the
+    target ``logits`` (B, K+1, V): warp them into p, draw what `accept_prefix` draws (the K
+    uniforms, then the token's Exp(1) noise) and apply `accept_with_noise`. Returns m, the
+    correction or bonus token ``next`` and the target's argmax ``target``."""
+    p = warp(logits, temperature, top_k, top_p)  # (B, K+1, V)
+    b, k = tokens.shape
+    u = ops.uniform(b, k, dtype=p.dtype) if k else None
+    e = ops.exponential(b, p.shape[-1], dtype=p.dtype)
+    m, nxt = accept_with_noise(tokens, p.new_zeros(b, 0, p.shape[-1]) if q is None else q, p, u, e)
+    return {"m": m, "next": nxt, "target": logits.argmax(dim=-1)}

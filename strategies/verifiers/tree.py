@@ -223,8 +223,8 @@ class TreeVerifier(Verifier):
         out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=shape.mask)
         target = out.logits.argmax(dim=-1)  # (1, T)
         # The round's one device-to-host read: the target's choices and the node tokens together.
-        flat = state.read(torch.cat([target[0], nodes]))
-        want, tokens = flat[: len(parents) + 1], flat[len(parents) + 1 :]
+        got = state.read(target=target[0], nodes=nodes)
+        want, tokens = got["target"], got["nodes"]
 
         # Walk down: at each depth the target's choice after the current node must be a child.
         children: dict[int, list[int]] = {}

@@ -380,3 +380,41 @@ def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(
         ):
             bad.append(f"line {node.lineno}: state.{node.attr} (not a RoundView member)")
     assert not bad, f"{module}: {bad}"
+
+
+#: Names of the engine's execution that strategy code never needs (issue 46): it hands its device
+#: work to `RoundView.compute` and reads by name; graphs, their keys, rides and draws are the
+#: engine's.
+ENGINE_WORDS = {"run_static", "run_with_blocks", "ride", "Ride", "DraftSampler", "forward_graphs", "run_work"}
+
+
+def _strategy_code_files() -> list[Path]:
+    return sorted((ROOT / "strategies").rglob("*.py")) + sorted(
+        (ROOT / "framework" / "drafting").rglob("*.py")
+    )
+
+
+@pytest.mark.parametrize("path", _strategy_code_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_strategy_code_names_no_graph_key_ride_or_draw(path):
+    """No strategy or drafting building block names the engine's graphs, keys, rides or draws:
+    no engine words in its code (names, not comments), no ``key=`` handed to the engine, and no
+    identifier about graphs."""
+    import io
+    import tokenize
+
+    names = [
+        t.string
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if t.type == tokenize.NAME
+    ]
+    bad = sorted({n for n in names if n in ENGINE_WORDS or "graph" in n.lower()})
+    assert not bad, f"{path.relative_to(ROOT)} names the engine's execution: {bad}"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.startswith("compute")
+        ):
+            assert not any(k.arg == "key" for k in node.keywords), (
+                f"{path.relative_to(ROOT)}:{node.lineno} hands a key"
+            )

@@ -156,7 +156,14 @@ def test_exact_flag_is_validated_and_auto_is_on_for_a_cpu_only():
     assert not ModelConfig(exact=False).exact_on(torch.device("cpu"))
     assert not ModelConfig(kernels=False).exact_on(torch.device("cpu"))
     # the spellings a boolean takes everywhere, and the ones saved configs before it used
-    for text, want in (("yes", True), ("on", True), ("true", True), ("no", False), ("off", False), ("auto", None)):
+    for text, want in (
+        ("yes", True),
+        ("on", True),
+        ("true", True),
+        ("no", False),
+        ("off", False),
+        ("auto", None),
+    ):
         assert RunConfig.from_preset("static_confidence", exact=text).model.exact is want
 
 

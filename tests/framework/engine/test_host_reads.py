@@ -137,61 +137,106 @@ def test_the_state_keeps_row_0_on_the_host(adapter):
     assert state.host_tokens() == want[:-2]
 
 
-def _verified_state(adapter, drafts=(5, 9, 11)):
-    """A state after its prefill and first token, with hidden states, and a chain block to verify."""
+class _Reader:
+    """A strategy whose `reads` asks for values of each chain (``compute(hidden) -> dict``)."""
+
+    def __init__(self, compute):
+        self.compute, self.chains = compute, []
+
+    def reads(self, state, chain):
+        self.chains.append(tuple(chain.shape))
+        return self.compute(chain)
+
+
+def _verified_state(adapter, *readers, drafts=(5, 9, 11)):
+    """A state after its prefill and first token (read as the decoder reads it), with hidden
+    states and ``readers``, and a chain block to verify."""
     from framework.engine.state import DecodeState
 
-    state = DecodeState(adapter, random_prompt(8, 128, seed=0), 64, capture_hidden=True)
-    state.append(state.prefill().argmax(-1)[:, None])
+    state = DecodeState(adapter, random_prompt(8, 128, seed=0), 64, capture_hidden=True, readers=readers)
+    first = state.prefill().argmax(-1)[:, None]
+    state.append(first)
+    state.read(token=first[0])
     return state, torch.cat([state.pending, torch.tensor([list(drafts)])], dim=1)
 
 
-def test_a_ride_comes_back_with_the_verifiers_read_aligned_and_exact(adapter):
-    """`RoundView.ride`: a strategy's device values travel in the verifier's one read; each ride
-    gets its own values back (flattened, in order), the verifier its own, as ints."""
-    state, block = _verified_state(adapter)
-    shapes = []
-    a = state.ride(lambda h: shapes.append(tuple(h.shape)) or h[2, 0, :, :3].sum(-1))  # float32 (T,)
-    b = state.ride(lambda h: torch.tensor([[7, -3]]))  # an integer matrix: flattened
-    c = state.ride(lambda h: None)  # nothing this round
+def test_strategies_reads_come_back_with_the_verifiers_read_by_name_and_exact(adapter):
+    """`Strategy.reads`: a strategy's device values travel in the verifier's one read; each
+    strategy gets its own values back by name (flattened, in order), the verifier its own, as ints
+    for integer tensors."""
+    a = _Reader(lambda h: {"sums": h[2, 0, :, :3].sum(-1), "ids": torch.tensor([[7, -3]])})
+    b = _Reader(lambda h: {"first": h[0, 0, :1, 0]} if h.shape[2] == 8 else None)  # the prompt's only
+    state, block = _verified_state(adapter, a, b)
+    assert a.chains == [(7, 1, 8, 64)]  # the prompt's, at the first token's read
+    assert list(state.values_for(b)) == ["first"]
     out = state.forward_verify(block, logits_at="all", check=True)
     with count_host_reads() as reads:
-        row = state.read(out.checked.packed)
+        got = state.read(accepted=out.checked.num_accepted, target=out.checked.target[0])
     assert reads.total == 1, reads.by_site
-    assert row == out.checked.packed.tolist() and all(type(x) is int for x in row)
-    assert shapes == [(7, 1, 4, 64)]  # L+1 = 7 layers of the verified chain, 4 positions, d = 64
-    assert a.values == out.hidden_states[2, 0, :, :3].sum(-1).tolist()  # float32 -> float64: exact
-    assert b.values == [7.0, -3.0] and c.values is None
+    assert got == {"accepted": out.checked.num_accepted.tolist(), "target": out.checked.target[0].tolist()}
+    assert all(type(x) is int for x in got["target"])
+    assert a.chains[-1] == (7, 1, 4, 64)  # L+1 = 7 layers of the verified chain, 4 positions, d = 64
+    values = state.values_for(a)
+    assert values["sums"] == out.hidden_states[2, 0, :, :3].sum(-1).tolist()  # float32 -> float64: exact
+    assert values["ids"] == [7, -3] and state.values_for(b) == {}  # nothing this round: not the prompt's
     with count_host_reads() as reads:
-        assert state.read(torch.tensor([1.5, 2.0])) == [1.5, 2.0]  # the rides went with the last read
-    assert reads.total == 1
+        assert state.read(x=torch.tensor([1.5, 2.0])) == {"x": [1.5, 2.0]}  # served once a chain
+    assert reads.total == 1 and len(a.chains) == 2
 
 
-def test_a_ride_runs_on_chains_only_and_lasts_one_round(adapter):
-    state, block = _verified_state(adapter)
+def test_a_tree_or_a_verifier_reading_by_itself_gets_its_readers_served_at_the_commit(adapter):
+    """A tree's path is known only after the read, and a verifier may read by itself: the engine
+    then reads the strategies' values at the commit, of the committed path (a tree's) or the
+    verified chain, in one read."""
+    reader = _Reader(lambda h: {"first": h[-1, 0, :, 0]})
+    state, block = _verified_state(adapter, reader)
     pos = torch.arange(block.shape[1])[None] + state.pending_position
-    tree = state.ride(lambda h: pytest.fail("computed on a block given its own positions (a tree)"))
-    state.forward_verify(block, logits_at="all", position_ids=pos)
-    assert state.read(torch.tensor([0])) == [0] and tree.values is None
-    # registered, never read (a verifier reading by itself), committed: gone the next round
-    stale = state.ride(lambda h: pytest.fail("a ride outlived its round"))
-    state.forward_verify(block, logits_at="all")
-    new = block[:, :1]
-    state.commit(Verification(num_accepted=torch.tensor([0]), new_tokens=new, host_tokens=(int(new[0, 0]),)))
-    out = state.forward_verify(torch.cat([state.pending, block[:, 1:]], dim=1), logits_at="all", check=True)
-    state.read(out.checked.packed)
-    assert stale.values is None
+    out = state.forward_verify(block, logits_at="all", position_ids=pos)  # a tree's positions
+    assert state.read(x=torch.tensor([0])) == {"x": [0]} and len(reader.chains) == 1  # not the tree
+    new = out.logits[:, :1].argmax(-1)
+    tree = Verification(
+        num_accepted=torch.tensor([0]),
+        new_tokens=new,
+        kv_keep=torch.tensor([0]),
+        kv_keep_host=(0,),
+        hidden_states=out.hidden_states,
+        host_tokens=(int(new[0, 0]),),
+    )
+    with count_host_reads() as reads:
+        state.commit(tree)
+    assert reads.total == 1 and reader.chains[-1] == (7, 1, 1, 64)  # the committed path: 1 node
+    assert state.values_for(reader)["first"] == out.hidden_states[-1, 0, :1, 0].tolist()
+    block = torch.cat([state.pending, block[:, 1:]], dim=1)
+    out = state.forward_verify(block, logits_at="all")  # a chain, read by nobody
+    new = out.logits[:, :1].argmax(-1)
+    chain = Verification(
+        num_accepted=torch.tensor([0]),
+        new_tokens=new,
+        hidden_states=out.hidden_states,
+        host_tokens=(int(new[0, 0]),),
+    )
+    with count_host_reads() as reads:
+        state.commit(chain)
+    assert reads.total == 1 and reader.chains[-1] == (7, 1, 4, 64)  # the verified chain
+    assert state.values_for(reader)["first"] == out.hidden_states[-1, 0, :, 0].tolist()
 
 
-def test_a_ride_registered_before_the_prefill_reads_the_prompts_hidden_states(adapter):
-    """What `LayerSelector.begin` registers runs on the prompt and comes with the first token."""
+def test_the_prompts_values_come_with_the_first_token(adapter):
+    """What a strategy `reads` of the prompt (DEL's initialisation) comes with the first token,
+    which is on the device when it is asked (a reference for the prompt's last position)."""
     from framework.engine.decoding import _prefill
     from framework.engine.state import DecodeState
 
-    state = DecodeState(adapter, random_prompt(8, 128, seed=0), 64, capture_hidden=True)
-    ride = state.ride(lambda h: h[-1, 0, :, 0])  # (P,): one number per prompt position
+    seen = []
+
+    def compute(h):
+        seen.append(state.tokens[0, 8].clone())  # the first token, on the device
+        return {"last": h[-1, 0, :, 0]}
+
+    reader = _Reader(compute)
+    state = DecodeState(adapter, random_prompt(8, 128, seed=0), 64, capture_hidden=True, readers=(reader,))
     with count_host_reads() as reads:
         _, new, _ = _prefill(state, lambda logits: logits.argmax(-1), StopCondition(4))
-    assert reads.total == 1, reads.by_site  # the first token, and the ride with it
-    assert new == [int(state.tokens[0, 8])]
-    assert ride.values == state.last_hidden_states[-1, 0, :, 0].tolist()
+    assert reads.total == 1, reads.by_site  # the first token, and the values with it
+    assert new == [int(state.tokens[0, 8])] == [int(t) for t in seen]
+    assert state.values_for(reader)["last"] == state.last_hidden_states[-1, 0, :, 0].tolist()

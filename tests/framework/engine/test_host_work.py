@@ -24,34 +24,31 @@ from framework.testing.host_work import count_host_work
 
 LIMIT_OPS, LIMIT_READS = 20, 1.0
 
-#: (operations, reads) per round measured on 2026-11-28, third session, after the greedy check moved
-#: into the verify forward and `torch.equal` was counted as a read (8-block tiny Llama, two
-#: prompts, 32 tokens; the layerskip presets in the fourth session, after early-exit reuse
-#: stopped comparing its block on the host: 12.8/1.98, 13.2/1.00, 13.7/1.00, 3.5/1.00, and a
-#: reads budget of exactly one where the count is one read a round; `del` and `del_safe` in the
-#: fifth, after their sums rode on the verifier's read as one static function: 8.7/1.33 and
-#: 3.7/1.03, each 1.00 outside the stop rule's reads; `clasp` and `clasp_safe` in the fifth, after
-#: their DP became one graph on the forward route: 2.0/2.12 and 3.0/1.07; `selfsd_sampling` in
-#: the fifth, after its verification and its sampled steps became static functions: 9.6/2.44), each with about 15% headroom (more for the gated presets' reads: their
-#: gate's decisions follow measured costs, so how often they draft varies a little from run to
-#: run; `clasp` has none below the limit, and its count is deterministic: no gate): a preset may
-#: not do more work per round than this.
+#: (operations, reads) per round, what each preset measured with about 15% headroom or one
+#: operation (more for the gated presets' reads: their gate's decisions follow measured costs, so
+#: how often they draft varies a little from run to run): a preset may not do more work per round
+#: than this. Measured on an 8-block tiny Llama, two prompts, 32 tokens, last on 2026-11-28, sixth
+#: session (issue 46: strategies hand the engine their device work and read by name): every greedy
+#: preset one operation more than before (the named read joins its values outside the verify
+#: forward, where `GreedyCheck.packed` was joined inside it), `selfsd_sampling` 9.6 -> 8.1 (its
+#: rules' random numbers are drawn by the engine, one launch a draw, counted); the table is in
+#: docs/performance.md ("Host work per round").
 BUDGETS = {
     "cascade": (6, 1.2),
-    "clasp": (3, 2.4),
-    "clasp_safe": (4, 1.3),
-    "del": (10, 1.6),
+    "clasp": (4, 2.4),
+    "clasp_safe": (5, 1.3),
+    "del": (11, 1.6),
     "del_safe": (5, 1.2),
     "hybrid": (5, 1.2),
-    "layerskip_dv": (15, 2.3),
-    "layerskip_fs": (15, 1.0),
-    "layerskip_static": (16, 1.0),
-    "layerskip_static_safe": (5, 1.0),
-    "prompt_lookup": (4, 1.0),
-    "selfsd": (3, 2.3),
-    "selfsd_safe": (4, 1.2),
-    "selfsd_sampling": (12, 2.8),
-    "static_confidence": (4, 1.25),
+    "layerskip_dv": (16, 2.3),
+    "layerskip_fs": (16, 1.0),
+    "layerskip_static": (17, 1.0),
+    "layerskip_static_safe": (6, 1.0),
+    "prompt_lookup": (5, 1.0),
+    "selfsd": (4, 2.3),
+    "selfsd_safe": (5, 1.2),
+    "selfsd_sampling": (10, 2.8),
+    "static_confidence": (5, 1.25),
     "swift": (19, 2.3),
     "swift_safe": (6, 1.3),
 }
@@ -61,9 +58,21 @@ WITHIN_LIMITS = ("layerskip_fs", "layerskip_static", "layerskip_static_safe", "p
 QUICK = ("prompt_lookup", "layerskip_static", "static_confidence")
 #: Presets over 20 operations a round, and why (docs/performance.md, "Host work per round").
 OVER_OPS: dict[str, str] = {}
-#: Presets that sample their drafts: a step draws its random numbers (an empty tensor and its
-#: exponential noise, from the verifier's generator) before the sampler's rule runs as one static
-#: function (`framework.types.DraftSampler`).
+#: Presets over 20 operations a round on rounds that draft with a reduced draft head (issue 46's
+#: extended check; measured on 2026-11-28, sixth session, with headroom), and why. A reduced head
+#: runs after the draft forward's graph (it grows with the context), so its drafts choose their
+#: token outside it, a few operations a drafted token: the presets that draft long chains or
+#: trees with it exceed the limit. Left open: the head inside the forward's graph (issue 46).
+OVER_OPS_WITH_A_HEAD: dict[str, tuple[float, str]] = {
+    "layerskip_static": (32, "12 drafted tokens a round, each chosen after the forward (argmax, head ids)"),
+    "layerskip_static_safe": (32, "as layerskip_static"),
+    "swift": (28, "its tree's top-k candidates mapped through the head after each draft forward"),
+    "swift_safe": (28, "as swift"),
+    "del": (62, "its statistics' device function scores the candidates with the head, which grows: eagerly"),
+    "del_safe": (26, "its drafts choose each token after the forward (the head's ids), and drop on stop"),
+}
+#: Presets that sample their drafts: a step's rule is one device function whose random numbers
+#: (Exp(1) noise from the verifier's stream) the engine draws before its graph replays.
 SAMPLED = ("selfsd_sampling",)
 #: Presets over one read a round outside their draft steps (a stop rule reads each drafted
 #: token's confidence: the decision whether to run the next draft forward): the file whose reads
@@ -76,7 +85,14 @@ OVER_READS = {
 }
 
 
-def _per_round(name: str):
+def _per_round(name: str, *, drafting: bool = False, model=None, prompts=None):
+    """The host work of ``name`` decoding two prompts of 32 tokens on an 8-block tiny Llama (its
+    vocabulary too small for a reduced draft head, the gate as the preset has it). ``drafting``:
+    on rounds that draft, with a reduced draft head (a vocabulary of 512, a head of 64 tokens
+    where the drafter has one) and the gate off; ``model``: ``(model, prompts)`` instead."""
+    import dataclasses
+
+    from framework import REGISTRIES
     from framework.session.presets import load_preset
     from framework.session.run_config import RunConfig
     from framework.session.session import build_decoder
@@ -92,13 +108,44 @@ def _per_round(name: str):
         # DEL's statistics as a GPU runs them ('auto' picks 'chain' on CUDA; on a CPU it reads the
         # window's end first, one read more for fewer LM-head rows)
         fast["selector.shadow_rows"] = "chain"
-    adapter = adapter_for(tiny_model("llama", num_layers=8, seed=0))
+    vocab = 128
+    if drafting:
+        vocab = 512
+        if preset.get("gate"):
+            fast["gate.enabled"] = False
+        if preset.get("selector", {}).get("name") == "del_tpl":  # draft where TPL sees no gain too
+            fast["selector.no_draft_when_unprofitable"] = False
+        drafter = REGISTRIES["drafter"].entry(preset.get("drafter", {}).get("name", "layer_skip")).config
+        if model is None and "draft_vocab" in {f.name for f in dataclasses.fields(drafter)}:
+            fast["drafter.draft_vocab"] = 64  # the tiny vocabulary's head (a real model: the preset's)
+    if model is None:
+        model = tiny_model("llama", num_layers=8, seed=0, vocab_size=vocab)
+        prompts = [random_prompt(8, vocab, seed=seed) for seed in (0, 1)]
+        if drafting:  # a repeated phrase, for the drafters that copy from the context
+            prompts = [torch.cat([p, p[:, :5], p], dim=1) for p in prompts]
+    adapter = adapter_for(model)
     dec = build_decoder(adapter, RunConfig.from_preset(name, **fast))
     dec.prepare(prepare_context(adapter))
     with torch.inference_mode(), count_host_work() as work:
-        for seed in (0, 1):
-            dec.generate(random_prompt(8, 128, seed=seed), StopCondition(32))
+        work.drafted = sum(dec.generate(prompt, StopCondition(32)).drafted for prompt in prompts)
     return work
+
+
+def _within_the_limits(name: str, work, over_ops: dict[str, tuple[float, str]] | None = None) -> None:
+    """The issue's limits: 20 operations a round unless `OVER_OPS` (or ``over_ops``: at most how
+    many, and why) says why; one read a round besides the stop rule's reads and what `OVER_READS`
+    allows."""
+    ops, _ = work.per_round()
+    if over_ops and name in over_ops:
+        assert ops <= over_ops[name][0], (name, ops, work.by_site.most_common(8))
+    elif name not in OVER_OPS:
+        assert ops <= LIMIT_OPS, (name, ops, work.by_site.most_common(8))
+    allowed = work.host_reads.at(OVER_READS[name][0]) if name in OVER_READS else 0
+    assert (work.round_reads - work.step_reads - allowed) / work.rounds <= LIMIT_READS, (
+        name,
+        work.per_round_outside_steps(),
+        work.host_reads.by_site,
+    )
 
 
 def test_every_speculative_preset_has_a_budget():
@@ -126,21 +173,48 @@ def test_host_work_per_round_stays_within_the_presets_budget(name):
         f"{name}: {ops:.1f} operations a round outside the forwards (budget {budget_ops})"
     )
     assert reads <= budget_reads, f"{name}: {reads:.2f} host reads a round (budget {budget_reads})"
-    # the issue's limits: 20 operations a round; one read a round besides a stop rule's reads
-    if name not in OVER_OPS:
-        assert ops <= LIMIT_OPS, (name, ops)
-    allowed = work.host_reads.at(OVER_READS[name][0]) if name in OVER_READS else 0
-    assert (work.round_reads - work.step_reads - allowed) / work.rounds <= LIMIT_READS, (
-        name,
-        work.per_round_outside_steps(),
-        work.host_reads.by_site,
-    )
+    _within_the_limits(name, work)
     if name in WITHIN_LIMITS:
         assert reads <= LIMIT_READS, (name, reads)
     if name not in SAMPLED:  # the draft token is chosen inside the draft forward (TokenPick)
         assert work.step_ops == 0, (name, work.step_ops)
-    else:  # a sampled step: its draws, then the sampler's rule as one static function
+    else:  # a sampled step: its draws (the rule itself is one device function)
         assert work.step_ops <= 2 * work.draft_steps, (name, work.step_ops, work.draft_steps)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in sorted(BUDGETS)]
+)
+def test_the_limits_hold_on_rounds_that_draft_with_a_reduced_draft_head(name):
+    """Issue 46: the limits bite where rounds draft (the gate off) and the reduced draft head is
+    in use (on the usual tiny model the gate declines most rounds and the vocabulary is too small
+    for a head): the head's bookkeeping reads nothing."""
+    work = _per_round(name, drafting=True)
+    # most rounds drafted (ran a draft step, or copied tokens from the context)
+    assert work.rounds >= 10 and 4 * (work.draft_steps + work.drafted) >= work.rounds, (name, work)
+    _within_the_limits(name, work, OVER_OPS_WITH_A_HEAD)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["static_confidence", "hybrid", "del", "clasp", "swift", "selfsd_sampling"])
+def test_the_limits_hold_on_the_default_model(name, default_model_prompts):
+    """The limits on the real default model (SmolLM2-135M, its 16,384-token reduced head, the
+    gate off): full suite only."""
+    model, prompts = default_model_prompts
+    work = _per_round(name, drafting=True, model=model, prompts=prompts)
+    # most rounds drafted (ran a draft step, or copied tokens from the context)
+    assert work.rounds >= 10 and 4 * (work.draft_steps + work.drafted) >= work.rounds, (name, work)
+    _within_the_limits(name, work, OVER_OPS_WITH_A_HEAD)
+
+
+@pytest.fixture(scope="module")
+def default_model_prompts():
+    from framework.data.prompts import encode_chat
+    from framework.models.loading import load_model
+
+    model, tok = load_model(None, "float32", "cpu")
+    texts = ["Write a short poem about the sea.", "Explain what a hash table is in two sentences."]
+    return model, [torch.tensor([encode_chat(tok, [{"role": "user", "content": t}])]) for t in texts]
 
 
 def test_the_count_excludes_the_forwards_and_counts_what_a_round_adds():

@@ -224,7 +224,7 @@ def test_drop_refuses_a_stop_rule_on_the_sampled_token_under_speculative_samplin
             llama_adapter, random_prompt(6, 128, 0), 64, need_confidence=True, need_draft_probs=True
         )
         state.append(state.prefill().argmax(-1)[:, None])
-        state.draft_sampler = verifier.draft_sampler()
+        state.draft_sampler, state.random = verifier.draft_sampler(), verifier.random
         length = ConfidenceLength(ConfidenceLengthConfig(threshold=0.999, stop_on=stop_on))
         drafter = EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=2, on_stop="drop"))
         drafter.setup(llama_adapter.info())

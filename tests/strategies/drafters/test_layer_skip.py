@@ -185,7 +185,7 @@ def test_drop_refuses_a_stop_rule_on_the_sampled_token_under_speculative_samplin
     verifier = SamplingVerifier(SamplingVerifierConfig(seed=0))
     for stop_on, ok in (("top1", True), ("sampled", False)):
         state = _state(llama_adapter, need_confidence=True, need_draft_probs=True)
-        state.draft_sampler = verifier.draft_sampler()
+        state.draft_sampler, state.random = verifier.draft_sampler(), verifier.random
         length = ConfidenceLength(ConfidenceLengthConfig(threshold=0.999, stop_on=stop_on))
         drafter = LayerSkipDrafter(LayerSkipDrafterConfig(on_stop="drop"))
         if ok:

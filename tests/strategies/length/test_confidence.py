@@ -186,7 +186,8 @@ def _sampled_draft(adapter, stop_on, threshold, temperature, seed):
     """A sampled draft (the sampling verifier's draft sampler, a fresh stream of seed 0)."""
     state = DecodeState(adapter, random_prompt(6, 128, seed), 64, need_confidence=True, need_draft_probs=True)
     state.append(state.prefill().argmax(-1)[:, None])
-    state.draft_sampler = SamplingVerifier(SamplingVerifierConfig(temperature=temperature)).draft_sampler()
+    verifier = SamplingVerifier(SamplingVerifierConfig(temperature=temperature))
+    state.draft_sampler, state.random = verifier.draft_sampler(), verifier.random
     ctl = ConfidenceLength(ConfidenceLengthConfig(threshold=threshold, max_length=8, stop_on=stop_on))
     return LayerSkipDrafter().draft(state, PLAN, ctl, 8)
 

@@ -200,11 +200,21 @@ def _round(state, sel, drafter, length, k_max=18):
     return plan, draft, res
 
 
-def _new_state(adapter, prompt_len=20, seed=0):
+def _new_state(adapter, prompt_len=20, seed=0, sel=None, head=None):
+    """A generation's state after its prefill and first token, ``sel`` reading the prompt (its
+    `reads`, served with the first token's read as the decoder serves them)."""
     state = DecodeState(
-        adapter, random_prompt(prompt_len, 128, seed), 128, capture_hidden=True, need_confidence=True
+        adapter,
+        random_prompt(prompt_len, 128, seed),
+        128,
+        capture_hidden=True,
+        need_confidence=True,
+        readers=() if sel is None else (sel,),
     )
-    state.append(state.prefill().argmax(-1)[:, None])
+    state.draft_head = head
+    first = state.prefill().argmax(-1)[:, None]
+    state.append(first)
+    state.read(token=first[0])
     return state
 
 
@@ -215,9 +225,9 @@ def _shadow(adapter, h):
 @pytest.mark.parametrize(("init_tokens", "reference"), [(32, "target"), (8, "target"), (8, "prompt")])
 def test_prompt_initialisation(init_tokens, reference):
     adapter = _early_exit_friendly()
-    state = _new_state(adapter, prompt_len=20)
     sel = DelTplSelector(DelTplConfig(init_tokens=init_tokens, init_reference=reference))
     sel.setup(adapter.info())
+    state = _new_state(adapter, prompt_len=20, sel=sel)
     plan = sel.plan(state)
     w = min(init_tokens, 19)  # never position 0
     h = state.last_hidden_states[:, 0, 20 - w : 20]
@@ -238,24 +248,25 @@ def test_prompt_initialisation(init_tokens, reference):
 def test_no_prompt_statistics_means_no_draft_first():
     adapter = _early_exit_friendly()
     for init_tokens, prompt_len in ((0, 20), (32, 1)):
-        state = _new_state(adapter, prompt_len=prompt_len)
         sel = DelTplSelector(DelTplConfig(init_tokens=init_tokens))
         sel.setup(adapter.info())
+        state = _new_state(adapter, prompt_len=prompt_len, sel=sel)
         sel.plan(state)
         # no statistics: alpha = 0 everywhere; the threshold guards give (1 + 0) / 2
         assert sel.length_hint(state) == LengthHint(max_length=0, threshold=0.5, source="del_tpl")
         assert sel.summary()["init_positions"] == 0
 
 
-def _first_early_exit_round(**config):
+def _first_early_exit_round(head=None, **config):
     """One verified round of a 4-token early-exit draft with no prompt statistics (every alpha is 0,
-    so E is the smallest candidate, 2); the selector has not observed it yet."""
+    so E is the smallest candidate, 2), with ``head`` the generation's draft head; the selector has
+    not observed it yet (its sums were read with the verification)."""
     adapter = _early_exit_friendly()
-    state = _new_state(adapter, seed=2)
     sel = DelTplSelector(
         DelTplConfig(decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False, **config)
     )
     sel.setup(adapter.info())
+    state = _new_state(adapter, seed=2, sel=sel, head=None if head is None else head(adapter))
     drafter = EarlyExitDrafter()
     drafter.setup(adapter.info())
     plan = sel.plan(state)
@@ -359,11 +370,11 @@ def test_accepted_window_option():
     """window='accepted' also ends the window at the verifier's rejection point."""
     adapter = _early_exit_friendly()
     for kind, want_n in (("shadow", None), ("accepted", 1)):
-        state = _new_state(adapter, seed=2)  # a prompt whose first exit-2 draft is partly accepted
         sel = DelTplSelector(
             DelTplConfig(init_tokens=0, window=kind, min_exit=2, max_exit=2, no_draft_when_unprofitable=False)
         )
         sel.setup(adapter.info())
+        state = _new_state(adapter, seed=2, sel=sel)  # a prompt whose first exit-2 draft is partly accepted
         drafter = EarlyExitDrafter()
         drafter.setup(adapter.info())
         plan = sel.plan(state)
@@ -416,7 +427,7 @@ def _on_fake_clock(sel, monkeypatch, update_seconds: float) -> list[bool]:
     the budget's answer of every round, filled while decoding."""
     clock = FakeClock()
     sel.budget = WorkBudget(sel.config.work_budget, clock=clock)
-    plan, sums, allows = sel.plan, sel._sums, sel.budget.allows
+    plan, sums, allows = sel.plan, sel._round_sums, sel.budget.allows
     answers: list[bool] = []
 
     def timed_plan(state):
@@ -429,7 +440,7 @@ def _on_fake_clock(sel, monkeypatch, update_seconds: float) -> list[bool]:
         return out
 
     monkeypatch.setattr(sel, "plan", timed_plan)
-    monkeypatch.setattr(sel, "_sums", timed_sums)
+    monkeypatch.setattr(sel, "_round_sums", timed_sums)
     monkeypatch.setattr(sel.budget, "allows", lambda: answers.append(allows()) or answers[-1])
     return answers
 
@@ -513,48 +524,50 @@ def test_shadow_tokens_use_the_draft_head_and_the_reference_the_full_head():
     proposes, while the reference (layer L: what the target emits) keeps the full LM head."""
     from framework.engine.draft_head import DraftHead
 
-    adapter, state, sel, draft, res = _first_early_exit_round()
+    def head(adapter):
+        return DraftHead(adapter, list(range(0, 128, 3)) + [1, 5, 7, 11, 13])
+
+    adapter, state, sel, draft, res = _first_early_exit_round(head=head)
     e = draft.plan.exit_layer
     h = res.hidden_states[:, 0]
     x_l = _shadow(adapter, h[6])[0]
-    head = DraftHead(adapter, sorted(set(x_l[::2].tolist()) | set(range(0, 128, 3))))
-    state.draft_head = head
     sel.observe(state, draft, res)
-    x_e = adapter.top1_from_hidden(h[e], head=head)[0]
+    x_e = adapter.top1_from_hidden(h[e], head=state.draft_head)[0]
     diff = (x_e != x_l).nonzero()
     u = int(diff[0, 0]) if len(diff) else h.shape[1] - 1
-    toks = adapter.top1_from_hidden(h[2:6, : u + 1], head=head)[0]
+    toks = adapter.top1_from_hidden(h[2:6, : u + 1], head=state.draft_head)[0]
     want = ((toks == x_l[: u + 1]).double().sum(dim=1) / (u + 1)).tolist()
     assert sel.statistics.alpha([2, 3, 4, 5]) == pytest.approx(want)
+    full = ((_shadow(adapter, h[2:6, : u + 1])[0] == x_l[: u + 1]).double().sum(dim=1) / (u + 1)).tolist()
+    assert want != pytest.approx(full)  # the head changed the statistics: not vacuous
 
 
 @pytest.mark.parametrize("with_head", [False, True])
 def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
-    """Issue 38, item 3. ``shadow_rows='chain'`` (CUDA's choice): the round's shadow tokens (every
-    candidate layer and the target, one head call), its window and its sums stay on the device
-    and their 3k + 1 numbers ride on the verifier's read: the round reads once. ``'window'`` (the
-    CPU's) reads where the window ends first and runs the candidates over the window only, then
-    reads the sums. Both give the same statistics; the decayed sums and the TPL choice are Python
-    floats either way."""
+    """Issue 38, item 3 and issue 46, item 3. ``shadow_rows='chain'`` (CUDA's choice): the round's
+    shadow tokens (every candidate layer and the target), its window and its sums are one device
+    function (`chain_sums`, handed to `RoundView.compute`) whose prefix sums travel with the
+    verifier's read: the round reads once. ``'window'`` (the CPU's) reads where the window ends
+    first and runs the candidates over the window only. Both give the same statistics; the decayed
+    sums and the TPL choice are Python floats either way."""
     from framework.engine.draft_head import DraftHead
     from framework.testing.host_work import count_host_work
 
     seen = {}
     for rows in ("chain", "window"):
         adapter = _early_exit_friendly()
-        state = _new_state(adapter, seed=2)
-        if with_head:
-            state.draft_head = DraftHead(adapter, list(range(0, 128, 2)))
         sel = DelTplSelector(
             DelTplConfig(
                 decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False, shadow_rows=rows
             )
         )
         sel.setup(adapter.info())
+        head = DraftHead(adapter, list(range(0, 128, 2))) if with_head else None
+        state = _new_state(adapter, seed=2, sel=sel, head=head)
         drafter = EarlyExitDrafter()
         drafter.setup(adapter.info())
         draft = drafter.draft(state, sel.plan(state), FixedLength(FixedLengthConfig(k=4)), 4)
-        # the verification (its read carries the chain's sums: `RoundView.ride`), then observe
+        # the verification (its read carries the chain's sums: `LayerSelector.reads`), then observe
         with torch.inference_mode(), count_host_work() as work:
             res = GreedyVerifier().verify(state, draft)
             state.commit(res)
@@ -565,23 +578,18 @@ def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
         if not with_head:
             assert n == res.accepted + 1  # at the rejection
         seen[rows] = (st.c, st.tcs, st.fcs, st.n, st.tau, st.guards, sel.length_hint(state))
+        assert sel.summary()["rides"] == 1  # the sums came with the verifier's read
         if rows == "chain":  # one read: the verifier's, with the sums
             assert work.reads == 1, work.host_reads.by_site
-            # the verification's own (13: its block, the early-exit reuse's concatenations around
-            # its forwards, the commit); the rows' uploads (2, once a generation); the read's casts
-            # and concatenation (3) (measured: 21). The shadow tokens, window and sums are one
-            # static function (`RoundView.run_static`: a graph on the graph route, not counted,
-            # like a forward). With a draft head (it grows between rounds: no graph) they run
-            # eagerly: the rows' index, the final norm (8 on this float64 model: two casts), two
-            # head calls and casts, top-1 and its probability, the mapping of the head's tokens to
-            # the vocabulary's, the window (4) and its sums (9) (measured: 63)
-            assert work.ops <= (23 if not with_head else 65), work.by_op
+            # the verification's own (its block, the early-exit reuse's concatenations around its
+            # forwards, the commit), the rows' uploads (2, once a generation), the read's casts
+            # and concatenation: the shadow tokens, window and sums are one device function (a
+            # graph on the graph route, not counted, like a forward)
+            assert work.ops <= 25, work.by_op
             assert sel.summary()["shadow_rows"] == 5 * chain  # 4 candidates and L
-            assert sel.summary()["rides"] == 1
-        else:  # the verifier's read, then the window's length and the sums
-            assert work.reads == 3, work.host_reads.by_site
+        else:  # the window's length, then the verifier's read with the sums
+            assert work.reads == 2, work.host_reads.by_site
             assert sel.summary()["shadow_rows"] == 2 * chain + 3 * n  # E and L, then the others
-            assert sel.summary()["rides"] == 0
     for a, b in zip(seen["chain"][:3], seen["window"][:3], strict=True):
         assert a == pytest.approx(b)
     assert seen["chain"][3] == seen["window"][3]
@@ -590,58 +598,87 @@ def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
 
 
 def test_chain_sums_take_the_window_of_the_exit_they_are_given():
-    """`chain_sums` (the graph route's statistics) against a hand count, for every exit row: the
-    window ends where that layer's shadow token first leaves the target's."""
-    from strategies.selectors.del_tpl import chain_sums
+    """`chain_sums` (the device function of the statistics) against a hand count, for every exit
+    row: the window ends where that layer's shadow token first leaves the target's; every column
+    of its prefix sums is the sums over the positions up to it."""
+    from framework.testing import device_ops
+    from strategies.selectors.del_tpl import chain_sums, prefix_sums
 
     adapter, state, sel, draft, res = _first_early_exit_round()
     h = res.hidden_states[:, 0]  # (L+1, T, d)
     layers = [1, 2, 3, 4, 5]
     toks, conf = adapter.top1_from_hidden(h[layers])
     ref = adapter.top1_from_hidden(h[6])[0]
-    rows = torch.tensor([*layers, 6])
+    ops = device_ops(top1=lambda x, draft_head=False: adapter.top1_from_hidden(x))
     got = {}
     for i in range(len(layers)):
-        out = chain_sums(adapter.top1_from_hidden, h, rows, torch.tensor([i]))["sums"]
-        want = window_sums(toks == ref, conf, window(toks[i] != ref))
-        torch.testing.assert_close(out, want)
-        got[i] = out[-1].item()  # the window's length
+        out = chain_sums(ops, h, torch.tensor(layers), torch.tensor([i]))["sums"]
+        valid = window(toks[i] != ref)
+        torch.testing.assert_close(out[:, -1], window_sums(toks == ref, conf, valid))
+        for j in range(h.shape[1]):
+            torch.testing.assert_close(
+                out[:, j], window_sums(toks[:, : j + 1] == ref[: j + 1], conf[:, : j + 1], valid[: j + 1])
+            )
+        torch.testing.assert_close(out, prefix_sums(toks == ref, conf, valid))
+        got[i] = out[-1, -1].item()  # the window's length
     assert len(set(got.values())) > 1, got  # the exits' windows differ: the exit row matters
 
 
 @pytest.mark.parametrize("work_budget", [0.0, 0.3])
-def test_sums_riding_on_the_rounds_reads_are_the_sums_read_apart(monkeypatch, work_budget):
-    """Issue 38, item 3. With ``shadow_rows='chain'`` the prompt's sums ride on the prefill's read
-    (`LayerSelector.begin`) and each round's on the verifier's (`RoundView.ride`): one read a round.
-    Where no ride can be registered (here: `ride` hands out rides it never computes, as a verifier
-    reading by itself would leave them) DEL reads its sums itself. The decisions are the same, to
-    the bit, with the work budget deciding on the same rounds; only the reads differ."""
+def test_the_sums_reach_del_whether_they_travel_with_the_verifiers_read_or_not(monkeypatch, work_budget):
+    """Issue 46, item 3. The prompt's sums travel with the prefill's read and each round's with
+    the verifier's (`LayerSelector.reads`): one read a round. Where the verifier reads nothing the
+    engine could join (here: `DecodeState.read` serves no strategy), the engine reads the sums
+    itself at the commit: DEL has one code path, and its decisions are the same, to the bit, with
+    the work budget deciding on the same rounds; only the reads differ."""
     from framework.testing.syncs import count_host_reads
-    from framework.types import Ride
+    from framework.types import greedy_check
+
+    class ReadsByItself(GreedyVerifier):
+        """A verifier written outside the project that reads its result itself."""
+
+        def verify(self, state, draft):
+            block = torch.cat([state.pending, draft.tokens], dim=1)
+            out = state.forward_verify(block, logits_at="all")
+            checked = greedy_check(block, out.logits)
+            k = int(checked.num_accepted[0])  # its own read: nothing the engine can join
+            return Verification(
+                num_accepted=checked.num_accepted,
+                new_tokens=checked.target[:, : k + 1],
+                hidden_states=out.hidden_states,
+            )
 
     adapter = _early_exit_friendly()
     prompt = random_prompt(20, 128, 3)
 
-    def decode():
+    def decode(verifier):
         sel = DelTplSelector(DelTplConfig(shadow_rows="chain", init_tokens=8, work_budget=work_budget))
         answers = _on_fake_clock(sel, monkeypatch, update_seconds=1.0)
+        dec = SpeculativeDecoder(
+            adapter,
+            sel,
+            DelDynamicLength(),
+            EarlyExitDrafter(EarlyExitDrafterConfig(on_stop="drop")),
+            verifier,
+        )
         with torch.inference_mode(), count_host_reads() as reads:
-            res = _del_decoder(adapter, sel).generate(prompt, StopCondition(40))
+            res = dec.generate(prompt, StopCondition(40))
         return res, reads.total, answers
 
-    rode, rode_reads, rode_answers = decode()
-    monkeypatch.setattr(DecodeState, "ride", lambda self, compute: Ride(compute))
-    apart, apart_reads, apart_answers = decode()
-    s, w = rode.strategy_summary["selector"], apart.strategy_summary["selector"]
-    rounds = len(rode.accept_lengths)
-    assert rode.tokens == apart.tokens and rode.accept_lengths == apart.accept_lengths
-    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "init_positions", "guards"):
+    joined, joined_reads, joined_answers = decode(GreedyVerifier())
+    apart, apart_reads, apart_answers = decode(ReadsByItself())
+    s, w = joined.strategy_summary["selector"], apart.strategy_summary["selector"]
+    rounds = len(joined.accept_lengths)
+    assert joined.tokens == apart.tokens and joined.accept_lengths == apart.accept_lengths
+    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "guards", "rides"):
         assert s[key] == w[key], key
-    assert rode_answers == apart_answers and s["budget_units"] == w["budget_units"]
-    updates = sum(rode_answers[1:])
-    assert s["rides"] == updates and w["rides"] == 0 and s["init_positions"] == 8
+    assert joined_answers == apart_answers and s["budget_units"] == w["budget_units"]
+    updates = sum(joined_answers[1:])
+    assert s["rides"] == updates and s["init_positions"] == w["init_positions"] == 8
     assert (updates < rounds) == (work_budget > 0)
-    assert apart_reads - rode_reads == updates + 1  # each update's read, and the prompt's
+    # besides its own reads (the verifier's, its early-exit block check, the committed tokens'
+    # that the joined verifier's one read brought), each update's sums at the commit
+    assert apart_reads - joined_reads >= updates + rounds
 
 
 def test_shadow_rows_auto_is_the_chain_on_cuda_only():
@@ -651,3 +688,23 @@ def test_shadow_rows_auto_is_the_chain_on_cuda_only():
     assert not DelTplSelector(DelTplConfig(shadow_rows="window"))._chain_rows(torch.device("cuda"))
     with pytest.raises(ConfigError, match="shadow_rows must be one of auto, window, chain"):
         build_config(DelTplConfig, {"shadow_rows": "all"})
+
+
+def test_the_chain_and_window_ways_decide_alike_over_a_generation_with_strided_exits():
+    """Over a whole generation whose exit layer moves among strided candidates (min_exit 2,
+    stride 2: the exit's row among them is not its layer number), the chain way (the window on
+    the device, from the exit's row) and the window way (the window read first) keep the same
+    statistics and make the same choices."""
+    adapter = _early_exit_friendly()
+    prompt = random_prompt(20, 128, 4)
+    got = {}
+    for rows in ("chain", "window"):
+        sel = DelTplSelector(DelTplConfig(shadow_rows=rows, min_exit=2, layer_stride=2, init_tokens=8))
+        res = _del_decoder(adapter, sel).generate(prompt, StopCondition(40))
+        s = res.strategy_summary["selector"]
+        got[rows] = (res.tokens, [s[k] for k in ("exit_layers", "lengths", "thresholds", "alpha")])
+    assert got["chain"][0] == got["window"][0]
+    assert got["chain"][1][0] == got["window"][1][0]  # the exits chosen
+    for a, b in zip(got["chain"][1][1:], got["window"][1][1:], strict=True):
+        flat = lambda xs: [y for x in xs for y in (x if isinstance(x, list) else [x])]  # noqa: E731
+        assert flat(a) == pytest.approx(flat(b))

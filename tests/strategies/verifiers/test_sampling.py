@@ -20,7 +20,7 @@ from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.draft_head import DraftHead
 from framework.kernels import cpu as kernels
-from framework.testing import VerifierContract, random_prompt, tiny_model
+from framework.testing import VerifierContract, device_ops, random_prompt, tiny_model
 from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
@@ -123,7 +123,7 @@ def test_choose_and_draft_sampler_sample_the_warped_distribution():
     rows = logits.expand(n, V)
     toks = v.choose(rows)
     assert toks.shape == (n,) and toks.dtype == torch.long
-    tok2, q = v.draft_sampler()(rows)
+    tok2, q = v.draft_sampler()(device_ops(v.random), rows)
     torch.testing.assert_close(q, v.warp(rows))
     for t in (toks, tok2):
         freq = torch.bincount(t, minlength=V).double() / n
@@ -599,17 +599,18 @@ def test_sample_is_torch_multinomial_draw_for_draw(dtype):
     assert torch.equal(g1.get_state(), g2.get_state())
 
 
-def test_the_draft_sampler_draws_then_applies_its_rule():
-    """`DraftSampler`: calling it draws from the verifier's stream and applies the rule; the builder
-    splits the two (draws on the host side, the rule a static function) with the same result."""
-    from framework.types import DraftSampler
+def test_the_draft_rule_draws_inside_from_the_verifiers_stream_what_sample_draws():
+    """The draft rule (a module-level function and the warping's values, which the engine keys)
+    draws its noise inside, from the stream ``ops`` hands it: the token `sample` draws from the
+    warped q with a generator of the same seed, draw for draw."""
+    from framework.engine.work import work_key
+    from strategies.verifiers.sampling import sample
 
     ver = SamplingVerifier(SamplingVerifierConfig(temperature=0.7, top_p=0.9, seed=3))
     sampler = ver.draft_sampler()
-    assert isinstance(sampler, DraftSampler) and sampler.key == ("sampling.draft", 0.7, 0, 0.9)
+    key = work_key(sampler, (), {})
+    assert key.function.endswith(":sample_draft") and ("temperature", 0.7) in key.params
     logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(2))
-    tok, q = sampler(logits)
+    tok, q = sampler(device_ops(ver.random), logits)
     torch.testing.assert_close(q, ver.warp(logits))
-    again = SamplingVerifier(SamplingVerifierConfig(temperature=0.7, top_p=0.9, seed=3)).draft_sampler()
-    tok2, q2 = again.rule(logits, again.noise(logits))
-    assert torch.equal(tok, tok2) and torch.equal(q, q2)
+    assert torch.equal(tok, sample(ver.warp(logits), torch.Generator().manual_seed(3)))

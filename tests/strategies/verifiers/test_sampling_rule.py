@@ -60,6 +60,7 @@ import pytest
 import torch
 
 from framework import Draft, LayerPlan
+from framework.testing import device_ops
 from strategies.verifiers.sampling import SamplingVerifier, SamplingVerifierConfig, accept_prefix, sample
 
 V = 5  # small enough to enumerate V^K drafts and fill V + .. + V^(K+1) outcome cells
@@ -431,19 +432,20 @@ class _FixedLogitsState:
     """The part of `DecodeState` that `SamplingVerifier.verify` uses: ``pending`` and a
     ``forward_verify`` returning the same target logits (K+1, V) for every row."""
 
-    def __init__(self, zp: torch.Tensor, rows: int) -> None:
+    def __init__(self, zp: torch.Tensor, rows: int, random) -> None:
         self.pending = torch.zeros(rows, 1, dtype=torch.long)
         self.zp = zp
+        self.random = random
 
     def forward_verify(self, block, logits_at="all"):
         assert block.shape == (self.pending.shape[0], self.zp.shape[0]) and logits_at == "all"
         return SimpleNamespace(logits=self.zp[None].expand(block.shape[0], -1, -1), hidden_states=None)
 
-    def read(self, values):
-        return values.reshape(-1).tolist()
+    def read(self, **values):
+        return {k: v.reshape(-1).tolist() for k, v in values.items()}
 
-    def run_static(self, key, fn, *inputs):
-        return fn(*inputs)
+    def compute(self, fn, *inputs, **params):
+        return fn(device_ops(self.random), *inputs, **params)
 
 
 class _UnwarpedDraftQ(SamplingVerifier):
@@ -451,7 +453,7 @@ class _UnwarpedDraftQ(SamplingVerifier):
 
     def draft_sampler(self):
         warped = super().draft_sampler()
-        return lambda logits: (warped(logits)[0], torch.softmax(logits, dim=-1))
+        return lambda ops, logits: (warped(ops, logits)[0], torch.softmax(logits, dim=-1))
 
 
 class _GreedyDraft(SamplingVerifier):
@@ -459,7 +461,7 @@ class _GreedyDraft(SamplingVerifier):
     ratio uses the unwarped softmax."""
 
     def draft_sampler(self):
-        return lambda logits: (logits.argmax(dim=-1), torch.softmax(logits, dim=-1))
+        return lambda ops, logits: (logits.argmax(dim=-1), torch.softmax(logits, dim=-1))
 
 
 @pytest.mark.parametrize(
@@ -479,9 +481,11 @@ def test_verifier_draft_sampler_and_verify_sample_the_exact_law(verifier_cls, bu
     summary = "" if bug is None else assert_power(bug, k)
     v = verifier_cls(SamplingVerifierConfig(temperature=TEMPERATURE, top_k=TOP_K, seed=5))
     sampler = v.draft_sampler()
-    toks, qs = zip(*(sampler(s.zq[j][None].expand(n, V)) for j in range(k)), strict=True)
+    toks, qs = zip(
+        *(sampler(device_ops(v.random), s.zq[j][None].expand(n, V)) for j in range(k)), strict=True
+    )
     draft = Draft(torch.stack(toks, dim=1), LayerPlan.full(2), probs=torch.stack(qs, dim=1))
-    res = v.verify(_FixedLogitsState(s.zp, n), draft)
+    res = v.verify(_FixedLogitsState(s.zp, n, v.random), draft)
     m, nxt = res.num_accepted, res.new_tokens[:, -1]
     pvals = check(draft.tokens, m, nxt, s.p, s.q)
     print(f"\n{verifier_cls.__name__}: {summary} p-values {pvals}")
@@ -489,3 +493,18 @@ def test_verifier_draft_sampler_and_verify_sample_the_exact_law(verifier_cls, bu
         assert min(pvals.values()) > ALPHA, f"the sampling verifier does not sample the exact law: {pvals}"
     else:
         assert max(pvals.values()) < ALPHA, f"{verifier_cls.__name__} passed: {pvals}"
+
+
+def test_a_draft_token_the_target_gives_no_mass_is_never_accepted_even_at_u_zero():
+    """The acceptance ``u < p(d) / q(d)`` at its boundary: a uniform of exactly 0 (which
+    ``torch.rand`` can draw) and a draft token of target probability 0 must reject (0 < 0 is
+    false), and accept any token the target gives mass, however small."""
+    from strategies.verifiers.sampling import accept_with_noise
+
+    q = torch.tensor([[[0.5, 0.5, 0.0]]])  # (B, K, V): the draft drew token 0 or 1
+    p = torch.tensor([[[0.0, 1e-30, 1.0], [1 / 3, 1 / 3, 1 / 3]]])  # (B, K+1, V)
+    u, e = torch.zeros(1, 1), torch.ones(1, 3)
+    m, nxt = accept_with_noise(torch.tensor([[0]]), q, p, u, e)
+    assert m.tolist() == [0] and nxt.tolist() == [2]  # rejected: the residual is token 2's
+    m, _ = accept_with_noise(torch.tensor([[1]]), q, p, u, e)
+    assert m.tolist() == [1]

@@ -1,0 +1,460 @@
+"""A strategy's own device work, keyed, randomised and run by the engine (issue 46, items 2-3).
+
+A strategy hands the engine a function and its tensors; the engine calls it with a `DeviceOps`
+first (what the function may ask of the model and of the generation's random stream):
+
+    def round_sums(ops, hidden, rows, *, stride):
+        tokens, probs = ops.top1(hidden.index_select(0, rows))
+        ...
+        return {"sums": sums}
+
+    out = state.compute(round_sums, hidden, rows, stride=2)
+
+How it runs is the engine's business. Where forwards run as one CUDA graph (the ``forward``
+route), the function runs as one graph too. Its key is derived here, never written by the
+strategy (`work_key`): the function's identity (module and qualified name, and its defaults),
+every bound argument (``functools.partial``'s and the keywords given to ``compute``) by value,
+each input's shape, dtype and device, and what the engine's ops depend on. A function whose
+behaviour could change without its key changing is never replayed from a graph: a closure over
+anything, a lambda, a bound method (its object may change), an argument that is not a plain
+value (a tensor bound as an argument, a mutable object). It runs eagerly, with one warning naming
+the strategy's file and line and why (`Unkeyable`).
+
+Random numbers come from the engine: ``ops.uniform(shape)`` and ``ops.exponential(shape)`` draw
+from the generation's stream (`RandomStream`). Eagerly they are drawn where the function asks;
+on the graph route the first call of a key runs eagerly and notes the draws it made, and every
+later call draws the same kinds and shapes from the stream, in the same order, before the graph
+replays them: draw for draw what the eager function draws. That first eager call also notes what
+cannot be a graph (a draft head that grows with the context: its rows change between rounds);
+such a key runs eagerly from then on.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import functools
+import inspect
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from framework.types import RandomStream
+
+#: Bound values a key may hold: compared by value, never by identity.
+_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
+
+
+# ---------------------------------------------------------------------------------------- keys
+@dataclass(frozen=True)
+class WorkKey:
+    """What a strategy's device function computes, as the engine keys its graph.
+
+    Attributes:
+        function: ``module:qualname`` of the function.
+        params: the bound arguments, by value: ``functools.partial``'s positional ones as
+            ``("#0", v)``..., keywords as ``(name, v)`` sorted, and the function's defaults.
+        inputs: each input's ``(shape, dtype, device)`` (``None`` for a ``None`` input).
+        engine: what the engine's ops depend on (a reduced draft head's identity, a block
+            position's attention span), set by the engine.
+    """
+
+    function: str
+    params: tuple
+    inputs: tuple
+    engine: Hashable = None
+
+
+@dataclass(frozen=True)
+class Unkeyable:
+    """Why a function cannot be keyed, and where it was defined (for the warning)."""
+
+    reason: str
+    where: str
+
+
+class _NotValue(Exception):
+    """A bound argument that is not a plain value (the message says what it is)."""
+
+
+def canonical(x: Any) -> Hashable:
+    """``x`` as a plain value the key can hold: equal values mean the same behaviour, never an
+    object's identity or mutable state. Numbers, strings, dtypes, devices, enums; tuples and
+    frozensets of values; frozen dataclasses of values; and functions the engine could key
+    themselves (module-level, no closure), with the values a ``functools.partial`` binds.
+
+    Raises:
+        _NotValue: anything else (a tensor, a list, a mutable object, a lambda, a bound method).
+    """
+    if isinstance(x, _VALUE_TYPES):
+        return x
+    if isinstance(x, tuple):
+        return tuple(canonical(v) for v in x)
+    if isinstance(x, frozenset):
+        return frozenset(canonical(v) for v in x)
+    if isinstance(x, torch.Tensor):
+        raise _NotValue("a tensor bound as a value (pass it as an input)")
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        params = getattr(type(x), "__dataclass_params__", None)
+        if not (params and params.frozen):
+            raise _NotValue(f"a {type(x).__name__}, a dataclass that is not frozen")
+        fields = tuple((f.name, canonical(getattr(x, f.name))) for f in dataclasses.fields(x))
+        return ("dataclass", f"{type(x).__module__}:{type(x).__qualname__}", fields)
+    if callable(x):
+        key = work_key(x, (), {})
+        if isinstance(key, Unkeyable):
+            raise _NotValue(f"a function that cannot be keyed ({key.reason})")
+        return ("function", key.function, key.params)
+    raise _NotValue(
+        f"a {type(x).__name__}, not a plain value (a number, a string, a dtype, a tuple or frozen "
+        "dataclass of them, a module-level function)"
+    )
+
+
+def _plain(v: Any) -> bool:
+    try:
+        canonical(v)
+    except _NotValue:
+        return False
+    return True
+
+
+def _where(fn: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return getattr(fn, "__module__", "?") or "?"
+    return f"{_short(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _short(path: str) -> str:
+    p = Path(path)
+    for parent in p.parents:
+        if (parent / "framework").is_dir() and (parent / "strategies").is_dir():
+            return str(p.relative_to(parent))
+    return str(p)
+
+
+def work_key(fn: Callable[..., Any], inputs: tuple, params: Mapping[str, Any]) -> WorkKey | Unkeyable:
+    """The key of ``fn(ops, *inputs, **params)``, or why it has none (see the module docstring).
+
+    ``fn`` may be a ``functools.partial`` (nested too): its bound arguments join ``params``.
+    """
+    bound: list[tuple[str, Any]] = [(k, v) for k, v in params.items()]
+    positional: list[Any] = []
+    base = fn
+    while isinstance(base, functools.partial):
+        positional = [*base.args, *positional]
+        bound += [(k, v) for k, v in base.keywords.items() if k not in params]
+        base = base.func
+    where = _where(base)
+    name = getattr(base, "__qualname__", None) or getattr(base, "__name__", None)
+    if inspect.ismethod(base):
+        owner = type(base.__self__).__name__
+        return Unkeyable(f"it is a bound method of a {owner} object, whose state may change", where)
+    if name is None or not callable(base):
+        return Unkeyable(f"{base!r} is not a function", where)
+    if name == "<lambda>" or name.endswith(".<lambda>"):
+        return Unkeyable("it is a lambda (write a module-level function)", where)
+    cells = getattr(base, "__closure__", None)
+    if cells:
+        free = ", ".join(base.__code__.co_freevars)
+        return Unkeyable(f"it is a closure over {free} (pass them as inputs or keyword values)", where)
+    defaults = (
+        *(getattr(base, "__defaults__", None) or ()),
+        *(getattr(base, "__kwdefaults__", None) or {}).items(),
+    )
+    values = [*(("#" + str(i), v) for i, v in enumerate(positional)), *sorted(bound, key=lambda kv: kv[0])]
+    try:
+        params_key = tuple((label, canonical(v)) for label, v in values)
+        defaults_key = tuple(canonical(v) for v in defaults)
+    except _NotValue as err:
+        label = next((lab for lab, v in values if not _plain(v)), "a default")
+        return Unkeyable(f"argument {label} is {err}", where)
+    shapes = []
+    for i, t in enumerate(inputs):
+        if t is None:
+            shapes.append(None)
+        elif isinstance(t, torch.Tensor):
+            shapes.append((tuple(t.shape), t.dtype, t.device))
+        else:
+            return Unkeyable(
+                f"input {i} is a {type(t).__name__}, not a tensor (bind it as a keyword value)", where
+            )
+    module = getattr(base, "__module__", "") or ""
+    return WorkKey(f"{module}:{name}", (*params_key, ("defaults", defaults_key)), tuple(shapes))
+
+
+_warned: set[tuple[str, str]] = set()
+
+#: Every eager run of device work that could not be keyed, by message (the warning is given once
+#: per site and reason; `framework.testing.measure_host_work` counts them all).
+EAGER_RUNS: collections.Counter[str] = collections.Counter()
+
+
+def warn_eager(fn: Callable[..., Any], why: Unkeyable) -> None:
+    """Warn once per function site and reason that its work runs eagerly (counted every time in
+    `EAGER_RUNS`)."""
+    base = fn
+    while isinstance(base, functools.partial):
+        base = base.func
+    name = getattr(base, "__qualname__", repr(base))
+    message = f"{why.where}: device work {name} runs eagerly, never from a graph: {why.reason}"
+    EAGER_RUNS[message] += 1
+    site = (why.where, why.reason)
+    if site in _warned:
+        return
+    _warned.add(site)
+    warnings.warn(message, EagerWorkWarning, stacklevel=_outside_framework())
+
+
+class EagerWorkWarning(UserWarning):
+    """A strategy's device function could not be keyed and runs eagerly (slow on a GPU)."""
+
+
+def _outside_framework() -> int:
+    """The stack level of the first caller outside the engine (the strategy's line)."""
+    frame, level = sys._getframe(1), 1
+    here = str(Path(__file__).parent)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(here) or "framework/view" in frame.f_code.co_filename
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# ----------------------------------------------------------------------------------------- ops
+class _Ops:
+    """The engine's side of `framework.view.DeviceOps` (what a device function may ask of it).
+
+    Eager ops (`EagerOps`) run the model's pieces and draw from the stream directly; the graph
+    route's ops (`StaticOps`) read the draws made before the replay and run the static forms.
+    """
+
+    def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy token and its top-1 probability (float32) of pre-norm residuals (..., d)
+        through the final norm and the LM head, or with ``draft_head`` the generation's reduced
+        draft head (the full head when there is none)."""
+        raise NotImplementedError
+
+    def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
+        """Decoder block ``b`` on candidate states (n, d) of the committed position given to
+        ``RoundView.compute_at`` (each attends to the context before it and to itself)."""
+        raise NotImplementedError
+
+    def uniform(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uniform numbers in [0, 1) from the generation's stream."""
+        return self._draw("uniform", shape, dtype)
+
+    def exponential(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Exp(1) numbers from the generation's stream."""
+        return self._draw("exponential", shape, dtype)
+
+    def _draw(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Draw:
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class EagerOps(_Ops):
+    """Ops of an eager run: the model's pieces as the round runs them, draws straight from the
+    stream (noted in `draws`, and why the function cannot be a graph in `dynamic`)."""
+
+    def __init__(
+        self,
+        top1: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        block: Callable[[int, torch.Tensor], torch.Tensor] | None,
+        random: RandomStream | None,
+        device: torch.device,
+        growing_head: bool,
+    ) -> None:
+        self._top1, self._block, self._random, self._device = top1, block, random, device
+        self._growing = growing_head
+        self.draws: list[Draw] = []
+        self.dynamic = ""
+
+    def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if draft_head and self._growing:
+            self.dynamic = "its draft head grows with the context"
+        return self._top1(hidden, draft_head=draft_head)
+
+    def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
+        if self._block is None:
+            raise RuntimeError("ops.block runs inside RoundView.compute_at (a committed position)")
+        return self._block(b, states)
+
+    def _draw(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self._random is None:
+            raise RuntimeError(
+                "this generation has no random stream (the verifier declares none: Verifier.random)"
+            )
+        self.draws.append(Draw(kind, tuple(int(s) for s in shape), dtype))
+        return self._random.draw(kind, tuple(shape), dtype, self._device)
+
+
+class StaticOps(_Ops):
+    """Ops inside a graph: draws are read, in order, from buffers filled before each replay."""
+
+    def __init__(
+        self,
+        top1: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        block: Callable[[int, torch.Tensor], torch.Tensor] | None,
+        draws: tuple[torch.Tensor, ...],
+    ) -> None:
+        self._top1, self._block, self._draws = top1, block, draws
+        self._next = 0
+
+    def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._top1(hidden, draft_head=draft_head)
+
+    def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
+        if self._block is None:
+            raise RuntimeError("ops.block runs inside RoundView.compute_at (a committed position)")
+        return self._block(b, states)
+
+    def _draw(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        buf = self._draws[self._next]
+        self._next += 1
+        return buf
+
+
+#: What the first calls of each keyed function showed, per model adapter (`DeviceWork.run`).
+_LEARNED: weakref.WeakKeyDictionary[Any, dict[WorkKey, Learned]] = weakref.WeakKeyDictionary()
+
+
+def _learned(adapter: Any) -> dict[WorkKey, Learned]:
+    got = _LEARNED.get(adapter)
+    if got is None:
+        got = _LEARNED[adapter] = {}
+    return got
+
+
+@dataclass
+class Learned:
+    """What the first (eager) call of a key showed: its draws, and why it cannot be a graph."""
+
+    draws: tuple[Draw, ...]
+    dynamic: str
+
+
+def outputs_of(out: Any) -> Any:
+    """Copies of a function's tensor outputs (a dict, tuple, list or tensor of them)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, Mapping):
+        return {k: outputs_of(v) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(outputs_of(v) for v in out)
+    return out
+
+
+# --------------------------------------------------------------------------------------- runner
+class WorkState(Protocol):
+    """What `DeviceWork` uses of a generation (`framework.engine.state.DecodeState`)."""
+
+    adapter: Any
+    random: RandomStream | None
+    draft_head: Any
+    device: torch.device
+    cache: Any
+
+    def top1_from_hidden(
+        self, hidden: torch.Tensor, *, draft_head: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor: ...
+
+
+class DeviceWork:
+    """Runs the device functions strategies hand one generation (`RoundView.compute`).
+
+    Args:
+        state: the generation's `framework.engine.state.DecodeState` (its adapter, random stream,
+            draft head and blocks).
+    """
+
+    def __init__(self, state: WorkState) -> None:
+        self.state = state
+
+    def run(
+        self, fn: Callable[..., Any], inputs: tuple, params: Mapping[str, Any], position: int | None = None
+    ) -> Any:
+        """``fn(ops, *inputs, **params)``: from a graph where forwards run as one and ``fn`` can be
+        keyed (`execute`), else eagerly: with one warning when it cannot be keyed, silently when
+        its first call showed it cannot be a graph (a growing draft head)."""
+        key = work_key(fn, inputs, params)
+        if isinstance(key, Unkeyable):
+            warn_eager(fn, key)
+            return self.eager(fn, inputs, params, position).out
+        head = self.state.draft_head
+        if head is not None:  # its rows are the graph's too: a head that grows is never a graph
+            key = dataclasses.replace(key, engine=(head.key, "grows" if _grows(head) else head.size))
+        learned = _learned(self.state.adapter).get(key)
+        if learned is not None and learned.dynamic:
+            return self.eager(fn, inputs, params, position).out
+        return self.execute(key, learned, fn, inputs, params, position)
+
+    def execute(
+        self,
+        key: WorkKey,
+        learned: Learned | None,
+        fn: Callable[..., Any],
+        inputs: tuple,
+        params: Mapping[str, Any],
+        position: int | None,
+    ) -> Any:
+        """Run a keyed function: its first call eagerly, noting its draws (`Learned`), then one
+        graph on the ``forward`` route (recorded on the second call), eagerly elsewhere."""
+        state = self.state
+        if learned is None:
+            run = self.eager(fn, inputs, params, position)
+            _learned(state.adapter)[key] = Learned(tuple(run.ops.draws), run.ops.dynamic)
+            return run.out
+        graphs = state.adapter.forward_graphs
+        if graphs is None:
+            return self.eager(fn, inputs, params, position).out
+        with torch.inference_mode(), state.adapter._backend():  # attention as the forwards' (exact mode)
+            out = graphs.run_work(
+                key,
+                fn,
+                inputs,
+                params,
+                draws=learned.draws,
+                random=state.random,
+                top1=state.top1_from_hidden,
+                position=position,
+                cache=state.cache,
+            )
+        return self.eager(fn, inputs, params, position).out if out is None else out
+
+    def eager(
+        self, fn: Callable[..., Any], inputs: tuple, params: Mapping[str, Any], position: int | None
+    ) -> _Run:
+        state = self.state
+        block = None if position is None else functools.partial(state.forward_block, position=position)
+        head = state.draft_head
+        ops = EagerOps(state.top1_from_hidden, block, state.random, state.device, _grows(head))
+        with torch.inference_mode():
+            return _Run(ops, fn(ops, *inputs, **params))
+
+
+def _grows(head: Any) -> bool:
+    """Whether a generation's draft head adds rows as its context grows (`LiveDraftHead`)."""
+    return head is not None and bool(getattr(head, "context", False))
+
+
+@dataclass
+class _Run:
+    ops: EagerOps
+    out: Any
