@@ -73,12 +73,12 @@ def main() -> None:
         counted = {}
         for name, dp in runs.items():
             with count_host_work() as work:
-                res = dp(x, partial(state.forward_block, position=pos), args.skip)
+                res = dp(x, partial(state.compute_at, pos), args.skip)
             counted[name] = (work.ops, work.reads, res.skip)
         for _ in range(args.repeats):
             for name, dp in runs.items():
                 t0 = time.perf_counter()
-                dp(x, partial(state.forward_block, position=pos), args.skip)
+                dp(x, partial(state.compute_at, pos), args.skip)
                 times[name].append(time.perf_counter() - t0)
     for name, (ops, reads, skip) in counted.items():
         ms = statistics.median(times[name][3:]) * 1e3
