@@ -127,10 +127,8 @@ def _units(x: torch.Tensor) -> torch.Tensor:
 def _dp_tables(
     n_layers: int, m: int, protected: frozenset[int]
 ) -> tuple[list[tuple[int, int]], list[list[bool]], list[list[bool]], list[list[bool]]]:
-    """Which DP states exist and how they can be reached: this depends on (L, M, protected) only,
-    so it is computed once per triple (callers must not modify the lists).
-
-    Returns, per layer i in 1..L (index i - 1):
+    """Which DP states exist and how they can be reached, once per (L, M, protected) (callers must
+    not modify the lists). Per layer i in 1..L (index i - 1):
         runs: ``(a, b)``, the contiguous rows j of layer i - 1 run through block i - 1
             (``b < a``: none);
         reach: ``reach[i][j]``, g(i, j) exists (index 0: the embedding's row 0 only);
@@ -157,19 +155,13 @@ def _dp_tables(
     return runs, reach, has_run, both
 
 
-def _check_skip(n_layers: int, m: int, protected: frozenset[int]) -> None:
-    if not 0 <= m <= n_layers - len(protected):
-        raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(protected)} protected")
-
-
 def dp_tables(n_layers: int, m: int, protected: Collection[int], device: torch.device) -> torch.Tensor:
     """BoolTensor (2, L, M+1) on ``device``: which DP states may come from running a block, and
-    which from running or skipping it (`_dp_tables`), uploaded once for `dp_choices`."""
+    which from running or skipping it (`_dp_tables`), for `dp_choices`."""
     prot = frozenset(protected)
-    _check_skip(n_layers, m, prot)
-    _, reach, has_run, both = _dp_tables(n_layers, m, prot)
-    if not reach[n_layers][m]:  # unreachable given the check above; kept as a guard
-        raise ValueError(f"no skip set of size {m} satisfies the protected blocks")
+    if not 0 <= m <= n_layers - len(prot):
+        raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(prot)} protected")
+    _, _, has_run, both = _dp_tables(n_layers, m, prot)
     return upload([has_run, both], device, torch.bool)
 
 
@@ -220,16 +212,6 @@ def dp_choices(
     return torch.cat([torch.stack(decisions).flatten().double(), final.double()])
 
 
-def dp_work(n_layers: int, m: int, protected: Collection[int], sequence_parallel: bool) -> tuple[int, int]:
-    """``(block calls, single-state evaluations)`` of one DP: fixed by (L, M, protected)."""
-    calls = evals = 0
-    for a, z in _dp_tables(n_layers, m, frozenset(protected))[0]:
-        if z >= a:
-            calls += 1 if sequence_parallel else z - a + 1
-            evals += z - a + 1
-    return calls, evals
-
-
 def backtrack(read: Sequence[float], n_layers: int, m: int) -> tuple[tuple[int, ...], float]:
     """The skip set and final cosine from `dp_choices`' values, read: from (L, M) back to (0, 0)."""
     cosine, ran = read[-1], read[:-1]
@@ -258,10 +240,9 @@ def clasp_dp(
     Backtracking from ``(L, M)`` gives the skip set. States that can no longer reach ``(L, M)``
     (``j < M - (L - i)``) are never evaluated; this prunes work without changing the result.
 
-    Which states exist depends on (L, M, protected) only (`_dp_tables`, on the host, uploaded:
-    `dp_tables`); a layer's choices are a handful of tensor operations over all M + 1 rows at once
-    (`dp_choices`, the device work: one block call per layer and its glue); the choices of every
-    layer and the final cosine are read once, for the backtrack (`backtrack`).
+    Which states exist depends on (L, M, protected) only (`_dp_tables`); a layer's choices are a
+    handful of tensor operations over all M + 1 rows at once (`dp_choices`, the device work); the
+    choices of every layer and the final cosine are read once, for the backtrack (`backtrack`).
 
     Args:
         x: (L+1, d) the full model's pre-norm residuals of one token (index 0: its embedding).
@@ -280,7 +261,8 @@ def clasp_dp(
     options = {"protected": prot, "objective": objective, "sequence_parallel": sequence_parallel}
     read = run(dp_choices, x, tables, num_skip=num_skip, **options).tolist()  # one read
     skip, cosine = backtrack(read, n_layers, num_skip)
-    return DPResult(skip, cosine, *dp_work(n_layers, num_skip, prot, sequence_parallel))
+    bands = [z - a + 1 for a, z in _dp_tables(n_layers, num_skip, prot)[0] if z >= a]  # rows run per block
+    return DPResult(skip, cosine, len(bands) if sequence_parallel else sum(bands), sum(bands))
 
 
 def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[int]:
