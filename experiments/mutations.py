@@ -694,7 +694,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        hidden_slots = (ar[None, :] >= self._at[0]) & (ar[None, :] != slots[:, None])  # (n, span)",
         "        hidden_slots = (ar[None, :] >= self._at[1]) & (ar[None, :] != slots[:, None])  # (n, span)",
         (
-            "tests/framework/engine/test_graphed.py::test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses",
+            "tests/framework/engine/test_work.py::test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses",
         ),
     ),
     Mutation(

@@ -69,7 +69,11 @@ OVER_OPS_WITH_A_HEAD: dict[str, tuple[float, str]] = {
     "swift": (28, "its tree's top-k candidates mapped through the head after each draft forward"),
     "swift_safe": (28, "as swift"),
     "del": (62, "its statistics' device function scores the candidates with the head, which grows: eagerly"),
-    "del_safe": (26, "its drafts choose each token after the forward (the head's ids), and drop on stop"),
+    "del_safe": (
+        34,
+        "its drafts choose each token after the forward (the head's ids); its work budget "
+        "decides from wall time which rounds update, so the count varies with the machine's load",
+    ),
 }
 #: Presets that sample their drafts: a step's rule is one device function whose random numbers
 #: (Exp(1) noise from the verifier's stream) the engine draws before its graph replays.
