@@ -237,16 +237,25 @@ class _Ops:
     route's ops (`StaticOps`) read the draws made before the replay and run the static forms.
     """
 
+    def __init__(
+        self,
+        top1: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        block: Callable[[int, torch.Tensor], torch.Tensor] | None,
+    ) -> None:
+        self._top1, self._block = top1, block
+
     def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy token and its top-1 probability (float32) of pre-norm residuals (..., d)
         through the final norm and the LM head, or with ``draft_head`` the generation's reduced
         draft head (the full head when there is none)."""
-        raise NotImplementedError
+        return self._top1(hidden, draft_head=draft_head)
 
     def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
         """Decoder block ``b`` on candidate states (n, d) of the committed position given to
         ``RoundView.compute_at`` (each attends to the context before it and to itself)."""
-        raise NotImplementedError
+        if self._block is None:
+            raise RuntimeError("ops.block runs inside RoundView.compute_at (a committed position)")
+        return self._block(b, states)
 
     def uniform(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform numbers in [0, 1) from the generation's stream."""
@@ -279,20 +288,15 @@ class EagerOps(_Ops):
         device: torch.device,
         growing_head: bool,
     ) -> None:
-        self._top1, self._block, self._random, self._device = top1, block, random, device
-        self._growing = growing_head
+        super().__init__(top1, block)
+        self._random, self._device, self._growing = random, device, growing_head
         self.draws: list[Draw] = []
         self.dynamic = ""
 
     def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         if draft_head and self._growing:
             self.dynamic = "its draft head grows with the context"
-        return self._top1(hidden, draft_head=draft_head)
-
-    def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
-        if self._block is None:
-            raise RuntimeError("ops.block runs inside RoundView.compute_at (a committed position)")
-        return self._block(b, states)
+        return super().top1(hidden, draft_head=draft_head)
 
     def _draw(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self._random is None:
@@ -312,16 +316,8 @@ class StaticOps(_Ops):
         block: Callable[[int, torch.Tensor], torch.Tensor] | None,
         draws: tuple[torch.Tensor, ...],
     ) -> None:
-        self._top1, self._block, self._draws = top1, block, draws
-        self._next = 0
-
-    def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._top1(hidden, draft_head=draft_head)
-
-    def block(self, b: int, states: torch.Tensor) -> torch.Tensor:
-        if self._block is None:
-            raise RuntimeError("ops.block runs inside RoundView.compute_at (a committed position)")
-        return self._block(b, states)
+        super().__init__(top1, block)
+        self._draws, self._next = draws, 0
 
     def _draw(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         buf = self._draws[self._next]

@@ -72,6 +72,17 @@ FAST_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+def fast_overrides(preset: dict[str, Any]) -> dict[str, Any]:
+    """`FAST_OVERRIDES` for the strategies a preset (its loaded mapping) names, as the dotted keys
+    ``RunConfig.from_preset`` takes (``{"selector.iterations": 3, ...}``)."""
+    return {
+        f"{kind}.{field}": value
+        for (kind, strategy), fields in FAST_OVERRIDES.items()
+        if preset.get(kind, {}).get("name") == strategy
+        for field, value in fields.items()
+    }
+
+
 def synthetic_cost_model(num_layers: int, max_tokens: int = 16) -> CostModel:
     """A deterministic `CostModel` in units of one step: the LM head and embedding 0.1 (of which
     the final norm and LM head 0.08), attention 0.5 / L and MLP 0.4 / L per sub-layer, a

@@ -122,15 +122,10 @@ def test_every_preset_runs_on_models_of_two_depths(name, depth):
     from framework.session.presets import load_preset
     from framework.session.run_config import RunConfig
     from framework.session.session import Session
-    from framework.testing import FAST_OVERRIDES, random_prompt, tiny_model, tiny_tokenizer
+    from framework.testing import fast_overrides, random_prompt, tiny_model, tiny_tokenizer
 
     preset = load_preset(name)
-    fast = {
-        f"{kind}.{field}": value
-        for (kind, strategy), fields in FAST_OVERRIDES.items()
-        if preset.get(kind, {}).get("name") == strategy
-        for field, value in fields.items()
-    }
+    fast = fast_overrides(preset)
     cfg = RunConfig.from_preset(name, max_new_tokens=12, **fast)
     model = tiny_model("llama", num_layers=depth, seed=depth)
     exp = Session(cfg, model, tiny_tokenizer(), log=lambda _msg: None)

@@ -38,15 +38,10 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = Fa
     from framework.session.presets import load_preset
     from framework.session.run_config import RunConfig
     from framework.session.session import Session
-    from framework.testing import FAST_OVERRIDES, tiny_model, tiny_tokenizer
+    from framework.testing import fast_overrides, tiny_model, tiny_tokenizer
 
     preset = load_preset(name)
-    fast = {
-        f"{kind}.{field}": value
-        for (kind, strategy), fields in FAST_OVERRIDES.items()
-        if preset.get(kind, {}).get("name") == strategy
-        for field, value in fields.items()
-    }
+    fast = fast_overrides(preset)
     dtype_name = str(dtype).removeprefix("torch.")
     cfg = RunConfig.from_preset(
         name, max_new_tokens=24, dtype=dtype_name, device="cuda", cuda_graphs=graphs, **{**fast, **overrides}

@@ -212,15 +212,10 @@ def test_every_lossless_preset_equals_plain_decoding_in_bfloat16_in_exact_mode(n
     from framework.session.presets import load_preset
     from framework.session.run_config import RunConfig
     from framework.session.session import Session
-    from framework.testing import FAST_OVERRIDES
+    from framework.testing import fast_overrides
 
     preset = load_preset(name)
-    fast = {
-        f"{kind}.{field}": value
-        for (kind, strategy), fields in FAST_OVERRIDES.items()
-        if preset.get(kind, {}).get("name") == strategy
-        for field, value in fields.items()
-    }
+    fast = fast_overrides(preset)
     cfg = RunConfig.from_preset(name, max_new_tokens=24, exact=True, **fast)
     model = tiny_model("llama", num_layers=6, seed=9, dtype=torch.bfloat16)
     exp = Session(cfg, model, tiny_tokenizer(), log=lambda _msg: None)

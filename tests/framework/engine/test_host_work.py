@@ -19,7 +19,7 @@ import torch
 
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition
-from framework.testing import FAST_OVERRIDES, prepare_context, random_prompt, tiny_model
+from framework.testing import fast_overrides, prepare_context, random_prompt, tiny_model
 from framework.testing.host_work import count_host_work
 
 LIMIT_OPS, LIMIT_READS = 20, 1.0
@@ -102,12 +102,7 @@ def _per_round(name: str, *, drafting: bool = False, model=None, prompts=None):
     from framework.session.session import build_decoder
 
     preset = load_preset(name)
-    fast = {
-        f"{kind}.{field}": value
-        for (kind, strategy), fields in FAST_OVERRIDES.items()
-        if preset.get(kind, {}).get("name") == strategy
-        for field, value in fields.items()
-    }
+    fast = fast_overrides(preset)
     if preset.get("selector", {}).get("name") == "del_tpl":
         # DEL's statistics as a GPU runs them ('auto' picks 'chain' on CUDA; on a CPU it reads the
         # window's end first, one read more for fewer LM-head rows)

@@ -24,7 +24,7 @@ from framework.kernels import cpu as kernels
 from framework.session.presets import list_presets, load_preset
 from framework.session.run_config import RunConfig
 from framework.session.session import Session
-from framework.testing import FAST_OVERRIDES, random_prompt, tiny_model, tiny_tokenizer
+from framework.testing import fast_overrides, random_prompt, tiny_model, tiny_tokenizer
 
 VOCAB, HEAD = 512, 64
 
@@ -40,12 +40,7 @@ PROMPTS = ((911, 9), (912, 15))
 
 def _overrides(name: str) -> dict:
     preset = load_preset(name)
-    out = {
-        f"{kind}.{field}": value
-        for (kind, strategy), fields in FAST_OVERRIDES.items()
-        if preset.get(kind, {}).get("name") == strategy
-        for field, value in fields.items()
-    }
+    out = fast_overrides(preset)
     drafter = REGISTRIES["drafter"].entry(preset.get("drafter", {}).get("name", "layer_skip")).config
     if "draft_vocab" in {f.name for f in dataclasses.fields(drafter)}:
         out["drafter.draft_vocab"] = HEAD
