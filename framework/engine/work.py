@@ -133,7 +133,10 @@ def _where(fn: Any) -> str:
     return f"{_short(code.co_filename)}:{code.co_firstlineno}"
 
 
+@functools.lru_cache(maxsize=256)
 def _short(path: str) -> str:
+    """``path`` relative to the repository that holds it (made once per file: key derivation runs
+    every round)."""
     p = Path(path)
     for parent in p.parents:
         if (parent / "framework").is_dir() and (parent / "strategies").is_dir():
