@@ -277,7 +277,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "head_scored_in_float32",
         "a draft with compressed fused weights still streams the float32 rows of the reduced head",
-        "framework/engine/adapter.py",
+        "framework/engine/execution/executor.py",
         "        fmt = weights.head if isinstance(weights, FusedBlocks) else None",
         "        fmt = None",
         ("tests/framework/engine/test_draft_head.py", "tests/framework/drafting/test_draft_vocab.py"),
@@ -341,18 +341,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "graph_pool_reused",
         "once every graph is dropped, the next capture reuses the freed pool (an allocator assert on CUDA)",
-        "framework/kernels/graphs.py",
+        "framework/engine/execution/store.py",
         "            self._pool = self._stream = None",
         "            pass",
-        ("tests/framework/kernels/test_graphs.py",),
+        ("tests/framework/engine/execution/test_store.py",),
     ),
     Mutation(
         "graph_dropped_while_others_live",
         "a graph dropped while others live is destroyed (it clears their shared cuBLAS workspace)",
-        "framework/kernels/graphs.py",
+        "framework/engine/execution/store.py",
         "            self._retired.extend(",
         "            [].extend(",
-        ("tests/framework/kernels/test_graphs.py",),
+        ("tests/framework/engine/execution/test_store.py",),
     ),
     Mutation(
         "head_timing_bypasses_split",
@@ -366,41 +366,41 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "graphed_books_every_layer",
         "a whole-forward graph declares every layer written, skipped attentions included",
-        "framework/engine/graphed.py",
+        "framework/engine/execution/forward_graph.py",
         "        writes = [i for i in range(stop) if plan is None or plan.runs_attn(i)]",
         "        writes = list(range(stop))",
         (
-            "tests/framework/engine/test_graphed.py::test_a_draft_chain_of_a_skip_plan_keeps_the_books_once_per_forward",
+            "tests/framework/engine/execution/test_forward_graph.py::test_a_draft_chain_of_a_skip_plan_keeps_the_books_once_per_forward",
         ),
     ),
     Mutation(
         "graphed_outputs_aliased",
         "a whole forward returns the graph's own logits, which its next replay overwrites",
-        "framework/engine/graphed.py",
+        "framework/engine/execution/forward_graph.py",
         "            None if logits is None else logits.clone(),",
         "            logits,",
         (
-            "tests/framework/engine/test_graphed.py::test_a_spec_is_recorded_once_replayed_after_and_its_outputs_are_copies",
+            "tests/framework/engine/execution/test_forward_graph.py::test_a_spec_is_recorded_once_replayed_after_and_its_outputs_are_copies",
         ),
     ),
     Mutation(
         "graphed_cache_fifo",
         "the graph cache drops the oldest recorded graph, not the least recently used",
-        "framework/engine/graphed.py",
-        "            used.move_to_end(spec)\n",
+        "framework/engine/execution/store.py",
+        "            used.move_to_end(key)\n",
         "\n",
         (
-            "tests/framework/engine/test_graphed.py::test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too_many_retire",
+            "tests/framework/engine/execution/test_forward_graph.py::test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too_many_retire",
         ),
     ),
     Mutation(
         "graphed_tree_as_chain",
         "a token tree's rows attend causally in a whole-forward graph",
-        "framework/engine/graphed.py",
-        "            tree_mask is not None,\n            weights,",
+        "framework/engine/execution/spec.py",
+        "            self.tree_mask is not None,\n            weights,",
         "            False,\n            weights,",
         (
-            "tests/framework/engine/test_graphed.py::test_speculative_decoding_through_whole_forwards_equals_plain_greedy",
+            "tests/framework/engine/execution/test_forward_graph.py::test_speculative_decoding_through_whole_forwards_equals_plain_greedy",
         ),
     ),
     # ---- host work per round (issue 38, item 3) -------------------------------------------------
@@ -499,7 +499,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "batch-invariant kernel)",
         "framework/engine/adapter.py",
         "            self.kv_dtype = torch.float32",
-        "            self.kv_dtype = self.dtype",
+        "            self.kv_dtype = self.arch.dtype",
         (
             "tests/framework/engine/test_exact.py::test_a_bfloat16_verification_is_bit_identical_to_single_steps_in_exact_mode",
         ),
@@ -518,12 +518,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "work_key_drops_a_bound_value",
         "the key of a strategy's device function leaves out its keyword values (two configurations share a graph)",
-        "framework/engine/work.py",
+        "framework/engine/execution/work.py",
         "        params_key = tuple((label, canonical(v)) for label, v in values)",
         '        params_key = tuple((label, canonical(v)) for label, v in values if label.startswith("#"))',
         (
-            "tests/framework/engine/test_work.py::test_the_key_is_the_functions_name_its_bound_values_and_the_inputs_shapes_and_dtypes",
-            "tests/framework/engine/test_work.py::test_a_derived_key_holds_every_bound_value_of_a_shipped_device_function",
+            "tests/framework/engine/execution/test_work.py::test_the_key_is_the_functions_name_its_bound_values_and_the_inputs_shapes_and_dtypes",
+            "tests/framework/engine/execution/test_work.py::test_a_derived_key_holds_every_bound_value_of_a_shipped_device_function",
         ),
     ),
     Mutation(
@@ -539,34 +539,44 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "work_graph_outside_exact_backend",
         "a strategy's device function with blocks (CLaSp's DP graph) runs its attention outside exact mode's backend",
-        "framework/engine/work.py",
-        "        with torch.inference_mode(), state.adapter._backend():  # attention as the forwards' (exact mode)",
+        "framework/engine/execution/work.py",
+        "        with torch.inference_mode(), state.adapter.backend():  # attention as the forwards' (exact mode)",
         "        with torch.inference_mode():",
-        ("tests/framework/engine/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",),
+        (
+            "tests/framework/engine/execution/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",
+        ),
     ),
     Mutation(
         "forward_graph_outside_exact_backend",
         "a whole-forward graph runs its attention outside exact mode's backend",
-        "framework/engine/adapter.py",
-        "        with lowbit.active() if lowbit is not None else nullcontext(), self._backend():",
-        "        with lowbit.active() if lowbit is not None else nullcontext():",
-        ("tests/framework/engine/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",),
+        "framework/engine/execution/executor.py",
+        "        with lowbit.active() if lowbit is not None else nullcontext(), self.resources.backend():\n"
+        "            logits, hidden, last, picked, checked = g.forwards.run(",
+        "        with lowbit.active() if lowbit is not None else nullcontext():\n"
+        "            logits, hidden, last, picked, checked = g.forwards.run(",
+        (
+            "tests/framework/engine/execution/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",
+        ),
     ),
     Mutation(
         "precapture_outside_exact_backend",
         "the graphs recorded before timing record their attention outside exact mode's backend",
-        "framework/engine/adapter.py",
-        "        with torch.inference_mode(), lowbit or nullcontext(), self._backend():",
+        "framework/engine/execution/executor.py",
+        "        with torch.inference_mode(), lowbit or nullcontext(), self.resources.backend():",
         "        with torch.inference_mode(), lowbit or nullcontext():",
-        ("tests/framework/engine/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",),
+        (
+            "tests/framework/engine/execution/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",
+        ),
     ),
     Mutation(
         "work_span_ignores_scratch_rows",
         "a device function with blocks takes the span of the committed context, not of its scratch rows after it",
-        "framework/engine/graphed.py",
-        "            span = self.span(base + rows)",
-        "            span = self.span(base)",
-        ("tests/framework/engine/test_work.py::test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows",),
+        "framework/engine/execution/work.py",
+        "            s = span(base + rows, pool.capacity)",
+        "            s = span(base, pool.capacity)",
+        (
+            "tests/framework/engine/execution/test_work.py::test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows",
+        ),
     ),
     Mutation(
         "del_exit_row_from_layer_one",
@@ -679,22 +689,22 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "work_inputs_not_copied",
         "a strategy's device function replays its graph on the inputs of its recording",
-        "framework/engine/graphed.py",
+        "framework/engine/execution/work.py",
         "            if buf is not None:\n                buf.copy_(t, non_blocking=True)\n",
-        "            if buf is not None and spec not in self._used:\n                buf.copy_(t, non_blocking=True)\n",
+        "            if buf is not None and not self.store.recorded(gkey):\n                buf.copy_(t, non_blocking=True)\n",
         (
-            "tests/framework/engine/test_work.py::test_a_keyed_function_is_learned_eagerly_then_one_graph_per_key_replayed_with_copies",
-            "tests/framework/engine/test_work.py::test_del_statistics_through_their_graph_decide_what_they_decide_eagerly",
+            "tests/framework/engine/execution/test_work.py::test_a_keyed_function_is_learned_eagerly_then_one_graph_per_key_replayed_with_copies",
+            "tests/framework/engine/execution/test_work.py::test_del_statistics_through_their_graph_decide_what_they_decide_eagerly",
         ),
     ),
     Mutation(
         "dp_graph_sees_later_slots",
         "CLaSp's DP as one graph lets its candidates attend to committed slots at and after their position",
-        "framework/engine/graphed.py",
+        "framework/engine/execution/work.py",
         "        hidden_slots = (ar[None, :] >= self._at[0]) & (ar[None, :] != slots[:, None])  # (n, span)",
         "        hidden_slots = (ar[None, :] >= self._at[1]) & (ar[None, :] != slots[:, None])  # (n, span)",
         (
-            "tests/framework/engine/test_work.py::test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses",
+            "tests/framework/engine/execution/test_work.py::test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses",
         ),
     ),
     Mutation(

@@ -440,7 +440,7 @@ class TokenPick:
     asked for extras) the softmax's top-1 token and its probability, the whole distribution and
     the k most probable tokens. Done after the forward, that is 1-3 eager kernel launches per
     drafted token on a GPU; done inside it (``ModelAdapter.forward(..., pick=)``), they are part
-    of the forward's one graph on the ``forward`` route (`framework.engine.graphed`: the pick is
+    of the forward's one graph on the ``forward`` route (`framework.engine.execution.forward_graph`: the pick is
     part of the graph's key). `pick_tokens` is the rule; sampling is not picked there (the
     sampler's random stream is the verifier's).
 
@@ -489,7 +489,7 @@ class Picked:
 def pick_tokens(logits: torch.Tensor, pick: TokenPick) -> Picked:
     """Choose from ``logits`` (B, V) as ``pick`` says: the argmax, or the float32 softmax's top-1
     with its probability (and the distribution, and its top k). The one rule of the forward that
-    picks inside its graph (`Pass.pick`) and of `framework.drafting.builder.DraftBuilder`."""
+    picks inside its graph (`ForwardSpec.pick`) and of `framework.drafting.builder.DraftBuilder`."""
     if not pick.softmax:
         return Picked(logits.argmax(dim=-1))
     p = torch.softmax(logits.float(), dim=-1)

@@ -163,7 +163,7 @@ class RoundView(Protocol):
 
         Write ``fn`` as a module-level function of its arguments: the engine keys it by its name,
         its bound values and the inputs' shapes and dtypes, and runs it as one CUDA graph where
-        forwards run as one (`framework.engine.work`). A closure, a lambda, a bound method or a
+        forwards run as one (`framework.engine.execution.work`). A closure, a lambda, a bound method or a
         value that is not plain runs eagerly instead, with one warning naming your line."""
 
     def compute_at(

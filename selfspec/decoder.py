@@ -324,7 +324,7 @@ class Decoder:
                 "prompt must be a non-empty string, a list of {'role', 'content'} messages or a list of "
                 f"token ids, got {type(prompt).__name__}"
             )
-        return torch.tensor([ids], dtype=torch.long, device=self.experiment.adapter.device)
+        return torch.tensor([ids], dtype=torch.long, device=self.experiment.adapter.arch.device)
 
     def _run(
         self, decoder: Any, ids: torch.Tensor, max_new_tokens: int | None, streamer: Any = None
@@ -463,7 +463,9 @@ class Decoder:
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())
         parts = parts or "plain decoding"
-        model = self.experiment.adapter.info().name or self.model_config.name_or_path or "(a loaded model)"
+        model = (
+            self.experiment.adapter.arch.info().name or self.model_config.name_or_path or "(a loaded model)"
+        )
         return f"Decoder({self.method.label}: {parts}; model {model})"
 
 

@@ -35,7 +35,7 @@ from strategies.selectors.static import uniform_plan
 
 def forward_costs(adapter, contexts: list[int], max_t: int, reps: int) -> dict[int, list[float]]:
     """``{context: [median seconds of a full forward over T new tokens, T = 1..max_t]}``."""
-    vocab = adapter.info().vocab_size
+    vocab = adapter.arch.info().vocab_size
     gen = torch.Generator().manual_seed(0)
     top = max(contexts)
     ids = torch.randint(0, vocab, (1, top + max_t), generator=gen)
@@ -63,7 +63,7 @@ def forward_costs(adapter, contexts: list[int], max_t: int, reps: int) -> dict[i
 
 
 def lm_head_cost(adapter, reps: int) -> float:
-    h = torch.randn(1, 1, adapter.info().hidden_size, dtype=adapter.dtype)
+    h = torch.randn(1, 1, adapter.arch.info().hidden_size, dtype=adapter.arch.dtype)
     times = []
     with torch.inference_mode():
         for rep in range(reps * 5 + 1):
@@ -76,9 +76,9 @@ def lm_head_cost(adapter, reps: int) -> float:
 
 def draft_costs(adapter, ratios: list[float], context: int, reps: int) -> dict[float, float]:
     """Median seconds of one draft token through a uniform skip set of each ratio."""
-    n = adapter.num_layers
+    n = adapter.arch.num_layers
     plans = {r: (LayerPlan.full(n) if r == 0 else uniform_plan(n, r)) for r in ratios}
-    vocab = adapter.info().vocab_size
+    vocab = adapter.arch.info().vocab_size
     ids = torch.randint(0, vocab, (1, context + 1), generator=torch.Generator().manual_seed(1))
     cache = adapter.new_cache(context + 8)
     adapter.forward(ids[:, :context], torch.arange(context)[None], cache, logits_at="last")
@@ -126,7 +126,7 @@ def main() -> None:
     ms = 1e3
 
     print(
-        f"Model {adapter.info().name or 'default'} ({adapter.num_layers} blocks), fp32, {args.threads} thread(s), "
+        f"Model {adapter.arch.info().name or 'default'} ({adapter.arch.num_layers} blocks), fp32, {args.threads} thread(s), "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}; medians of {args.reps} "
         "interleaved repetitions.\n"
     )
@@ -138,8 +138,8 @@ def main() -> None:
     print(f"| one attention sub-layer | {cm.attn * ms:.3f} | {100 * cm.attn / step:.2f}% |")
     print(f"| one MLP sub-layer | {cm.mlp * ms:.3f} | {100 * cm.mlp / step:.2f}% |")
     print(
-        f"| all {adapter.num_layers} blocks | {(cm.attn + cm.mlp) * adapter.num_layers * ms:.2f} | "
-        f"{100 * (cm.attn + cm.mlp) * adapter.num_layers / step:.1f}% |\n"
+        f"| all {adapter.arch.num_layers} blocks | {(cm.attn + cm.mlp) * adapter.arch.num_layers * ms:.2f} | "
+        f"{100 * (cm.attn + cm.mlp) * adapter.arch.num_layers / step:.1f}% |\n"
     )
 
     print(
@@ -152,7 +152,7 @@ def main() -> None:
         print(f"| {t} | " + " | ".join(f"{fwd[c][t - 1] / fwd[c][0]:.2f}" for c in contexts) + " |")
     print("\n(one step: " + ", ".join(f"{fwd[c][0] * ms:.1f} ms at cache {c}" for c in contexts) + ")\n")
 
-    n = adapter.num_layers
+    n = adapter.arch.num_layers
     print("**A draft step vs its skip set** (uniform sets over blocks 1..L-2, cache 128):\n")
     print(
         "| skip ratio | sub-layers skipped | measured, steps | CostModel fit, steps |\n|---:|---:|---:|---:|"

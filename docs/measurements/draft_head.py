@@ -67,7 +67,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     exp = Session(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
     adapter, tok, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx
-    info = adapter.info()
+    info = adapter.arch.info()
     ks = [k for k in (int(x) for x in a.ks.split(",")) if k <= info.vocab_size]
     print(f"model {info.name}: {info.num_layers} blocks, d {info.hidden_size}, V {info.vocab_size}")
 
@@ -109,7 +109,7 @@ def main() -> None:
     heads = {k: DraftHead(adapter, ranking.top(k), name=f"top-{k}", context=True) for k in ks}
     plan = uniform_plan(info.num_layers, 0.2)
     x = ids[0]
-    sync = torch.cuda.synchronize if adapter.device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if adapter.arch.device.type == "cuda" else (lambda: None)
     state = DecodeState(adapter, x, x.shape[1] + 16)
     state.append(state.prefill().argmax(-1)[:, None])
     live = {k: h.start(x) for k, h in heads.items()}

@@ -62,7 +62,7 @@ def main() -> None:
     ratios = [float(r) for r in a.ratios.split(",")]
     exp = Session(RunConfig.of(model=a.model, device="cpu", logger="none", baseline_only=True))
     adapter, tok, ctx = exp.adapter, exp.tokenizer, exp.prepare_ctx
-    info = adapter.info()
+    info = adapter.arch.info()
     weights = {f: (None if f == "float32" else adapter.draft_branches(f)) for f in formats}
     if any(f != "float32" and w is None for f, w in weights.items()):
         raise SystemExit("compressed draft weights need the CPU kernels (a float32 model on a CPU)")

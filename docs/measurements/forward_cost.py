@@ -20,7 +20,7 @@ from strategies.selectors.static import uniform_plan
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
 model, _ = load_model(None, "float32", "cpu")
 adapter = adapter_for(model)
-L, P = adapter.num_layers, 64
+L, P = adapter.arch.num_layers, 64
 ids = torch.randint(0, model.config.vocab_size, (1, P + 8), generator=torch.Generator().manual_seed(0))
 cache = adapter.new_cache(256)
 adapter.forward(ids[:, :P], torch.arange(P)[None], cache, logits_at="last")

@@ -126,7 +126,7 @@ def timed(device, fn) -> float:
 
 def speed(model, adapter, new_tokens: int, reps: int, hf_compile: bool) -> dict:
     """tokens/s of our loop and of HF generate (interleaved, medians) and our overhead per step."""
-    dev = adapter.device
+    dev = adapter.arch.device
     prompt = torch.randint(
         0, model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)
     ).to(dev)
@@ -199,8 +199,8 @@ def swift_like_tree(size: int, depth: int = 6) -> tuple[list[int], torch.Tensor]
 def tree_costs(adapter, sizes: list[int], reps: int) -> dict[int, float]:
     """Seconds of a token-tree verification of each size (logits at every node) after a 128-token
     context (`swift_like_tree`)."""
-    info = adapter.info()
-    dev = adapter.device
+    info = adapter.arch.info()
+    dev = adapter.arch.device
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, info.vocab_size, (1, 128), generator=gen).to(dev)
     state = DecodeState(adapter, prompt, 128 + max(sizes) + 8)
@@ -291,15 +291,15 @@ def weight_bytes(adapter, plan: LayerPlan, weights=None) -> int:
             total += _param_bytes(blk.post_attention_layernorm) + _param_bytes(blk.mlp, weights)
     if isinstance(weights, FusedBlocks) and adapter.fused is not None and adapter.fused.nbytes:
         total = int(total * weights.nbytes / adapter.fused.nbytes)
-    head = adapter.model.get_output_embeddings()
-    return total + _param_bytes(head) + _param_bytes(adapter.model.model.norm)
+    head = adapter.arch.model.get_output_embeddings()
+    return total + _param_bytes(head) + _param_bytes(adapter.arch.model.model.norm)
 
 
 def floor_and_formats(adapter, cost: CostModel, reps: int, plan45: LayerPlan) -> dict:
     """Issue 27: every step time as a multiple of its bandwidth floor (weight bytes read / the
     measured bandwidth), and the draft cost with each compressed format (fp8, int8) next to the
     model's own weights."""
-    n, dev = adapter.num_layers, adapter.device
+    n, dev = adapter.arch.num_layers, adapter.arch.device
     bw = bandwidth(dev, (1 << 30) if dev.type == "cuda" else (64 << 20))
     full = LayerPlan.full(n)
     rows = {
@@ -363,8 +363,10 @@ def phases(adapter, new_tokens: int) -> dict:
             phase_timing=timing,
         )
 
-    prompt = torch.randint(0, adapter.info().vocab_size, (1, 64), generator=torch.Generator().manual_seed(3))
-    prompt = prompt.to(adapter.device)
+    prompt = torch.randint(
+        0, adapter.arch.info().vocab_size, (1, 64), generator=torch.Generator().manual_seed(3)
+    )
+    prompt = prompt.to(adapter.arch.device)
     stop = StopCondition(new_tokens)
     plain, timed_dec = decoder(False), decoder(True)
     # warm-up at the full length: an eager decode meets a new KV length at every step, and the
@@ -374,7 +376,7 @@ def phases(adapter, new_tokens: int) -> dict:
     timed_dec.generate(prompt, stop)
     bare = plain.generate(prompt, stop)
     res = timed_dec.generate(prompt, stop)
-    only = "cuda" if adapter.device.type == "cuda" else None
+    only = "cuda" if adapter.arch.device.type == "cuda" else None
     with count_host_reads(only) as reads:
         counted = plain.generate(prompt, stop)
     rounds = max(1, len(res.accept_lengths))
@@ -392,7 +394,7 @@ def phases(adapter, new_tokens: int) -> dict:
 def report(model, adapter, args, label: str) -> dict:
     """Every measurement of the module docstring for the adapter as it is set now; prints the
     tables and returns the numbers."""
-    n = adapter.num_layers
+    n = adapter.arch.num_layers
     sp = speed(model, adapter, args.new_tokens, args.reps, args.hf_compile)
     cost = CostModel.measure(adapter, max_tokens=16, context=128, reps=max(3, args.reps))
     overhead = sp["ours_seconds_per_step"] - cost.step
@@ -555,7 +557,7 @@ def main() -> None:
     }
     print(f"# {json.dumps(env)}\n")
     if args.speed_only:
-        adapter.set_cuda_graphs(args.graphs == "on")
+        adapter.executor.set_cuda_graphs(args.graphs == "on")
         sp = speed(model, adapter, args.new_tokens, args.reps, args.hf_compile)
         print("| decoder | tokens/s | vs HF eager |\n|---|---:|---:|")
         for k in ("hf_eager", "hf_static_compile", "ours"):
@@ -570,14 +572,14 @@ def main() -> None:
     failed: list[str] = []
     for label in {"off": ["eager"], "on": ["graphs"], "both": ["eager", "graphs"]}[args.graphs]:
         try:
-            adapter.set_cuda_graphs(label == "graphs")
+            adapter.executor.set_cuda_graphs(label == "graphs")
             runs[label] = report(model, adapter, args, label)
         except Exception:  # report the failure, keep what was measured, exit non-zero at the end
             traceback.print_exc()
             failed.append(label)
             continue
-        if label == "graphs" and adapter.graphs is not None:
-            runs[label]["graph_captures"] = adapter.graphs.captures
+        if label == "graphs" and adapter.executor.graphs is not None:
+            runs[label]["graph_captures"] = adapter.executor.graphs.store.captures
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"env": env, **runs}, fh, indent=1, default=str)

@@ -186,7 +186,7 @@ def replay(adapter, trace: Trace, args, prompts: list[torch.Tensor]) -> dict:
     """Plain decoding against the replay of ``trace``'s first ``--trace-turns`` decodes (each on
     a random prompt, for as many tokens as it committed), interleaved, medians over ``args.reps``;
     the cost model's prediction for exactly the rounds replayed in the timed decodes."""
-    dev = adapter.device
+    dev = adapter.arch.device
     vanilla = VanillaDecoder(adapter)
     cfg = TraceConfig(trace)
     spec = SpeculativeDecoder(
@@ -196,7 +196,7 @@ def replay(adapter, trace: Trace, args, prompts: list[torch.Tensor]) -> dict:
     budgets = [trace.start(t) for t in turns]
     sizes = vanilla.forward_sizes() | spec.forward_sizes()
     capacity = prompts[0].shape[1] + max(budgets) + spec.max_draft + 8
-    adapter.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
+    adapter.executor.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
     trace.start(0)  # warm-up
     vanilla.generate(prompts[0], StopCondition(budgets[0]))
     spec.generate(prompts[0], StopCondition(budgets[0]))
@@ -254,7 +254,7 @@ def replay(adapter, trace: Trace, args, prompts: list[torch.Tensor]) -> dict:
 
 def run(adapter, plan, args, prompts: list[torch.Tensor]) -> dict:
     """Interleaved plain and speculative decoding of ``prompts``; medians over ``args.reps``."""
-    dev = adapter.device
+    dev = adapter.arch.device
     stop = StopCondition(args.new_tokens)
     vanilla = VanillaDecoder(adapter)
     spec = SpeculativeDecoder(
@@ -316,9 +316,9 @@ def replay_traces(adapter, args, prompts: list[torch.Tensor], env: dict, out: di
             if args.trace_methods and name not in args.trace_methods.split(","):
                 continue
             label = f"{src['model']}/{name}"
-            trace = Trace.load(entry, label, adapter.num_layers)
+            trace = Trace.load(entry, label, adapter.arch.num_layers)
             for mode in MODES[args.graphs]:
-                adapter.set_cuda_graphs(mode == "graphs")
+                adapter.executor.set_cuda_graphs(mode == "graphs")
                 r = out.setdefault(label, {})[mode] = replay(adapter, trace, args, prompts)
                 print(
                     f"| {label} | {mode} | {r['vanilla_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
@@ -384,7 +384,7 @@ def main() -> None:
         print(f"# {json.dumps(env)}\n")
         replay_traces(adapter, args, prompts, env, out)
         return
-    plan = uniform_plan(adapter.num_layers, args.skip_ratio)
+    plan = uniform_plan(adapter.arch.num_layers, args.skip_ratio)
     scaled = make_redundant(model, plan, args.scale)
     env.update(skip_ratio=plan.skip_ratio, scaled_sub_layers=scaled, scale=args.scale, k=args.k)
     print(f"# {json.dumps(env)}\n")
@@ -393,7 +393,7 @@ def main() -> None:
         "verify k+1 | differ |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for label in MODES[args.graphs]:
-        adapter.set_cuda_graphs(label == "graphs")
+        adapter.executor.set_cuda_graphs(label == "graphs")
         r = out[label] = run(adapter, plan, args, prompts)
         print(
             f"| {label} | {r['vanilla_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['speedup']:.2f}x | "

@@ -37,8 +37,8 @@ def main() -> None:
     torch.set_num_threads(1)
     presets = [p for p in args.presets.split(",") if p] or list_presets()
     adapter = adapter_for(tiny_model("llama", num_layers=args.layers, seed=0).to(args.device))
-    only = "cuda" if adapter.device.type == "cuda" else None
-    print(f"device {adapter.device}, tiny llama ({args.layers} blocks), {args.new_tokens} new tokens\n")
+    only = "cuda" if adapter.arch.device.type == "cuda" else None
+    print(f"device {adapter.arch.device}, tiny llama ({args.layers} blocks), {args.new_tokens} new tokens\n")
     print("| preset | rounds | drafted | reads per round | busiest sites (reads per round) |")
     print("|---|---:|---:|---:|---|")
     for name in presets:
@@ -48,7 +48,7 @@ def main() -> None:
         else:
             dec = build_decoder(adapter, cfg)
             dec.prepare(prepare_context(adapter))
-        prompt = random_prompt(8, 128, seed=0).to(adapter.device)
+        prompt = random_prompt(8, 128, seed=0).to(adapter.arch.device)
         with torch.inference_mode(), count_host_reads(only) as reads:
             res = dec.generate(prompt, StopCondition(args.new_tokens))
         rounds = max(1, len(res.accept_lengths))

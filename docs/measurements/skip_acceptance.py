@@ -50,7 +50,7 @@ for ratio in (float(r) for r in a.ratios.split(",")):
         r = decoder.generate(x, StopCondition(a.max_new_tokens))
         drafted, accepted = drafted + r.drafted, accepted + r.accepted
         rounds, committed = rounds + len(r.accept_lengths), committed + sum(r.accept_lengths)
-    skipped = uniform_plan(adapter.num_layers, ratio).skip_ratio
+    skipped = uniform_plan(adapter.arch.num_layers, ratio).skip_ratio
     print(
         f"skip_ratio {ratio}: {skipped:.3f} of sub-layers skipped, alpha {accepted / drafted:.3f}, M {committed / rounds:.2f}"
     )

@@ -114,7 +114,7 @@ class Ctx:
 
     @property
     def L(self) -> int:
-        return self.adapter.num_layers
+        return self.adapter.arch.num_layers
 
     @property
     def smoke(self) -> bool:

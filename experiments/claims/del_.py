@@ -74,9 +74,9 @@ def d_de_tpl(n: dict[str, Any]) -> tuple[str, str]:
 
 def c_de_vanilla_etpl(ctx: Ctx) -> dict[str, Any]:
     L = ctx.L
-    loads0 = ctx.adapter.layer_loads
+    loads0 = ctx.adapter.executor.layer_loads
     toks = VanillaDecoder(ctx.adapter).generate(ctx.ids[0], ctx.stop()).new_tokens
-    loads = ctx.adapter.layer_loads - loads0
+    loads = ctx.adapter.executor.layer_loads - loads0
     etpl = toks / loads
     # LS(E, gamma) replay on shadow tokens vs an actual early-exit decode with the same (E, gamma)
     # E at 80% of the depth (24 of SmolLM2's 30 blocks, 19 of Qwen2.5-0.5B's 24), as LayerSkip's grids
@@ -135,10 +135,10 @@ def del_decode(ctx: Ctx) -> tuple[Decoded, dict[str, Any]]:
         inner = sel.observe
 
         def observe(state, draft, result):  # instrumentation only: counts model work inside DEL's update
-            b, l0, t0 = adapter.block_evals, adapter.layer_loads, time.perf_counter()
+            b, l0, t0 = adapter.executor.block_evals, adapter.executor.layer_loads, time.perf_counter()
             inner(state, draft, result)
-            probe["block_evals"] += adapter.block_evals - b
-            probe["loads"] += adapter.layer_loads - l0
+            probe["block_evals"] += adapter.executor.block_evals - b
+            probe["loads"] += adapter.executor.layer_loads - l0
             dt = time.perf_counter() - t0
             probe["seconds"] += dt
             probe["per_call"].append(dt)

@@ -68,7 +68,7 @@ def matchness(ctx: Ctx, plan: LayerPlan, swift: Any = None) -> float | None:
     generation's first window) averaged over the prompts whose continuation is long enough."""
     if swift is None:
         swift = build("selector", "swift", skip_ratio=0.45)
-        swift.setup(ctx.adapter.info())
+        swift.setup(ctx.adapter.arch.info())
     vals = []
     for i in range(len(ctx.ids)):
         state, _ = committed(ctx, i)
@@ -252,7 +252,7 @@ def swift_drive(ctx: Ctx, skip_ratio: float, max_steps: int) -> dict[str, Any]:
     if key in ctx.memo:
         return ctx.memo[key]
     sel = build("selector", "swift", skip_ratio=skip_ratio, max_opt_steps=max_steps)
-    sel.setup(ctx.adapter.info())
+    sel.setup(ctx.adapter.arch.info())
     per_prompt = max(4, max_steps // max(1, len(ctx.ids)))
     best_curve, seconds, prompts_used, first_instance = [], [], 0, 0
     empty = None

@@ -183,7 +183,7 @@ def c_sd_searched(ctx: Ctx) -> dict[str, Any]:
     d = plan.describe()
     rand = _random_sets(ctx, plan)
     swift = build("selector", "swift", skip_ratio=0.45)
-    swift.setup(ctx.adapter.info())
+    swift.setup(ctx.adapter.arch.info())
     match = {name: matchness(ctx, p, swift) for name, p in sets.items()}
     rmatch = [matchness(ctx, p, swift) for p in rand]
     rows = {name: decode(ctx, f"{name} set", static_spec(p), ADAPTIVE) for name, p in sets.items()}
@@ -253,7 +253,7 @@ def c_sd_skip_count(ctx: Ctx) -> dict[str, Any]:
     ratios = [0.05, 0.1, 0.2, 0.3, 0.45] if not ctx.smoke else [0.1, 0.2, 0.3]
     plans = {r: uniform_plan(ctx.L, r, keep_first_last=True) for r in ratios}
     swift = build("selector", "swift", skip_ratio=0.45)
-    swift.setup(ctx.adapter.info())
+    swift.setup(ctx.adapter.arch.info())
     rows = {r: decode(ctx, f"uniform r={r}", static_spec(p), ADAPTIVE) for r, p in plans.items()}
     match = {r: matchness(ctx, p, swift) for r, p in plans.items()}
     text = "uniform sets (first and last block kept), adaptive threshold: " + "; ".join(

@@ -40,7 +40,7 @@ SWIFT_LENGTH = ("confidence", {"threshold": 0.8, "max_length": 25})
 
 def c_sw_tree(ctx: Ctx) -> dict[str, Any]:
     swift = build("selector", "swift", skip_ratio=0.45)
-    swift.setup(ctx.adapter.info())
+    swift.setup(ctx.adapter.arch.info())
     odd = swift.current  # SWIFT's initial set: both sub-layers of the odd blocks
     chain = decode(ctx, "odd blocks, chain", static_spec(odd), SWIFT_LENGTH)
     tr = decode(ctx, "odd blocks, tree", static_spec(odd), SWIFT_LENGTH, verifier=TREE)

@@ -243,7 +243,7 @@ def load_methods(
                 prepared=methods.prepared,
             )
             methods.decoders[s.label] = methods.sessions[s.label].spec
-    layers = base.adapter.info().num_layers
+    layers = base.adapter.arch.info().num_layers
     if plan.cost is not None and plan.cost.num_layers != layers:
         raise ConfigError(
             "--cost-model",
@@ -276,8 +276,8 @@ def write_meta(plan: BenchPlan, methods: Methods, log: Callable[[str], None]) ->
     write_json(plan.out_dir / "meta.json", meta)
     adapter = methods.base.adapter
     log(
-        f"[bench] {len(plan.prompts)} prompts x {plan.cfg.repeats} repeat(s) | model {adapter.info().name} "
-        f"({dtype_name(adapter.dtype)}, {adapter.device}) | methods {', '.join(s.label for s in plan.specs)} "
+        f"[bench] {len(plan.prompts)} prompts x {plan.cfg.repeats} repeat(s) | model {adapter.arch.info().name} "
+        f"({dtype_name(adapter.arch.dtype)}, {adapter.arch.device}) | methods {', '.join(s.label for s in plan.specs)} "
         f"| output {plan.out_dir}"
     )
     return meta
@@ -419,7 +419,7 @@ def finish(
     method_costs = {s.label: heads.get(s.label, cost) for s in specs}
     summary = summarize(timed.records, [s.label for s in specs], method_costs)
     plots = (
-        make_plots(out_dir, summary, timed.records, adapter.info().num_layers)
+        make_plots(out_dir, summary, timed.records, adapter.arch.info().num_layers)
         if plan.run.runner.plots
         else {}
     )

@@ -87,7 +87,7 @@ class DraftBuilder:
         self.want_probs = state.need_draft_probs
         self.want_conf = state.need_confidence  # reading it is a device sync: only when asked
         self.top_k = state.draft_top_k
-        #: what a draft forward may choose for this builder inside its graph (`Pass.pick`, handed
+        #: what a draft forward may choose for this builder inside its graph (`ForwardSpec.pick`, handed
         #: back as ``ForwardOutput.picked``); ``None`` when sampling (the sampler's stream is the
         #: verifier's)
         self.pick = (

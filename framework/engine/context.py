@@ -139,15 +139,15 @@ class PrepareContext:
 
     @property
     def info(self) -> ModelInfo:
-        return self.adapter.info()
+        return self.adapter.arch.info()
 
     @property
     def device(self) -> torch.device:
-        return self.adapter.device
+        return self.adapter.arch.device
 
     def fingerprint(self) -> str:
         """The model's weight fingerprint (`ModelAdapter.fingerprint`)."""
-        return self.adapter.fingerprint()
+        return self.adapter.arch.fingerprint()
 
     def with_draft(self, drafter: Drafter) -> PrepareContext:
         """A copy whose `draft_head` and `draft_weights` are ``drafter``'s (once prepared); the
@@ -264,11 +264,11 @@ def choose_draft_weights(
         candidates = {f: adapter.draft_branches(f) for f in ("fp8", "int8")}
         usable = {f: w for f, w in candidates.items() if isinstance(w, LowBitLinears) and w.kernel == "fast"}
         if not usable:
-            return None, f"draft_weights=auto: no fast low-bit kernel on {adapter.device}: {own}"
+            return None, f"draft_weights=auto: no fast low-bit kernel on {adapter.arch.device}: {own}"
         return _fastest(adapter, log, usable, "draft_weights=auto")
     weights = adapter.draft_branches(fmt)
     if weights is None:
-        return None, f"draft_weights={fmt}: nothing to compress (the model is {adapter.dtype}): {own}"
+        return None, f"draft_weights={fmt}: nothing to compress (the model is {adapter.arch.dtype}): {own}"
     if isinstance(weights, FusedBlocks) and fmt == "int4" and weights.int4_kernel != "avx512_vnni":
         return (
             weights,
@@ -278,7 +278,7 @@ def choose_draft_weights(
         return weights, ""
     if weights.kernel == "reference":
         return None, (
-            f"draft_weights={fmt} has no fast kernel on {adapter.device} (only the float32 "
+            f"draft_weights={fmt} has no fast kernel on {adapter.arch.device} (only the float32 "
             f"reference, slower than the model's own weights): {own} (weights_check=False keeps it)"
         )
     return _fastest(adapter, log, {fmt: weights}, f"draft_weights={fmt}")
@@ -297,6 +297,6 @@ def _fastest(
         log(f"note: {what}: drafts run {best} ({options[best].kernel} kernel); a draft block: {said}")
         return options[best], ""
     return None, (
-        f"{what} measured no faster than the model's own weights on {adapter.device} (a draft "
+        f"{what} measured no faster than the model's own weights on {adapter.arch.device} (a draft "
         f"block: {said}): drafts run the model's own weights (weights_check=False keeps the copy)"
     )

@@ -299,25 +299,25 @@ class CostModel:
         """
         if max_tokens < 2 or context < 1 or reps < 1:
             raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
-        info = adapter.info()
+        info = adapter.arch.info()
         n = info.num_layers
         context = min(context, info.max_context - max_tokens - 2)
         far_context = min(far_context, info.max_context - max_tokens - 2)
         gen = torch.Generator().manual_seed(0)
-        block = torch.randint(0, info.vocab_size, (1, max_tokens), generator=gen).to(adapter.device)
+        block = torch.randint(0, info.vocab_size, (1, max_tokens), generator=gen).to(adapter.arch.device)
         near = _Probe(adapter, context, max_tokens, gen, draft_head, draft_weights)
         jobs = near.jobs(block, range(1, max_tokens + 1), ("full", "no_attn", "no_mlp", "none"))
         far = None
         # With CUDA graphs the KV pool serves one cache at a time: a second probe would run
         # eagerly and price the far context with another engine, so it is left out.
-        if far_context > context and getattr(adapter, "graphs", None) is None:
+        if far_context > context and adapter.executor.graphs is None:
             far = _Probe(adapter, far_context, max_tokens, gen, draft_head, draft_weights)
             far_sizes = sorted({1, 2, 4, 8, max_tokens} & set(range(1, max_tokens + 1)))
             jobs += far.jobs(block, far_sizes, ("full", "no_attn"), tag="far")
         samples: dict[Any, list[float]] = {key: [] for key, _ in jobs}
         for rep in range(reps + 1):  # rep 0 is the warm-up
             for key, fn in jobs:
-                t = _timed(adapter.device, fn)
+                t = _timed(adapter.arch.device, fn)
                 if rep:
                     samples[key].append(t)
         for probe in (near, far):
@@ -340,7 +340,7 @@ class CostModel:
             mlp=max(0.0, (med["full"] - med["no_mlp"]) / n),
             verify_costs=verify,
             context=context,
-            device=str(adapter.device),
+            device=str(adapter.arch.device),
             head=head,
             full_head=full_head,
             draft_vocab=0 if draft_head is None else draft_head.size,
@@ -356,8 +356,8 @@ class _Probe:
     def __init__(
         self, adapter: Any, context: int, max_tokens: int, gen: torch.Generator, head: Any, weights: Any
     ):
-        info = adapter.info()
-        prompt = torch.randint(0, info.vocab_size, (1, context), generator=gen).to(adapter.device)
+        info = adapter.arch.info()
+        prompt = torch.randint(0, info.vocab_size, (1, context), generator=gen).to(adapter.arch.device)
         self.state = DecodeState(adapter, prompt, context + max_tokens + 8)
         self.state.append(self.state.prefill().argmax(-1)[:, None])
         self.state.draft_head = head
@@ -446,11 +446,11 @@ def draft_sublayer_seconds(
     """Seconds of one attention and one MLP sub-layer of a one-token draft step, for each of
     ``weights`` (``None``: the model's own): ``[(attn, mlp), ...]``. From draft steps through every
     attention sub-layer, every MLP sub-layer and neither, interleaved after a warm-up, medians."""
-    info = adapter.info()
+    info = adapter.arch.info()
     n = info.num_layers
     context = min(context, info.max_context - 10)
     prompt = torch.randint(0, info.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-    state = DecodeState(adapter, prompt.to(adapter.device), context + 8)
+    state = DecodeState(adapter, prompt.to(adapter.arch.device), context + 8)
     state.append(state.prefill().argmax(-1)[:, None])
     every = range(n)
     plans = {
@@ -463,10 +463,10 @@ def draft_sublayer_seconds(
         for w, wts in enumerate(weights):
             state.draft_weights = wts
             for name, plan in plans.items():
-                device_sync(adapter.device)
+                device_sync(adapter.arch.device)
                 t = time.perf_counter()
                 state.forward_draft(state.pending, plan, logits_at=None)
-                device_sync(adapter.device)
+                device_sync(adapter.arch.device)
                 if rep:
                     samples[(w, name)].append(time.perf_counter() - t)
                 state.discard_draft()
@@ -488,12 +488,12 @@ def head_seconds(
     """Seconds of the final norm + LM head on one token: ``(full head, head)`` (``head`` ``None``:
     both are the full head; ``head`` scored as a draft with ``weights`` scores it). Interleaved,
     after a warm-up, medians of ``reps``."""
-    d = adapter.info().hidden_size
+    d = adapter.arch.info().hidden_size
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 1, d, generator=gen).to(device=adapter.device, dtype=adapter.dtype)
+    x = torch.randn(1, 1, d, generator=gen).to(device=adapter.arch.device, dtype=adapter.arch.dtype)
 
     def sync() -> None:
-        device_sync(adapter.device)
+        device_sync(adapter.arch.device)
 
     fns = [lambda: adapter.logits_from_hidden(x)]
     if head is not None:

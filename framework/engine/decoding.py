@@ -101,7 +101,7 @@ class GenerationResult:
         verify_tokens: tokens fed to verification forwards (a chain of K drafts: K + 1 per round;
             a token tree: its nodes + 1).
         graph_captures: CUDA graphs recorded during this generation (`--cuda-graphs`; 0 when the
-            run recorded them all before timing, `ModelAdapter.prepare_graphs`), and
+            run recorded them all before timing, `Executor.prepare_graphs`), and
         capture_seconds: the wall time they took (inside ``wall_time``).
         strategy_summary: per-strategy summaries (``Strategy.summary()``).
         prompt_tokens: the prompt's length (where the context of the first round starts).
@@ -188,7 +188,7 @@ def _capacity(prompt_len: int, max_new_tokens: int, max_draft: int) -> int:
 
 
 def _check_context(adapter: ModelAdapter, prompt_len: int, max_new_tokens: int) -> None:
-    limit = adapter.max_context
+    limit = adapter.arch.max_context
     if prompt_len + max_new_tokens > limit:
         raise ValueError(
             f"prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of "
@@ -200,7 +200,7 @@ def _prefill(
     state: DecodeState, choose: Any, stop: StopCondition
 ) -> tuple[float, list[int], tuple[int, str] | None]:
     """Prefill, choose the first new token, start the clock; returns (t0, new tokens, cut)."""
-    clock = synced_clock(state.adapter.device)  # waits for CUDA's queued work; perf_counter on CPU
+    clock = synced_clock(state.adapter.arch.device)  # waits for CUDA's queued work; perf_counter on CPU
     t0 = clock()
     logits = state.prefill()
     first = choose(logits)[:, None]
@@ -221,7 +221,7 @@ class _Counters:
 
     @classmethod
     def of(cls, adapter: ModelAdapter) -> _Counters:
-        return cls(adapter.lm_head_seconds, *adapter.graph_counts())
+        return cls(adapter.executor.lm_head_seconds, *adapter.executor.graph_counts())
 
 
 def _finish(
@@ -246,7 +246,7 @@ def _finish(
     Without ``phases`` (phase timing off) the timings are ``prefill`` and ``decode`` (the rest of
     the wall time) only; ``lm_head`` is there when the adapter timed its heads.
     """
-    wall = synced_clock(state.adapter.device)() - t0
+    wall = synced_clock(state.adapter.arch.device)() - t0
     if summarise is not None:
         fields["strategy_summary"] = summarise()
     state.cache.release()  # a lent KV pool (CUDA graphs) may serve the next generation
@@ -255,9 +255,9 @@ def _finish(
         timings = {"prefill": timings["prefill"], "decode": wall - timings["prefill"]}
     if decode_phase is not None:
         timings[decode_phase] = wall - timings["prefill"]
-    if state.adapter.times_lm_head:
-        timings["lm_head"] = state.adapter.lm_head_seconds - start.lm_head_seconds
-    captures, capture_seconds = state.adapter.graph_counts()
+    if state.adapter.executor.times_lm_head:
+        timings["lm_head"] = state.adapter.executor.lm_head_seconds - start.lm_head_seconds
+    captures, capture_seconds = state.adapter.executor.graph_counts()
     keep, reason = cut
     return GenerationResult(
         tokens=new[:keep],
@@ -296,7 +296,7 @@ class VanillaDecoder:
     def __init__(self, adapter: ModelAdapter, verifier: Verifier | None = None) -> None:
         self.adapter = adapter
         if verifier is not None:
-            verifier.setup(adapter.info())
+            verifier.setup(adapter.arch.info())
         self.choose = verifier.choose if verifier is not None else (lambda logits: logits.argmax(-1))
 
     @torch.inference_mode()
@@ -364,7 +364,7 @@ class SpeculativeDecoder:
         self.selector, self.length, self.drafter, self.verifier = selector, length, drafter, verifier
         self.max_draft = max_draft
         self.phase_timing = phase_timing
-        info = adapter.info()
+        info = adapter.arch.info()
         for s in (selector, length, drafter, verifier):
             s.setup(info)
 
@@ -385,7 +385,7 @@ class SpeculativeDecoder:
         """Whether `generate` times each phase (see ``phase_timing``)."""
         if any(s.needs_phase_timings for s in self.strategies().values()):
             return True
-        return self.phase_timing if self.phase_timing is not None else self.adapter.device.type == "cpu"
+        return self.phase_timing if self.phase_timing is not None else self.adapter.arch.device.type == "cpu"
 
     def forward_sizes(self) -> ForwardSizes:
         """The token counts of every forward this decoder runs after the prefill, as its strategies
@@ -393,7 +393,7 @@ class SpeculativeDecoder:
         ``max_draft``), token trees, the selector's own passes, and ``pending`` alone (a declined
         round)."""
         k = min(self.max_draft, self.length.max_draft_length() or self.max_draft)
-        info = self.adapter.info()
+        info = self.adapter.arch.info()
         sizes = ForwardSizes.of(chain=(1,)) | self.drafter.forward_sizes(k) | self.verifier.forward_sizes(k)
         return sizes | self.selector.forward_sizes(info)
 
@@ -424,7 +424,7 @@ class SpeculativeDecoder:
         counters = _Counters.of(adapter)
         phases = self.times_phases()
         t0, new, cut = _prefill(state, self.verifier.choose, stop)
-        timer = PhaseTimer(state.stats.timings, adapter.device, enabled=phases)
+        timer = PhaseTimer(state.stats.timings, adapter.arch.device, enabled=phases)
         codes: dict[LayerPlan, str] = {}  # plans repeat across rounds: encode each once
         while cut is None:
             draft, result = self._round(state, stop.max_new_tokens - len(new) - 1, timer)

@@ -59,7 +59,7 @@ class KVCache:
         dtype: buffer dtype (the model's).
         device: buffer device.
         buffers: ``(keys, values)`` to use instead of fresh zeros, each (L, B, H_kv, C, D) with
-            C >= ``capacity`` (the pool of `framework.kernels.graphs.BranchGraphs`, lent by
+            C >= ``capacity`` (the pool of `framework.engine.execution.branches.BranchGraphs`, lent by
             `ModelAdapter.new_cache`; whatever they hold beyond the pointers is never read).
         on_release: called with the cache by `release` (gives a lent pool back).
         shards: ``(blocks, device)`` per shard of a model split across devices (consecutive block
@@ -195,7 +195,7 @@ class KVCache:
             persist: ``False`` leaves every end pointer unchanged afterwards (scratch).
             writes: the layers whose KV the forward writes, declared up front by an executor that
                 writes them without calling `update` or `claim` per layer (one CUDA graph of the
-                whole forward, `framework.engine.graphed`); ``None``: each layer counts as written
+                whole forward, `framework.engine.execution.forward_graph`); ``None``: each layer counts as written
                 when its attention calls `update` or `claim`.
         """
         if self._write is not None:

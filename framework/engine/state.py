@@ -32,8 +32,8 @@ import torch
 
 from framework.engine.adapter import ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
+from framework.engine.execution.work import DeviceWork, RandomStream
 from framework.engine.kv_cache import KVCache
-from framework.engine.work import DeviceWork, RandomStream
 from framework.interfaces import Drafter, LayerSelector, LengthController, Strategy, Verifier
 from framework.kernels.protocols import DraftWeights
 from framework.types import (
@@ -92,8 +92,8 @@ class DecodeState:
                 "batch size > 1 is not supported yet (the data objects are batch-shaped)"
             )
         self.adapter = adapter
-        self.info: ModelInfo = adapter.info()
-        self.device = adapter.device
+        self.info: ModelInfo = adapter.arch.info()
+        self.device = adapter.arch.device
         self.prompt_len = int(prompt_ids.shape[1])
         with torch.inference_mode(False):  # writable outside inference mode too
             self._tokens = torch.zeros(
@@ -185,7 +185,7 @@ class DecodeState:
     def layer_loads(self) -> int:
         """Blocks entered by the model's forwards so far, whatever their token count (the model's
         lifetime counter: read differences)."""
-        return self.adapter.layer_loads
+        return self.adapter.executor.layer_loads
 
     def top1_from_hidden(
         self, hidden: torch.Tensor, *, draft_head: bool = False
@@ -535,7 +535,7 @@ class DecodeState:
     # ------------------------------------------------------------------ strategies' device work
     def compute(self, fn: Callable[..., Any], *inputs: torch.Tensor | None, **params: Any) -> Any:
         """A strategy's device work ``fn(ops, *inputs, **params)``, keyed, randomised and run by
-        the engine (`framework.engine.work`: one graph where forwards run as one)."""
+        the engine (`framework.engine.execution.work`: one graph where forwards run as one)."""
         return self._work.run(fn, inputs, params)
 
     def compute_at(

@@ -185,7 +185,7 @@ def corpus_sequences(ctx: Any, new_tokens: int = CORPUS_NEW_TOKENS) -> list[list
     out = []
     for text in texts:
         ids = ctx.encode(text)
-        res = dec.generate(torch.tensor([ids], device=ctx.adapter.device), stop)
+        res = dec.generate(torch.tensor([ids], device=ctx.adapter.arch.device), stop)
         out.append(list(ids) + list(res.tokens))
     return out
 
@@ -196,17 +196,17 @@ def build_ranking(ctx: Any, *, new_tokens: int = CORPUS_NEW_TOKENS) -> TokenRank
     seqs = corpus_sequences(ctx, new_tokens)
     return TokenRanking.from_counts(
         count_tokens(seqs),
-        adapter.info().vocab_size,
+        adapter.arch.info().vocab_size,
         always=sorted(ctx.eos_token_ids),
         source=f"{CORPUS} ({len(seqs)} prompts, {sum(map(len, seqs))} tokens)",
-        fingerprint=adapter.fingerprint(),
+        fingerprint=adapter.arch.fingerprint(),
     )
 
 
 def ranking_path(adapter: Any) -> Path:
     """Where the built ranking of this model is cached."""
     tag = CORPUS.replace("/", "-").replace("+", "-")
-    return cache_dir() / "rankings" / f"{adapter.fingerprint()}-{tag}.json"
+    return cache_dir() / "rankings" / f"{adapter.arch.fingerprint()}-{tag}.json"
 
 
 def model_ranking(ctx: Any) -> TokenRanking:
@@ -221,10 +221,10 @@ def _load_or_build_ranking(ctx: Any) -> TokenRanking:
     ranking = None
     if path.exists():
         try:
-            ranking = TokenRanking.load(path, adapter.info().vocab_size)
+            ranking = TokenRanking.load(path, adapter.arch.info().vocab_size)
         except ValueError:
             ranking = None  # unreadable or another vocabulary: build again
-        if ranking is not None and ranking.fingerprint != adapter.fingerprint():
+        if ranking is not None and ranking.fingerprint != adapter.arch.fingerprint():
             ranking = None
     if ranking is None:
         t0 = time.perf_counter()
@@ -258,7 +258,7 @@ def draft_head_for(ctx: Any, size: int, vocab_file: str = "", *, context: bool =
 
 
 def _build_head(ctx: Any, size: int, vocab_file: str, context: bool) -> DraftHead:
-    vocab = ctx.adapter.info().vocab_size
+    vocab = ctx.adapter.arch.info().vocab_size
     if not MIN_SIZE <= size <= vocab:
         raise ValueError(f"a draft head needs between {MIN_SIZE} and V = {vocab} tokens, got {size}")
     if vocab_file:

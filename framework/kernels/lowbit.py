@@ -14,7 +14,7 @@ gives the module an instance-level ``forward`` that, while a draft pass holds `L
 runs the compressed copy, and otherwise calls the module's class ``forward`` (the model's own
 weights; a class the CPU kernels swap in is honoured). No modeling file changes; the attention,
 norms, RoPE, the KV cache and every activation keep the model's dtype. CUDA graphs record a branch
-once per format (`framework.kernels.graphs` keys on `active_format`).
+once per format (`framework.engine.execution.branches` keys on `active_format`).
 
 Formats (one scale per output row, symmetric):
 

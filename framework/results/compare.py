@@ -254,7 +254,7 @@ def mismatch_details(
     g = list(got[turn]) if turn < len(got) else []
     out["vanilla_token"] = w[pos] if pos < len(w) else None
     out["method_token"] = g[pos] if pos < len(g) else None
-    out.update(margin=None, top1=None, dtype=str(adapter.dtype).removeprefix("torch."), near_tie=None)
+    out.update(margin=None, top1=None, dtype=str(adapter.arch.dtype).removeprefix("torch."), near_tie=None)
     if turn >= len(want) or turn >= len(user_turns):
         return out
     messages: list[dict[str, str]] = []
@@ -262,15 +262,15 @@ def mismatch_details(
         messages += [{"role": "user", "content": user_turns[t]}, {"role": "assistant", "content": want[t][1]}]
     messages.append({"role": "user", "content": user_turns[turn]})
     ids = list(encode(messages)) + w[:pos]
-    x = torch.tensor([ids], device=adapter.device)
+    x = torch.tensor([ids], device=adapter.arch.device)
     with torch.inference_mode():
         cache = adapter.new_cache(len(ids))
-        positions = torch.arange(len(ids), device=adapter.device)[None]
+        positions = torch.arange(len(ids), device=adapter.arch.device)[None]
         logits = adapter.forward(x, positions, cache, logits_at="last").logits[0, -1]
     top = torch.topk(logits, 2).values.tolist()  # in the model's dtype: the margin it rounds
     out["margin"] = top[0] - top[1]
     out["top1"] = top[0]
-    out["near_tie"] = near_tie(out["margin"], top[0], adapter.dtype)
+    out["near_tie"] = near_tie(out["margin"], top[0], adapter.arch.dtype)
     return out
 
 

@@ -119,7 +119,7 @@ class DecodeModule(pl.LightningModule):
                 prompts=self.prompts,
             )
         self.methods = self._methods()
-        self.model_dtype = dtype_name(self.exp.adapter.dtype)  # the resolved dtype (``--dtype auto``)
+        self.model_dtype = dtype_name(self.exp.adapter.arch.dtype)  # the resolved dtype (``--dtype auto``)
         self.meta.setdefault("dtype_resolved", self.model_dtype)
         if "provenance" not in self.meta:  # one process per device: each rank loaded its own model
             self.meta["provenance"] = provenance(cfg.model.name_or_path, self.exp)
@@ -133,7 +133,7 @@ class DecodeModule(pl.LightningModule):
             exp = self.exp
             self.log_fn(
                 f"[selfspec] {len(self.prompts)} prompts to decode on {world} process(es), {len(mine)} here | "
-                f"model {exp.adapter.info().name} ({self.model_dtype}, {exp.adapter.device}) | {cfg.method.label}: "
+                f"model {exp.adapter.arch.info().name} ({self.model_dtype}, {exp.adapter.arch.device}) | {cfg.method.label}: "
                 + " ".join(f"{k}={getattr(cfg.method, k).name}" for k in REGISTRIES)
                 + f" | max_new_tokens={cfg.generation.max_new_tokens} | output {self.out_path}"
             )

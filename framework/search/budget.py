@@ -185,9 +185,9 @@ class BudgetedWork:
         for the device (`framework.utils.synced_clock`), so a unit's seconds are its work, not its
         kernel launches. An unlimited budget reads no clock, so nothing changes there."""
         super().prepare(ctx)  # type: ignore[misc]
-        adapter = getattr(ctx, "adapter", None)
-        if not self.budget.unlimited and adapter is not None:
-            self.budget.clock = synced_clock(adapter.device)
+        device = getattr(ctx, "device", None)
+        if not self.budget.unlimited and device is not None:
+            self.budget.clock = synced_clock(device)
 
     def run_budgeted(self, work: Callable[..., T], *args: Any) -> tuple[T, float] | None:
         """Run ``work(*args)`` as one unit if the budget allows it (one `WorkBudget.allows`).

@@ -189,16 +189,16 @@ class ModelConfig:
         False,
         help="run every forward of up to 64 tokens after the prefill (draft steps, plain steps, chain "
         "and tree verifications) through CUDA graphs of each attention and MLP branch "
-        "(framework.kernels.graphs; CUDA only): about 2x faster plain decoding on a 7B model at "
+        "(framework.engine.execution.branches; CUDA only): about 2x faster plain decoding on a 7B model at "
         "batch 1 (docs/performance.md)",
     )
 
     cuda_graph_route: Literal["forward", "branch"] = param(
         "forward",
         help="what one CUDA graph holds with --cuda-graphs: forward (one graph per whole forward, "
-        "embedding to LM head, framework.engine.graphed; forwards it cannot take, such as scratch "
+        "embedding to LM head, framework.engine.execution.forward_graph; forwards it cannot take, such as scratch "
         "passes, use branches) or branch (one graph per attention or MLP branch, "
-        "framework.kernels.graphs). On an H200 one graph of a SmolLM2-shaped step took 3.20 ms where "
+        "framework.engine.execution.branches). On an H200 one graph of a SmolLM2-shaped step took 3.20 ms where "
         "per-block graphs took 3.80 (docs/performance.md)",
     )
 

@@ -115,30 +115,37 @@ class Session:
         self.adapter = adapter_for(model, fast_kernels=None if m.kernels else False)
         if m.device_map and m.device_map != "auto":  # where load_model put it, or a model given
             try:
-                self.adapter.place(BlockPlacement.parse(m.device_map, self.adapter.num_layers))
+                self.adapter.place(BlockPlacement.parse(m.device_map, self.adapter.arch.num_layers))
             except ValueError as err:
                 raise ConfigError(
-                    "--device-map", m.device_map, f"a split of {self.adapter.num_layers} blocks ({err})"
+                    "--device-map", m.device_map, f"a split of {self.adapter.arch.num_layers} blocks ({err})"
                 ) from None
         try:
-            self.adapter.set_exact(m.exact_on(self.adapter.device))
+            self.adapter.set_exact(m.exact_on(self.adapter.arch.device))
         except ValueError as err:  # unset (auto) where exact mode cannot run: off
             if m.exact:
                 raise ConfigError("--exact", True, f"off ({err})") from None
             self.adapter.set_exact(False)
         a = self.adapter
-        if m.exact is not None and a.device.type == "cpu" and a.dtype is torch.float32 and a.fast_kernels:
+        if (
+            m.exact is not None
+            and a.arch.device.type == "cpu"
+            and a.arch.dtype is torch.float32
+            and a.fast_kernels
+        ):
             log(
                 f"note: --{'' if m.exact else 'no-'}exact changes nothing here: a float32 model on a CPU "
                 "with the kernels computes every row alike whatever it says (--no-kernels: the stock path)"
             )
-        self.adapter.time_lm_head = m.phase_timing_flag
+        self.adapter.executor.time_lm_head = m.phase_timing_flag
         if cfg.model.cuda_graphs:  # before any preparation: what a search times is what decodes
-            if self.adapter.device.type != "cuda":
+            if self.adapter.arch.device.type != "cuda":
                 raise ConfigError(
-                    "--cuda-graphs", True, f"used with a CUDA device (the model is on {self.adapter.device})"
+                    "--cuda-graphs",
+                    True,
+                    f"used with a CUDA device (the model is on {self.adapter.arch.device})",
                 )
-            self.adapter.set_cuda_graphs(True, route=m.cuda_graph_route)
+            self.adapter.executor.set_cuda_graphs(True, route=m.cuda_graph_route)
         self.eos = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.prepare_ctx = PrepareContext(
             adapter=self.adapter,
@@ -147,7 +154,7 @@ class Session:
             artifact_stem=artifact_stem,
             log=log,
             # --dtype auto resolved for the device (artefacts such as a saved skip set are keyed by it)
-            dtype=dtype_name(self.adapter.dtype) if cfg.model.dtype == "auto" else cfg.model.dtype,
+            dtype=dtype_name(self.adapter.arch.dtype) if cfg.model.dtype == "auto" else cfg.model.dtype,
             load_prompts=calibration_texts,
             prepared=PreparedCache() if prepared is None else prepared,
         )
@@ -204,13 +211,13 @@ class Session:
     def prepare_graphs(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> tuple[int, float]:
         """With ``--cuda-graphs``, before anything is timed: size the graphs' KV pool for the
         longest of ``prompts`` (every turn, each answer ``max_new_tokens`` long) and record every
-        graph the decoders can use (`ModelAdapter.prepare_graphs` with the decoders'
+        graph the decoders can use (`Executor.prepare_graphs` with the decoders'
         ``forward_sizes``), so that timed generations record none (their ``graph_captures``).
 
         Returns:
             ``(graphs recorded, seconds)``; ``(0, 0.0)`` without graphs.
         """
-        if self.adapter.graphs is None:
+        if self.adapter.executor.graphs is None:
             return 0, 0.0
         budget = max_new_tokens or self.cfg.generation.max_new_tokens
         longest = 0
@@ -222,7 +229,7 @@ class Session:
         sizes = self.vanilla.forward_sizes() | self.spec.forward_sizes()
         capacity = longest + self.spec.max_draft + 8
         hidden = not self.cfg.method.baseline_only and self.spec.selector.needs_hidden_states
-        n, seconds = self.adapter.prepare_graphs(
+        n, seconds = self.adapter.executor.prepare_graphs(
             capacity,
             chain=sizes.chain,
             tree=sizes.tree,
@@ -232,7 +239,7 @@ class Session:
         )
         weights = self.spec.drafter.draft_weights() if not self.cfg.method.baseline_only else None
         if weights is not None and weights.weights != "float32":  # a draft's own graphs (low-bit)
-            more = self.adapter.prepare_graphs(
+            more = self.adapter.executor.prepare_graphs(
                 capacity, chain=sizes.chain, mlp=sizes.scratch, weights=weights
             )
             n, seconds = n + more[0], seconds + more[1]
@@ -244,7 +251,7 @@ class Session:
         Raises:
             ConfigError: names the prompt, its length and the model's context.
         """
-        limit = self.adapter.max_context
+        limit = self.adapter.arch.max_context
         for p in prompts:
             n = len(encode_chat(self.tokenizer, [{"role": "user", "content": p.turns[0]}]))
             if n + self.cfg.generation.max_new_tokens > limit:
@@ -263,7 +270,7 @@ class Session:
         stop = self.stop(max_new_tokens)
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
-            ids = torch.tensor([self.encode_messages(messages)], device=self.adapter.device)
+            ids = torch.tensor([self.encode_messages(messages)], device=self.adapter.arch.device)
             res = decoder.generate(ids, stop)
             text = self.text(res.tokens)
             messages.append({"role": "assistant", "content": text})
@@ -275,4 +282,6 @@ def provenance(configured: str | None, exp: Session) -> dict[str, Any]:
     """What produced a run of ``exp`` (`framework.models.provenance.run_provenance`): the model
     (``configured``: the ``--model`` value), the code, the device and the dtype resolved."""
     adapter = exp.adapter
-    return run_provenance(configured, adapter.model, device=adapter.device, dtype=dtype_name(adapter.dtype))
+    return run_provenance(
+        configured, adapter.arch.model, device=adapter.arch.device, dtype=dtype_name(adapter.arch.dtype)
+    )

@@ -111,14 +111,14 @@ class _Contract:
         return adapter, s, self.new_state(adapter, s)
 
     def setup_instance(self, instance: Strategy, adapter) -> Strategy:
-        instance.setup(adapter.info())
+        instance.setup(adapter.arch.info())
         instance.prepare(prepare_context(adapter))
         instance.reset()
         return instance
 
     def new_state(self, adapter, strategies: dict[str, Strategy], prompt_seed: int = 0, prompt_len: int = 6):
         """A DecodeState after prefill and the first token, flags set from the strategies."""
-        prompt = random_prompt(prompt_len, adapter.config.vocab_size, prompt_seed)
+        prompt = random_prompt(prompt_len, adapter.arch.config.vocab_size, prompt_seed)
         state = DecodeState.for_strategies(
             adapter,
             prompt,
@@ -172,7 +172,7 @@ class _Contract:
         dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
         dec.prepare(prepare_context(adapter))
         for seed in self.prompt_seeds:
-            prompt = random_prompt(6, adapter.config.vocab_size, seed)
+            prompt = random_prompt(6, adapter.arch.config.vocab_size, seed)
             stop = StopCondition(self.max_new_tokens)
             want = VanillaDecoder(adapter).generate(prompt, stop).tokens
             got = dec.generate(prompt, stop)
@@ -191,8 +191,8 @@ class LayerSelectorContract(_Contract):
         for _ in range(3):
             plan = s["selector"].plan(state)
             assert isinstance(plan, LayerPlan)
-            assert plan.num_layers == adapter.num_layers
-            assert plan.num_skipped < 2 * adapter.num_layers, "a plan must run at least one sub-layer"
+            assert plan.num_layers == adapter.arch.num_layers
+            assert plan.num_skipped < 2 * adapter.arch.num_layers, "a plan must run at least one sub-layer"
             assert 0.0 <= plan.skip_ratio < 1.0
             self.run_round(state, s)
 
@@ -200,12 +200,12 @@ class LayerSelectorContract(_Contract):
         adapter, s, state = self.prepared()
         for _ in range(4):
             plan, draft, result = self.run_round(state, s)
-            assert plan.num_layers == adapter.num_layers
+            assert plan.num_layers == adapter.arch.num_layers
         if s["selector"].needs_hidden_states:
             assert state.last_hidden_states is not None
-            assert state.last_hidden_states.shape[0] == adapter.num_layers + 1
+            assert state.last_hidden_states.shape[0] == adapter.arch.num_layers + 1
         plan = s["selector"].plan(state)
-        assert isinstance(plan, LayerPlan) and plan.num_skipped < 2 * adapter.num_layers
+        assert isinstance(plan, LayerPlan) and plan.num_skipped < 2 * adapter.arch.num_layers
 
 
 class LengthControllerContract(_Contract):
@@ -293,7 +293,7 @@ class DrafterContract(_Contract):
             s["length"] = default_strategy_instance("length", length_name)
             for inst in s.values():
                 self.setup_instance(inst, adapter)
-            for plan in self._plans(adapter.num_layers):
+            for plan in self._plans(adapter.arch.num_layers):
                 for max_tokens in (1, 3, 6):
                     state = self.new_state(adapter, s)
                     draft = s["drafter"].draft(state, plan, s["length"], max_tokens)
@@ -306,12 +306,12 @@ class DrafterContract(_Contract):
         for need_conf in (True, False):
             state = DecodeState(adapter, random_prompt(5), capacity=32, need_confidence=need_conf)
             state.append(state.prefill().argmax(-1)[:, None])
-            draft = drafter.draft(state, LayerPlan.full(adapter.num_layers), length, 3)
+            draft = drafter.draft(state, LayerPlan.full(adapter.arch.num_layers), length, 3)
             self._check_draft(draft, state, None, 3)
 
     def test_stops_when_length_says_so(self):
         adapter, s, state = self.prepared()
-        draft = s["drafter"].draft(state, LayerPlan.full(adapter.num_layers), self._StopAfterOne(), 8)
+        draft = s["drafter"].draft(state, LayerPlan.full(adapter.arch.num_layers), self._StopAfterOne(), 8)
         assert draft.length == 1, (
             "should_continue returned False after the first token: that token is kept, no more"
         )
@@ -322,7 +322,7 @@ class DrafterContract(_Contract):
         keys = state.cache.keys[:, :, :, :c].clone()
         values = state.cache.values[:, :, :, :c].clone()
         tokens = state.tokens.clone()
-        s["drafter"].draft(state, LayerPlan.from_indices(adapter.num_layers, attn=[1]), s["length"], 4)
+        s["drafter"].draft(state, LayerPlan.from_indices(adapter.arch.num_layers, attn=[1]), s["length"], 4)
         assert state.cache.committed == c
         assert torch.equal(state.tokens, tokens)
         assert torch.equal(state.cache.keys[:, :, :, :c], keys)
@@ -370,7 +370,7 @@ class VerifierContract(_Contract):
         s = self.strategies(self.make())
         for inst in s.values():
             self.setup_instance(inst, adapter)
-        L = adapter.num_layers
+        L = adapter.arch.num_layers
         plans = [
             LayerPlan.full(L),
             LayerPlan.from_indices(L, attn=range(L)),
@@ -389,7 +389,7 @@ class VerifierContract(_Contract):
 
     def test_empty_draft(self):
         adapter, s, state = self.prepared()
-        draft = Draft.empty(1, LayerPlan.full(adapter.num_layers))
+        draft = Draft.empty(1, LayerPlan.full(adapter.arch.num_layers))
         result = s["verifier"].verify(state, draft)
         assert self._check(result, draft, state) == 0
         state.commit(result)
@@ -398,22 +398,24 @@ class VerifierContract(_Contract):
     def test_random_tokens_draft(self):
         adapter, s, state = self.prepared()
         g = torch.Generator().manual_seed(3)
-        toks = torch.randint(0, adapter.config.vocab_size, (1, 5), generator=g)
-        draft = Draft(toks, LayerPlan.full(adapter.num_layers))
+        toks = torch.randint(0, adapter.arch.config.vocab_size, (1, 5), generator=g)
+        draft = Draft(toks, LayerPlan.full(adapter.arch.num_layers))
         if state.need_confidence:
             draft.confidences = torch.full((1, 5), 0.5)
         if state.need_draft_probs:
-            draft.probs = torch.full((1, 5, adapter.config.vocab_size), 1.0 / adapter.config.vocab_size)
+            draft.probs = torch.full(
+                (1, 5, adapter.arch.config.vocab_size), 1.0 / adapter.arch.config.vocab_size
+            )
         result = s["verifier"].verify(state, draft)
         self._check(result, draft, state)
 
     def test_choose_shape(self):
         adapter = self.adapter()
         inst = self.setup_instance(self.make(), adapter)
-        logits = torch.randn(1, adapter.config.vocab_size, dtype=torch.float64)
+        logits = torch.randn(1, adapter.arch.config.vocab_size, dtype=torch.float64)
         tok = inst.choose(logits)
         assert tok.shape == (1,) and tok.dtype == torch.long
-        assert 0 <= int(tok) < adapter.config.vocab_size
+        assert 0 <= int(tok) < adapter.arch.config.vocab_size
 
 
 __all__ = [

@@ -1,10 +1,10 @@
 """A stand-in for CUDA's graph recording, so that a CPU test can check what the graph routes keep
-(`framework.kernels.graphs.BranchGraphs`' ``recorder``): a recorded function runs once when
+(`framework.engine.execution.branches.BranchGraphs`' ``recorder``): a recorded function runs once when
 recorded and again at each replay, writing into the outputs of its recording, as a CUDA graph
 replays into the same memory (a caller holding a previous output sees it change).
 
     rec = StandInRecorder()
-    adapter.set_cuda_graphs(True, capture=True, route="forward", recorder=rec)
+    adapter.executor.set_cuda_graphs(True, capture=True, route="forward", recorder=rec)
     ...
     assert len(rec.graphs) == 1 and rec.graphs[0].replays == 3
 """

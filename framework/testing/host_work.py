@@ -6,9 +6,9 @@ read a synchronisation. `count_host_work` counts both on any device, CPU include
 test can hold every preset to a budget per round:
 
 - operations: every ATen operator dispatched inside the block (a ``TorchDispatchMode``), except
-  inside the model's forwards (`ModelAdapter.forward`, ``run``, ``forward_from``: what the
+  inside the model's forwards (`Executor.forward`, ``run``, ``forward_from``: what the
   executor owns, one graph each on the forward route) and a strategy's keyed device functions
-  (`framework.engine.work.DeviceWork.execute`: one graph each on that route too; a function the
+  (`framework.engine.execution.work.DeviceWork.execute`: one graph each on that route too; a function the
   engine could not key runs eagerly there too, and its operations count; its random numbers count
   too, one operation a draw: they are drawn before its graph replays), by operator and by the
   line of project code that dispatched it;
@@ -38,9 +38,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from framework.drafting.builder import DraftBuilder
-from framework.engine.adapter import ModelAdapter, adapter_for
+from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
-from framework.engine.work import EAGER_RUNS, DeviceWork
+from framework.engine.execution.executor import Executor
+from framework.engine.execution.work import EAGER_RUNS, DeviceWork
 from framework.testing.stubs import default_strategy_instance, prepare_context, random_prompt
 from framework.testing.syncs import HostReads, _site, count_host_reads
 from framework.testing.tiny import tiny_model
@@ -89,9 +90,9 @@ IF_NEW = frozenset({"aten.to"})
 #: keyed device functions strategies hand the engine. The adapter's LM-head services for
 #: strategies called outside those (``logits_from_hidden``, ``top1_from_hidden``) are round work.
 FORWARDS = (
-    (ModelAdapter, "forward"),
-    (ModelAdapter, "run"),
-    (ModelAdapter, "forward_from"),
+    (Executor, "forward"),
+    (Executor, "run"),
+    (Executor, "forward_from"),
     (DeviceWork, "execute"),
 )
 

@@ -18,7 +18,7 @@ from framework.config_fields import build_config
 from framework.data.prompts import calibration_texts
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.cost_model import CostModel
-from framework.engine.work import EagerOps
+from framework.engine.execution.work import EagerOps
 from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
 from framework.types import Draft, LayerPlan, LengthHint, RandomStream, Verification
 from framework.view import DeviceOps, RoundView
@@ -108,7 +108,7 @@ def prepare_context(
     """A `PrepareContext` for tests: a deterministic byte-level ``encode`` (no tokenizer), no files,
     no log output, and (unless ``measure``) ``cost_model`` (default: a `synthetic_cost_model`)
     instead of timing the model, put in ``prepared`` unless it holds one already."""
-    info = adapter.info()
+    info = adapter.arch.info()
     vocab = info.vocab_size
 
     def encode(text: str) -> list[int]:
@@ -242,7 +242,7 @@ def device_ops(
     block: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     device: torch.device | str = "cpu",
 ) -> DeviceOps:
-    """The engine's ops as an eager run gives them (`framework.engine.work.EagerOps`), to call a
+    """The engine's ops as an eager run gives them (`framework.engine.execution.work.EagerOps`), to call a
     device function directly in a test: ``fn(device_ops(verifier.random), *inputs, **params)``.
 
     Args:

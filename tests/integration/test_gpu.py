@@ -49,7 +49,7 @@ def _experiment(name: str, dtype: torch.dtype, depth: int = 6, graphs: bool = Fa
     model = tiny_model("llama", num_layers=depth, seed=depth, dtype=dtype, max_position_embeddings=256)
     model = model.to("cuda")
     exp = Session(cfg, model, tiny_tokenizer(VOCAB), log=lambda _msg: None)
-    assert (exp.adapter.graphs is not None) == graphs
+    assert (exp.adapter.executor.graphs is not None) == graphs
     return exp
 
 
@@ -84,7 +84,7 @@ PROMPTS = [["w7 w8 w9 w10"], ["w3 w4 w5", "w11 w12"], ["w20 w21 w22 w23 w24 w25"
 @pytest.mark.parametrize("name", _presets())
 def test_every_preset_on_cuda_in_float32_is_lossless_up_to_near_ties(name):
     exp = _experiment(name, torch.float32)
-    assert exp.adapter.device.type == "cuda"
+    assert exp.adapter.arch.device.type == "cuda"
     for _van, spec, where in _decode_all(exp, PROMPTS):
         assert all(r.new_tokens > 0 for r, _ in spec)
         if exp.spec.verifier.lossless != "greedy":
@@ -112,7 +112,7 @@ def test_every_preset_with_cuda_graphs_in_float32_is_lossless_up_to_near_ties(na
         assert all(r.new_tokens > 0 for r, _ in spec)
         if exp.spec.verifier.lossless == "greedy":
             assert where is None or where["near_tie"], f"{name}: {where} is not a near-tie flip"
-    graphs = exp.adapter.graphs
+    graphs = exp.adapter.executor.graphs.store
     assert graphs.captures > 0 and graphs.replays > graphs.captures  # plain steps replay graphs
 
 
@@ -142,19 +142,19 @@ def test_the_forward_route_records_before_timing_and_counts_every_later_capture(
     from framework.data.prompts import Prompt
 
     exp = _experiment(name, torch.bfloat16, graphs=True, cuda_graph_route="forward")
-    assert exp.adapter.forward_graphs is not None
+    assert exp.adapter.executor.graphs.forwards is not None
     prompts = [Prompt(i, "qa", "", tuple(t)) for i, t in enumerate(PROMPTS)]
     exp.prepare_graphs(prompts)
     for prompt in prompts:  # a warm-up over the same prompts, then fresh strategies (as the runner)
         exp.decode_prompt(exp.spec, prompt)
     exp.rebuild()
-    before = exp.adapter.graphs.captures
+    before = exp.adapter.executor.graphs.store.captures
     timed = 0
     for prompt in prompts:
         for res, _text in exp.decode_prompt(exp.vanilla, prompt) + exp.decode_prompt(exp.spec, prompt):
             timed += res.graph_captures
-    assert timed == exp.adapter.graphs.captures - before  # none hidden
-    assert exp.adapter.forward_graphs.forwards > 0
+    assert timed == exp.adapter.executor.graphs.store.captures - before  # none hidden
+    assert exp.adapter.executor.graphs.forwards.forwards > 0
     if name in ("static_confidence", "hybrid"):
         assert timed == 0, f"{name}: {timed} graphs captured while timed"
 
@@ -179,7 +179,7 @@ def test_a_model_split_between_cuda_and_cpu_decodes_as_the_unsplit_model():
         )
 
     whole, split = experiment("", "cuda"), experiment("cuda:0=3,cpu", "cuda")
-    assert split.adapter.placement.split and split.adapter.device.type == "cuda"
+    assert split.adapter.placement.split and split.adapter.arch.device.type == "cuda"
     for _van, _spec, where in _decode_all(split, PROMPTS):
         assert where is None or where["near_tie"], f"split: {where} is not a near-tie flip"
     for i, turns in enumerate(PROMPTS):
@@ -209,7 +209,7 @@ def test_cuda_graphs_compute_what_the_eager_path_computes():
         adapter_for(tiny_model("llama", num_layers=4, seed=5, dtype=torch.float32).to("cuda"))
         for _ in range(2)
     ]
-    adapters[1].set_cuda_graphs(True)
+    adapters[1].executor.set_cuda_graphs(True)
     prompt = random_prompt(7, VOCAB, seed=3).to("cuda")
     states = [DecodeState(a, prompt, 40) for a in adapters]
     for s in states:
@@ -227,7 +227,7 @@ def test_cuda_graphs_compute_what_the_eager_path_computes():
         for s in states:
             s.cache.commit(1)
             s.append(tok)
-    graphs = adapters[1].graphs
+    graphs = adapters[1].executor.graphs.store
     assert graphs.captures == 2 * 4  # every branch once (T = 1), whatever the plan; prefill is eager
     assert graphs.replays == 12 * 2 * 4 + 4 * (2 * 4 - 2)
 
@@ -319,7 +319,7 @@ def test_a_greedy_round_reads_the_cuda_device_once_and_times_no_phase():
     rounds = len(res.accept_lengths)
     assert reads.total <= rounds + 2, reads.table(rounds)
     assert not reads.uploads, dict(reads.uploads)
-    assert set(res.timings) == {"prefill", "decode"} and not adapter.times_lm_head
+    assert set(res.timings) == {"prefill", "decode"} and not adapter.executor.times_lm_head
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -364,7 +364,7 @@ def test_low_bit_drafts_on_cuda_are_lossless_up_to_near_ties(fmt, graphs):
         assert all(r.new_tokens > 0 for r, _ in spec)
         assert where is None or where["near_tie"], f"{fmt}: {where} is not a near-tie flip"
     if graphs:
-        assert fmt in {key[-1] for key in exp.adapter.graphs._graphs}
+        assert fmt in {key[-1] for key in exp.adapter.executor.graphs.store._graphs}
 
 
 def test_del_statistics_replay_as_cuda_graphs_and_travel_with_the_verifiers_read(monkeypatch):
@@ -374,7 +374,7 @@ def test_del_statistics_replay_as_cuda_graphs_and_travel_with_the_verifiers_read
     the device for them (their sums travel with the verifier's read)."""
     from framework.engine.adapter import adapter_for
     from framework.engine.decoding import SpeculativeDecoder, StopCondition
-    from framework.engine.graphed import ForwardGraphs
+    from framework.engine.execution.work import WorkGraphs
     from framework.testing import prepare_context, random_prompt, tiny_model
     from framework.testing.syncs import count_host_reads
     from strategies.drafters.early_exit import EarlyExitDrafter, EarlyExitDrafterConfig
@@ -387,7 +387,7 @@ def test_del_statistics_replay_as_cuda_graphs_and_travel_with_the_verifiers_read
 
     def decode():
         adapter = adapter_for(model)
-        adapter.set_cuda_graphs(True, route="forward")
+        adapter.executor.set_cuda_graphs(True, route="forward")
         sel = DelTplSelector(DelTplConfig(min_exit=1, init_tokens=8))  # 'auto': the chain on CUDA
         dec = SpeculativeDecoder(
             adapter,
@@ -399,7 +399,7 @@ def test_del_statistics_replay_as_cuda_graphs_and_travel_with_the_verifiers_read
         dec.prepare(prepare_context(adapter))
         with torch.inference_mode(), count_host_reads("cuda") as reads:
             res = dec.generate(prompt, StopCondition(40))
-        return res, reads, adapter.forward_graphs.static_runs
+        return res, reads, adapter.executor.graphs.work.runs
 
     graphed, reads, runs = decode()
     rounds = len(graphed.accept_lengths)
@@ -407,7 +407,7 @@ def test_del_statistics_replay_as_cuda_graphs_and_travel_with_the_verifiers_read
     assert runs == rounds - len(lengths) and reads.at("del_tpl.py") == 0, reads.table(rounds)
     s = graphed.strategy_summary["selector"]
     assert s["rides"] == rounds and s["init_positions"] == 8
-    monkeypatch.setattr(ForwardGraphs, "run_work", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(WorkGraphs, "run", lambda self, *args, **kwargs: None)
     eager, _, runs = decode()
     assert runs == 0
     w = eager.strategy_summary["selector"]
@@ -433,7 +433,7 @@ def test_claspss_dp_replays_as_one_cuda_graph_at_any_position():
 
     make = lambda: adapter_for(tiny_model("llama", num_layers=8, seed=3, dtype=torch.float32).to("cuda"))  # noqa: E731
     eager, graphed = make(), make()
-    graphed.set_cuda_graphs(True, route="forward")
+    graphed.executor.set_cuda_graphs(True, route="forward")
     prompt = random_prompt(12, VOCAB, seed=3).to("cuda")
     states = [DecodeState(a, prompt, 48, capture_hidden=True) for a in (eager, graphed)]
     for s in states:
@@ -446,6 +446,6 @@ def test_claspss_dp_replays_as_one_cuda_graph_at_any_position():
         got = clasp_dp(x, partial(states[1].compute_at, p), m)
         assert got.cosine == pytest.approx(want.cosine, abs=1e-4), p
         same += got.skip == want.skip
-    works = [k for k in graphed.graphs._graphs if k[0] == "work"]
-    assert len(works) == 1 and graphed.forward_graphs.static_runs == 3
+    works = [k for k in graphed.executor.graphs.store._graphs if k[0] == "work"]
+    assert len(works) == 1 and graphed.executor.graphs.work.runs == 3
     assert same >= 3  # a near-tie between two candidates may round the other way

@@ -185,7 +185,7 @@ def test_default_static_plan_skips_on_deep_model(deep_adapters):
     """The 6-layer models make the default static selector actually skip (the combinations above
     would otherwise only exercise the full-model draft)."""
     sel = default_strategy_instance("selector", "static")
-    sel.setup(deep_adapters["llama"].info())
+    sel.setup(deep_adapters["llama"].arch.info())
     assert sel.plan(None).num_skipped >= 1
 
 

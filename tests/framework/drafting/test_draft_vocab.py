@@ -270,7 +270,7 @@ def test_verification_and_plain_steps_never_run_the_compressed_copy(kernel_adapt
     calls = {"own": own[0]}
     # the prefill (6 tokens) and every verification ran every block's own MLP; the drafts none
     assert res.drafted > 0
-    assert calls["own"] == adapter.num_layers * (1 + len(res.accept_lengths))
+    assert calls["own"] == adapter.arch.num_layers * (1 + len(res.accept_lengths))
 
 
 def test_a_copy_without_a_fast_kernel_is_not_kept_unless_asked(adapter):
@@ -333,7 +333,7 @@ def test_low_bit_drafts_take_graphs_of_their_own(module_adapter):
     """The static CUDA-graph branches (``capture=False`` on a CPU): a draft with fp8 weights keys
     its branches by the format, verification keeps the model's own, and the output is unchanged."""
     adapter = module_adapter
-    graphs = adapter.set_cuda_graphs(True, capture=False)
+    graphs = adapter.executor.set_cuda_graphs(True, capture=False)
     try:
         d = _drafter("layer_skip", draft_weights="fp8", weights_check=False)
         dec = SpeculativeDecoder(
@@ -343,14 +343,14 @@ def test_low_bit_drafts_take_graphs_of_their_own(module_adapter):
         dec.prepare(prepare_context(adapter))
         prompt = random_prompt(6, 128, 4)
         res = dec.generate(prompt, StopCondition(16))
-        formats = {key[-1] for key in graphs._graphs}
+        formats = {key[-1] for key in graphs.store._graphs}
         assert formats == {None, "fp8"}
-        assert {key[2] for key in graphs._graphs if key[-1] == "fp8"} == {1}  # draft steps only
+        assert {key[2] for key in graphs.store._graphs if key[-1] == "fp8"} == {1}  # draft steps only
         assert res.tokens == VanillaDecoder(adapter).generate(prompt, StopCondition(16)).tokens
-        assert adapter.prepare_graphs(512, chain=(1, 2), weights=d.draft_weights())[0] > 0
-        assert {key[2] for key in graphs._graphs if key[-1] == "fp8"} == {1, 2}
+        assert adapter.executor.prepare_graphs(512, chain=(1, 2), weights=d.draft_weights())[0] > 0
+        assert {key[2] for key in graphs.store._graphs if key[-1] == "fp8"} == {1, 2}
     finally:
-        adapter.set_cuda_graphs(False)
+        adapter.executor.set_cuda_graphs(False)
 
 
 def test_low_bit_drafts_differ_from_the_target_only_by_rounding(module_adapter):

@@ -87,7 +87,7 @@ def test_full_forward_matches_hf_incremental(arch, tiny_models, adapters):
         cache.commit(1)
         got.append(out.logits)
     torch.testing.assert_close(torch.cat(got, dim=1), want, atol=ATOL, rtol=0)
-    assert cache.committed == 10 and cache.lengths == [10] * adapter.num_layers
+    assert cache.committed == 10 and cache.lengths == [10] * adapter.arch.num_layers
 
 
 def _plans(num_layers: int):
@@ -106,7 +106,7 @@ def test_skip_plan_matches_reference(arch, tiny_models, adapters):
     ids = random_prompt(7, seed=7)
 
     @settings(max_examples=15, deadline=None, derandomize=True)
-    @given(_plans(adapter.num_layers))
+    @given(_plans(adapter.arch.num_layers))
     def check(plan):
         want, hiddens = reference_forward(model, ids, plan)
         out = adapter.forward(ids, _pos(0, 7), adapter.new_cache(8), plan, capture_hidden=True)
@@ -136,7 +136,7 @@ def test_skip_plan_incremental_matches_reference(tiny_llama, llama_adapter):
 def test_capture_hidden_full(tiny_llama, llama_adapter):
     ids = random_prompt(5, seed=9)
     out = llama_adapter.forward(ids, _pos(0, 5), llama_adapter.new_cache(8), capture_hidden=True)
-    L = llama_adapter.num_layers
+    L = llama_adapter.arch.num_layers
     assert out.hidden_states.shape == (L + 1, 1, 5, 64)
     with torch.inference_mode():
         emb = tiny_llama.model.embed_tokens(ids)
@@ -173,13 +173,13 @@ def test_logits_at_variants(llama_adapter):
 def test_adapter_facts(tiny_models, adapters):
     for arch, adapter in adapters.items():
         cfg = tiny_models[arch].config
-        info = adapter.info()
+        info = adapter.arch.info()
         assert info.num_layers == 4 and info.hidden_size == 64 and info.vocab_size == 128
         assert info.max_context == 512 and info.dtype == torch.float64
-        assert adapter.num_kv_heads == 2
-        assert adapter.head_dim == (32 if arch == "qwen3" else 16) == getattr(cfg, "head_dim", 16)
+        assert adapter.arch.num_kv_heads == 2
+        assert adapter.arch.head_dim == (32 if arch == "qwen3" else 16) == getattr(cfg, "head_dim", 16)
         cache = adapter.new_cache(5)
-        assert cache.keys.shape == (4, 1, 2, 5, adapter.head_dim) and cache.dtype == torch.float64
+        assert cache.keys.shape == (4, 1, 2, 5, adapter.arch.head_dim) and cache.dtype == torch.float64
     assert set(ARCHS) <= set(supported_model_types())
 
 
@@ -187,7 +187,7 @@ def test_max_context_bounded_by_sliding_window():
     from framework.testing import tiny_model
 
     m = tiny_model("mistral", num_layers=1, sliding_window=64)
-    assert adapter_for(m).max_context == 64
+    assert adapter_for(m).arch.max_context == 64
 
 
 def test_unsupported_architecture():
@@ -204,7 +204,7 @@ def test_unsupported_architecture():
 
 def test_plan_of_wrong_length_rejected(llama_adapter):
     ids = random_prompt(3, seed=11)
-    short = LayerPlan.full(llama_adapter.num_layers - 1)
+    short = LayerPlan.full(llama_adapter.arch.num_layers - 1)
     with pytest.raises(ValueError):
         llama_adapter.forward(ids, _pos(0, 3), llama_adapter.new_cache(4), short)
 
@@ -305,14 +305,14 @@ def test_forward_from_single_block_candidates_leave_cache_alone(llama_adapter):
 def test_layer_loads_and_block_evals(llama_adapter):
     adapter = llama_adapter
     ids = random_prompt(5, seed=14)
-    loads, evals = adapter.layer_loads, adapter.block_evals
+    loads, evals = adapter.executor.layer_loads, adapter.executor.block_evals
     adapter.forward(ids, _pos(0, 5), adapter.new_cache(8), LayerPlan.from_indices(4, exit_layer=3))
-    assert adapter.layer_loads - loads == 3 and adapter.block_evals - evals == 15
-    loads, evals = adapter.layer_loads, adapter.block_evals
+    assert adapter.executor.layer_loads - loads == 3 and adapter.executor.block_evals - evals == 15
+    loads, evals = adapter.executor.layer_loads, adapter.executor.block_evals
     adapter.forward_from(
         torch.zeros(1, 2, 64, dtype=torch.float64), _pos(0, 2), adapter.new_cache(4), start=1
     )
-    assert adapter.layer_loads - loads == 3 and adapter.block_evals - evals == 6
+    assert adapter.executor.layer_loads - loads == 3 and adapter.executor.block_evals - evals == 6
 
 
 def test_forward_from_bad_range(llama_adapter):
@@ -355,6 +355,6 @@ def test_fingerprint_names_the_weights_not_their_dtype():
     from framework.testing import tiny_model
 
     a, b = tiny_model(seed=0), tiny_model(seed=1)
-    fp = adapter_for(a).fingerprint()
-    assert adapter_for(tiny_model(seed=0).to(torch.bfloat16)).fingerprint() == fp
-    assert adapter_for(b).fingerprint() != fp
+    fp = adapter_for(a).arch.fingerprint()
+    assert adapter_for(tiny_model(seed=0).to(torch.bfloat16)).arch.fingerprint() == fp
+    assert adapter_for(b).arch.fingerprint() != fp

@@ -181,7 +181,7 @@ def test_measurements_synchronise_a_cuda_device(monkeypatch):
     monkeypatch.setattr(cost_model, "device_sync", lambda dev: calls.append(dev))
     reps = 3
     head_seconds(adapter, reps=reps)
-    assert len(calls) == 2 * (reps + 1) and all(c == adapter.device for c in calls)
+    assert len(calls) == 2 * (reps + 1) and all(c == adapter.arch.device for c in calls)
 
 
 def test_synced_clock_is_perf_counter_on_cpu_and_syncs_on_cuda(monkeypatch):
@@ -262,7 +262,7 @@ def test_measure_prices_a_far_context_too():
 
     adapter = adapter_for(tiny_model("llama", num_layers=2))
     cost = CostModel.measure(adapter, max_tokens=4, reps=1)
-    assert cost.context == 128 and cost.far_context == adapter.info().max_context - 4 - 2
+    assert cost.context == 128 and cost.far_context == adapter.arch.info().max_context - 4 - 2
     assert len(cost.far_verify_costs) == 4 and all(c > 0 for c in cost.far_verify_costs)
     assert CostModel.measure(adapter, max_tokens=4, reps=1, far_context=64).far_context == 0
     # sizes 1, 2 and 4 measured; 3 is the near cost plus the interpolated difference

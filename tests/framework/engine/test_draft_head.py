@@ -22,13 +22,13 @@ def adapter():
 
 def test_logits_are_the_lm_head_columns_of_the_ids(adapter):
     head = DraftHead(adapter, IDS)
-    x = torch.randn(2, 3, adapter.info().hidden_size, dtype=adapter.dtype)
+    x = torch.randn(2, 3, adapter.arch.info().hidden_size, dtype=adapter.arch.dtype)
     with torch.inference_mode():
         full = adapter.arch.lm_head(x)
         mine = head.logits(x)
     assert mine.shape == (2, 3, len(IDS))
     torch.testing.assert_close(mine, full[..., IDS])
-    assert head.size == len(IDS) and head.vocab_size == adapter.info().vocab_size
+    assert head.size == len(IDS) and head.vocab_size == adapter.arch.info().vocab_size
 
 
 def test_tokens_expand_mask_and_coverage(adapter):
@@ -93,7 +93,7 @@ def test_forward_with_a_head_returns_its_columns_and_top1_maps_to_ids(adapter):
 
 def test_top1_from_hidden_with_a_head(adapter):
     head = DraftHead(adapter, IDS)
-    h = torch.randn(5, adapter.info().hidden_size, dtype=adapter.dtype)
+    h = torch.randn(5, adapter.arch.info().hidden_size, dtype=adapter.arch.dtype)
     toks, probs = adapter.top1_from_hidden(h, head=head)
     with torch.inference_mode():
         sub = adapter.arch.lm_head(adapter.arch.final_norm(h))[:, IDS].float()
@@ -116,7 +116,7 @@ def test_live_head_without_context_is_the_shared_set_and_counts_coverage(adapter
 
 def test_live_head_with_context_adds_prompt_and_committed_tokens(adapter):
     head = DraftHead(adapter, IDS, context=True)
-    x = torch.randn(1, 1, adapter.info().hidden_size, dtype=adapter.dtype)
+    x = torch.randn(1, 1, adapter.arch.info().hidden_size, dtype=adapter.arch.dtype)
     with torch.inference_mode():
         live = head.start(torch.tensor([[1, 2, 5, 2]]))  # 1 and 2 are new, 5 is in the set
         assert live.size == len(IDS) + 2
@@ -136,7 +136,7 @@ def test_live_head_buffers_grow(adapter):
         live = head.start(torch.tensor([[1]]))
         for t in range(30, 127):
             live.observe(torch.tensor([[t]]))
-        x = torch.randn(1, 1, adapter.info().hidden_size, dtype=adapter.dtype)
+        x = torch.randn(1, 1, adapter.arch.info().hidden_size, dtype=adapter.arch.dtype)
         torch.testing.assert_close(live.logits(x), adapter.arch.lm_head(x)[..., live.ids])
     assert live.size == len(set(IDS) | {1} | set(range(30, 127)))
 
@@ -177,7 +177,7 @@ def test_a_head_scored_in_a_compressed_format_computes_its_copys_product(fmt):
 
     adapter = _kernel_adapter()
     head = DraftHead(adapter, list(range(0, 128, 3)))
-    x = torch.randn(1, 3, adapter.hidden_size)
+    x = torch.randn(1, 3, adapter.arch.hidden_size)
     with torch.inference_mode():
         own = head.logits(x)
         comp = head.logits(x, fmt)
@@ -190,7 +190,7 @@ def test_a_head_scored_in_a_compressed_format_computes_its_copys_product(fmt):
     assert head._copies[fmt] is copy_  # built once
     torch.testing.assert_close(head.logits(x, None), own)
     # more rows than the kernels take: the float32 rows
-    many = torch.randn(1, 70, adapter.hidden_size)
+    many = torch.randn(1, 70, adapter.arch.hidden_size)
     torch.testing.assert_close(head.logits(many, fmt), head.logits(many))
 
 
@@ -198,7 +198,7 @@ def test_a_head_scored_in_a_compressed_format_computes_its_copys_product(fmt):
 def test_a_draft_with_fused_compressed_weights_scores_the_head_in_their_head_format(weights, fmt):
     adapter = _kernel_adapter()
     head = DraftHead(adapter, list(range(0, 128, 2)))
-    h = torch.randn(1, 2, adapter.hidden_size)
+    h = torch.randn(1, 2, adapter.arch.hidden_size)
     branches = adapter.draft_branches(weights)
     assert branches.head == fmt
     with torch.inference_mode():
@@ -214,7 +214,7 @@ def test_the_modules_low_bit_copy_keeps_the_float32_head_rows():
     lowbit = adapter_for(tiny_model("llama", num_layers=2, seed=5, dtype=torch.float32), fast_kernels=False)
     mod = lowbit.draft_branches("int8")  # the modules' copy (CUDA's path)
     head = DraftHead(lowbit, list(range(0, 128, 2)))
-    h = torch.randn(1, 2, lowbit.hidden_size)
+    h = torch.randn(1, 2, lowbit.arch.hidden_size)
     with torch.inference_mode():
         assert torch.equal(lowbit.logits_from_hidden(h, head, mod), lowbit.logits_from_hidden(h, head))
 

@@ -78,14 +78,14 @@ def test_exact_mode_runs_bfloat16_linear_layers_through_the_batch_invariant_kern
     bfloat16 model in exact mode runs the kernel (bfloat16 weights, float32 sums in a fixed order,
     rounded to bfloat16), up to `MAX_ROWS` rows; a longer block (a prefill) takes ``F.linear``."""
     adapter = _bf16_adapter("llama", exact=True)
-    lin = adapter.model.model.layers[0].mlp.down_proj
+    lin = adapter.arch.model.model.layers[0].mlp.down_proj
     assert isinstance(lin, kernels.FastLinear)
     calls = []
     lowp = kernels.linear_lowp
     monkeypatch.setattr(kernels, "linear_lowp", lambda *a: calls.append(a[4]) or lowp(*a))
     ids = random_prompt(5, seed=4)
     adapter.forward(ids, _pos(0, 5), adapter.new_cache(8))
-    n_linear = sum(isinstance(m, kernels.FastLinear) for m in adapter.model.modules())
+    n_linear = sum(isinstance(m, kernels.FastLinear) for m in adapter.arch.model.modules())
     assert calls == ["bfloat16"] * n_linear  # every linear layer, the LM head included, once
     monkeypatch.setattr(kernels, "linear_lowp", lowp)
     g = torch.Generator().manual_seed(2)

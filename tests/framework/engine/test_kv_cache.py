@@ -599,9 +599,9 @@ def test_reuse_verification_equals_full_verification(llama_adapter, e, extra_ste
         if extra_step:  # DEL's confidence break: the last token's blocks < E ran too
             state.forward_draft(x, state.prefix_plan(e), reusable=reuse)
         block = torch.tensor([[int(state.pending), *toks]])
-        evals = llama_adapter.block_evals
+        evals = llama_adapter.executor.block_evals
         out = state.forward_verify(block)
-        results[reuse] = (out, llama_adapter.block_evals - evals, state)
+        results[reuse] = (out, llama_adapter.executor.block_evals - evals, state)
     (got, evals_reuse, s1), (want, evals_full, s0) = results[True], results[False]
     torch.testing.assert_close(got.logits, want.logits, atol=1e-10, rtol=0)
     torch.testing.assert_close(got.hidden_states, want.hidden_states, atol=1e-10, rtol=0)
@@ -727,7 +727,7 @@ def test_forward_block_reproduces_the_full_model_and_leaves_the_cache(llama_adap
     p = state.pending_position - 1
     assert p == 6
     before = snapshot(state.cache)
-    for b in range(llama_adapter.num_layers):
+    for b in range(llama_adapter.arch.num_layers):
         x = hs[b, 0, p]
         noise = torch.randn_like(x, dtype=x.dtype)
         out = state.forward_block(b, torch.stack([x, x + noise]), position=p)  # (2, d)
@@ -745,4 +745,4 @@ def test_commit_fills_in_the_hidden_states_a_verifier_did_not_pass(llama_adapter
     result = Verification(torch.tensor([0]), out.logits.argmax(-1)[:, :1])
     state.commit(result)
     assert result.hidden_states is out.hidden_states
-    assert result.last_hidden.shape == (llama_adapter.num_layers + 1, 1, out.hidden_states.shape[-1])
+    assert result.last_hidden.shape == (llama_adapter.arch.num_layers + 1, 1, out.hidden_states.shape[-1])

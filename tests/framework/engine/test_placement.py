@@ -67,7 +67,7 @@ def test_a_split_cache_has_one_buffer_per_shard_and_no_single_buffer():
     with pytest.raises(ValueError, match="no single keys buffer"):
         cache.keys  # noqa: B018
     with pytest.raises(ValueError, match="one device"):
-        split.set_cuda_graphs(True, capture=False)
+        split.executor.set_cuda_graphs(True, capture=False)
 
 
 def test_a_split_forward_computes_what_the_whole_model_computes():

@@ -82,8 +82,8 @@ def test_load_rejects_another_vocabulary_and_a_missing_file(tmp_path):
 def test_model_ranking_is_built_once_then_read_from_the_cache(adapter, cache, monkeypatch):
     ctx = prepare_context(adapter)
     r = model_ranking(ctx)
-    assert r.fingerprint == adapter.fingerprint() and sum(r.counts.values()) > 0
-    assert sorted(r.order) == list(range(adapter.info().vocab_size))
+    assert r.fingerprint == adapter.arch.fingerprint() and sum(r.counts.values()) > 0
+    assert sorted(r.order) == list(range(adapter.arch.info().vocab_size))
     assert tr.ranking_path(adapter).exists()
 
     def fail(*a, **k):

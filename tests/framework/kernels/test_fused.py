@@ -32,7 +32,7 @@ def test_every_plain_llama_branch_is_fused_and_qk_norms_are_not(arch):
     _, adapter = _adapter(arch)
     fused = adapter.fused
     assert fused is not None
-    n = adapter.num_layers
+    n = adapter.arch.num_layers
     assert all(m is not None for m in fused.mlp)
     if arch == "qwen3":  # q/k RMSNorms inside the attention: not the fused computation
         assert fused.attn == [None] * n and fused.num_fused == n

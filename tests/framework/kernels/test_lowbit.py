@@ -244,12 +244,12 @@ def test_the_copy_runs_only_while_active_and_nests(adapter, fmt):
 
 def test_a_copy_reads_fewer_bytes_and_leaves_the_parameters_alone(adapter):
     own = sum(m.weight.numel() * m.weight.element_size() for m in _linears(adapter))
-    params = {k: v.clone() for k, v in adapter.model.state_dict().items()}
+    params = {k: v.clone() for k, v in adapter.arch.model.state_dict().items()}
     sizes = {fmt: LowBitLinears.build(adapter.arch, fmt).nbytes for fmt in FORMATS}
     assert sizes["bfloat16"] == own // 2
     assert own // 4 <= sizes["int8"] < own // 4 * 1.1
     assert sizes["fp8"] <= sizes["int8"]
-    after = adapter.model.state_dict()
+    after = adapter.arch.model.state_dict()
     assert params.keys() == after.keys() and all(torch.equal(params[k], after[k]) for k in params)
 
 
@@ -262,7 +262,7 @@ def test_a_bfloat16_model_has_nothing_to_copy_to_bfloat16():
 
 def test_a_deep_copy_of_the_model_switches_its_own_layers(adapter):
     copy_ = LowBitLinears.build(adapter.arch, "int8")
-    clone = copy.deepcopy(adapter.model)
+    clone = copy.deepcopy(adapter.arch.model)
     src = _linears(adapter)[0]
     dst = next(m for m in clone.modules() if isinstance(m, nn.Linear))
     with torch.no_grad():

@@ -214,7 +214,7 @@ def test_tiny_random_is_named_and_deep_enough_for_the_presets_to_skip():
     net, _ = load_model(TINY_MODEL, device="cpu")
     from framework.engine.adapter import adapter_for
 
-    info = adapter_for(net).info()
+    info = adapter_for(net).arch.info()
     assert info.name == TINY_MODEL
     selector = RunConfig.from_preset("static_confidence").method.selector.build("selector")
     selector.setup(info)

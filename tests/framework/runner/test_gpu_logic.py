@@ -314,7 +314,7 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
 
 
 def _fake_cuda(monkeypatch, adapter) -> None:
-    monkeypatch.setattr(type(adapter), "device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(type(adapter.arch), "device", property(lambda self: torch.device("cuda", 0)))
 
 
 def _static_decoder(adapter, **kw):
@@ -336,12 +336,12 @@ def _static_decoder(adapter, **kw):
 
 def test_phase_timing_is_on_for_a_cpu_and_off_for_cuda_by_default(monkeypatch):
     adapter = adapter_for(tiny_model("llama", num_layers=4, seed=0))
-    assert _static_decoder(adapter).times_phases() and adapter.times_lm_head
+    assert _static_decoder(adapter).times_phases() and adapter.executor.times_lm_head
     _fake_cuda(monkeypatch, adapter)
-    assert not _static_decoder(adapter).times_phases() and not adapter.times_lm_head
+    assert not _static_decoder(adapter).times_phases() and not adapter.executor.times_lm_head
     assert _static_decoder(adapter, phase_timing=True).times_phases()
-    adapter.time_lm_head = True
-    assert adapter.times_lm_head
+    adapter.executor.time_lm_head = True
+    assert adapter.executor.times_lm_head
 
 
 def test_without_phase_timing_a_generation_records_prefill_and_decode_only():
@@ -349,13 +349,13 @@ def test_without_phase_timing_a_generation_records_prefill_and_decode_only():
     prompt, stop = torch.tensor([[3, 9, 4, 7, 1]]), StopCondition(16)
     timed = _static_decoder(adapter).generate(prompt, stop)
     assert {"prefill", "draft", "verify", "select", "commit", "lm_head"} <= set(timed.timings)
-    adapter.time_lm_head = False
-    head0 = adapter.lm_head_seconds
+    adapter.executor.time_lm_head = False
+    head0 = adapter.executor.lm_head_seconds
     res = _static_decoder(adapter, phase_timing=False).generate(prompt, stop)
     assert res.tokens == timed.tokens
     assert set(res.timings) == {"prefill", "decode"}
     assert res.timings["decode"] == pytest.approx(res.wall_time - res.timings["prefill"])
-    assert adapter.lm_head_seconds == head0  # the head was not timed
+    assert adapter.executor.lm_head_seconds == head0  # the head was not timed
 
 
 def test_a_gate_without_a_cost_model_keeps_the_phase_timers(monkeypatch):
@@ -386,7 +386,7 @@ def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
     ]
     cfg = cfg_for(data, tmp_path / "r.jsonl", phase_timing="off")
     exp = experiment_mod.Session(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
-    assert exp.adapter.time_lm_head is False
+    assert exp.adapter.executor.time_lm_head is False
     assert exp.spec.phase_timing is False
 
 
@@ -399,7 +399,7 @@ def test_cuda_graphs_flag_is_checked_and_refused_without_cuda(data, tmp_path):
     exp = experiment_mod.Session(
         cfg_for(data, tmp_path / "r.jsonl"), tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer()
     )
-    assert exp.adapter.graphs is None
+    assert exp.adapter.executor.graphs is None
 
 
 def test_the_phase_table_says_n_a_for_untimed_phases():

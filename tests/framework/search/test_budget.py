@@ -151,7 +151,7 @@ def test_a_capped_budget_times_its_units_on_the_device_clock(monkeypatch):
 
     waits = []
     monkeypatch.setattr(utils, "device_sync", lambda dev: waits.append(str(dev)))
-    ctx = SimpleNamespace(adapter=SimpleNamespace(device=torch.device("cuda", 0)))
+    ctx = SimpleNamespace(device=torch.device("cuda", 0))
     capped = _Owner(_BudgetedConfig(work_budget=0.5))
     capped.prepare(ctx)
     with capped.budget.unit():
@@ -161,5 +161,5 @@ def test_a_capped_budget_times_its_units_on_the_device_clock(monkeypatch):
     unlimited.prepare(ctx)
     assert unlimited.budget.clock is time.perf_counter
     on_cpu = _Owner(_BudgetedConfig(work_budget=0.5))
-    on_cpu.prepare(SimpleNamespace(adapter=SimpleNamespace(device=torch.device("cpu"))))
+    on_cpu.prepare(SimpleNamespace(device=torch.device("cpu")))
     assert on_cpu.budget.clock is time.perf_counter  # nothing to wait for on a CPU

@@ -67,7 +67,7 @@ def _params():
 @pytest.mark.parametrize(("name", "dtype", "exact"), list(_params()))
 def test_every_preset_prepares_and_decodes_in_low_precision(name, dtype, exact):
     exp = _session(name, dtype, exact)
-    assert exp.adapter.dtype is dtype and exp.adapter.exact is exact
+    assert exp.adapter.arch.dtype is dtype and exp.adapter.exact is exact
     decoder = exp.decoder
     if "drafter.draft_vocab" in _overrides(name) and not exp.cfg.method.baseline_only:
         head = decoder.drafter.draft_head()
@@ -115,7 +115,7 @@ def test_the_head_check_tolerance_follows_the_dtype(dtype, exact):
     adapter.set_exact(exact)
     ids = list(range(0, VOCAB, 3))
     head = DraftHead(adapter, ids)
-    x = torch.randn(3, adapter.info().hidden_size, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x = torch.randn(3, adapter.arch.info().hidden_size, generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.inference_mode():
         full = adapter.arch.lm_head(x)[..., ids].float()
         mine = head.logits(x).float()

@@ -53,7 +53,7 @@ def _prefix_greedy(adapter, tokens: torch.Tensor, e: int, k: int) -> list[int]:
     """Greedy continuation of the first-e-blocks model after the full-model KV of ``tokens[:-1]``,
     recomputed from scratch (a brand-new cache) at every step."""
     n_committed = tokens.shape[1] - 1
-    plan = LayerPlan.from_indices(adapter.num_layers, exit_layer=e)
+    plan = LayerPlan.from_indices(adapter.arch.num_layers, exit_layer=e)
     seq, out = tokens, []
     for _ in range(k):
         cache = adapter.new_cache(seq.shape[1])
@@ -119,11 +119,11 @@ def test_reuse_gives_the_full_verification(llama_adapter, e):
     for reuse in (True, False):
         state = _state(llama_adapter, seed=3, capture_hidden=True)
         drafter = EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=e, reuse_kv=reuse))
-        drafter.setup(llama_adapter.info())
+        drafter.setup(llama_adapter.arch.info())
         draft = drafter.draft(state, LayerPlan.full(L), FixedLength(FixedLengthConfig(k=3)), 3)
-        evals = llama_adapter.block_evals
+        evals = llama_adapter.executor.block_evals
         res = GreedyVerifier().verify(state, draft)
-        evals = llama_adapter.block_evals - evals
+        evals = llama_adapter.executor.block_evals - evals
         state.commit(res)
         drafter.observe(state, draft, res)  # the drafter reads the reuse counters here
         outs[reuse] = (res, evals, state, drafter.summary())
@@ -151,11 +151,11 @@ def test_reuse_over_a_generation_is_lossless_and_counted(llama_adapter):
             drafter,
             GreedyVerifier(),
         )
-        evals = llama_adapter.block_evals
+        evals = llama_adapter.executor.block_evals
         res = dec.generate(prompt, stop)
         assert res.tokens == want
         summ = res.strategy_summary["drafter"]
-        saved[reuse] = (llama_adapter.block_evals - evals, summ.get("verify_blocks_saved", 0), res)
+        saved[reuse] = (llama_adapter.executor.block_evals - evals, summ.get("verify_blocks_saved", 0), res)
     (ev1, s1, res1), (ev0, s0, _) = saved[True], saved[False]
     assert s0 == 0 and s1 > 0
     assert s1 == 2 * res1.drafted  # every drafted token's input position was fed (k fixed: no break)
@@ -169,7 +169,7 @@ def test_drop_breaks_before_appending(llama_adapter):
     for on_stop, want_len in (("keep", 1), ("drop", 0)):
         state = _state(llama_adapter, seed=5, need_confidence=True)
         drafter = EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=2, on_stop=on_stop))
-        drafter.setup(llama_adapter.info())
+        drafter.setup(llama_adapter.arch.info())
         draft = drafter.draft(state, LayerPlan.full(L), length, 8)
         assert draft.length == want_len
         res = GreedyVerifier().verify(state, draft)
@@ -227,7 +227,7 @@ def test_drop_refuses_a_stop_rule_on_the_sampled_token_under_speculative_samplin
         state.draft_sampler, state.random = verifier.draft_sampler(), verifier.random
         length = ConfidenceLength(ConfidenceLengthConfig(threshold=0.999, stop_on=stop_on))
         drafter = EarlyExitDrafter(EarlyExitDrafterConfig(exit_layer=2, on_stop="drop"))
-        drafter.setup(llama_adapter.info())
+        drafter.setup(llama_adapter.arch.info())
         if ok:
             assert drafter.draft(state, LayerPlan.full(L), length, 8).length == 0
         else:

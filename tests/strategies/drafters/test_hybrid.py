@@ -72,10 +72,10 @@ class TestHybridLookupContract(_LookupContract):
 
 def test_copies_on_a_match_without_forward(llama_adapter):
     state = _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6])
-    calls = llama_adapter.forward_calls
+    calls = llama_adapter.executor.forward_calls
     d = HybridDrafter().draft(state, PLAN, FixedLength(), 5)
     assert d.tokens.tolist() == [[7, 8, 5, 6, 7]] and d.source == "lookup"
-    assert llama_adapter.forward_calls == calls and state.draft_len == 0
+    assert llama_adapter.executor.forward_calls == calls and state.draft_len == 0
     assert d.plan is PLAN
 
 
@@ -92,11 +92,11 @@ def test_falls_back_to_the_layer_skip_draft(llama_adapter, prompt, generated, mi
     state = _state(llama_adapter, prompt, generated)
     want = LayerSkipDrafter().draft(state, PLAN, FixedLength(), 3)
     state.discard_draft()
-    calls = llama_adapter.forward_calls
+    calls = llama_adapter.executor.forward_calls
     d = HybridDrafter(cfg).draft(state, PLAN, FixedLength(), 3)
     assert d.source == "layer_skip"
     assert torch.equal(d.tokens, want.tokens) and d.plan is PLAN
-    assert llama_adapter.forward_calls == calls + 3  # one draft forward per token
+    assert llama_adapter.executor.forward_calls == calls + 3  # one draft forward per token
 
 
 def test_min_match_decides_the_source(llama_adapter):

@@ -63,7 +63,7 @@ class _LookupContract(DrafterContract):
     search instead of the contract's ``1 <= K`` (a prompt-lookup round without a match declines)."""
 
     def new_state(self, adapter, strategies, prompt_seed=0, prompt_len=6):
-        vocab = adapter.config.vocab_size
+        vocab = adapter.arch.config.vocab_size
         prompt = torch.randperm(vocab, generator=torch.Generator().manual_seed(prompt_seed))[None]
         state = DecodeState.for_strategies(
             adapter, prompt, vocab + 64, strategies["selector"], strategies["length"], strategies["verifier"]
@@ -235,10 +235,10 @@ def test_no_match_is_an_empty_draft_and_a_plain_step(llama_adapter):
 
 def test_drafting_runs_no_forward(llama_adapter):
     state = _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6])
-    calls, draft_len = llama_adapter.forward_calls, state.draft_len
+    calls, draft_len = llama_adapter.executor.forward_calls, state.draft_len
     d = PromptLookupDrafter().draft(state, LayerPlan.full(L), FixedLength(), 6)
     assert d.tokens.tolist() == [[7, 8, 5, 6, 7, 8]] and d.source == "lookup"
-    assert llama_adapter.forward_calls == calls
+    assert llama_adapter.executor.forward_calls == calls
     assert state.draft_len == draft_len and state.stats.draft_forwards == 0
 
 

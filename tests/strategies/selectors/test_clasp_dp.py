@@ -381,13 +381,13 @@ def test_initial_set_prompt_or_uniform():
     adapter = _adapter(8, 0)
     state, x, pos = _prefilled(adapter, 0)
     sel = ClaspDPSelector(ClaspDPConfig(num_skip=3))
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     plan = sel.plan(state)
     want = clasp_dp(x, partial(state.compute_at, pos), 3)
     assert plan == LayerPlan.from_indices(8, attn=want.skip, mlp=want.skip)
     assert sel.plan(state) is plan  # no refresh before the interval
     uni = ClaspDPSelector(ClaspDPConfig(num_skip=3, init="uniform", protect_first=1))
-    uni.setup(adapter.info())
+    uni.setup(adapter.arch.info())
     plan = uni.plan(state)
     assert plan == LayerPlan.from_indices(8, attn=[2, 4, 6], mlp=[2, 4, 6])
     assert uniform_blocks(8, 3, list(range(1, 8))) == [2, 4, 6]

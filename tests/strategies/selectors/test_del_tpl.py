@@ -226,7 +226,7 @@ def _shadow(adapter, h):
 def test_prompt_initialisation(init_tokens, reference):
     adapter = _early_exit_friendly()
     sel = DelTplSelector(DelTplConfig(init_tokens=init_tokens, init_reference=reference))
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     state = _new_state(adapter, prompt_len=20, sel=sel)
     plan = sel.plan(state)
     w = min(init_tokens, 19)  # never position 0
@@ -249,7 +249,7 @@ def test_no_prompt_statistics_means_no_draft_first():
     adapter = _early_exit_friendly()
     for init_tokens, prompt_len in ((0, 20), (32, 1)):
         sel = DelTplSelector(DelTplConfig(init_tokens=init_tokens))
-        sel.setup(adapter.info())
+        sel.setup(adapter.arch.info())
         state = _new_state(adapter, prompt_len=prompt_len, sel=sel)
         sel.plan(state)
         # no statistics: alpha = 0 everywhere; the threshold guards give (1 + 0) / 2
@@ -265,10 +265,10 @@ def _first_early_exit_round(head=None, **config):
     sel = DelTplSelector(
         DelTplConfig(decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False, **config)
     )
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     state = _new_state(adapter, seed=2, sel=sel, head=None if head is None else head(adapter))
     drafter = EarlyExitDrafter()
-    drafter.setup(adapter.info())
+    drafter.setup(adapter.arch.info())
     plan = sel.plan(state)
     draft = drafter.draft(state, plan, FixedLength(FixedLengthConfig(k=4)), 4)
     res = GreedyVerifier().verify(state, draft)
@@ -283,9 +283,9 @@ def test_statistics_update_is_free_and_matches_a_hand_count():
     e = draft.plan.exit_layer
     assert e == 2
     assert 0 < res.accepted < 4  # a window that ends at a rejection
-    evals, loads = adapter.block_evals, adapter.layer_loads
+    evals, loads = adapter.executor.block_evals, adapter.executor.layer_loads
     sel.observe(state, draft, res)
-    assert adapter.block_evals == evals and adapter.layer_loads == loads
+    assert adapter.executor.block_evals == evals and adapter.executor.layer_loads == loads
     h = res.hidden_states[:, 0]  # (L+1, T, d)
     x_l = _shadow(adapter, h[6])[0]
     x_e = _shadow(adapter, h[e])[0]
@@ -312,9 +312,9 @@ def test_del_drafts_where_shallow_exits_agree_and_is_lossless():
         EarlyExitDrafter(EarlyExitDrafterConfig(on_stop="drop")),
         GreedyVerifier(),
     )
-    loads = adapter.layer_loads
+    loads = adapter.executor.layer_loads
     res = dec.generate(prompt, StopCondition(40))
-    loads = adapter.layer_loads - loads - 6  # minus the prefill
+    loads = adapter.executor.layer_loads - loads - 6  # minus the prefill
     assert res.tokens == want
     s = res.strategy_summary["selector"]
     rounds = len(res.accept_lengths)
@@ -373,10 +373,10 @@ def test_accepted_window_option():
         sel = DelTplSelector(
             DelTplConfig(init_tokens=0, window=kind, min_exit=2, max_exit=2, no_draft_when_unprofitable=False)
         )
-        sel.setup(adapter.info())
+        sel.setup(adapter.arch.info())
         state = _new_state(adapter, seed=2, sel=sel)  # a prompt whose first exit-2 draft is partly accepted
         drafter = EarlyExitDrafter()
-        drafter.setup(adapter.info())
+        drafter.setup(adapter.arch.info())
         plan = sel.plan(state)
         assert plan.exit_layer == 2
         draft = drafter.draft(state, plan, FixedLength(FixedLengthConfig(k=4)), 4)
@@ -561,11 +561,11 @@ def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
                 decay=1.0, init_tokens=0, min_exit=2, no_draft_when_unprofitable=False, shadow_rows=rows
             )
         )
-        sel.setup(adapter.info())
+        sel.setup(adapter.arch.info())
         head = DraftHead(adapter, list(range(0, 128, 2))) if with_head else None
         state = _new_state(adapter, seed=2, sel=sel, head=head)
         drafter = EarlyExitDrafter()
-        drafter.setup(adapter.info())
+        drafter.setup(adapter.arch.info())
         draft = drafter.draft(state, sel.plan(state), FixedLength(FixedLengthConfig(k=4)), 4)
         # the verification (its read carries the chain's sums: `LayerSelector.reads`), then observe
         with torch.inference_mode(), count_host_work() as work:

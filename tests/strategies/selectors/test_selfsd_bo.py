@@ -29,7 +29,7 @@ def adapter():
 
 def searched(adapter, tmp_path, **kw) -> SelfSDSelector:
     sel = make(save_to=str(tmp_path / "set.json"), **kw)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     sel.prepare(prepare_context(adapter))
     return sel
 
@@ -43,7 +43,7 @@ def test_search_writes_a_complete_result_file(adapter, tmp_path):
     sel = searched(adapter, tmp_path, initial_random=1)
     data = json.loads((tmp_path / "set.json").read_text())
     assert data["format"] == selfsd.FORMAT and data["num_layers"] == 6 and data["dtype"] == "float32"
-    assert data["fingerprint"] == adapter.fingerprint()
+    assert data["fingerprint"] == adapter.arch.fingerprint()
     assert [r["source"] for r in data["trace"]] == ["probe", "probe", "random", "gp"]
     # the probes are the uniform sets at the configured ratios, evaluated first
     assert data["trace"][0]["bits"] == list(uniform_plan(6, 0.1, False).to_bits())
@@ -76,7 +76,7 @@ def test_saved_set_round_trips_without_searching(adapter, tmp_path, monkeypatch)
         selfsd, "search", lambda *a, **k: pytest.fail("a saved skip set must not be searched again")
     )
     again = make(skip_set=str(tmp_path / "set.json"))
-    again.setup(adapter.info())
+    again.setup(adapter.arch.info())
     assert again.plan(None) == first.plan(None)  # usable right after setup
     again.prepare(prepare_context(adapter))
     assert again.plan(None) == first.plan(None)
@@ -91,7 +91,7 @@ def test_context_store_shares_one_search(adapter, monkeypatch):
     plans = []
     for _ in range(2):  # e.g. the runner's rebuild after warm-up
         sel = make()
-        sel.setup(adapter.info())
+        sel.setup(adapter.arch.info())
         sel.prepare(ctx)
         plans.append(sel.plan(None))
     assert len(calls) == 1 and plans[0] == plans[1]
@@ -106,7 +106,7 @@ def test_keep_first_last_pins_the_end_blocks(adapter, tmp_path):
 
 def test_plan_before_prepare_is_a_clear_error(adapter):
     sel = make()
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     with pytest.raises(RuntimeError, match="no skip set"):
         sel.plan(None)
 
@@ -129,7 +129,7 @@ def test_skip_set_from_other_weights_is_refused(adapter, tmp_path):
     searched(adapter, tmp_path)
     other = adapter_for(tiny_model("llama", 6, seed=7))
     sel = make(skip_set=str(tmp_path / "set.json"))
-    sel.setup(other.info())
+    sel.setup(other.arch.info())
     with pytest.raises(ConfigError, match="searched on other weights"):
         sel.prepare(prepare_context(other))
 
@@ -148,7 +148,7 @@ def test_bad_config():
 
 def test_bad_calibration_data(adapter, tmp_path):
     sel = make(calib_data=str(tmp_path / "nope.jsonl"))
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     with pytest.raises(ConfigError, match="calib_data"):
         sel.prepare(prepare_context(adapter))
 
@@ -171,7 +171,7 @@ def test_cache_searches_a_model_once_across_runs(adapter, tmp_path, monkeypatch)
 
     def run(model_adapter, **kw):
         sel = make(cache=True, **kw)
-        sel.setup(model_adapter.info())
+        sel.setup(model_adapter.arch.info())
         sel.prepare(prepare_context(model_adapter))
         return sel
 

@@ -82,7 +82,7 @@ def test_lossless_while_optimising(adapter, window, verifier):
 def test_matchness_of_the_full_model_is_one_and_leaves_the_cache_intact(adapter):
     state = greedy_state(adapter)
     sel = make(context_window=8)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     sel.reset()
     c = state.cache.committed
 
@@ -105,7 +105,7 @@ def test_matchness_counts_next_token_agreement(adapter):
     """The score is the fraction of window positions whose draft argmax is the next committed token."""
     state = greedy_state(adapter)
     sel = make(context_window=8)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     plan = LayerPlan.from_indices(L, attn=[2, 5], mlp=[3])
     start, end = sel.window_span(state)
     assert (start, end) == (6, 14)
@@ -113,13 +113,13 @@ def test_matchness_counts_next_token_agreement(adapter):
     want = (logits.argmax(-1) == state.tokens[:, start + 1 : end + 1]).float().mean().item()
     assert sel.matchness(state, plan) == pytest.approx(want)
     sliding = make(context_window=8, window="sliding")
-    sliding.setup(adapter.info())
+    sliding.setup(adapter.arch.info())
     assert sliding.window_span(state) == (state.num_tokens - 9, state.num_tokens - 1)
 
 
 def test_random_search_respects_the_ratio_and_gp_runs_every_beta_steps(adapter, monkeypatch):
     sel = make(skip_ratio=0.4, bo_interval=4)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     assert sel.n_skip == int(0.4 * 2 * (L - 2))
     proposed = []
     real = sel.matchness
@@ -149,10 +149,10 @@ def test_best_set_drafts_and_strict_improvement(adapter):
 
 def test_initial_sets(adapter):
     sel = make()
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     assert sel.current == LayerPlan.from_indices(L, attn=[1, 3, 5], mlp=[1, 3, 5])  # odd blocks 1..L-3
     uni = make(initial_set="uniform")
-    uni.setup(adapter.info())
+    uni.setup(adapter.arch.info())
     assert uni.current.num_skipped == int(0.3 * 2 * (L - 2))
 
 
@@ -314,7 +314,7 @@ def test_matchness_scores_with_the_draft_head(adapter):
 
     state = greedy_state(adapter)
     sel = make(context_window=8)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     plan = LayerPlan.from_indices(L, attn=[2, 5], mlp=[3])
     start, end = sel.window_span(state)
     target = state.tokens[:, start + 1 : end + 1]
@@ -375,7 +375,7 @@ def test_adaptive_r_follows_the_rule_on_scripted_rounds(adapter):
     adaptive_r_window drafting rounds is below adaptive_r_below (0.5 -> 0.4 as in the footnote),
     and never below adaptive_r_min."""
     sel = make(**ADAPT)
-    sel.setup(adapter.info())  # L_eff = 2 * 6 = 12
+    sel.setup(adapter.arch.info())  # L_eff = 2 * 6 = 12
     assert (sel.ratio, sel.n_skip) == (0.5, 6)
     x = sel._random_candidate()
     sel.bo.observe(x, 0.5)
@@ -397,10 +397,10 @@ def test_adaptive_r_follows_the_rule_on_scripted_rounds(adapter):
 
 def test_adaptive_r_only_while_optimising_and_only_when_on(adapter):
     off = make(skip_ratio=0.5)
-    off.setup(adapter.info())
+    off.setup(adapter.arch.info())
     assert _drive(off, [(4, 0)] * 60) == [0.5] * 60 and off.r_adjustments == 0
     done = make(**ADAPT)
-    done.setup(adapter.info())
+    done.setup(adapter.arch.info())
     done._stop("patience")
     assert _drive(done, [(4, 0)] * 6) == [0.5] * 6  # the acceleration phase keeps r
 
@@ -408,7 +408,7 @@ def test_adaptive_r_only_while_optimising_and_only_when_on(adapter):
 @pytest.mark.parametrize("persist", [True, False])
 def test_adaptive_r_lives_as_long_as_the_optimisation_state(adapter, persist):
     sel = make(**ADAPT, persist_across_prompts=persist)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     _drive(sel, [(4, 0)] * 3)
     assert sel.ratio == 0.4
     sel.reset()
@@ -420,7 +420,7 @@ def test_after_lowering_r_the_next_candidate_replaces_the_current_set(adapter):
     whatever its matchness; later candidates must improve strictly, as before."""
     state = greedy_state(adapter)
     sel = make(**ADAPT, matchness_stop=1.0)
-    sel.setup(adapter.info())
+    sel.setup(adapter.arch.info())
     sel.best = 2.0  # nothing can beat it
     sel._step(state)
     assert sel.current.num_skipped == 6 and sel.gen_improvements == 0  # odd blocks: not replaced

@@ -313,7 +313,7 @@ def _target_marginals(
     power tests' model and prompt; ``f32``: the float32 model of `_kernel_adapter`)."""
     model, prompt = (_small_model(), _small_prompt()) if small else (_model(), _prompt())
     if f32:
-        model = _kernel_adapter().model
+        model = _kernel_adapter().arch.model
     vocab = model.config.vocab_size
     joint = torch.ones(1, dtype=torch.float64)  # over the contexts enumerated so far
     ctx = torch.empty(1, 0, dtype=torch.long)
@@ -603,7 +603,7 @@ def test_the_draft_rule_draws_inside_from_the_verifiers_stream_what_sample_draws
     """The draft rule (a module-level function and the warping's values, which the engine keys)
     draws its noise inside, from the stream ``ops`` hands it: the token `sample` draws from the
     warped q with a generator of the same seed, draw for draw."""
-    from framework.engine.work import work_key
+    from framework.engine.execution.work import work_key
     from strategies.verifiers.sampling import sample
 
     ver = SamplingVerifier(SamplingVerifierConfig(temperature=0.7, top_p=0.9, seed=3))

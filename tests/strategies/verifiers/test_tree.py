@@ -93,7 +93,14 @@ def test_config_validation(kwargs, message):
 
 
 def _fresh_kv(adapter, tokens: torch.Tensor, n: int):
-    cache = KVCache(adapter.num_layers, 1, adapter.num_kv_heads, adapter.head_dim, n + 4, adapter.dtype)
+    cache = KVCache(
+        adapter.arch.num_layers,
+        1,
+        adapter.arch.num_kv_heads,
+        adapter.arch.head_dim,
+        n + 4,
+        adapter.arch.dtype,
+    )
     adapter.forward(tokens[:, :n], torch.arange(n)[None], cache, logits_at=None)
     return cache.keys[:, :, :, :n], cache.values[:, :, :, :n]
 
@@ -184,12 +191,12 @@ def test_a_deep_tree_path_commits_its_kv_and_hands_its_hidden_states_to_the_sele
     torch.testing.assert_close(state.cache.values[:, :, :, :c], v, rtol=0, atol=1e-10)
     # The full model's hidden states of the committed positions, from a fresh forward.
     fresh = KVCache(
-        llama_adapter.num_layers,
+        llama_adapter.arch.num_layers,
         1,
-        llama_adapter.num_kv_heads,
-        llama_adapter.head_dim,
+        llama_adapter.arch.num_kv_heads,
+        llama_adapter.arch.head_dim,
         c + 4,
-        llama_adapter.dtype,
+        llama_adapter.arch.dtype,
     )
     out = llama_adapter.forward(state.tokens[:, :c], torch.arange(c)[None], fresh, capture_hidden=True)
     assert hs.shape[2] == 3

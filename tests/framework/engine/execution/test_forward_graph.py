@@ -1,4 +1,4 @@
-"""One graph per forward (framework.engine.graphed, ``--cuda-graph-route forward``), run without
+"""One graph per forward (framework.engine.execution.forward_graph, ``--cuda-graph-route forward``), run without
 capture on the CPU: it computes what the eager path computes for plain steps, draft steps of any
 plan, early exits, chain and tree verifications and captured hidden states; it keeps the KV cache's
 books once per forward; it leaves prefills and scratch passes to the other routes; and its graph
@@ -13,7 +13,8 @@ import torch
 from framework import REGISTRIES, LayerPlan
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.graphed import ForwardSpec
+from framework.engine.execution.spec import GraphKey
+from framework.engine.execution.store import span, spans
 from framework.engine.state import DecodeState
 from framework.testing import ARCHS, default_strategy_instance, prepare_context, random_prompt, tiny_model
 from framework.testing.graphs import StandInRecorder
@@ -25,7 +26,7 @@ def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0, **graphs)
         tiny_model(arch, num_layers, seed=seed, dtype=torch.float32), fast_kernels=False
     )
     eager, graphed = make(), make()
-    graphed.set_cuda_graphs(True, capture=graphs.pop("capture", False), route="forward", **graphs)
+    graphed.executor.set_cuda_graphs(True, capture=graphs.pop("capture", False), route="forward", **graphs)
     return eager, graphed
 
 
@@ -52,13 +53,13 @@ def test_plain_steps_as_whole_forwards_compute_what_the_eager_path_computes(arch
             s.cache.commit(1)
             s.append(tok)
     n = states[0].cache.committed
-    for layer in range(eager.num_layers):
+    for layer in range(eager.arch.num_layers):
         for a, b in zip(
             states[0].cache.committed_kv(layer), states[1].cache.committed_kv(layer), strict=True
         ):
             _close(a[:, :, :n], b[:, :, :n])
-    assert graphed.forward_graphs.forwards == 10  # the prefill ran eagerly
-    assert graphed.graphs.replays == 10  # one call of the whole forward each, no branch calls
+    assert graphed.executor.graphs.forwards.forwards == 10  # the prefill ran eagerly
+    assert graphed.executor.graphs.store.replays == 10  # one call of the whole forward each, no branch calls
     assert states[1].cache.lengths == states[0].cache.lengths
 
 
@@ -79,7 +80,7 @@ def test_a_draft_chain_of_a_skip_plan_keeps_the_books_once_per_forward():
     # the skipped attentions wrote nothing; every other layer has the 4 draft slots
     want = [committed + (0 if i in (1, 4) else 4) for i in range(6)]
     assert states[1].cache.lengths == states[0].cache.lengths == want
-    assert graphed.forward_graphs.forwards == 4
+    assert graphed.executor.graphs.forwards.forwards == 4
 
 
 def test_an_early_exit_draft_and_captured_hidden_states_take_the_route():
@@ -94,22 +95,22 @@ def test_an_early_exit_draft_and_captured_hidden_states_take_the_route():
         s.capture_hidden = True
     block = torch.tensor([[int(states[0].pending), 5, 9]])
     outs = [s.forward_verify(block) for s in states]
-    assert outs[1].hidden_states.shape == (7, 1, 3, eager.hidden_size)
+    assert outs[1].hidden_states.shape == (7, 1, 3, eager.arch.hidden_size)
     _close(outs[0].hidden_states, outs[1].hidden_states)
     _close(outs[0].logits, outs[1].logits)
-    assert graphed.forward_graphs.forwards == 2
+    assert graphed.executor.graphs.forwards.forwards == 2
 
 
 def test_prefills_scratch_passes_and_long_blocks_take_the_other_routes():
     _, graphed = _adapters(num_layers=4, max_tokens=4)
     state = _started((graphed,), random_prompt(12, seed=4))[0]
-    assert graphed.forward_graphs.forwards == 0  # the prefill
+    assert graphed.executor.graphs.forwards.forwards == 0  # the prefill
     state.forward_scratch(2, LayerPlan.from_indices(4, mlp=[1]), end=6)
-    assert graphed.forward_graphs.forwards == 0  # hides part of the prefix
+    assert graphed.executor.graphs.forwards.forwards == 0  # hides part of the prefix
     state.forward_verify(torch.tensor([[int(state.pending), 1, 2, 3, 4]]))  # 5 > max_tokens
-    assert graphed.forward_graphs.forwards == 0
+    assert graphed.executor.graphs.forwards.forwards == 0
     state.forward_verify(torch.tensor([[int(state.pending), 1, 2]]))
-    assert graphed.forward_graphs.forwards == 1
+    assert graphed.executor.graphs.forwards.forwards == 1
 
 
 COMBOS = [
@@ -132,10 +133,10 @@ def test_speculative_decoding_through_whole_forwards_equals_plain_greedy(combo):
     for seed, plen in ((0, 6), (1, 11)):
         prompt = random_prompt(plen, 128, seed)
         want = VanillaDecoder(adapter).generate(prompt, StopCondition(40)).tokens
-        before = adapter.forward_graphs.forwards
+        before = adapter.executor.graphs.forwards.forwards
         res = dec.generate(prompt, StopCondition(40))
         assert res.tokens == want, f"{combo}, prompt {seed}"
-        assert adapter.forward_graphs.forwards > before
+        assert adapter.executor.graphs.forwards.forwards > before
 
 
 def test_a_reduced_draft_head_runs_after_the_graph():
@@ -154,7 +155,7 @@ def test_a_reduced_draft_head_runs_after_the_graph():
     want = VanillaDecoder(adapter).generate(prompt, StopCondition(30)).tokens
     res = dec.generate(prompt, StopCondition(30))
     assert res.tokens == want and res.drafted > 0
-    specs = {k[1] for k in adapter.graphs._graphs if k[0] == "forward"}
+    specs = {k[1] for k in adapter.executor.graphs.store.keys("forward")}
     assert any(s.plan is not None and s.logits == "none" for s in specs)  # drafts: head outside
 
 
@@ -173,7 +174,7 @@ def _step(state):
 def test_a_spec_is_recorded_once_replayed_after_and_its_outputs_are_copies():
     rec = _Recorder()
     eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
-    store = graphed.graphs
+    store, pool = graphed.executor.graphs.store, graphed.executor.graphs.pool
     states = _started((eager, graphed), random_prompt(6, seed=7))
     first = _step(states[1])
     _close(_step(states[0]).logits, first.logits)
@@ -190,19 +191,19 @@ def test_a_spec_is_recorded_once_replayed_after_and_its_outputs_are_copies():
     states[1].discard_draft()
     states[1].forward_verify(torch.tensor([[int(states[1].pending), 3]]))
     assert store.captures == 3
-    specs = [k[1] for k in store._graphs if k[0] == "forward"]
+    specs = [k[1] for k in store.keys("forward")]
     assert {(s.rows, s.plan is None) for s in specs} == {(1, True), (1, False), (2, True)}
-    assert all(isinstance(s, ForwardSpec) and s.span == store.capacity == 512 for s in specs)
+    assert all(isinstance(s, GraphKey) and s.span == pool.capacity == 512 for s in specs)
 
 
 def test_spans_are_coarse_and_precapture_records_the_full_models_forwards():
     rec = _Recorder()
     _, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
-    fg, store = graphed.forward_graphs, graphed.graphs
-    store.reserve(10_000)  # a pool of 16,384 slots
-    assert fg.spans() == [2048, 8192, 16384]
-    assert (fg.span(1), fg.span(2048), fg.span(2049), fg.span(9000)) == (2048, 2048, 8192, 16384)
-    n, _ = graphed.prepare_graphs(10_000, chain=(1, 3), tree=(4,), hidden=True, checked=(3,))
+    store, pool = graphed.executor.graphs.store, graphed.executor.graphs.pool
+    pool.reserve(10_000)  # a pool of 16,384 slots
+    assert spans(pool.capacity) == [2048, 8192, 16384]
+    assert [span(end, pool.capacity) for end in (1, 2048, 2049, 9000)] == [2048, 2048, 8192, 16384]
+    n, _ = graphed.executor.prepare_graphs(10_000, chain=(1, 3), tree=(4,), hidden=True, checked=(3,))
     assert n == store.captures == 4 * 3  # four kinds at three spans, nothing else
     specs = {k[1] for k in store._graphs}
     assert {(s.rows, s.tree, s.hidden, s.plan, s.check) for s in specs} == {
@@ -224,7 +225,7 @@ def test_spans_are_coarse_and_precapture_records_the_full_models_forwards():
 def test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too_many_retire():
     rec = _Recorder()
     _, graphed = _adapters(num_layers=4, recorder=rec, capture=True, max_graphs=2)
-    fg, store = graphed.forward_graphs, graphed.graphs
+    store = graphed.executor.graphs.store
     state = _started((graphed,), random_prompt(6, seed=8))[0]
     plans = [LayerPlan.from_indices(4, attn=[i]) for i in (0, 1, 2)]
 
@@ -235,14 +236,14 @@ def test_the_cache_is_bounded_least_recently_used_first_and_starts_anew_once_too
     draft(plans[0])
     draft(plans[1])
     draft(plans[0])  # plans[0] is now the most recently used
-    assert (store.captures, fg.evicted) == (2, 0)
+    assert (store.captures, store.evicted) == (2, 0)
     draft(plans[2])  # a third: plans[1], the least recently used, goes
-    assert (store.captures, fg.evicted, store.retired) == (3, 1, 1)
-    assert [k[1].plan for k in store._graphs if k[0] == "forward"] == [plans[0], plans[2]]
+    assert (store.captures, store.evicted, store.retired) == (3, 1, 1)
+    assert [k[1].plan for k in store.keys("forward")] == [plans[0], plans[2]]
     draft(plans[0])  # still there: replayed
     assert store.captures == 3
     draft(plans[1])  # recorded again; plans[2] goes; two retired = the bound: every graph goes
-    assert (store.captures, fg.evicted, fg.resets) == (4, 2, 1)
+    assert (store.captures, store.evicted, store.resets) == (4, 2, 1)
     assert store.retired == 0 and not store._graphs
     draft(plans[1])
     assert store.captures == 5  # recorded anew after the reset
@@ -272,7 +273,7 @@ def test_a_draft_step_picks_its_token_inside_the_whole_forward_graph():
                 assert (a is None) == (b is None), name
                 if a is not None:
                     _close(a, b)
-    specs = [k[1] for k in graphed.graphs._graphs if k[0] == "forward"]
+    specs = [k[1] for k in graphed.executor.graphs.store.keys("forward")]
     assert {s.pick for s in specs} == {TokenPick(), TokenPick(softmax=True, probs=True, top_k=3)}
     held = outs[1].picked.tokens.clone()
     states[1].forward_draft(states[1].pending, plan, pick=TokenPick())  # a replay
@@ -310,6 +311,6 @@ def test_a_greedy_verification_is_checked_inside_the_whole_forward_graph():
         for s in states:
             s.cache.rollback()
     assert int(outs[1].checked.num_accepted[0]) == (1 if block[0][1] == want_next else 0)
-    assert any(k[1].check for k in graphed.graphs._graphs if k[0] == "forward")
+    assert any(k[1].check for k in graphed.executor.graphs.store.keys("forward"))
     with pytest.raises(ValueError, match="check .* needs logits_at='all'"):
         states[1].forward_verify(states[1].pending, logits_at="last", check=True)

@@ -1,4 +1,4 @@
-"""The static branches behind ``--cuda-graphs`` (framework.kernels.graphs), run without capture on
+"""The static branches behind ``--cuda-graphs`` (framework.engine.execution.branches), run without capture on
 the CPU: they compute what the eager path computes for one-token steps and chain verifications,
 write the same cache, serve every skip plan, leave trees and long blocks to the eager path, and
 lend their KV pool to one live cache at a time. Capture itself needs CUDA
@@ -13,7 +13,6 @@ from framework import LayerPlan
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
-from framework.kernels.graphs import MIN_CAPACITY
 from framework.testing import ARCHS, prepare_context, random_prompt, tiny_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.fixed import FixedLength, FixedLengthConfig
@@ -30,7 +29,7 @@ def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0, **overrid
     static = adapter_for(
         tiny_model(arch, num_layers, seed=seed, dtype=torch.float32, **overrides), fast_kernels=False
     )
-    static.set_cuda_graphs(True, capture=False)
+    static.executor.set_cuda_graphs(True, capture=False)
     return eager, static
 
 
@@ -49,12 +48,12 @@ def test_static_one_token_steps_compute_what_the_eager_path_computes(arch):
             s.cache.commit(1)
             s.append(tok)
     n = states[0].cache.committed
-    for layer in range(eager.num_layers):
+    for layer in range(eager.arch.num_layers):
         for a, b in zip(
             states[0].cache.committed_kv(layer), states[1].cache.committed_kv(layer), strict=True
         ):
             torch.testing.assert_close(b[:, :, :n], a[:, :, :n], rtol=1e-5, atol=1e-5)
-    assert static.graphs.replays == 12 * 2 * static.num_layers  # the prefill ran eagerly
+    assert static.executor.graphs.store.replays == 12 * 2 * static.arch.num_layers  # the prefill ran eagerly
 
 
 def test_a_skip_plan_runs_only_its_branches_and_drafts_as_the_eager_path_does():
@@ -64,7 +63,7 @@ def test_a_skip_plan_runs_only_its_branches_and_drafts_as_the_eager_path_does():
     states = [DecodeState(a, prompt, 40) for a in (eager, static)]
     for s in states:
         s.append(s.prefill().argmax(-1)[:, None])
-    before = static.graphs.replays
+    before = static.executor.graphs.store.replays
     drafts = []
     for s in states:
         toks = []
@@ -73,33 +72,33 @@ def test_a_skip_plan_runs_only_its_branches_and_drafts_as_the_eager_path_does():
             toks.append(logits.argmax(-1)[:, None])
         drafts.append((logits, torch.cat(toks, 1)))
         s.discard_draft()
-    assert static.graphs.replays - before == 4 * (2 * 6 - 3)
+    assert static.executor.graphs.store.replays - before == 4 * (2 * 6 - 3)
     torch.testing.assert_close(drafts[1][0], drafts[0][0], rtol=1e-5, atol=1e-5)
     assert torch.equal(drafts[1][1], drafts[0][1])
 
 
 def test_chain_and_tree_verifications_take_the_static_branches_and_a_long_block_does_not():
     eager, static = _adapters(num_layers=3)
-    static.set_cuda_graphs(True, capture=False, max_tokens=6)
+    static.executor.set_cuda_graphs(True, capture=False, max_tokens=6)
     prompt = random_prompt(9, seed=5)
     states = [DecodeState(a, prompt, 60) for a in (eager, static)]
     for s in states:
         s.append(s.prefill().argmax(-1)[:, None])
     block = random_prompt(5, seed=6)
-    before = static.graphs.replays
+    before = static.executor.graphs.store.replays
     outs = [s.forward_verify(torch.cat([s.pending, block], 1), logits_at="all").logits for s in states]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-    assert static.graphs.replays - before == 2 * 3
+    assert static.executor.graphs.store.replays - before == 2 * 3
     for s in states:  # keep 4 of the 6 verified tokens, then go on from there
         s.cache.commit(4)
         s.append(block[:, :4])
     outs = [s.forward_verify(s.pending, logits_at="last").logits for s in states]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-    before = static.graphs.replays
+    before = static.executor.graphs.store.replays
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # two siblings
     # Nothing is recorded on a CPU, but each first use of a (branch, T, span) counts, where CUDA
     # would record a graph: T = 6 and T = 1, each block's attention and MLP.
-    assert static.graphs.captures == 2 * 2 * 3
+    assert static.executor.graphs.store.captures == 2 * 2 * 3
     outs = [
         s.forward_verify(
             block[:, :3],
@@ -110,10 +109,10 @@ def test_chain_and_tree_verifications_take_the_static_branches_and_a_long_block_
         for s in states
     ]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-    assert static.graphs.replays - before == 2 * 3  # the tree's mask is a static input too
+    assert static.executor.graphs.store.replays - before == 2 * 3  # the tree's mask is a static input too
     for s in states:
         s.discard_draft()
-    before = static.graphs.replays
+    before = static.executor.graphs.store.replays
     scratch = [  # a scratch pass hiding part of the prefix: its attention runs eagerly, its MLP not
         s.adapter.forward(
             block[:, :2],
@@ -127,12 +126,12 @@ def test_chain_and_tree_verifications_take_the_static_branches_and_a_long_block_
         for s in states
     ]
     torch.testing.assert_close(scratch[1], scratch[0], rtol=1e-5, atol=1e-5)
-    assert static.graphs.replays - before == 3
-    before = static.graphs.replays
+    assert static.executor.graphs.store.replays - before == 3
+    before = static.executor.graphs.store.replays
     long = random_prompt(7, seed=7)  # longer than max_tokens: all eager
     outs = [s.forward_verify(long, logits_at="all").logits for s in states]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-    assert static.graphs.replays == before
+    assert static.executor.graphs.store.replays == before
 
 
 def test_speculative_decoding_through_static_branches_equals_plain_greedy():
@@ -149,38 +148,10 @@ def test_speculative_decoding_through_static_branches_equals_plain_greedy():
         GreedyVerifier(),
     )
     dec.prepare(prepare_context(static))
-    replays = static.graphs.replays
+    replays = static.executor.graphs.store.replays
     res = dec.generate(prompt, stop)
     assert res.tokens == expected
-    assert static.graphs.replays > replays  # the drafts took the static branches
-
-
-def test_the_kv_pool_serves_one_live_cache_at_a_time():
-    _, static = _adapters()
-    graphs = static.graphs
-    first = static.new_cache(40)
-    assert graphs.holds(first) and graphs.capacity == MIN_CAPACITY
-    second = static.new_cache(40)  # the first still holds the pool: own buffers, eager steps
-    assert not graphs.holds(second) and second.keys is not first.keys
-    first.release()
-    first.release()  # idempotent
-    third = static.new_cache(40)
-    assert graphs.holds(third) and third.keys is first.keys
-    del third
-    assert graphs.holds(static.new_cache(10))  # a dropped cache gives the pool back too
-    assert static.new_cache(40, batch=2).keys.shape[1] == 2  # batches are not pooled
-
-
-def test_a_longer_request_regrows_the_pool_and_a_cache_that_outgrows_it_runs_eagerly():
-    _, static = _adapters()
-    graphs = static.graphs
-    big = static.new_cache(MIN_CAPACITY + 1)
-    assert graphs.capacity == 2 * MIN_CAPACITY and graphs.holds(big)
-    big.release()
-    cache = static.new_cache(8)
-    cache.begin(3 * MIN_CAPACITY)  # grows past the pool: its own buffers from here on
-    cache.end()
-    assert not graphs.holds(cache)
+    assert static.executor.graphs.store.replays > replays  # the drafts took the static branches
 
 
 def test_capturing_needs_cuda():
@@ -188,8 +159,8 @@ def test_capturing_needs_cuda():
         pytest.skip("CUDA present")
     adapter = adapter_for(tiny_model("llama", 2, dtype=torch.float32), fast_kernels=False)
     with pytest.raises(ValueError, match="CUDA device"):
-        adapter.set_cuda_graphs(True, capture=True)
-    assert adapter.set_cuda_graphs(False) is None and adapter.graphs is None
+        adapter.executor.set_cuda_graphs(True, capture=True)
+    assert adapter.executor.set_cuda_graphs(False) is None and adapter.executor.graphs is None
 
 
 def _decoders(adapter, verifier=None):
@@ -219,15 +190,17 @@ def test_no_graph_is_recorded_inside_a_timed_decode_once_every_size_was_recorded
     else:  # pending alone, drafts of one token, verifications of up to 3 drafts
         assert sizes.chain == set(range(1, 5)) and not sizes.tree
     capacity = 300 + 24 + spec.max_draft + 8
-    recorded, _ = static.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
-    assert recorded > 0 and static.graphs.capacity >= capacity
-    pool = static.graphs.keys
+    recorded, _ = static.executor.prepare_graphs(
+        capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch
+    )
+    assert recorded > 0 and static.executor.graphs.pool.capacity >= capacity
+    pool = static.executor.graphs.pool.keys
     for prompt in prompts:
         want = van.generate(prompt, stop)
         got = spec.generate(prompt, stop)
         assert (want.graph_captures, got.graph_captures) == (0, 0)
         assert got.tokens == want.tokens and got.drafted > 0
-    assert static.graphs.keys is pool  # never regrown: no graph was dropped
+    assert static.executor.graphs.pool.keys is pool  # never regrown: no graph was dropped
 
 
 def test_without_prepare_graphs_the_timed_decodes_record_them():
@@ -252,30 +225,11 @@ def test_the_experiment_sizes_the_pool_for_the_longest_prompt_and_answer(tmp_pat
         cfg, tiny_model("llama", 4, seed=1, dtype=torch.float32), tiny_tokenizer(), log=lambda m: None
     )
     assert exp.prepare_graphs([]) == (0, 0.0)  # no graphs: nothing to record
-    exp.adapter.set_cuda_graphs(True, capture=False)
+    exp.adapter.executor.set_cuda_graphs(True, capture=False)
     long_turns = (" ".join(["w7"] * 400), "w3 w4")  # two turns: the second sees the first answer
     prompts = [Prompt(1, "qa", "qa", ("w5 w6",)), Prompt(2, "mt_bench", "writing", long_turns)]
     recorded, _ = exp.prepare_graphs(prompts)
-    assert recorded > 0 and exp.adapter.graphs.capacity >= 400 + 2 * 20
+    assert recorded > 0 and exp.adapter.executor.graphs.pool.capacity >= 400 + 2 * 20
     for p in prompts:
         for res, _text in exp.decode_prompt(exp.spec, p):
             assert res.graph_captures == 0
-
-
-def test_dropping_some_graphs_keeps_them_alive_and_dropping_all_starts_a_new_pool_and_stream():
-    """Graphs recorded on one stream share cuBLAS's workspace for it (pytorch/pytorch#193402): one
-    dropped while others live stays alive, unused. Once every graph is gone, PyTorch frees their
-    private pool and its id cannot record again (an allocator assert on an H100), so the next
-    recording gets a new pool and a new stream."""
-    adapter = adapter_for(tiny_model("llama", num_layers=2))
-    graphs = adapter.set_cuda_graphs(True, capture=False)
-    graphs.reserve(MIN_CAPACITY)
-    one, two = ("graph-1", torch.zeros(1)), ("graph-2", torch.zeros(1))
-    graphs._graphs = {("attn", 0, 1, 256, None): one, ("attn", 0, 2, 256, None): two}
-    graphs._pool, graphs._stream = "pool", "stream"
-    graphs._drop_graphs(lambda key: key[2] != 2)  # e.g. a new RoPE buffer for T = 2
-    assert list(graphs._graphs.values()) == [one] and graphs._retired == [two]
-    assert (graphs._pool, graphs._stream) == ("pool", "stream")
-    graphs.reserve(2 * MIN_CAPACITY)  # growing the pool drops every graph
-    assert graphs._graphs == {} and graphs._retired == []
-    assert graphs._pool is None and graphs._stream is None

@@ -1,4 +1,4 @@
-"""framework/engine/work.py: a strategy's device work, keyed, randomised and run by the engine
+"""framework/engine/execution/work.py: a strategy's device work, keyed, randomised and run by the engine
 (issue 46, items 2-3). The key is derived from the function, its bound values and its inputs'
 shapes and dtypes; what cannot be keyed runs eagerly with one warning; a keyed function's first
 call runs eagerly and notes its draws, later calls replay one graph that draws the same numbers
@@ -15,9 +15,8 @@ import torch
 
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.graphed import ForwardGraphs
+from framework.engine.execution.work import EagerWorkWarning, Unkeyable, WorkGraphs, WorkKey, work_key
 from framework.engine.state import DecodeState
-from framework.engine.work import EagerWorkWarning, Unkeyable, WorkKey, work_key
 from framework.testing import prepare_context, random_prompt, tiny_model
 from framework.testing.graphs import StandInRecorder
 from framework.types import RandomStream
@@ -26,7 +25,9 @@ from framework.types import RandomStream
 def _adapter(num_layers: int = 2, graphs: bool = True, recorder: StandInRecorder | None = None):
     adapter = adapter_for(tiny_model("llama", num_layers, seed=0, dtype=torch.float32), fast_kernels=False)
     if graphs:
-        adapter.set_cuda_graphs(True, capture=True, route="forward", recorder=recorder or StandInRecorder())
+        adapter.executor.set_cuda_graphs(
+            True, capture=True, route="forward", recorder=recorder or StandInRecorder()
+        )
     return adapter
 
 
@@ -131,8 +132,8 @@ def test_a_keyed_function_is_learned_eagerly_then_one_graph_per_key_replayed_wit
     assert len(rec.graphs) == 1 and rec.graphs[0].replays == 2  # (a recording is replayed at once)
     torch.testing.assert_close(third["out"], scaled_sum(None, x2, w)["out"])  # the inputs were copied in
     assert torch.equal(second["out"], held)  # the caller's copy, not the graph's output
-    fg = adapter.forward_graphs
-    runs = fg.static_runs
+    fg = adapter.executor.graphs.work
+    runs = fg.runs
     for changed in (
         dict(inputs=(x[:2], w), params={}),  # another shape
         dict(inputs=(x.double(), w.double()), params={}),  # another dtype
@@ -143,7 +144,7 @@ def test_a_keyed_function_is_learned_eagerly_then_one_graph_per_key_replayed_wit
         torch.testing.assert_close(
             out["out"], scaled_sum(None, *changed["inputs"], **changed["params"])["out"]
         )
-    assert len(rec.graphs) == 4 and fg.static_runs == runs + 3  # a graph recorded anew for each
+    assert len(rec.graphs) == 4 and fg.runs == runs + 3  # a graph recorded anew for each
 
 
 def test_a_closure_or_a_lambda_runs_eagerly_with_one_warning_naming_the_line():
@@ -182,7 +183,7 @@ def test_draws_inside_a_graph_are_the_streams_draw_for_draw(kind):
         a = graphed.compute(_noisy, x, kind=kind)
         b = eager.compute(_noisy, x, kind=kind)
         assert torch.equal(a, b)
-    assert graphed.adapter.forward_graphs.static_runs == 3  # the first call learned the draws
+    assert graphed.adapter.executor.graphs.work.runs == 3  # the first call learned the draws
 
 
 def test_a_function_that_reads_a_growing_draft_head_runs_eagerly_from_its_second_call():
@@ -192,7 +193,7 @@ def test_a_function_that_reads_a_growing_draft_head_runs_eagerly_from_its_second
     adapter = _adapter(recorder=rec)
     state = _state(adapter)
     state.draft_head = DraftHead(adapter, list(range(0, 128, 2)), context=True).start(state.tokens)
-    h = torch.randn(3, adapter.hidden_size)
+    h = torch.randn(3, adapter.arch.hidden_size)
     for _ in range(3):
         state.compute(_top1_of, h, draft_head=True)
     assert rec.graphs == []
@@ -210,7 +211,7 @@ def _top1_of(ops, h, *, draft_head):
 
 def _eager(monkeypatch):
     """Run every keyed function eagerly (no graph), as the stand-in route's twin."""
-    monkeypatch.setattr(ForwardGraphs, "run_work", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(WorkGraphs, "run", lambda self, *args, **kwargs: None)
 
 
 def test_del_statistics_through_their_graph_decide_what_they_decide_eagerly(monkeypatch):
@@ -234,7 +235,7 @@ def test_del_statistics_through_their_graph_decide_what_they_decide_eagerly(monk
         )
         dec.prepare(prepare_context(adapter))
         res = dec.generate(random_prompt(12, 128, seed=4), StopCondition(40))
-        return res, adapter.forward_graphs.static_runs
+        return res, adapter.executor.graphs.work.runs
 
     graphed_res, runs = decode()
     rounds = len(graphed_res.accept_lengths)
@@ -269,8 +270,8 @@ def test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses():
         want = clasp_dp(x, partial(states[0].compute_at, p), m)
         got = clasp_dp(x, partial(states[1].compute_at, p), m)
         assert got.skip == want.skip and got.cosine == pytest.approx(want.cosine, abs=1e-5), p
-    works = [k for k in graphed.graphs._graphs if k[0] == "work"]
-    assert len(works) == 1 and graphed.forward_graphs.static_runs == 3  # learned, then one graph
+    works = [k for k in graphed.executor.graphs.store.keys("work")]
+    assert len(works) == 1 and graphed.executor.graphs.work.runs == 3  # learned, then one graph
     assert states[1].cache.lengths == lengths
     with pytest.raises(ValueError, match="position must be committed"):
         clasp_dp(x, partial(states[1].compute_at, 12), m)
@@ -292,7 +293,7 @@ def test_clasp_decodes_through_its_dp_graph_as_through_the_eager_dp(monkeypatch)
         )
         dec.prepare(prepare_context(adapter))
         res = dec.generate(prompt, StopCondition(30))
-        return res, adapter.forward_graphs.static_runs, adapter
+        return res, adapter.executor.graphs.work.runs, adapter
 
     graphed_res, runs, adapter = decode()
     sets = graphed_res.strategy_summary["selector"]["sets"]
@@ -327,8 +328,8 @@ def test_speculative_sampling_through_its_graphs_draws_what_it_draws_eagerly(mon
         )
         dec.prepare(prepare_context(adapter))
         res = dec.generate(prompt, StopCondition(30))
-        works = {k[1].function.rsplit(":", 1)[1] for k in adapter.graphs._graphs if k[0] == "work"}
-        return res, works, adapter.forward_graphs.static_runs
+        works = {k[1].function.rsplit(":", 1)[1] for k in adapter.executor.graphs.store.keys("work")}
+        return res, works, adapter.executor.graphs.work.runs
 
     graphed_res, works, runs = decode()
     assert works == {"accept_rule", "sampled_step"} and runs > len(graphed_res.accept_lengths)
@@ -361,7 +362,7 @@ def test_exact_modes_backend_holds_on_every_graph_route(monkeypatch):
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    adapter.prepare_graphs(64, chain=(1, 2), tree=(3,), checked=(2,))  # precapture
+    adapter.executor.prepare_graphs(64, chain=(1, 2), tree=(3,), checked=(2,))  # precapture
     assert seen and not any(seen), "precapture ran an attention outside exact mode's backend"
     seen.clear()
     state = DecodeState(adapter, random_prompt(12, seed=3), 64, capture_hidden=True)
@@ -371,11 +372,11 @@ def test_exact_modes_backend_holds_on_every_graph_route(monkeypatch):
         out = state.forward_verify(state.pending, logits_at="last")
         state.cache.commit(1)
         state.append(out.logits[:, -1].argmax(-1)[:, None])
-    assert adapter.forward_graphs.forwards == 2 and seen and not any(seen)
+    assert adapter.executor.graphs.forwards.forwards == 2 and seen and not any(seen)
     seen.clear()
     for _ in range(3):  # learned, recorded, replayed: the DP's blocks in one graph
         clasp_dp(x, partial(state.compute_at, 10), 2)
-    assert adapter.forward_graphs.static_runs == 2 and seen and not any(seen)
+    assert adapter.executor.graphs.work.runs == 2 and seen and not any(seen)
 
 
 def test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows():
@@ -384,7 +385,7 @@ def test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows():
     or the candidates lose sight of themselves. The graph's DP equals the eager DP there."""
     from functools import partial
 
-    from framework.engine.graphed import MIN_SPAN
+    from framework.engine.execution.store import MIN_SPAN
     from strategies.selectors.clasp_dp import clasp_dp
 
     def model():
@@ -394,7 +395,7 @@ def test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows():
     prompt = random_prompt(p, seed=5)
     eager = adapter_for(model(), fast_kernels=False)
     graphed = adapter_for(model(), fast_kernels=False)
-    graphed.set_cuda_graphs(True, capture=True, route="forward", recorder=StandInRecorder())
+    graphed.executor.set_cuda_graphs(True, capture=True, route="forward", recorder=StandInRecorder())
     states = [DecodeState(a, prompt, p + 64, capture_hidden=True) for a in (eager, graphed)]
     for s in states:
         s.append(s.prefill().argmax(-1)[:, None])
@@ -403,7 +404,7 @@ def test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows():
     for _ in range(3):
         got = clasp_dp(x, partial(states[1].compute_at, p - 1), 3)
         assert got.skip == want.skip and got.cosine == pytest.approx(want.cosine, abs=1e-5)
-    assert graphed.forward_graphs.static_runs == 2
+    assert graphed.executor.graphs.work.runs == 2
 
 
 def test_a_derived_key_holds_every_bound_value_of_a_shipped_device_function():

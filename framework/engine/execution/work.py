@@ -46,6 +46,8 @@ from typing import Any, Protocol
 
 import torch
 
+from framework.engine.execution.blocks import run_blocks
+from framework.engine.execution.store import span
 from framework.types import RandomStream
 
 #: Bound values a key may hold: compared by value, never by identity.
@@ -420,11 +422,11 @@ class DeviceWork:
             run = self.eager(fn, inputs, params, position)
             _learned(state.adapter)[key] = Learned(tuple(run.ops.draws), run.ops.dynamic)
             return run.out
-        graphs = state.adapter.forward_graphs
-        if graphs is None:
+        graphs = state.adapter.executor.graphs
+        if graphs is None or graphs.forwards is None:
             return self.eager(fn, inputs, params, position).out
-        with torch.inference_mode(), state.adapter._backend():  # attention as the forwards' (exact mode)
-            out = graphs.run_work(
+        with torch.inference_mode(), state.adapter.backend():  # attention as the forwards' (exact mode)
+            out = graphs.work.run(
                 key,
                 fn,
                 inputs,
@@ -457,3 +459,97 @@ def _grows(head: Any) -> bool:
 class _Run:
     ops: EagerOps
     out: Any
+
+
+# ---------------------------------------------------------------------------------- as a graph
+class WorkGraphs:
+    """Strategies' device functions as graphs on the branch graphs' store and pool (the
+    ``forward`` route: where forwards run as one graph, so does a strategy's device work).
+
+    Attributes:
+        runs: functions run as graphs.
+    """
+
+    def __init__(self, branches: Any) -> None:
+        self.arch, self.store, self.pool = branches.arch, branches.store, branches.pool
+        self.max_tokens = branches.max_tokens
+        with torch.inference_mode(False):
+            self._at = torch.zeros(2, dtype=torch.long, device=self.pool.device)  # block position, slot
+            self._offsets = torch.arange(self.max_tokens, device=self.pool.device)
+        self.runs = 0
+
+    def run(
+        self,
+        key: Hashable,
+        fn: Callable[..., Any],
+        inputs: tuple[torch.Tensor | None, ...],
+        params: Mapping[str, Any],
+        *,
+        draws: tuple[Draw, ...],
+        random: RandomStream | None,
+        top1: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        position: int | None = None,
+        cache: Any = None,
+    ) -> Any:
+        """``fn(ops, *inputs, **params)`` as one graph (`DeviceWork.execute`, which derived ``key``).
+
+        The graph is keyed by ``key`` (which holds the inputs' shapes), recorded on first use and
+        bounded with the forwards' (`framework.engine.execution.store`). Each call copies the
+        inputs into the graph's static buffers, draws ``draws`` from ``random`` into its draw
+        buffers (in order: what the eager function draws), and returns copies of its outputs.
+
+        With a committed ``position``, ``ops.block(b, states)`` runs block b on n candidate states
+        of that position against the pool: each attends to the slots before ``position`` and to
+        its own key and value, written in scratch slots after every layer's end (left unclaimed:
+        the cache's books do not change). The position and the scratch slot are device inputs;
+        the attention span, which covers the most candidates a forward may have, is part of the key.
+
+        Returns:
+            the copies, or ``None`` when the pool cannot serve ``cache`` for ``position`` (run it
+            eagerly then).
+        """
+        pool, block = self.pool, None
+        gkey: tuple = ("work", key)
+        if position is not None:
+            base, rows = max(cache.lengths), self.max_tokens
+            if not (pool.holds(cache) and 0 <= position < cache.committed) or base + rows > pool.capacity:
+                return None
+            s = span(base + rows, pool.capacity)
+            gkey = ("work", ("blocks", key, s))
+            self._at.copy_(torch.tensor([position, base], dtype=torch.long), non_blocking=True)
+            block = functools.partial(self._block, s=s)
+
+        def make() -> tuple[tuple, tuple[torch.Tensor, ...]]:
+            ins = tuple(None if t is None else torch.zeros_like(t) for t in inputs)
+            return ins, tuple(torch.zeros(d.shape, dtype=d.dtype, device=pool.device) for d in draws)
+
+        ins, drawn = self.store.buffers(gkey, make)
+        for buf, t in zip(ins, inputs, strict=True):
+            if buf is not None:
+                buf.copy_(t, non_blocking=True)
+        if draws:
+            if random is None:
+                raise RuntimeError("this generation has no random stream (the verifier declares none)")
+            for buf, d in zip(drawn, draws, strict=True):
+                random.fill(d.kind, buf)
+        out = self.store.run(gkey, lambda: fn(StaticOps(top1, block, drawn), *ins, **params))
+        self.runs += 1
+        return outputs_of(out)
+
+    def _block(self, b: int, states: torch.Tensor, *, s: int) -> torch.Tensor:
+        """Block ``b`` on candidate states (n, d) at the position in ``_at[0]``, their keys and
+        values written from slot ``_at[1]`` on: the static form of `DecodeState.forward_block`."""
+        a, pool = self.arch, self.pool
+        assert pool.arange is not None
+        n = states.shape[0]
+        h = states[None]  # (1, n, d): one sequence of n candidates
+        pos_emb = a.rotary(h, self._at[:1].expand(1, n))
+        slots = self._at[1] + self._offsets[:n]  # (n,)
+        ar = pool.arange[:s]
+        hidden_slots = (ar[None, :] >= self._at[0]) & (ar[None, :] != slots[:, None])  # (n, span)
+        mask = pool.mask(hidden_slots)[None, None]
+
+        def attention(i: int, x: torch.Tensor) -> torch.Tensor:
+            return x + a.attention_branch(i, x, pos_emb, mask, pool.slots(slots, s))
+
+        return run_blocks(h, b, b + 1, None, attention, lambda i, x: x + a.mlp_branch(i, x))[0]
