@@ -77,9 +77,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "greedy_accepts_one_more",
         "the greedy verifier accepts one token past the first mismatch",
-        "framework/types.py",
-        "    m = ok.cumprod(dim=1).sum(dim=1)",
-        "    m = (ok.cumprod(dim=1).sum(dim=1) + 1).clamp(max=target.shape[1] - 1)",
+        "strategies/verifiers/greedy.py",
+        '    return {"target": target, "accepted": ok.cumprod(dim=1).sum(dim=1)}',
+        '    return {"target": target, "accepted": (ok.cumprod(dim=1).sum(dim=1) + 1).clamp(max=target.shape[1] - 1)}',
         (V + "test_greedy.py", "tests/strategies/test_combinations.py"),
     ),
     Mutation(
@@ -445,12 +445,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "greedy_check_after_the_forward",
-        "the greedy verifier checks the target's choices with eager operations after the verify "
-        "forward instead of inside it",
+        "the greedy verifier applies its rule with eager operations after the verify forward "
+        "instead of handing it to the forward",
         "strategies/verifiers/greedy.py",
-        'out = state.forward_verify(block, logits_at="all", check=True)\n        checked = out.checked',
-        'out = state.forward_verify(block, logits_at="all")\n        from framework.types import greedy_check\n\n'
-        "        checked = greedy_check(block, out.logits)",
+        'out = state.forward_verify(block, logits_at="all", rule=greedy_rule)\n'
+        '        target, m = out.ruled["target"], out.ruled["accepted"]',
+        'out = state.forward_verify(block, logits_at="all")\n'
+        "        ruled = greedy_rule(None, block, out.logits)\n"
+        '        target, m = ruled["target"], ruled["accepted"]',
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
         ),
@@ -551,9 +553,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a whole-forward graph runs its attention outside exact mode's backend",
         "framework/engine/execution/executor.py",
         "        with lowbit.active() if lowbit is not None else nullcontext(), self.resources.backend():\n"
-        "            logits, hidden, last, picked, checked = g.forwards.run(",
+        "            logits, hidden, last, picked, ruled = g.forwards.run(",
         "        with lowbit.active() if lowbit is not None else nullcontext():\n"
-        "            logits, hidden, last, picked, checked = g.forwards.run(",
+        "            logits, hidden, last, picked, ruled = g.forwards.run(",
         (
             "tests/framework/engine/execution/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",
         ),
@@ -566,6 +568,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        with torch.inference_mode(), lowbit or nullcontext():",
         (
             "tests/framework/engine/execution/test_work.py::test_exact_modes_backend_holds_on_every_graph_route",
+        ),
+    ),
+    Mutation(
+        "sampling_accepts_an_unseen_token",
+        "the sampling rule accepts a token the verify forward's rows did not see (a reused early-exit draft)",
+        "strategies/verifiers/sampling.py",
+        "    m = (torch.lt(u * q_d, p_d) & seen).cumprod(dim=1).sum(dim=1)",
+        "    m = torch.lt(u * q_d, p_d).cumprod(dim=1).sum(dim=1)",
+        (
+            "tests/strategies/verifiers/test_sampling_rule.py::test_a_token_no_row_of_the_verify_forward_saw_is_never_accepted",
+        ),
+    ),
+    Mutation(
+        "rule_epilogue_skipped_on_graph_route",
+        "a whole-forward graph leaves its acceptance rule out (the rule runs again after the graph)",
+        "framework/engine/execution/forward_graph.py",
+        "        if key.rule is not None and rule is not None and logits is not None:",
+        "        if False:",
+        (
+            "tests/framework/engine/execution/test_forward_graph.py::test_a_verifiers_rule_is_folded_into_the_whole_forward_graph_after_one_eager_call",
         ),
     ),
     Mutation(
@@ -649,9 +671,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reuse_check_uncapped",
         "a verification that keeps an early-exit draft accepts from rows that saw the draft's inputs, "
         "not the block's",
-        "framework/types.py",
-        "        ok[:, : n - 1] &= input_ids[:, 1:n] == fed[:, 1:]",
-        "        pass",
+        "framework/engine/state.py",
+        "    return torch.where(torch.cat([same, tail], dim=1), input_ids, -1)",
+        "    return input_ids",
         (
             "tests/framework/engine/test_kv_cache.py::test_a_checked_reusing_verification_never_accepts_from_rows_that_saw_the_drafts_inputs",
         ),

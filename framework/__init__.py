@@ -52,6 +52,7 @@ from framework.interfaces import (
 )
 from framework.registry import RegistryError, UnknownNameError
 from framework.types import (
+    AcceptanceRule,
     DecodeStats,
     Draft,
     ForwardOutput,
@@ -67,6 +68,7 @@ from framework.types import (
 from framework.view import DeviceOps, PlanEvaluation, RoundView
 
 __all__ = [
+    "AcceptanceRule",
     "DRAFTERS",
     "LENGTH_CONTROLLERS",
     "REGISTRIES",

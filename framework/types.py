@@ -393,6 +393,25 @@ class DecodeStats:
     reused_positions: int = 0
 
 
+class AcceptanceRule(Protocol):
+    """A verifier's acceptance rule as a device function, which the engine folds into the verify
+    forward (``RoundView.forward_verify(block, rule=rule, rule_inputs=...)``): on the graph route
+    inside the forward's one graph, elsewhere right after it. Its outputs reach the verifier by
+    name in ``ForwardOutput.ruled``.
+
+    ``ops`` is the engine's `framework.view.DeviceOps` (random draws from the generation's stream:
+    ``ops.uniform``, ``ops.exponential``). ``ids`` (B, T) are the block's tokens as the forward's
+    rows saw them: where a verification reused an early-exit draft's blocks and the block leaves
+    the inputs the draft fed, the tokens from there on are ``-1`` (no row saw them), which a rule
+    never accepts. ``logits`` (B, T, V) are every row's. The engine keys the rule as it keys any
+    device work (its name, its bound values, its inputs' shapes: `framework.engine.execution.work`).
+    """
+
+    def __call__(
+        self, ops: Any, ids: torch.Tensor, logits: torch.Tensor, *inputs: Any
+    ) -> dict[str, torch.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class ForwardSizes:
     """The token counts T of the forwards a method runs after the prefill, as its strategies
@@ -404,14 +423,18 @@ class ForwardSizes:
         tree: token-tree verifications.
         scratch: forwards whose attention hides part of the prefix (teacher-forced scratch passes,
             CLaSp's block evaluations): only their MLP branches take the graphs.
-        checked: chain verifications that check the greedy acceptance inside the forward
-            (``forward_verify(..., check=True)``: a graph of its own).
+        checked: chain verifications with the verifier's acceptance ``rule`` inside the forward
+            (``forward_verify(..., rule=rule)``: a graph of its own); the ``tree`` verifications
+            hold it too when there is one.
+        rule: that rule (an `AcceptanceRule` without inputs: one the engine can record before
+            timing), or ``None``.
     """
 
     chain: frozenset[int] = frozenset()
     tree: frozenset[int] = frozenset()
     scratch: frozenset[int] = frozenset()
     checked: frozenset[int] = frozenset()
+    rule: AcceptanceRule | None = None
 
     @classmethod
     def of(
@@ -420,8 +443,9 @@ class ForwardSizes:
         tree: Iterable[int] = (),
         scratch: Iterable[int] = (),
         checked: Iterable[int] = (),
+        rule: AcceptanceRule | None = None,
     ) -> ForwardSizes:
-        return cls(frozenset(chain), frozenset(tree), frozenset(scratch), frozenset(checked))
+        return cls(frozenset(chain), frozenset(tree), frozenset(scratch), frozenset(checked), rule)
 
     def __or__(self, other: ForwardSizes) -> ForwardSizes:
         return ForwardSizes(
@@ -429,6 +453,7 @@ class ForwardSizes:
             self.tree | other.tree,
             self.scratch | other.scratch,
             self.checked | other.checked,
+            self.rule if self.rule is not None else other.rule,
         )
 
 
@@ -498,50 +523,6 @@ def pick_tokens(logits: torch.Tensor, pick: TokenPick) -> Picked:
     if pick.top_k:
         top_probs, top_tokens = p.topk(min(pick.top_k, p.shape[-1]), dim=-1)  # sorted by p
     return Picked(tok, top_p, p if pick.probs else None, top_tokens, top_probs)
-
-
-@dataclass(frozen=True)
-class GreedyCheck:
-    """Greedy verification computed inside the verify forward (``forward_verify(..., check=True)``;
-    on the ``forward`` graph route inside its one graph, so it launches nothing after it).
-
-    Attributes:
-        target: LongTensor (B, T), the target's argmax after each input of the block.
-        num_accepted: LongTensor (B,), m: the longest prefix of the block's inputs after its first
-            (the draft tokens) that equals the target's choices before them.
-        packed: LongTensor (1 + T,), m of batch row 0 and then row 0's ``target``: what the
-            verifier reads in one copy.
-    """
-
-    target: torch.Tensor
-    num_accepted: torch.Tensor
-    packed: torch.Tensor
-
-    def clone(self) -> GreedyCheck:
-        """Copies (a graph's outputs are overwritten by its next replay)."""
-        return GreedyCheck(self.target.clone(), self.num_accepted.clone(), self.packed.clone())
-
-
-def greedy_check(
-    input_ids: torch.Tensor, logits: torch.Tensor, fed: torch.Tensor | None = None
-) -> GreedyCheck:
-    """The greedy acceptance rule over a verified block ``[pending, d_1..d_K]`` (B, K+1) and its
-    logits at every row (B, K+1, V): ``a = argmax``, ``m`` = the longest prefix with
-    ``d_j == a_{j-1}`` (Leviathan et al. 2023 at T = 0). The one rule of the forward that checks
-    inside its graph (`GreedyCheck`) and of any caller that checks after it.
-
-    ``fed`` (B, n): a verification that kept an early-exit draft's blocks for the ``n`` inputs it
-    fed (`framework.engine.state.DecodeState.forward_verify`). From the first position where the
-    block differs from them, rows saw the draft's inputs, not the block's (attention is causal:
-    rows before it did not), so ``d_j`` is accepted only if the draft fed ``d_j`` itself too. Then
-    the accepted tokens and the bonus come from rows the target computed, without a read."""
-    target = logits.argmax(dim=-1)
-    ok = input_ids[:, 1:] == target[:, :-1]  # (B, K): d_j == a_{j-1}
-    if fed is not None:
-        n = fed.shape[1]
-        ok[:, : n - 1] &= input_ids[:, 1:n] == fed[:, 1:]  # and row j saw d_j (j < n)
-    m = ok.cumprod(dim=1).sum(dim=1)  # booleans' product: an int
-    return GreedyCheck(target, m, torch.cat([m[:1], target[0]]))
 
 
 class DraftWeights(Protocol):
@@ -623,7 +604,8 @@ class ForwardOutput:
             or ``None``: the full LM head.
         picked: the token chosen from the last row's logits inside the forward, when the pass
             asked (``pick``, a `TokenPick`) and ran the full LM head; ``None`` otherwise.
-        checked: the greedy verification of the block's own tokens (``check``), or ``None``.
+        ruled: what the verifier's acceptance rule returned, by name (``rule``: an
+            `AcceptanceRule`, run inside the forward), or ``None``.
     """
 
     logits: torch.Tensor | None
@@ -631,7 +613,7 @@ class ForwardOutput:
     last_hidden: torch.Tensor
     head: ReducedHead | None = None
     picked: Picked | None = None
-    checked: GreedyCheck | None = None
+    ruled: dict[str, torch.Tensor] | None = None
 
     def top1(self) -> torch.Tensor:
         """LongTensor (B, T'): the argmax token ids of `logits` (mapped through `head`)."""

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from framework.types import (
+    AcceptanceRule,
     DecodeStats,
     ForwardOutput,
     LayerPlan,
@@ -123,12 +124,14 @@ class RoundView(Protocol):
         logits_at: str | torch.Tensor | None = "all",
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
-        check: bool = False,
+        rule: AcceptanceRule | None = None,
+        rule_inputs: Sequence[torch.Tensor | None] = (),
     ) -> ForwardOutput:
         """Full-model forward over a block (B, T) starting at `pending_position`, the draft's KV
-        discarded first (see `framework.engine.state.DecodeState.forward_verify`); ``check``: the
-        greedy verification of the block's own tokens inside the forward
-        (``ForwardOutput.checked``, `framework.types.greedy_check`)."""
+        discarded first (see `framework.engine.state.DecodeState.forward_verify`). ``rule``: the
+        verifier's acceptance rule, ``rule(ops, ids, logits, *rule_inputs) -> dict of tensors``
+        (`framework.types.AcceptanceRule`), which the engine folds into the forward (inside its
+        one graph on a GPU) and whose outputs come back by name in ``ForwardOutput.ruled``."""
 
     def forward_scratch(
         self,

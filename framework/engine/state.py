@@ -32,18 +32,19 @@ import torch
 
 from framework.engine.adapter import ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
+from framework.engine.execution.spec import RuleCall
 from framework.engine.execution.work import DeviceWork, RandomStream
 from framework.engine.kv_cache import KVCache
 from framework.interfaces import Drafter, LayerSelector, LengthController, Strategy, Verifier
 from framework.kernels.protocols import DraftWeights
 from framework.types import (
+    AcceptanceRule,
     DecodeStats,
     ForwardOutput,
     LayerPlan,
     ModelInfo,
     TokenPick,
     Verification,
-    greedy_check,
 )
 
 
@@ -350,37 +351,41 @@ class DecodeState:
         logits_at: str | torch.Tensor | None = "all",
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
-        check: bool = False,
+        rule: AcceptanceRule | None = None,
+        rule_inputs: Sequence[torch.Tensor | None] = (),
     ) -> ForwardOutput:
         """Full-model forward over a block (B, T) starting at the first uncommitted position.
 
         The draft's KV is discarded first; the block is written at ``[committed, committed + T)``
         in every layer. ``position_ids``/``tree_mask`` support tree verification (default: a chain).
-        Stores the hidden states in ``last_hidden_states`` when ``capture_hidden``. ``check``: also
-        the greedy verification of the block's own tokens (``ForwardOutput.checked``,
-        `framework.types.greedy_check`), inside the forward's graph where it runs as one; needs
-        ``logits_at="all"``.
+        Stores the hidden states in ``last_hidden_states`` when ``capture_hidden``. ``rule``: the
+        verifier's acceptance rule (`framework.types.AcceptanceRule`) on the block, every row's
+        logits and ``rule_inputs``, inside the forward's graph where it runs as one; its outputs
+        come back in ``ForwardOutput.ruled``; needs ``logits_at="all"``.
 
         After a reusable early-exit draft (see `forward_draft`) a chain verification whose block
         starts with the drafted inputs keeps the draft's blocks ``0..E-1`` for those positions and
         runs blocks ``E..L-1`` only; the result equals a full forward up to rounding. Without
-        ``check`` the block is compared with the drafted inputs first (one device-to-host read;
-        a block that differs is recomputed). With ``check`` nothing is read: the block is
-        verified reusing the draft, and the check accepts nothing from the first position where
-        the block leaves the drafted inputs on (`framework.types.greedy_check` with ``fed``), so
-        what it accepts is the full forward's. A block starts with the pending token, as the draft's first input does.
+        a ``rule`` the block is compared with the drafted inputs first (one device-to-host read;
+        a block that differs is recomputed). With a ``rule`` nothing is read: the block is
+        verified reusing the draft, and the rule sees ``-1`` in place of every token from the
+        first position where the block leaves the drafted inputs on (`seen_ids`): rows from there
+        on saw the draft's inputs, so it accepts none of them, and what it accepts is the full
+        forward's. A block starts with the pending token, as the draft's first input does.
         """
         prefix, self._prefix = self._prefix, None
         self.stats.verify_tokens += int(input_ids.shape[1])
+        call = None if rule is None else RuleCall(rule, tuple(rule_inputs), self.random)
         if prefix is not None and position_ids is None and tree_mask is None:
             n = min(prefix.length, input_ids.shape[1])
             fed = torch.cat(prefix.ids, dim=1)[:, :n]
             complete = prefix.hidden is not None or not self.capture_hidden
-            if n > 0 and complete and check:
-                # No read: the check accepts only inputs the draft fed itself (`greedy_check`'s
-                # ``fed``); the reusing path runs eagerly around its forwards.
+            if n > 0 and complete and call is not None:
+                # No read: the rule sees only the inputs the rows saw (`seen_ids`); the reusing
+                # path runs eagerly around its forwards.
                 out = self._verify_reusing(input_ids, prefix, n, logits_at)
-                return replace(out, checked=greedy_check(input_ids, out.logits, fed))
+                ruled = self.adapter.executor.apply_rule(call, seen_ids(input_ids, fed), out.logits)
+                return replace(out, ruled=ruled)
             if (
                 n > 0 and complete and torch.equal(input_ids[:, :n], fed)
             ):  # one read: a caller that checks itself
@@ -399,7 +404,7 @@ class DecodeState:
             capture_hidden=self.capture_hidden,
             base=c,
             tree_mask=tree_mask,
-            check=check,
+            rule=call,
         )
         self.stats.target_forwards += 1
         if self.capture_hidden:
@@ -657,6 +662,18 @@ class DecodeState:
                 )
             grow[:, : self.num_tokens] = self._tokens[:, : self.num_tokens]
             self._tokens = grow
+
+
+def seen_ids(input_ids: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
+    """A verified block ``input_ids`` (B, T) as the rows of a verification that reused an
+    early-exit draft saw it, the draft having fed ``fed`` (B, n), ``n <= T``: from the first
+    position where the block leaves what the draft fed, every token is ``-1``. Rows from there on
+    saw the draft's inputs (attention is causal: rows before it did not), so an acceptance rule
+    accepts none of them, and what it accepts is what the full forward accepts."""
+    n = fed.shape[1]
+    same = (input_ids[:, :n] == fed).cumprod(dim=1).bool()  # (B, n)
+    tail = same[:, -1:].expand(-1, input_ids.shape[1] - n)
+    return torch.where(torch.cat([same, tail], dim=1), input_ids, -1)
 
 
 def _read_named(values: Mapping[str, torch.Tensor]) -> dict[str, list[Any]]:

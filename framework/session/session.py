@@ -236,6 +236,7 @@ class Session:
             mlp=sizes.scratch,
             hidden=hidden,
             checked=sizes.checked,
+            rule=sizes.rule,
         )
         weights = self.spec.drafter.draft_weights() if not self.cfg.method.baseline_only else None
         if weights is not None and weights.weights != "float32":  # a draft's own graphs (low-bit)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,17 @@ class GreedyVerifier(Verifier):
     """
 
     def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        """Chain verifications of ``pending`` and 0..``max_draft`` drafts, each checked inside
-        its forward."""
+        """Chain verifications of ``pending`` and 0..``max_draft`` drafts, each with `greedy_rule`
+        inside its forward."""
         sizes = range(1, max_draft + 2)
-        return ForwardSizes.of(chain=sizes, checked=sizes)
+        return ForwardSizes.of(chain=sizes, checked=sizes, rule=greedy_rule)
 
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
-        # The target's choices a_0..a_K and m, the longest prefix with d_j == a_{j-1}, computed
-        # inside the verify forward (in its one graph on a GPU: framework.types.greedy_check).
-        out = state.forward_verify(block, logits_at="all", check=True)
-        checked = out.checked
-        target, m = checked.target, checked.num_accepted  # (B, K+1), (B,)
+        # The target's choices a_0..a_K and m, the longest prefix with d_j == a_{j-1}: the rule
+        # runs inside the verify forward (in its one graph on a GPU).
+        out = state.forward_verify(block, logits_at="all", rule=greedy_rule)
+        target, m = out.ruled["target"], out.ruled["accepted"]  # (B, K+1), (B,)
         # The round's one device-to-host read (with any strategy's reads): m and row 0's target
         # choices. The accepted d_1..d_m equal a_0..a_{m-1}, so the committed tokens are a_0..a_m:
         # a view of the target's.
@@ -48,3 +47,14 @@ class GreedyVerifier(Verifier):
             hidden_states=out.hidden_states,
             host_tokens=tuple(got["target"][: k + 1]),
         )
+
+
+def greedy_rule(ops: DeviceOps, ids: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The greedy acceptance rule over a verified block ``ids`` = ``[pending, d_1..d_K]`` (B, K+1)
+    and its logits at every row (B, K+1, V): ``target`` = the argmax ``a``, ``accepted`` = m, the
+    longest prefix with ``d_j == a_{j-1}`` (Leviathan et al. 2023 at T = 0). A token ``-1`` (one
+    the forward's rows did not see: `framework.types.AcceptanceRule`) is never an argmax, so it is
+    never accepted."""
+    target = logits.argmax(dim=-1)
+    ok = ids[:, 1:] == target[:, :-1]  # (B, K): d_j == a_{j-1}
+    return {"target": target, "accepted": ok.cumprod(dim=1).sum(dim=1)}  # booleans' product: an int

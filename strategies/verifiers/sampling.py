@@ -128,12 +128,13 @@ def accept_with_noise(
     assert u is not None
     q = q.to(p.dtype)
     rows = torch.arange(b, device=p.device)
-    idx = draft_tokens[..., None]
+    seen = draft_tokens >= 0  # -1: a token the verify forward's rows did not see (AcceptanceRule)
+    idx = draft_tokens.clamp_min(0)[..., None]
     p_d = p[:, :k].gather(-1, idx).squeeze(-1)  # (B, K)
     q_d = q.gather(-1, idx).squeeze(-1)
     # u < min(1, p/q) is u * q < p for u in [0, 1): no division, and q(d) = 0 (which cannot happen
     # for a token sampled from q) accepts iff p(d) > 0
-    m = torch.lt(u * q_d, p_d).cumprod(dim=1).sum(dim=1)  # (B,): accepted before the first rejection
+    m = (torch.lt(u * q_d, p_d) & seen).cumprod(dim=1).sum(dim=1)  # (B,): accepted before the first rejection
     p_m = p[rows, m]  # (B, V): p_{m+1}, the bonus distribution when m == K
     q_m = q[rows, m.clamp(max=k - 1)]
     residual = (p_m - q_m).clamp_min(0)  # the exponential race takes weights: no normalising
@@ -201,17 +202,10 @@ class SamplingVerifier(Verifier):
                 f"{tuple(draft.tokens.shape)}"
             )
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
-        out = state.forward_verify(block, logits_at="all")
         c = self.config
-        res = state.compute(
-            accept_rule,
-            out.logits,
-            draft.tokens,
-            draft.probs,
-            temperature=c.temperature,
-            top_k=c.top_k,
-            top_p=c.top_p,
-        )
+        rule = functools.partial(accept_rule, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+        out = state.forward_verify(block, logits_at="all", rule=rule, rule_inputs=(draft.probs,))
+        res = out.ruled
         got = state.read(accepted=res["m"][:1], next=res["next"][:1], drafts=draft.tokens[0])  # one read
         a = got["accepted"][0]
         new = torch.cat([draft.tokens[:, :a], res["next"][:, None]], dim=1)  # (B, m+1)
@@ -236,19 +230,22 @@ def sample_draft(
 
 def accept_rule(
     ops: DeviceOps,
+    ids: torch.Tensor,
     logits: torch.Tensor,
-    tokens: torch.Tensor,
     q: torch.Tensor | None,
     *,
     temperature: float,
     top_k: int,
     top_p: float,
 ) -> dict[str, torch.Tensor]:
-    """The sampling verification of draft ``tokens`` (B, K) drawn from ``q`` (B, K, V) against the
-    target ``logits`` (B, K+1, V): warp them into p, draw what `accept_prefix` draws (the K
-    uniforms, then the token's Exp(1) noise) and apply `accept_with_noise`. Returns m, the
-    correction or bonus token ``next`` and the target's argmax ``target``."""
+    """The sampling verification (a verifier's acceptance rule: `framework.types.AcceptanceRule`)
+    of the verified block ``ids`` = ``[pending, d_1..d_K]`` (B, K+1), its drafts drawn from ``q``
+    (B, K, V), against the target ``logits`` (B, K+1, V): warp them into p, draw what
+    `accept_prefix` draws (the K uniforms, then the token's Exp(1) noise) and apply
+    `accept_with_noise`. Returns m, the correction or bonus token ``next`` and the target's argmax
+    ``target``."""
     p = warp(logits, temperature, top_k, top_p)  # (B, K+1, V)
+    tokens = ids[:, 1:]
     b, k = tokens.shape
     u = ops.uniform(b, k, dtype=p.dtype) if k else None
     e = ops.exponential(b, p.shape[-1], dtype=p.dtype)

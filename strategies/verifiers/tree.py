@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from framework import Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
 from framework.config_fields import ConfigError, check_range, param
 from framework.utils import upload
 
@@ -192,15 +192,18 @@ class TreeVerifier(Verifier):
     def forward_sizes(self, max_draft: int) -> ForwardSizes:
         """``pending`` alone (a round without drafts), and trees of up to ``max_draft`` depths of
         the widest band each."""
-        return ForwardSizes.of(chain=(1,), tree=range(2, 2 + max_draft * max(self.config.band_widths)))
+        widest = max(self.config.band_widths)
+        return ForwardSizes.of(
+            chain=(1,), checked=(1,), tree=range(2, 2 + max_draft * widest), rule=target_rule
+        )
 
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         if draft.tokens.shape[0] != 1:
             raise NotImplementedError("tree verification supports batch size 1")
         device = state.device
         if draft.length == 0:
-            out = state.forward_verify(state.pending, logits_at="all")
-            target = out.logits.argmax(dim=-1)
+            out = state.forward_verify(state.pending, logits_at="all", rule=target_rule)
+            target = out.ruled["target"]
             return Verification(
                 num_accepted=torch.zeros(1, dtype=torch.long, device=device),
                 new_tokens=target[:, :1],
@@ -220,8 +223,10 @@ class TreeVerifier(Verifier):
         parents = shape.parents
         block = torch.cat([state.pending, nodes[None].to(state.pending.dtype)], dim=1)  # (1, T)
         pos = (shape.depths + state.pending_position)[None]  # (1, T)
-        out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=shape.mask)
-        target = out.logits.argmax(dim=-1)  # (1, T)
+        out = state.forward_verify(
+            block, logits_at="all", position_ids=pos, tree_mask=shape.mask, rule=target_rule
+        )
+        target = out.ruled["target"]  # (1, T): each node's target choice, inside the forward
         # The round's one device-to-host read: the target's choices and the node tokens together.
         got = state.read(target=target[0], nodes=nodes)
         want, tokens = got["target"], got["nodes"]
@@ -250,3 +255,10 @@ class TreeVerifier(Verifier):
             hidden_states=out.hidden_states,
             host_tokens=host,
         )
+
+
+def target_rule(ops: DeviceOps, ids: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tree verifier's acceptance rule on the device (`framework.types.AcceptanceRule`): the
+    target's choice after every node (B, T). The walk down the tree, which needs the tree's shape,
+    runs on the host after the round's one read (`TreeVerifier.verify`)."""
+    return {"target": logits.argmax(dim=-1)}

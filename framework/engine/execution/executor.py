@@ -9,7 +9,7 @@ draft's compressed weights, exact mode's attention backend, the placement) is th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,14 +21,23 @@ from framework.engine.execution.branches import BranchGraphs
 from framework.engine.execution.forward_graph import ForwardGraphs
 from framework.engine.execution.pool import KVPool
 from framework.engine.execution.route import Route, choose_route
-from framework.engine.execution.spec import ForwardSpec
+from framework.engine.execution.spec import ForwardSpec, RuleCall
 from framework.engine.execution.store import MAX_GRAPHS, GraphStore
-from framework.engine.execution.work import WorkGraphs
+from framework.engine.execution.work import (
+    Draw,
+    EagerOps,
+    Learned,
+    Unkeyable,
+    WorkGraphs,
+    learned_of,
+    warn_eager,
+    work_key,
+)
 from framework.engine.kv_cache import KVCache
 from framework.kernels.fused import FusedBlocks
 from framework.kernels.lowbit import LowBitLinears
 from framework.kernels.protocols import DraftWeights
-from framework.types import ForwardOutput, LayerPlan, greedy_check, pick_tokens
+from framework.types import AcceptanceRule, ForwardOutput, LayerPlan, pick_tokens
 from framework.utils import no_clock, synced_clock
 
 if TYPE_CHECKING:
@@ -150,7 +159,7 @@ class Executor:
                 store,
                 pool,
                 branches,
-                ForwardGraphs(branches) if whole else None,
+                ForwardGraphs(branches, self._rule_top1) if whole else None,
                 WorkGraphs(branches) if whole else None,
                 max_tokens,
             )
@@ -166,6 +175,7 @@ class Executor:
         weights: DraftWeights | None = None,
         hidden: bool = False,
         checked: Iterable[int] = (),
+        rule: AcceptanceRule | None = None,
     ) -> tuple[int, float]:
         """Before timing: size the KV pool for ``capacity`` slots and record every graph forwards
         of these token counts can use, so that no generation records one; with a draft's low-bit
@@ -173,7 +183,8 @@ class Executor:
 
         On the ``forward`` route the full model's forwards of ``chain`` and ``tree`` tokens are
         recorded whole (with every block's residual when ``hidden``; the ``checked`` chain sizes
-        also with the greedy check inside), the ``mlp`` sizes (scratch passes) as branches; draft
+        also with the verifier's acceptance ``rule`` inside, when it has no inputs and draws
+        nothing), the ``mlp`` sizes (scratch passes) as branches; draft
         steps, whose plans and heads are the strategies', record whole on first use (a warm-up
         decode: the runner's and the benchmark's). A no-op without graphs.
 
@@ -205,7 +216,9 @@ class Executor:
             else:
                 g.branches.precapture(rotary, mlp=mlp)
                 if weights is None:
-                    g.forwards.precapture(chain, tree, hidden=hidden, checked=checked)
+                    g.forwards.precapture(
+                        chain, tree, hidden=hidden, checked=checked, rule=self._precapture_rule(rule)
+                    )
         return g.store.captures - n0, g.store.capture_seconds - s0
 
     def graph_counts(self) -> tuple[int, float]:
@@ -226,7 +239,8 @@ class Executor:
     ) -> ForwardOutput:
         """`run` from token ids (B, T) with positions (B, T) (absolute, for RoPE); ``options`` are
         the other fields of `ForwardSpec` (``logits_at`` defaults to ``"all"``). A forward that
-        `choose_route` sends whole runs as one graph."""
+        `choose_route` sends whole runs as one graph, with its acceptance rule inside once the
+        rule's first (eager) call showed what it draws; elsewhere the rule runs right after."""
         spec = ForwardSpec(plan, **options)
         spec.validate(self.arch.num_layers)
         route = choose_route(self, spec, input_ids, cache, from_ids=True)
@@ -234,9 +248,51 @@ class Executor:
             out = self._whole(spec, input_ids, position_ids, cache)
         else:
             out = self.run(self.arch.embed(input_ids), position_ids, cache, spec)
-        if spec.check and out.checked is None:  # not in a graph: the same rule, here
-            out = replace(out, checked=greedy_check(input_ids, out.logits))
+        if spec.rule is not None and out.ruled is None:  # not in a graph: the same rule, here
+            out = replace(out, ruled=self.apply_rule(spec.rule, input_ids, out.logits))
         return out
+
+    def _rule_key(self, call: RuleCall | None) -> tuple[Hashable, tuple[Draw, ...]] | None:
+        """The key under which ``call``'s rule runs inside a whole-forward graph and the draws
+        it makes, or ``None``: no rule, one that cannot be keyed (it runs eagerly, with one
+        warning), one not learned yet (its first call runs eagerly), or one that cannot be a graph."""
+        if call is None:
+            return None
+        key = work_key(call.fn, call.inputs, {})
+        if isinstance(key, Unkeyable):
+            warn_eager(call.fn, key)
+            return None
+        learned = learned_of(self.resources).get(key)
+        return None if learned is None or learned.dynamic else (key, learned.draws)
+
+    def apply_rule(self, call: RuleCall, ids: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``call``'s acceptance rule on a forward's ``ids`` and ``logits``, eagerly (its draws
+        straight from the stream); the first call of a keyed rule notes its draws, so that later
+        whole forwards hold it in their graph."""
+        ops = EagerOps(self._rule_top1, None, call.random, logits.device, False)
+        out = call.fn(ops, ids, logits, *call.inputs)
+        if self.graphs is not None and self.graphs.forwards is not None:
+            key = work_key(call.fn, call.inputs, {})
+            if not isinstance(key, Unkeyable):
+                learned_of(self.resources).setdefault(key, Learned(tuple(ops.draws), ops.dynamic))
+        return out
+
+    def _precapture_rule(self, rule: AcceptanceRule | None) -> tuple[AcceptanceRule, Hashable] | None:
+        """``rule`` and the key a whole forward holds it under, for recording before timing: a
+        rule without inputs and draws only (others record on first use)."""
+        if rule is None:
+            return None
+        key = work_key(rule, (), {})
+        if isinstance(key, Unkeyable):
+            return None
+        learned = learned_of(self.resources).setdefault(key, Learned((), ""))
+        return None if learned.draws or learned.dynamic else (rule, (key, learned.draws))
+
+    def _rule_top1(
+        self, hidden: torch.Tensor, *, draft_head: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ops.top1`` inside an acceptance rule: the full LM head."""
+        return self.top1_from_hidden(hidden)
 
     @torch.inference_mode()
     def forward_from(
@@ -261,9 +317,10 @@ class Executor:
         g = self.graphs
         assert g is not None and g.forwards is not None
         lowbit = spec.weights if isinstance(spec.weights, LowBitLinears) else None
+        rule = self._rule_key(spec.rule)
         with lowbit.active() if lowbit is not None else nullcontext(), self.resources.backend():
-            logits, hidden, last, picked, checked = g.forwards.run(
-                spec, input_ids, position_ids, cache, "model" if lowbit is None else lowbit.weights
+            logits, hidden, last, picked, ruled = g.forwards.run(
+                spec, input_ids, position_ids, cache, "model" if lowbit is None else lowbit.weights, rule
             )
         stop = spec.end(self.arch.num_layers)
         self.forward_calls += 1
@@ -277,7 +334,7 @@ class Executor:
                 logits = logits.index_select(1, at.to(logits.device))
             elif at == "last":
                 logits = logits[:, -1:]
-        return ForwardOutput(logits, hidden, last, spec.head if logits is not None else None, picked, checked)
+        return ForwardOutput(logits, hidden, last, spec.head if logits is not None else None, picked, ruled)
 
     @torch.inference_mode()
     def run(

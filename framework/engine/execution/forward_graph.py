@@ -4,7 +4,7 @@
 ``whole`` as ONE graph, from the token ids to the logits:
 
     embedding -> rotary -> every mask of the forward -> the plan's blocks -> final norm -> LM head
-    [-> the token pick of a draft step, or the greedy check of a verification]
+    [-> the token pick of a draft step, or the verifier's acceptance rule]
 
 keyed by its `framework.engine.execution.spec.GraphKey`, recorded on first use and replayed after
 that (`framework.engine.execution.store`). Why: on a GPU at batch 1 a forward's cost is its
@@ -22,7 +22,7 @@ rounds); the blocks before it are still one graph.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import fields
 from typing import Any
 
@@ -30,10 +30,11 @@ import torch
 
 from framework.engine.execution.blocks import run_blocks
 from framework.engine.execution.branches import BranchGraphs
-from framework.engine.execution.spec import ForwardSpec, GraphKey
+from framework.engine.execution.spec import ForwardSpec, GraphKey, RuleCall
 from framework.engine.execution.store import span, spans
+from framework.engine.execution.work import Draw, StaticOps, outputs_of
 from framework.engine.kv_cache import KVCache
-from framework.types import GreedyCheck, Picked, greedy_check, pick_tokens
+from framework.types import AcceptanceRule, Picked, pick_tokens
 
 
 class ForwardGraphs:
@@ -43,8 +44,10 @@ class ForwardGraphs:
         forwards: forwards run through this route.
     """
 
-    def __init__(self, branches: BranchGraphs) -> None:
-        self.branches = branches
+    def __init__(
+        self, branches: BranchGraphs, top1: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        self.branches, self._top1 = branches, top1
         self.arch, self.store, self.pool = branches.arch, branches.store, branches.pool
         self.forwards = 0
         dev = branches.device
@@ -60,18 +63,20 @@ class ForwardGraphs:
         tree: Iterable[int] = (),
         hidden: bool = False,
         checked: Iterable[int] = (),
+        rule: tuple[AcceptanceRule, Hashable] | None = None,
     ) -> None:
         """Record, on the current pool, the full model's forwards of these token counts at every
         span: causal ones for ``chain`` (plain steps, chain verifications), token trees for
         ``tree``, their logits at every row, every block's residual too with ``hidden`` (a
-        selector that reads them), and the ``checked`` chain sizes once more with the greedy check
-        inside (a greedy verifier's). Draft steps record on first use: their plans, heads and picks
+        selector that reads them), and the ``checked`` chain sizes once more with the acceptance
+        ``rule`` inside (a verifier's: the function and its derived key), which the trees hold too. Draft steps record on first use: their plans, heads and picks
         are the strategies' (a warm-up decode records them before timing). The recording forwards
         write garbage into the pool's slots, so the pool must not be lent."""
         fits = lambda ts: sorted({t for t in ts if 1 <= t <= self.branches.max_tokens})  # noqa: E731
-        kinds = [(False, False, t) for t in fits(chain)] + [(False, True, t) for t in fits(checked)]
-        kinds += [(True, False, t) for t in fits(tree)]
-        for is_tree, check, t in kinds:
+        kinds = [(False, False, t) for t in fits(chain)]
+        kinds += [(False, True, t) for t in fits(checked) if rule is not None]
+        kinds += [(True, rule is not None, t) for t in fits(tree)]  # a tree is a verification
+        for is_tree, ruled, t in kinds:
             ids, pos = self._inputs(t)
             ids.zero_()
             for s in spans(self.pool.capacity):
@@ -79,8 +84,9 @@ class ForwardGraphs:
                 self._first.fill_(s - t)
                 if is_tree:
                     self.branches.tree_buffer(t).copy_(torch.ones(t, t, dtype=torch.bool).tril())
-                key = GraphKey(None, t, s, "all", hidden, is_tree, "model", check=check)
-                self.store.run(("forward", key), lambda key=key: self._forward(key))
+                fn, rkey = rule if ruled and rule is not None else (None, None)
+                key = GraphKey(None, t, s, "all", hidden, is_tree, "model", rule=rkey)
+                self.store.run(("forward", key), lambda key=key, fn=fn: self._forward(key, fn, (), ()))
 
     def run(
         self,
@@ -89,19 +95,23 @@ class ForwardGraphs:
         position_ids: torch.Tensor,
         cache: KVCache,
         weights: str,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, Picked | None, GreedyCheck | None]:
-        """Run ``spec``'s graph on these inputs, keeping ``cache``'s books.
+        rule: tuple[Hashable, tuple[Draw, ...]] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, Picked | None, dict | None]:
+        """Run ``spec``'s graph on these inputs, keeping ``cache``'s books; with ``rule`` (the key
+        of ``spec.rule`` and the draws it makes), the acceptance rule inside the graph: its inputs
+        copied into static buffers and its draws made from the generation's stream before the
+        replay (in order: what the eager rule draws).
 
         Returns:
-            ``(logits, hidden_states, last_hidden, picked, checked)``: logits (1, T, V) or ``None``
+            ``(logits, hidden_states, last_hidden, picked, ruled)``: logits (1, T, V) or ``None``
             when the graph has no head, hidden states (stop + 1, 1, T, d) or ``None``, the
-            residual (1, T, d) where the forward stopped, the token its ``pick`` chose and the
-            greedy verification its ``check`` asked for (or ``None``); copies (the graph's own
-            outputs are overwritten by its next replay).
+            residual (1, T, d) where the forward stopped, the token its ``pick`` chose and what
+            the rule returned (or ``None``); copies (the graph's own outputs are overwritten by
+            its next replay).
         """
         t, plan = input_ids.shape[1], spec.plan
         base = spec.base if spec.base is not None else max(cache.lengths, default=0)
-        key = spec.graph_key(t, span(base + t, self.pool.capacity), weights)
+        key = spec.graph_key(t, span(base + t, self.pool.capacity), weights, rule)
         stop = spec.end(self.arch.num_layers)
         writes = [i for i in range(stop) if plan is None or plan.runs_attn(i)]
         ids, pos = self._inputs(t)
@@ -109,26 +119,48 @@ class ForwardGraphs:
         pos.copy_(position_ids, non_blocking=True)
         if key.tree:
             self.branches.tree_buffer(t).copy_(spec.tree_mask, non_blocking=True)
+        fn, ins, drawn = None, (), ()
+        if rule is not None and key.rule is not None and spec.rule is not None:
+            fn, ins, drawn = self._rule_inputs(key, spec.rule, rule[1])
         cache.begin(t, base=spec.base, tree_mask=spec.tree_mask, writes=writes)
         try:
             self._first.copy_(torch.tensor(cache.first_slots(), dtype=torch.long), non_blocking=True)
-            out = self.store.run(("forward", key), lambda: self._forward(key))
+            out = self.store.run(("forward", key), lambda: self._forward(key, fn, ins, drawn))
         finally:
             cache.end()
         self.forwards += 1
         logits, hidden = out["logits"], out["hidden"]
-        picked = checked = None
+        picked = None
         if "pick.tokens" in out:
             picked = Picked(**{f.name: out[f"pick.{f.name}"] for f in fields(Picked)}).clone()
-        if "check.target" in out:
-            checked = GreedyCheck(**{f.name: out[f"check.{f.name}"] for f in fields(GreedyCheck)}).clone()
         return (
             None if logits is None else logits.clone(),
             None if hidden is None else hidden.clone(),
             out["last"].clone(),
             picked,
-            checked,
+            outputs_of(out["rule"]) if "rule" in out else None,
         )
+
+    def _rule_inputs(
+        self, key: GraphKey, call: RuleCall, draws: tuple[Draw, ...]
+    ) -> tuple[AcceptanceRule, tuple, tuple[torch.Tensor, ...]]:
+        """The rule's static inputs and draw buffers of ``key``'s graph, filled for this call."""
+        dev = self.pool.device
+
+        def make() -> tuple[tuple, tuple[torch.Tensor, ...]]:
+            ins = tuple(None if x is None else torch.zeros_like(x) for x in call.inputs)
+            return ins, tuple(torch.zeros(d.shape, dtype=d.dtype, device=dev) for d in draws)
+
+        ins, drawn = self.store.buffers(("forward", key), make)
+        for buf, x in zip(ins, call.inputs, strict=True):
+            if buf is not None:
+                buf.copy_(x, non_blocking=True)
+        if draws:
+            if call.random is None:
+                raise RuntimeError("this generation has no random stream (the verifier declares none)")
+            for buf, d in zip(drawn, draws, strict=True):
+                call.random.fill(d.kind, buf)
+        return call.fn, ins, drawn
 
     def _inputs(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         bufs = self._ids.get(t)
@@ -141,8 +173,11 @@ class ForwardGraphs:
                 )
         return bufs
 
-    def _forward(self, key: GraphKey) -> dict[str, Any]:
-        """The static forward of ``key``: reads only the static inputs and the KV pool."""
+    def _forward(
+        self, key: GraphKey, rule: AcceptanceRule | None, ins: tuple, drawn: tuple[torch.Tensor, ...]
+    ) -> dict[str, Any]:
+        """The static forward of ``key``: reads only the static inputs and the KV pool; ``rule``
+        (with its static inputs and draws) after the LM head when the key holds one."""
         a, pool = self.arch, self.pool
         assert pool.arange is not None
         t, plan, s = key.rows, key.plan, key.span
@@ -176,7 +211,6 @@ class ForwardGraphs:
         if key.pick is not None and logits is not None:  # the graph's outputs: tensors
             picked = pick_tokens(logits[:, -1], key.pick)
             out.update({f"pick.{f.name}": getattr(picked, f.name) for f in fields(Picked)})
-        if key.check and logits is not None:
-            checked = greedy_check(ids, logits)
-            out.update({f"check.{f.name}": getattr(checked, f.name) for f in fields(GreedyCheck)})
+        if key.rule is not None and rule is not None and logits is not None:
+            out["rule"] = rule(StaticOps(self._top1, None, drawn), ids, logits, *ins)
         return out

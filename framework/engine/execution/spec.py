@@ -4,13 +4,14 @@ keyed by (derived here, never written twice)."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from framework.kernels.protocols import DraftWeights
-from framework.types import LayerPlan, TokenPick
+from framework.types import AcceptanceRule, LayerPlan, RandomStream, TokenPick
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -41,8 +42,8 @@ class ForwardSpec:
         pick: choose a token from the last row's logits inside the forward
             (`framework.types.TokenPick`; part of its graph on the whole-forward route); ignored
             with a reduced ``head`` (its logits come after the graph: the caller chooses).
-        check: check the block's own tokens against the target's argmax (a greedy verification)
-            inside the forward; needs ``logits_at="all"``, the full LM head and token ids.
+        rule: a verifier's acceptance rule run inside the forward (`RuleCall`); needs
+            ``logits_at="all"``, the full LM head and token ids.
     """
 
     plan: LayerPlan | None = None
@@ -57,7 +58,7 @@ class ForwardSpec:
     head: DraftHead | None = None
     weights: DraftWeights | None = None
     pick: TokenPick | None = None
-    check: bool = False
+    rule: RuleCall | None = None
 
     def end(self, num_layers: int) -> int:
         """One past the last block this forward runs on a model of ``num_layers`` blocks."""
@@ -79,13 +80,14 @@ class ForwardSpec:
         at = self.logits_at
         if isinstance(at, str) and at not in LOGITS_AT or not isinstance(at, (str, torch.Tensor, type(None))):
             raise ValueError(f"logits_at must be 'all', 'last', a tensor or None, got {at!r}")
-        if self.check and (not isinstance(at, str) or at != "all" or self.head is not None):
-            raise ValueError("check (a greedy verification) needs logits_at='all' and the full LM head")
+        if self.rule is not None and (not isinstance(at, str) or at != "all" or self.head is not None):
+            raise ValueError("an acceptance rule needs logits_at='all' and the full LM head")
 
-    def graph_key(self, rows: int, span: int, weights: str) -> GraphKey:
+    def graph_key(self, rows: int, span: int, weights: str, rule: Hashable | None = None) -> GraphKey:
         """The key of this forward's whole graph over ``rows`` tokens reading ``span`` slots with
-        ``weights`` (``"model"`` or a low-bit format). A reduced head or no logits: the graph stops
-        at the last residual (the head runs after it, and its caller picks)."""
+        ``weights`` (``"model"`` or a low-bit format) and the acceptance ``rule``'s key inside it
+        (``None``: none, or one that runs after the graph). A reduced head or no logits: the graph
+        stops at the last residual (the head runs after it, and its caller picks)."""
         logits = "none" if self.head is not None or self.logits_at is None else "all"
         return GraphKey(
             self.plan,
@@ -96,7 +98,7 @@ class ForwardSpec:
             self.tree_mask is not None,
             weights,
             self.pick if logits == "all" else None,
-            self.check and logits == "all",
+            rule if logits == "all" else None,
         )
 
 
@@ -114,7 +116,8 @@ class GraphKey:
         tree: the rows form a token tree (a tree mask), else a causal chain.
         weights: ``"model"`` or a draft's low-bit format (`framework.kernels.lowbit`).
         pick: the token chosen from the last row's logits in the graph, or ``None``.
-        check: the greedy verification of the block's own tokens in the graph.
+        rule: the acceptance rule run in the graph: its derived key and the draws it makes
+            (`framework.engine.execution.work`), or ``None``.
     """
 
     plan: LayerPlan | None
@@ -125,4 +128,19 @@ class GraphKey:
     tree: bool = False
     weights: str = "model"
     pick: TokenPick | None = None
-    check: bool = False
+    rule: Hashable | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class RuleCall:
+    """A verifier's acceptance rule for one verify forward (`framework.types.AcceptanceRule`).
+
+    Attributes:
+        fn: ``fn(ops, ids, logits, *inputs) -> dict of tensors``.
+        inputs: its tensors after the block's ids and logits (``None`` allowed).
+        random: the generation's random stream its draws come from (``None``: it draws nothing).
+    """
+
+    fn: AcceptanceRule
+    inputs: tuple = ()
+    random: RandomStream | None = None

@@ -334,7 +334,7 @@ class StaticOps(_Ops):
 _LEARNED: weakref.WeakKeyDictionary[Any, dict[WorkKey, Learned]] = weakref.WeakKeyDictionary()
 
 
-def _learned(adapter: Any) -> dict[WorkKey, Learned]:
+def learned_of(adapter: Any) -> dict[WorkKey, Learned]:
     got = _LEARNED.get(adapter)
     if got is None:
         got = _LEARNED[adapter] = {}
@@ -401,7 +401,7 @@ class DeviceWork:
         head = self.state.draft_head
         if head is not None:  # its rows are the graph's too: a head that grows is never a graph
             key = dataclasses.replace(key, engine=(head.key, "grows" if _grows(head) else head.size))
-        learned = _learned(self.state.adapter).get(key)
+        learned = learned_of(self.state.adapter).get(key)
         if learned is not None and learned.dynamic:
             return self.eager(fn, inputs, params, position).out
         return self.execute(key, learned, fn, inputs, params, position)
@@ -420,7 +420,7 @@ class DeviceWork:
         state = self.state
         if learned is None:
             run = self.eager(fn, inputs, params, position)
-            _learned(state.adapter)[key] = Learned(tuple(run.ops.draws), run.ops.dynamic)
+            learned_of(state.adapter)[key] = Learned(tuple(run.ops.draws), run.ops.dynamic)
             return run.out
         graphs = state.adapter.executor.graphs
         if graphs is None or graphs.forwards is None:

@@ -18,7 +18,7 @@ from strategies.drafters.layer_skip import LayerSkipDrafter
 from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
-from strategies.verifiers.greedy import GreedyVerifier
+from strategies.verifiers.greedy import GreedyVerifier, greedy_rule
 from strategies.verifiers.sampling import SamplingVerifier, SamplingVerifierConfig
 from strategies.verifiers.tree import TreeVerifier
 
@@ -169,11 +169,12 @@ def test_strategies_reads_come_back_with_the_verifiers_read_by_name_and_exact(ad
     state, block = _verified_state(adapter, a, b)
     assert a.chains == [(7, 1, 8, 64)]  # the prompt's, at the first token's read
     assert list(state.values_for(b)) == ["first"]
-    out = state.forward_verify(block, logits_at="all", check=True)
+    out = state.forward_verify(block, logits_at="all", rule=greedy_rule)
+    accepted, target = out.ruled["accepted"], out.ruled["target"]
     with count_host_reads() as reads:
-        got = state.read(accepted=out.checked.num_accepted, target=out.checked.target[0])
+        got = state.read(accepted=accepted, target=target[0])
     assert reads.total == 1, reads.by_site
-    assert got == {"accepted": out.checked.num_accepted.tolist(), "target": out.checked.target[0].tolist()}
+    assert got == {"accepted": accepted.tolist(), "target": target[0].tolist()}
     assert all(type(x) is int for x in got["target"])
     assert a.chains[-1] == (7, 1, 4, 64)  # L+1 = 7 layers of the verified chain, 4 positions, d = 64
     values = state.values_for(a)

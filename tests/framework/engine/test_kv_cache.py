@@ -18,6 +18,7 @@ from framework.engine.kv_cache import KVCache
 from framework.engine.state import DecodeState
 from framework.testing import random_prompt
 from framework.testing.syncs import count_host_reads
+from strategies.verifiers.greedy import greedy_rule
 
 ATOL = 1e-10
 V = 128
@@ -642,7 +643,7 @@ def test_reuse_falls_back_to_recompute(llama_adapter):
 def test_a_checked_reusing_verification_reads_nothing_and_accepts_only_what_the_target_would(
     llama_adapter, differ_at
 ):
-    """Issue 38: ``check=True`` after a reusable draft keeps the draft without comparing the block
+    """Issue 38 and 46: an acceptance rule (the greedy verifier's) after a reusable draft keeps the draft without comparing the block
     on the host. Where the block leaves the drafted inputs (position ``differ_at``; ``None``: it
     does not; 3: only where the draft fed nothing), rows from there saw the draft's inputs: m
     stops before them, and the target's choices of the rows it uses, and the KV it commits, are
@@ -654,27 +655,26 @@ def test_a_checked_reusing_verification_reads_nothing_and_accepts_only_what_the_
     full = DecodeState(llama_adapter, state.tokens[:, :-1], 32)  # the same tokens, nothing drafted
     full.prefill()
     full.append(state.pending)
-    want = full.forward_verify(torch.tensor([block]), check=True).checked
+    want = full.forward_verify(torch.tensor([block]), rule=greedy_rule).ruled
     c = state.cache.committed
     with count_host_reads() as reads:
-        got = state.forward_verify(torch.tensor([block]), check=True).checked
+        got = state.forward_verify(torch.tensor([block]), rule=greedy_rule).ruled
     assert reads.total == 0 and state.stats.verify_blocks_saved == 2 * 3  # E blocks x 3 inputs fed
-    m = int(got.num_accepted)
-    assert got.packed.tolist()[0] == m
+    m = int(got["accepted"])
     ref = reference_plan_logits(
         llama_adapter, torch.cat([state.tokens, torch.tensor([block[1:]])], 1), c, None
     )
-    torch.testing.assert_close(got.target[:, : m + 1], ref.argmax(-1)[:, : m + 1], atol=0, rtol=0)
+    torch.testing.assert_close(got["target"][:, : m + 1], ref.argmax(-1)[:, : m + 1], atol=0, rtol=0)
     if differ_at is None or differ_at == 3:  # every fed input agrees: the full forward's check
-        assert m == int(want.num_accepted) and torch.equal(got.target, want.target)
+        assert m == int(want["accepted"]) and torch.equal(got["target"], want["target"])
     else:
-        assert m == min(int(want.num_accepted), differ_at - 1)
-    state.commit(Verification(num_accepted=got.num_accepted, new_tokens=got.target[:, : m + 1]))
+        assert m == min(int(want["accepted"]), differ_at - 1)
+    state.commit(Verification(num_accepted=got["accepted"], new_tokens=got["target"][:, : m + 1]))
     assert_committed_matches_fresh(state)
 
 
 def test_a_checked_reusing_verification_never_accepts_from_rows_that_saw_the_drafts_inputs(llama_adapter):
-    """The case `greedy_check`'s ``fed`` rule is for: the draft fed x2 where the block has the target's own g2, and the
+    """The case `framework.engine.state.seen_ids` is for: the draft fed x2 where the block has the target's own g2, and the
     block's next token is what the target says after x2. Row 2 saw x2, so without the rule the
     check would accept that token and a bonus from a row the target never computed."""
 
@@ -695,10 +695,10 @@ def test_a_checked_reusing_verification_never_accepts_from_rows_that_saw_the_dra
     for tok in (p, g1, x2):  # the draft feeds p, g1, x2 with blocks < E = 2
         state.forward_draft(torch.tensor([[tok]]), state.prefix_plan(2), reusable=True)
     with count_host_reads() as reads:
-        got = state.forward_verify(torch.tensor([[p, g1, g2, h3]]), check=True).checked
+        got = state.forward_verify(torch.tensor([[p, g1, g2, h3]]), rule=greedy_rule).ruled
     assert reads.total == 0
     # the full forward accepts g1, g2 (m = 2); the reusing one stops before row 2: m = 1, bonus g2
-    assert int(got.num_accepted) == 1 and got.target[0, :2].tolist() == [g1, g2]
+    assert int(got["accepted"]) == 1 and got["target"][0, :2].tolist() == [g1, g2]
 
 
 def test_reusable_needs_a_pure_prefix_plan(llama_adapter):

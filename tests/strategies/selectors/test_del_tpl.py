@@ -632,7 +632,7 @@ def test_the_sums_reach_del_whether_they_travel_with_the_verifiers_read_or_not(m
     itself at the commit: DEL has one code path, and its decisions are the same, to the bit, with
     the work budget deciding on the same rounds; only the reads differ."""
     from framework.testing.syncs import count_host_reads
-    from framework.types import greedy_check
+    from strategies.verifiers.greedy import greedy_rule
 
     class ReadsByItself(GreedyVerifier):
         """A verifier written outside the project that reads its result itself."""
@@ -640,11 +640,11 @@ def test_the_sums_reach_del_whether_they_travel_with_the_verifiers_read_or_not(m
         def verify(self, state, draft):
             block = torch.cat([state.pending, draft.tokens], dim=1)
             out = state.forward_verify(block, logits_at="all")
-            checked = greedy_check(block, out.logits)
-            k = int(checked.num_accepted[0])  # its own read: nothing the engine can join
+            checked = greedy_rule(None, block, out.logits)
+            k = int(checked["accepted"][0])  # its own read: nothing the engine can join
             return Verification(
-                num_accepted=checked.num_accepted,
-                new_tokens=checked.target[:, : k + 1],
+                num_accepted=checked["accepted"],
+                new_tokens=checked["target"][:, : k + 1],
                 hidden_states=out.hidden_states,
             )
 

@@ -437,9 +437,11 @@ class _FixedLogitsState:
         self.zp = zp
         self.random = random
 
-    def forward_verify(self, block, logits_at="all"):
+    def forward_verify(self, block, logits_at="all", rule=None, rule_inputs=()):
         assert block.shape == (self.pending.shape[0], self.zp.shape[0]) and logits_at == "all"
-        return SimpleNamespace(logits=self.zp[None].expand(block.shape[0], -1, -1), hidden_states=None)
+        logits = self.zp[None].expand(block.shape[0], -1, -1)
+        ruled = None if rule is None else rule(device_ops(self.random), block, logits, *rule_inputs)
+        return SimpleNamespace(logits=logits, hidden_states=None, ruled=ruled)
 
     def read(self, **values):
         return {k: v.reshape(-1).tolist() for k, v in values.items()}
@@ -508,3 +510,16 @@ def test_a_draft_token_the_target_gives_no_mass_is_never_accepted_even_at_u_zero
     assert m.tolist() == [0] and nxt.tolist() == [2]  # rejected: the residual is token 2's
     m, _ = accept_with_noise(torch.tensor([[1]]), q, p, u, e)
     assert m.tolist() == [1]
+
+
+def test_a_token_no_row_of_the_verify_forward_saw_is_never_accepted():
+    """A verification that reused an early-exit draft hands its rule ``-1`` for every token from
+    where the block leaves what the draft fed (`framework.engine.state.seen_ids`): the sampling
+    rule rejects it, whatever the draws, and never indexes the distributions with it."""
+    from strategies.verifiers.sampling import accept_with_noise
+
+    p, q = torch.full((1, 3, 4), 0.25), torch.full((1, 2, 4), 0.25)
+    u, e = torch.zeros(1, 2), torch.ones(1, 4)  # u = 0: every seen token is accepted
+    assert int(accept_with_noise(torch.tensor([[1, 2]]), q, p, u, e)[0]) == 2
+    assert int(accept_with_noise(torch.tensor([[1, -1]]), q, p, u, e)[0]) == 1
+    assert int(accept_with_noise(torch.tensor([[-1, -1]]), q, p, u, e)[0]) == 0

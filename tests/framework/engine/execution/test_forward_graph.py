@@ -18,6 +18,7 @@ from framework.engine.execution.store import span, spans
 from framework.engine.state import DecodeState
 from framework.testing import ARCHS, default_strategy_instance, prepare_context, random_prompt, tiny_model
 from framework.testing.graphs import StandInRecorder
+from strategies.verifiers.greedy import greedy_rule
 
 
 def _adapters(arch: str = "llama", num_layers: int = 4, seed: int = 0, **graphs):
@@ -203,14 +204,16 @@ def test_spans_are_coarse_and_precapture_records_the_full_models_forwards():
     pool.reserve(10_000)  # a pool of 16,384 slots
     assert spans(pool.capacity) == [2048, 8192, 16384]
     assert [span(end, pool.capacity) for end in (1, 2048, 2049, 9000)] == [2048, 2048, 8192, 16384]
-    n, _ = graphed.executor.prepare_graphs(10_000, chain=(1, 3), tree=(4,), hidden=True, checked=(3,))
+    n, _ = graphed.executor.prepare_graphs(
+        10_000, chain=(1, 3), tree=(4,), hidden=True, checked=(3,), rule=greedy_rule
+    )
     assert n == store.captures == 4 * 3  # four kinds at three spans, nothing else
     specs = {k[1] for k in store._graphs}
-    assert {(s.rows, s.tree, s.hidden, s.plan, s.check) for s in specs} == {
+    assert {(s.rows, s.tree, s.hidden, s.plan, s.rule is not None) for s in specs} == {
         (1, False, True, None, False),
         (3, False, True, None, False),
-        (3, False, True, None, True),  # a greedy verification's, checked inside
-        (4, True, True, None, False),
+        (3, False, True, None, True),  # a greedy verification's, its rule inside
+        (4, True, True, None, True),  # a tree verification holds the rule too
     }
     # a timed decode's plain steps and verifications of those sizes record nothing more
     state = _started((graphed,), random_prompt(6, seed=8))[0]
@@ -218,7 +221,7 @@ def test_spans_are_coarse_and_precapture_records_the_full_models_forwards():
     _step(state)
     block = torch.tensor([[int(state.pending), 3, 4]])
     state.forward_verify(block)
-    state.forward_verify(block, check=True)
+    state.forward_verify(block, rule=greedy_rule)
     assert store.captures == 12
 
 
@@ -288,29 +291,65 @@ def test_a_draft_step_picks_its_token_inside_the_whole_forward_graph():
     assert out.picked is None and out.head is not None
 
 
-def test_a_greedy_verification_is_checked_inside_the_whole_forward_graph():
-    """``check`` puts the greedy verification (the target's argmax at every row, the matched
-    prefix of the block's own tokens, both packed for one read) into the verify forward's graph,
-    computed as `greedy_check` computes it after an eager forward; it needs every row's logits."""
-    from framework.types import greedy_check
-
+def test_a_verifiers_rule_is_folded_into_the_whole_forward_graph_after_one_eager_call():
+    """Issue 46, item 4: a verifier's acceptance rule (here the greedy verifier's) runs inside
+    the verify forward's graph: its first call runs right after the forward (it shows the engine
+    what it draws), every later one inside the graph, with the same outputs as the rule run on an
+    eager forward's logits; it needs every row's logits."""
     rec = _Recorder()
     eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
     states = _started((eager, graphed), random_prompt(6, seed=2))
     pending = int(states[0].pending)
     want_next = int(states[0].forward_verify(states[0].pending, logits_at="last").logits[0, -1].argmax())
     states[0].cache.rollback()
-    for block in ([[pending, want_next, 5, 9]], [[pending, 3, want_next, 1]]):
+    store, ex = graphed.executor.graphs.store, graphed.executor
+    after = []  # the rule's calls after the graphed forward, outside its graph
+    apply_rule = ex.apply_rule
+    ex.apply_rule = lambda *args: after.append(args) or apply_rule(*args)
+    for block in ([[pending, want_next, 5, 9]], [[pending, 3, want_next, 1]], [[pending, 3, 2, 1]]):
         ids = torch.tensor(block)
-        outs = [s.forward_verify(ids, check=True) for s in states]
-        ref = greedy_check(ids, outs[0].logits)
+        outs = [s.forward_verify(ids, rule=greedy_rule) for s in states]
+        ref = greedy_rule(None, ids, outs[0].logits)
         for out in outs:
-            assert torch.equal(out.checked.target, ref.target)
-            assert torch.equal(out.checked.num_accepted, ref.num_accepted)
-            assert torch.equal(out.checked.packed, torch.cat([ref.num_accepted, ref.target[0]]))
+            assert out.ruled.keys() == {"target", "accepted"}
+            assert torch.equal(out.ruled["target"], ref["target"])
+            assert torch.equal(out.ruled["accepted"], ref["accepted"])
         for s in states:
             s.cache.rollback()
-    assert int(outs[1].checked.num_accepted[0]) == (1 if block[0][1] == want_next else 0)
-    assert any(k[1].check for k in graphed.executor.graphs.store.keys("forward"))
-    with pytest.raises(ValueError, match="check .* needs logits_at='all'"):
-        states[1].forward_verify(states[1].pending, logits_at="last", check=True)
+        assert int(outs[1].ruled["accepted"][0]) == (1 if block[0][1] == want_next else 0)
+    ruled = [k[1] for k in store.keys("forward") if k[1].rule is not None]
+    assert len(ruled) == 1 and ruled[0].rows == 4  # learned on the first block, then one graph
+    assert len(after) == 1  # the learning call only: the later ones ran inside the graph
+    with pytest.raises(ValueError, match="acceptance rule needs logits_at='all'"):
+        states[1].forward_verify(states[1].pending, logits_at="last", rule=greedy_rule)
+
+
+def top2_rule(ops, ids, logits, *, margin):
+    """A rule written outside the project: accept a draft token among the target's two most
+    probable when its logit is within ``margin`` of the best (not lossless: a test of the path)."""
+    top = logits.topk(2, dim=-1)
+    near = (top.values[..., :1] - top.values[..., 1:]) <= margin
+    ok = (ids[:, 1:] == top.indices[:, :-1, 0]) | ((ids[:, 1:] == top.indices[:, :-1, 1]) & near[:, :-1, 0])
+    return {"accepted": ok.cumprod(dim=1).sum(dim=1), "target": top.indices[..., 0]}
+
+
+def test_a_rule_written_outside_the_project_gets_the_one_launch_path_keyed_by_its_bound_values():
+    """A verifier's own rule goes through the same path without touching the engine: one graph
+    per bound value (the derived key holds ``margin``), and its outputs equal the rule's run after
+    an eager forward."""
+    from functools import partial
+
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
+    states = _started((eager, graphed), random_prompt(6, seed=3))
+    store = graphed.executor.graphs.store
+    ids = torch.tensor([[int(states[0].pending), 3, 5]])
+    for margin in (0.5, 0.5, 0.5, 2.0, 2.0):
+        rule = partial(top2_rule, margin=margin)
+        outs = [s.forward_verify(ids, rule=rule) for s in states]
+        ref = top2_rule(None, ids, outs[0].logits, margin=margin)
+        assert all(torch.equal(o.ruled["accepted"], ref["accepted"]) for o in outs)
+        for s in states:
+            s.cache.rollback()
+    margins = {dict(k[1].rule[0].params)["margin"] for k in store.keys("forward") if k[1].rule is not None}
+    assert margins == {0.5, 2.0}

@@ -15,6 +15,7 @@ import torch
 
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.execution.executor import Executor
 from framework.engine.execution.work import EagerWorkWarning, Unkeyable, WorkGraphs, WorkKey, work_key
 from framework.engine.state import DecodeState
 from framework.testing import prepare_context, random_prompt, tiny_model
@@ -212,6 +213,7 @@ def _top1_of(ops, h, *, draft_head):
 def _eager(monkeypatch):
     """Run every keyed function eagerly (no graph), as the stand-in route's twin."""
     monkeypatch.setattr(WorkGraphs, "run", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(Executor, "_rule_key", lambda self, call: None)  # rules after the forward
 
 
 def test_del_statistics_through_their_graph_decide_what_they_decide_eagerly(monkeypatch):
@@ -307,8 +309,8 @@ def test_clasp_decodes_through_its_dp_graph_as_through_the_eager_dp(monkeypatch)
 
 def test_speculative_sampling_through_its_graphs_draws_what_it_draws_eagerly(monkeypatch):
     """A sampled draft step's rule and the sampling verification (warping, acceptance, the
-    replacement or bonus token) run as device functions whose draws come from the verifier's
-    stream inside them. So the same seed gives the same tokens from their graphs as eagerly."""
+    replacement or bonus token: the verifier's acceptance rule, inside the verify forward's graph)
+    run as device functions whose draws come from the verifier's stream inside them. So the same seed gives the same tokens from their graphs as eagerly."""
     from strategies.drafters.layer_skip import LayerSkipDrafter
     from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfig
     from strategies.selectors.static import StaticSelector, StaticSelectorConfig
@@ -328,7 +330,9 @@ def test_speculative_sampling_through_its_graphs_draws_what_it_draws_eagerly(mon
         )
         dec.prepare(prepare_context(adapter))
         res = dec.generate(prompt, StopCondition(30))
-        works = {k[1].function.rsplit(":", 1)[1] for k in adapter.executor.graphs.store.keys("work")}
+        store = adapter.executor.graphs.store
+        works = {k[1].function.rsplit(":", 1)[1] for k in store.keys("work")}
+        works |= {k[1].rule[0].function.rsplit(":", 1)[1] for k in store.keys("forward") if k[1].rule}
         return res, works, adapter.executor.graphs.work.runs
 
     graphed_res, works, runs = decode()
