@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from framework.engine.decoding import SpeculativeDecoder, VanillaDecoder
-from strategies.selectors.del_tpl import ShadowStatistics, choose_exit, tpl_table, window_sums
+from strategies.selectors.del_tpl import ShadowStatistics, choose_exit, prefix_sums, tpl_table
 
 from . import stats
 from .common import (
@@ -254,7 +254,7 @@ def c_de_off_by_one(ctx: Ctx) -> dict[str, Any]:
             match = torch.rand(len(layers), n, generator=g) < 0.7
             match[e_row, :-1] = True  # the exit layer agrees up to its first mismatch,
             match[e_row, -1] = False  # which ends the valid window (u = n - 1)
-            st.update_from(layers, window_sums(match, torch.rand(len(layers), n, generator=g)).tolist())
+            st.update(layers, prefix_sums(match, torch.rand(len(layers), n, generator=g))[:, -1].tolist())
             a_win = st.alpha(layers, "window")
             a_lit = st.alpha(layers, "paper_literal")
             win_in &= all(0 <= a <= 1 for a in a_win)

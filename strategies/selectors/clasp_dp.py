@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Literal
 
 import torch
@@ -25,6 +24,7 @@ from framework import (
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
 from framework.utils import upload
+from strategies.selectors.static import spread
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,10 @@ class ClaspDPConfig:
         check_choice("sequence_parallel", self.sequence_parallel, (True, False))
         check_budget(self)
 
+    def skip_count(self, num_layers: int) -> int:
+        """M for a model of ``num_layers`` blocks."""
+        return self.num_skip if self.num_skip is not None else round(self.skip_ratio * num_layers)
+
 
 @dataclass(frozen=True)
 class DPResult:
@@ -108,22 +112,14 @@ class DPResult:
 RunWork = Callable[..., torch.Tensor]
 
 
-def _cos(a: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
-    """Cosine of each row of ``a`` (n, d) with the vector whose unit vector is ``unit`` (d,), as
-    ``F.cosine_similarity`` computes it (each side divided by its norm, at least 1e-8, then the
-    dot product), in five operations."""
-    ct = torch.promote_types(a.dtype, torch.float32)
-    a = a.to(ct)
-    return (a / torch.linalg.vector_norm(a, dim=-1, keepdim=True).clamp_min(1e-8) * unit).sum(-1)
-
-
 def _units(x: torch.Tensor) -> torch.Tensor:
-    """The rows of ``x`` (n, d) divided by their norms (at least 1e-8), in float32 or wider."""
+    """The rows of ``x`` (n, d) divided by their norms (at least 1e-8), in float32 or wider: the
+    cosine of two rows, as ``F.cosine_similarity`` computes it, is the dot product of their units."""
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-8)
 
 
-@functools.lru_cache(maxsize=64)
+@lru_cache(maxsize=64)
 def _dp_tables(
     n_layers: int, m: int, protected: frozenset[int]
 ) -> tuple[list[tuple[int, int]], list[list[bool]], list[list[bool]], list[list[bool]]]:
@@ -155,16 +151,6 @@ def _dp_tables(
     return runs, reach, has_run, both
 
 
-def dp_tables(n_layers: int, m: int, protected: Collection[int], device: torch.device) -> torch.Tensor:
-    """BoolTensor (2, L, M+1) on ``device``: which DP states may come from running a block, and
-    which from running or skipping it (`_dp_tables`), for `dp_choices`."""
-    prot = frozenset(protected)
-    if not 0 <= m <= n_layers - len(prot):
-        raise ValueError(f"cannot skip {m} of {n_layers} blocks with {len(prot)} protected")
-    _, _, has_run, both = _dp_tables(n_layers, m, prot)
-    return upload([has_run, both], device, torch.bool)
-
-
 def dp_choices(
     ops: DeviceOps,
     x: torch.Tensor,
@@ -177,7 +163,8 @@ def dp_choices(
 ) -> torch.Tensor:
     """The DP's work on the device: every layer's choices and the final cosine, FloatTensor
     (L * (M+1) + 1,) in float64, ready for one read (`backtrack`). ``ops.block(b, states)`` runs
-    block b on candidate states of the token; ``tables`` are `dp_tables`'. Arguments as
+    block b on candidate states of the token; ``tables`` (2, L, M+1): which states may come from
+    running a block, and which from running or skipping it (`_dp_tables`). Arguments as
     `clasp_dp`'s."""
     n_layers = x.shape[0] - 1
     m = num_skip
@@ -204,11 +191,11 @@ def dp_choices(
         else:
             parts = [zeros]
         cand = torch.cat([*parts, x[i : i + 1], prev[:m]])  # (2M + 2, d)
-        cos = _cos(cand, units[i])
+        cos = (_units(cand) * units[i]).sum(-1)
         run = torch.where(tables[1, b], better(cos[: m + 1], cos[m + 1 :]), tables[0, b])
         prev = torch.where(run[:, None], cand[: m + 1], cand[m + 1 :])
         decisions.append(run)
-    final = _cos(prev[m : m + 1], units[n_layers])
+    final = (_units(prev[m : m + 1]) * units[n_layers]).sum(-1)
     return torch.cat([torch.stack(decisions).flatten().double(), final.double()])
 
 
@@ -257,18 +244,15 @@ def clasp_dp(
         ValueError: M blocks cannot be skipped outside ``protected``.
     """
     n_layers, prot = x.shape[0] - 1, frozenset(protected)
-    tables = dp_tables(n_layers, num_skip, prot, x.device)
+    if not 0 <= num_skip <= n_layers - len(prot):
+        raise ValueError(f"cannot skip {num_skip} of {n_layers} blocks with {len(prot)} protected")
+    _, _, has_run, both = _dp_tables(n_layers, num_skip, prot)
+    tables = upload([has_run, both], x.device, torch.bool)
     options = {"protected": prot, "objective": objective, "sequence_parallel": sequence_parallel}
     read = run(dp_choices, x, tables, num_skip=num_skip, **options).tolist()  # one read
     skip, cosine = backtrack(read, n_layers, num_skip)
     bands = [z - a + 1 for a, z in _dp_tables(n_layers, num_skip, prot)[0] if z >= a]  # rows run per block
     return DPResult(skip, cosine, len(bands) if sequence_parallel else sum(bands), sum(bands))
-
-
-def uniform_blocks(num_layers: int, num_skip: int, eligible: list[int]) -> list[int]:
-    """``num_skip`` of ``eligible`` spread evenly (the first round's set with ``init="uniform"``)."""
-    k = len(eligible)
-    return sorted({eligible[min(k - 1, int((i + 0.5) * k / num_skip))] for i in range(num_skip)})
 
 
 @register_selector("clasp_dp", config=ClaspDPConfig)
@@ -290,35 +274,23 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
 
     def __init__(self, config: ClaspDPConfig | None = None) -> None:
         super().__init__(config)
-        self._L = 0
-        self._m = 0
-        self._protected: frozenset[int] = frozenset()
-        # ``self.budget`` (BudgetedWork) caps the DPs' share of wall time; it spans generations
-        # (`reset` resumes it)
+        self._L, self._m, self._protected = 0, 0, frozenset[int]()
         self.reset()
 
     def setup(self, info: ModelInfo) -> None:
         c, n = self.config, info.num_layers
-        m = c.num_skip if c.num_skip is not None else round(c.skip_ratio * n)
-        flag = "--selector.num_skip" if c.num_skip is not None else "--selector.skip_ratio"
-        shown = c.num_skip if c.num_skip is not None else c.skip_ratio
+        m, by_count = c.skip_count(n), c.num_skip is not None
+        given = ("--selector.num_skip", c.num_skip) if by_count else ("--selector.skip_ratio", c.skip_ratio)
         if not 1 <= m <= n - 1:
-            raise ConfigError(
-                flag,
-                shown,
-                f"a number of skipped blocks M in [1, {n - 1}] (the model has {n} blocks; M = {m})",
-            )
+            why = f"a number of skipped blocks M in [1, {n - 1}] (the model has {n} blocks; M = {m})"
+            raise ConfigError(*given, why)
         for name in ("protect_first", "protect_last"):
             if getattr(c, name) > n - 1:
                 raise ConfigError(f"--selector.{name}", getattr(c, name), f"in [0, {n - 1}]")
         protected = set(range(c.protect_first)) | set(range(n - c.protect_last, n))
         if m > n - len(protected):
-            raise ConfigError(
-                flag,
-                shown,
-                f"at most {n - len(protected)} skipped blocks with protect_first={c.protect_first} and "
-                f"protect_last={c.protect_last} (M = {m})",
-            )
+            why = f"at most {n - len(protected)} skipped blocks with protect_first={c.protect_first} and "
+            raise ConfigError(*given, why + f"protect_last={c.protect_last} (M = {m})")
         self._L, self._m, self._protected = n, m, frozenset(protected)
         self.reset()
 
@@ -326,28 +298,19 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         #: the last generation's set: the first plan of the next one when its prompt DP is over budget
         self._previous: LayerPlan | None = getattr(self, "_plan", None)
         self._plan: LayerPlan | None = None
-        self._since_rounds = 0
-        self._since_tokens = 0
-        # The budget spans generations, so that the prompt DP (once per generation) is budgeted
-        # like the refreshes; the time between generations earns nothing.
-        self.budget.resume()
+        self._since_rounds = self._since_tokens = 0
+        self.budget.resume()  # it spans generations (the prompt DP is budgeted like the refreshes)
         self._t_reset = time.perf_counter()
         self._dp_seconds: list[float] = []
         self._sets: list[dict[str, Any]] = []
-        self._calls = 0
-        self._evals = 0
-        self._rounds = 0
+        self._calls = self._evals = self._rounds = 0
 
     @property
     def num_skip(self) -> int:
         """M for the model set up."""
         return self._m
 
-    @property
-    def last_result(self) -> dict[str, Any] | None:
-        return self._sets[-1] if self._sets else None
-
-    def _set_plan(self, skip: list[int] | tuple[int, ...]) -> None:
+    def _set_plan(self, skip: Sequence[int]) -> None:
         self._plan = LayerPlan.from_indices(self._L, attn=skip, mlp=skip)
 
     def refresh(self, state: RoundView, hidden: torch.Tensor, position: int) -> DPResult:
@@ -356,54 +319,39 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         One unit of the work budget: timed by it, whether or not `WorkBudget.allows` was asked
         (the caller decides; the prompt's DP, the generation's first unit, is always allowed).
         """
-        c = self.config
+        c, run = self.config, partial(state.compute_at, position)
         with self.budget.unit() as unit:
-            res = clasp_dp(
-                hidden,
-                partial(state.compute_at, position),
-                self._m,
-                protected=self._protected,
-                objective=c.objective,
-                sequence_parallel=c.sequence_parallel,
-            )
+            options = {"objective": c.objective, "sequence_parallel": c.sequence_parallel}
+            res = clasp_dp(hidden, run, self._m, protected=self._protected, **options)
         self._set_plan(res.skip)
         self._dp_seconds.append(unit.seconds)
-        self._calls += res.block_calls
-        self._evals += res.evaluations
+        self._calls, self._evals = self._calls + res.block_calls, self._evals + res.evaluations
+        cos = round(res.cosine, 6)
         self._sets.append(
-            {
-                "round": self._rounds,
-                "position": position,
-                "skip": list(res.skip),
-                "cosine": round(res.cosine, 6),
-            }
+            {"round": self._rounds, "position": position, "skip": list(res.skip), "cosine": cos}
         )
         return res
-
-    def _initial(self, state: RoundView) -> None:
-        hs = state.last_hidden_states
-        p = state.prompt_len
-        if self.config.init == "prompt" and hs is not None and state.round == 0 and hs.shape[2] >= p:
-            if self._previous is not None and not self.budget.allows():
-                self._plan = self._previous  # over budget: keep the last generation's set
-            else:
-                self.refresh(state, hs[:, 0, p - 1], p - 1)
-        else:
-            eligible = [i for i in range(self._L) if i not in self._protected]
-            self._set_plan(uniform_blocks(self._L, self._m, eligible))
 
     def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
         """Its DP's block evaluations: up to M + 1 candidate states at once (one with
         ``sequence_parallel`` off)."""
         c = self.config
-        m = c.num_skip if c.num_skip is not None else round(c.skip_ratio * info.num_layers)
-        return ForwardSizes.of(scratch=range(1, (m + 2) if c.sequence_parallel else 2))
+        return ForwardSizes.of(
+            scratch=range(1, (c.skip_count(info.num_layers) + 2) if c.sequence_parallel else 2)
+        )
 
     def plan(self, state: RoundView) -> LayerPlan:
         if not self._L:
             raise RuntimeError("clasp_dp: setup() was not called")
-        if self._plan is None:
-            self._initial(state)
+        if self._plan is None:  # the first round: the DP on the prompt's last token, or uniform
+            hs, p = state.last_hidden_states, state.prompt_len
+            if self.config.init == "prompt" and hs is not None and state.round == 0 and hs.shape[2] >= p:
+                if self._previous is not None and not self.budget.allows():
+                    self._plan = self._previous  # over budget: keep the last generation's set
+                else:
+                    self.refresh(state, hs[:, 0, p - 1], p - 1)
+            else:
+                self._set_plan(spread(self._m, [i for i in range(self._L) if i not in self._protected], 0.5))
         return self._plan
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:

@@ -31,9 +31,7 @@ class DelTplConfig:
     min_exit: int = param(1, help="smallest exit layer considered; in [1, L-1]")
     max_exit: int | None = param(None, help="largest exit layer considered; in [min_exit, L-1]; None = L-1")
     layer_stride: int = param(
-        1,
-        help="consider every layer_stride-th exit layer from min_exit (fewer shadow-token rows per "
-        "round; not in the paper); in [1, 64]",
+        1, help="consider every layer_stride-th exit layer from min_exit (not in the paper); in [1, 64]"
     )
     alpha_denominator: Literal["window", "paper_literal"] = param(
         "window",
@@ -69,12 +67,10 @@ class DelTplConfig:
     )
     shadow_rows: Literal["auto", "window", "chain"] = param(
         "auto",
-        help="how a round's shadow tokens are computed (the statistics are the same): 'window' reads "
-        "where the window ends first (layer E and the target over the verified chain), then runs the "
-        "candidates over the window only: fewest LM-head rows, two reads; 'chain' runs every "
-        "candidate over the whole chain and applies the window on the device, its sums riding on "
-        "the verifier's read: no read of its own; 'auto': "
-        "'chain' on CUDA (a read costs more than rows there), 'window' elsewhere",
+        help="how a round's shadow tokens are computed (the statistics are the same): 'window' finds "
+        "the window's end first (one read), then scores the candidates over the window only (fewest "
+        "LM-head rows); 'chain' scores every candidate over the whole chain on the device (no read "
+        "of its own); 'auto': 'chain' on CUDA, 'window' elsewhere",
     )
     work_budget: float = budget_param(
         "skip a round's statistics update (shadow tokens; the prompt initialisation is a unit too, "
@@ -102,22 +98,13 @@ class DelTplConfig:
 def tpl_table(
     alpha: Sequence[float], layers: Sequence[int], num_layers: int, max_length: int
 ) -> list[list[float]]:
-    """Token-per-Layer of every (exit layer, draft length): DEL Eq. 1.
+    """Token-per-Layer of every (exit layer, draft length): DEL Eq. 1, one row per candidate layer
+    ``layers[i]`` with acceptance estimate ``alpha[i]``, columns d = 0..d_max (column 0 is 1/L).
 
     ``TPL(l, d) = sum_{i=0..d} alpha_l^i / (d * l + L)``: the expected tokens of a round that drafts
     d tokens with exit layer l (bonus included, i.i.d. acceptance) over the layers it loads. The
     geometric sum is accumulated term by term, so alpha = 1 needs no special case. Python floats:
-    the statistics live on the host, and a table of (L - 1) x 19 entries takes a few tens of
-    microseconds, with no device work.
-
-    Args:
-        alpha: the acceptance estimates of the candidate layers (n).
-        layers: the candidate exit layers l (n).
-        num_layers: L.
-        max_length: d_max.
-
-    Returns:
-        n rows of d_max + 1 values; column 0 is 1/L.
+    the statistics live on the host (a few tens of microseconds, no device work).
     """
     table = []
     for a, ell in zip(alpha, layers, strict=True):
@@ -134,15 +121,11 @@ def tpl_table(
 def choose_exit(
     alpha: Sequence[float], layers: Sequence[int], num_layers: int, max_length: int
 ) -> tuple[int, int, float]:
-    """DEL's (E, d) = argmax TPL over the candidates.
+    """DEL's (E, d) = argmax TPL over the candidates: ``(exit layer, draft length, its TPL)``.
 
     Drafting must beat plain decoding strictly (TPL(l, 0) = 1/L for every l), so when nothing does
     the length is 0; E is then the layer with the best TPL over d >= 1, so that next round's
-    statistics follow the most promising exit. Ties go to the smaller layer, then the shorter draft
-    (the candidates are in increasing order).
-
-    Returns:
-        (exit layer, draft length, its TPL).
+    statistics follow the most promising exit. Ties go to the smaller layer, then the shorter draft.
     """
     best, e, d = -1.0, int(layers[0]), 1
     for ell, row in zip(layers, tpl_table(alpha, layers, num_layers, max_length), strict=True):
@@ -161,28 +144,15 @@ def window(diff: torch.Tensor) -> torch.Tensor:
 
 
 def prefix_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """One round's per-layer sums over the valid window, for every prefix of the positions, on
-    the device, ready for one read: column j sums positions 0..j (the window cut after j as well:
-    DEL's ``window = "accepted"`` takes the column of the accepted count, the paper's window the
-    last).
-
-    Args:
-        match: BoolTensor (k, n): shadow token == the target's token.
-        conf: FloatTensor (k, n): the shadow tokens' top-1 probabilities.
-        valid: BoolTensor (n,): the positions of the window; ``None``: all n.
-
-    Returns:
-        FloatTensor (3k + 1, n): the matches ``c``, the matched confidence ``tcs`` and the
-        mismatched confidence ``fcs`` of each layer (k rows each), then the window length.
-    """
+    """One round's per-layer sums over the valid window (``valid`` (n,); ``None``: all n) of k
+    layers' shadow tokens (``match`` (k, n): == the target's; ``conf`` (k, n): their top-1
+    probabilities), on the device, for one read: FloatTensor (3k + 1, n), the matches ``c``, the
+    matched confidence ``tcs`` and the mismatched ``fcs`` of each layer (k rows each), then the
+    window length. Column j sums positions 0..j (``window = "accepted"`` takes the accepted count's
+    column, the paper's window the last)."""
     w = torch.ones_like(conf[0]) if valid is None else valid.to(conf.dtype)
     hit = match * w
     return torch.cat([hit, conf * hit, conf * (w - hit), w[None]]).cumsum(dim=1)
-
-
-def window_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """`prefix_sums` over every position: FloatTensor (3k + 1,)."""
-    return prefix_sums(match, conf, valid)[:, -1]
 
 
 def column(sums: Sequence[float], rows: int, j: int) -> list[float]:
@@ -195,19 +165,11 @@ def column(sums: Sequence[float], rows: int, j: int) -> list[float]:
 def chain_sums(
     ops: DeviceOps, hidden: torch.Tensor, rows: torch.Tensor, exit_row: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """A round's `prefix_sums` over a whole verified chain: the device work of DEL's statistics
-    (`RoundView.compute`).
-
-    Args:
-        ops: the engine's (the candidates' shadow tokens through the draft's head, the target's
-            through the full head).
-        hidden: FloatTensor (L+1, n, d), the chain's residuals after each block.
-        rows: LongTensor (k,), the candidate layers.
-        exit_row: LongTensor (1,), which of the k candidates is this round's exit E.
-
-    Returns:
-        ``{"sums": FloatTensor (3k + 1, n)}``.
-    """
+    """A round's `prefix_sums` over a whole verified chain ``hidden`` (L+1, n, d), the device work
+    of DEL's statistics (`RoundView.compute`): the shadow tokens of the candidate layers ``rows``
+    (k,) through the draft's head, the target's through the full head, the window ending where
+    the exit layer (``exit_row``: its place among the candidates) first disagrees.
+    ``{"sums": FloatTensor (3k + 1, n)}``."""
     toks, conf = ops.top1(hidden.index_select(0, rows), draft_head=True)  # (k, n)
     ref = ops.top1(hidden[-1])[0]  # the target's: layer L, the full head
     diff = toks.index_select(0, exit_row)[0] != ref  # layer E against the target
@@ -225,45 +187,25 @@ class ShadowStatistics:
 
     def __init__(self, num_layers: int, decay: float) -> None:
         self.decay = decay
-        self.c = [0.0] * (num_layers + 1)
-        self.tcs = [0.0] * (num_layers + 1)
-        self.fcs = [0.0] * (num_layers + 1)
+        self.c, self.tcs, self.fcs, self.tau = ([0.0] * (num_layers + 1) for _ in range(4))
         self.n = 0.0  # decayed window lengths u + 1
         self.u = 0.0  # decayed u (the paper-literal denominator)
-        self.tau = [0.0] * (num_layers + 1)
         self.guards = {"no_match": 0, "no_mismatch": 0}
 
-    def update(
-        self,
-        layers: Sequence[int],
-        c: Sequence[float],
-        tcs: Sequence[float],
-        fcs: Sequence[float],
-        n: float,
-    ) -> None:
-        """Add one round (or the prompt initialisation) and decay the history.
-
-        Args:
-            layers: the layers observed (k).
-            c: per layer, the shadow tokens matching the target in the window (k).
-            tcs: per layer, the summed top-1 probabilities of those matches (k).
-            fcs: per layer, the summed top-1 probabilities of the mismatches (k).
-            n: window length u + 1.
-        """
-        w = self.decay
-        for sums in (self.c, self.tcs, self.fcs):
-            sums[:] = [w * x for x in sums]
-        for ell, ci, ti, fi in zip(layers, c, tcs, fcs, strict=True):
-            self.c[ell] += float(ci)
-            self.tcs[ell] += float(ti)
-            self.fcs[ell] += float(fi)
-        self.n = w * self.n + n
-        self.u = w * self.u + (n - 1)
-
-    def update_from(self, layers: Sequence[int], sums: Sequence[float]) -> None:
-        """`update` from `window_sums`'s layout (its values read to the host)."""
-        k = len(layers)
-        self.update(layers, sums[:k], sums[k : 2 * k], sums[2 * k : 3 * k], sums[3 * k])
+    def update(self, layers: Sequence[int], sums: Sequence[float]) -> None:
+        """Add one round (or the prompt initialisation) and decay the history. ``sums``: a column
+        of `prefix_sums` read to the host: per layer of ``layers`` (k) the shadow tokens matching
+        the target in the window ``c``, the summed top-1 probabilities of those matches ``tcs`` and
+        of the mismatches ``fcs``, then the window length u + 1."""
+        w, k = self.decay, len(layers)
+        for acc in (self.c, self.tcs, self.fcs):
+            acc[:] = [w * x for x in acc]
+        for i, ell in enumerate(layers):
+            self.c[ell] += float(sums[i])
+            self.tcs[ell] += float(sums[k + i])
+            self.fcs[ell] += float(sums[2 * k + i])
+        self.n = w * self.n + sums[3 * k]
+        self.u = w * self.u + (sums[3 * k] - 1)
 
     def alpha(self, layers: Sequence[int], denominator: str = "window") -> list[float]:
         """Acceptance estimates ``S(c) / S(u + 1)`` (or ``S(c) / S(u)``, paper-literal); 0 without data."""
@@ -280,12 +222,9 @@ class ShadowStatistics:
         No decayed match: matched mean := 1. No decayed mismatch: mismatched mean := 0, or the
         layer keeps its previous threshold (``keep_empty``). Updates and returns ``tau[layers]``.
         """
-        den = self.n if denominator == "window" else self.u
-        eps = 1e-12
-        out = []
+        den, eps, out = (self.n if denominator == "window" else self.u), 1e-12, []
         for ell in layers:
-            c = self.c[ell]
-            mis = den - c
+            c, mis = self.c[ell], den - self.c[ell]
             matched = self.tcs[ell] / c if c > eps else 1.0
             mismatched = self.fcs[ell] / mis if mis > eps else 0.0
             tau = min(1.0, max(0.0, 0.5 * (matched + mismatched)))
@@ -311,9 +250,8 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     alpha_l and a per-layer dynamic threshold tau_l. ``(E, d) = argmax TPL(l, d)``; the prompt's last
     ``init_tokens`` positions initialise the sums at the first round.
 
-    The sums are what the selector `reads` of each verified chain (and of the prompt): they come
-    with the round's one read. With ``shadow_rows='chain'`` (CUDA's) they are one device function
-    of the chain (`chain_sums`, handed to `RoundView.compute`).
+    The sums are what the selector `reads` of each verified chain (and of the prompt), with the
+    round's one read; with ``shadow_rows='chain'`` (CUDA's) one device function (`chain_sums`).
 
     The plan is an early exit at E (run by ``early_exit``, or by ``layer_skip``). Length and
     threshold reach the length controller as this round's `length_hint` (``del_dynamic`` uses it;
@@ -327,10 +265,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
 
     def __init__(self, config: DelTplConfig | None = None) -> None:
         super().__init__(config)
-        self._L = 0
-        self._layers: list[int] = []
-        # ``self.budget`` (BudgetedWork) caps the statistics' share of wall time; it spans
-        # generations (`reset` resumes it)
+        self._L, self._layers = 0, list[int]()
         self.reset()
 
     # ------------------------------------------------------------------ set-up
@@ -338,39 +273,26 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         c, n = self.config, info.num_layers
         if n < 2:
             raise ConfigError("--selector", "del_tpl", f"a model with at least 2 blocks (it has {n})")
-        hi = n - 1 if c.max_exit is None else c.max_exit
+        hi, blocks = n - 1 if c.max_exit is None else c.max_exit, f"(the model has {n} blocks)"
         if not 1 <= c.min_exit <= n - 1:
-            raise ConfigError(
-                "--selector.min_exit", c.min_exit, f"in [1, {n - 1}] (the model has {n} blocks)"
-            )
+            raise ConfigError("--selector.min_exit", c.min_exit, f"in [1, {n - 1}] {blocks}")
         if not c.min_exit <= hi <= n - 1:
-            raise ConfigError(
-                "--selector.max_exit", c.max_exit, f"in [{c.min_exit}, {n - 1}] (the model has {n} blocks)"
-            )
-        self._L = n
-        self._layers = list(range(c.min_exit, hi + 1, c.layer_stride))
+            raise ConfigError("--selector.max_exit", c.max_exit, f"in [{c.min_exit}, {n - 1}] {blocks}")
+        self._L, self._layers = n, list(range(c.min_exit, hi + 1, c.layer_stride))
         self.reset()
 
     def reset(self) -> None:
         self._stats = ShadowStatistics(self._L, self.config.decay) if self._L else None
         self._initialised = False
-        self._exit = self._layers[0] if self._layers else 1
-        self._length = 0
-        self._tpl = 0.0
+        self._exit, self._length, self._tpl = (self._layers[0] if self._layers else 1), 0, 0.0
         self._hint: LengthHint | None = None
         self._trace: list[dict[str, Any]] = []
-        self._loads0 = 0
-        self._tokens = 0
-        self._loads = 0
+        self._loads0 = self._tokens = self._loads = self._rows = self._init_positions = 0
         self._seconds = 0.0
-        self._rows = 0
-        self._init_positions = 0
         self._indices: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
         self._sum_layers: list[int] = []  # the layers of the sums `reads` asked for, in their order
         self._read = 0  # rounds whose sums were read (with the verifier's read, or at the commit)
-        # The budget spans generations, so that the prompt initialisation (once per generation)
-        # is budgeted like the updates; the time between generations earns nothing.
-        self.budget.resume()
+        self.budget.resume()  # it spans generations (the prompt initialisation is a unit too)
 
     @property
     def candidate_layers(self) -> list[int]:
@@ -384,10 +306,9 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     def _rows_of(self, layers: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """``layers`` as an index on ``device``, uploaded once per generation (a few sets: the
         candidates, and each exit layer E's place among them)."""
-        key = (layers, device)
-        if key not in self._indices:
-            self._indices[key] = upload(list(layers), device, torch.long)
-        return self._indices[key]
+        if (layers, device) not in self._indices:
+            self._indices[layers, device] = upload(list(layers), device, torch.long)
+        return self._indices[layers, device]
 
     def _shadow(
         self, state: RoundView, hidden: torch.Tensor, layers: list[int], *, target: bool = True
@@ -406,12 +327,9 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         tau = self._stats.thresholds(self._layers, c.alpha_denominator, keep_empty=c.empty_mismatch == "keep")
         e, d, tpl = choose_exit(alpha, self._layers, self._L, c.max_length)
         self._exit, self._length, self._tpl = e, d, tpl
-        threshold = tau[self._layers.index(e)]
-        if d == 0 and c.no_draft_when_unprofitable:
-            cap = 0
-        else:
-            cap = d if (c.cap_by_length and d > 0) else c.max_length
-        self._hint = LengthHint(max_length=cap, threshold=threshold, source="del_tpl")
+        cap = d if (c.cap_by_length and d > 0) else c.max_length
+        cap = 0 if d == 0 and c.no_draft_when_unprofitable else cap
+        self._hint = LengthHint(max_length=cap, threshold=tau[self._layers.index(e)], source="del_tpl")
         self._alpha_now = [round(a, 4) for a in alpha]
 
     # ------------------------------------------------------------------ the statistics' reads
@@ -428,9 +346,8 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         if not self.budget.allows():
             return None
         with self.budget.unit() as unit:
-            sums = (
-                self._prompt_sums(state, chain[:, 0], w) if prompt else self._round_sums(state, chain[:, 0])
-            )
+            h = chain[:, 0]
+            sums = self._prompt_sums(state, h, w) if prompt else self._round_sums(state, h)
         self._seconds += unit.seconds
         self._read += not prompt
         return {"sums": sums}
@@ -439,8 +356,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         """Prefix sums of the last ``w`` prompt positions (all valid) of the prefill's ``hs``
         (L+1, P, d), against the target's tokens or (``init_reference='prompt'``) each position's
         next token (the last one's is the first generated token)."""
-        p = state.prompt_len
-        prompt = self.config.init_reference == "prompt"
+        p, prompt = state.prompt_len, self.config.init_reference == "prompt"
         toks, conf, ref = self._shadow(state, hs[:, p - w : p], self._layers, target=not prompt)
         if prompt:
             ref = state.tokens[0, p - w + 1 : p + 1].to(toks.device)
@@ -460,19 +376,12 @@ class DelTplSelector(BudgetedWork, LayerSelector):
             return state.compute(chain_sums, h, rows, exit_row)["sums"]
         # the window's end first (layer E and the target), then the other layers over it
         x_e, conf_e, ref = self._shadow(state, h, [e])
-        diff = x_e[0] != ref
-        n = int(window(diff).sum())  # a read: the window's length
+        n = int(window(x_e[0] != ref).sum())  # a read: the window's length
         others = [ell for ell in layers if ell != e]
         toks, conf, _ = self._shadow(state, h[:, :n], others, target=False)
         toks, conf = torch.cat([toks, x_e[:, :n]]), torch.cat([conf, conf_e[:, :n]])
         self._sum_layers = [*others, e]
         return prefix_sums(toks == ref[:n], conf)
-
-    def _initialise(self, state: RoundView) -> None:
-        """Prompt initialisation (DEL §4.2): the last prompt positions as one all-valid round,
-        read with the prefill's first token."""
-        self._initialised = True
-        self._apply(state.values_for(self).get("sums"), None)
 
     def _apply(self, sums: Sequence[float] | None, accepted: int | None) -> None:
         """A round's sums, read (`prefix_sums`: the column of ``accepted`` with
@@ -480,11 +389,10 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         choice. ``None``: nothing was read (over budget, no hidden states), nothing changes but
         the choice at the first round."""
         if sums is not None:
-            clock = self.budget.clock
+            clock, rows = self.budget.clock, 3 * len(self._sum_layers) + 1
             t0 = clock()
-            rows = 3 * len(self._sum_layers) + 1
             j = accepted if accepted is not None and self.config.window == "accepted" else len(sums)
-            self._stats.update_from(self._sum_layers, column(sums, rows, j))
+            self._stats.update(self._sum_layers, column(sums, rows, j))
             seconds = clock() - t0
             self.budget.charge(seconds)  # the host half of the unit whose device half `reads` timed
             self._seconds += seconds
@@ -496,19 +404,13 @@ class DelTplSelector(BudgetedWork, LayerSelector):
     def plan(self, state: RoundView) -> LayerPlan:
         if self._stats is None:
             raise RuntimeError("del_tpl: setup() was not called")
-        if not self._initialised:
-            self._initialise(state)
-        self._loads0 = state.layer_loads
-        self._trace.append(
-            {
-                "exit_layer": self._exit,
-                "length": self._length,
-                "max_length": self._hint.max_length,
-                "threshold": round(self._hint.threshold, 4),
-                "tpl": round(self._tpl, 5),
-                "alpha": self._alpha_now,
-            }
-        )
+        if not self._initialised:  # DEL §4.2: the last prompt positions as one all-valid round
+            self._initialised = True
+            self._apply(state.values_for(self).get("sums"), None)
+        self._loads0, hint = state.layer_loads, self._hint
+        trace = {"exit_layer": self._exit, "length": self._length, "max_length": hint.max_length}
+        trace |= {"threshold": round(hint.threshold, 4), "tpl": round(self._tpl, 5), "alpha": self._alpha_now}
+        self._trace.append(trace)
         return state.prefix_plan(self._exit)
 
     def length_hint(self, state: RoundView) -> LengthHint | None:
@@ -516,37 +418,32 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         return self._hint
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
-        loads = state.layer_loads - self._loads0
-        tokens = int(result.new_tokens.shape[1])
-        self._tokens += tokens
-        self._loads += loads
+        loads, tokens = state.layer_loads - self._loads0, int(result.new_tokens.shape[1])
+        self._tokens, self._loads = self._tokens + tokens, self._loads + loads
         if self._trace:
             self._trace[-1]["etpl"] = round(tokens / loads, 5) if loads else None
         self._apply(state.values_for(self).get("sums"), result.accepted)
 
     def _chain_rows(self, device: torch.device) -> bool:
-        rows = self.config.shadow_rows
-        return rows == "chain" or (rows == "auto" and device.type == "cuda")
+        return self.config.shadow_rows in ("chain", "auto" if device.type == "cuda" else "chain")
 
     def summary(self) -> dict[str, Any]:
         if self._stats is None:
             return {}
-        rounds = self._trace
+        rounds, lists = (
+            self._trace,
+            {"exit_layers": "exit_layer", "lengths": "length", "max_lengths": "max_length"},
+        )
+        lists |= {"thresholds": "threshold", "expected_tpl": "tpl", "round_etpl": "etpl", "alpha": "alpha"}
         return {
             "etpl": round(self._tokens / self._loads, 5) if self._loads else None,
-            "exit_layers": [r["exit_layer"] for r in rounds],
-            "lengths": [r["length"] for r in rounds],
-            "max_lengths": [r["max_length"] for r in rounds],
-            "thresholds": [r["threshold"] for r in rounds],
-            "expected_tpl": [r["tpl"] for r in rounds],
-            "round_etpl": [r.get("etpl") for r in rounds],
+            **{name: [r.get(key) for r in rounds] for name, key in lists.items()},
             "alpha_layers": self.candidate_layers,
-            "alpha": [r["alpha"] for r in rounds],
             "no_draft_rounds": sum(r["max_length"] == 0 for r in rounds),
             "init_positions": self._init_positions,
             "guards": dict(self._stats.guards),
             "shadow_rows": self._rows,
-            "rides": self._read,
+            "rounds_read": self._read,
             "update_seconds": round(self._seconds, 6),
             **self.budget.summary(),
         }

@@ -33,7 +33,7 @@ class StaticSelectorConfig:
         return bool(self.skip_attn or self.skip_mlp)
 
 
-def _spread(n: int, slots: list[int], offset: float) -> list[int]:
+def spread(n: int, slots: list[int], offset: float) -> list[int]:
     """``n`` items of ``slots`` spread evenly, the k-th at fraction (k + offset) / n."""
     if n <= 0:
         return []
@@ -53,8 +53,8 @@ def uniform_plan(num_layers: int, ratio: float, keep_first_last: bool = True) ->
     )
     n = int(ratio * 2 * len(eligible))
     n_attn, n_mlp = (n + 1) // 2, n // 2
-    attn = _spread(n_attn, eligible, 0.5)
-    mlp = _spread(n_mlp, eligible, 0.0 if n_mlp != n_attn else 0.25)
+    attn = spread(n_attn, eligible, 0.5)
+    mlp = spread(n_mlp, eligible, 0.0 if n_mlp != n_attn else 0.25)
     return LayerPlan.from_indices(num_layers, attn=attn, mlp=mlp)
 
 

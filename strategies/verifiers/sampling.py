@@ -70,7 +70,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
     ``torch.multinomial(probs, 1)``, token for token and draw for draw: its own rule for one
     sample is the argmax of ``probs / noise`` with Exp(1) noise (`sample_with_noise`), which is
-    drawn here first, so that the rule itself can run where no generator is (a graph).
+    drawn here first, so that the rule itself can run where no generator is (inside the engine).
     """
     return sample_with_noise(probs, torch.empty_like(probs).exponential_(1, generator=generator))
 
@@ -159,7 +159,7 @@ class SamplingVerifier(Verifier):
     first used and never re-seeded: ``reset`` keeps it), so successive generations differ but a
     run (same seed, same calls) is reproducible. Draft sampling and acceptance draw from it inside
     their rules (``ops``, the engine's handle on it: `sample_draft`, `accept_rule`), vanilla
-    sampling in `choose`: the same draws in the same order, eagerly or from a graph.
+    sampling in `choose`: the same draws in the same order, however the engine runs the rules.
     """
 
     needs_draft_probs = True

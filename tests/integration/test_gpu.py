@@ -406,7 +406,7 @@ def test_del_statistics_replay_as_cuda_graphs_and_travel_with_the_verifiers_read
     lengths = {n + 1 for n in graphed.draft_lengths}
     assert runs == rounds - len(lengths) and reads.at("del_tpl.py") == 0, reads.table(rounds)
     s = graphed.strategy_summary["selector"]
-    assert s["rides"] == rounds and s["init_positions"] == 8
+    assert s["rounds_read"] == rounds and s["init_positions"] == 8
     monkeypatch.setattr(WorkGraphs, "run", lambda self, *args, **kwargs: None)
     eager, _, runs = decode()
     assert runs == 0

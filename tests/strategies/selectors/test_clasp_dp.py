@@ -24,8 +24,8 @@ from strategies.selectors.clasp_dp import (
     ClaspDPConfig,
     ClaspDPSelector,
     clasp_dp,
-    uniform_blocks,
 )
+from strategies.selectors.static import spread
 from strategies.verifiers.greedy import GreedyVerifier
 
 
@@ -390,7 +390,7 @@ def test_initial_set_prompt_or_uniform():
     uni.setup(adapter.arch.info())
     plan = uni.plan(state)
     assert plan == LayerPlan.from_indices(8, attn=[2, 4, 6], mlp=[2, 4, 6])
-    assert uniform_blocks(8, 3, list(range(1, 8))) == [2, 4, 6]
+    assert spread(3, list(range(1, 8)), 0.5) == [2, 4, 6]
     assert uni.summary()["refreshes"] == 0
 
 

@@ -22,9 +22,9 @@ from strategies.selectors.del_tpl import (
     DelTplSelector,
     ShadowStatistics,
     choose_exit,
+    prefix_sums,
     tpl_table,
     window,
-    window_sums,
 )
 from strategies.verifiers.greedy import GreedyVerifier
 
@@ -126,13 +126,13 @@ def _add(st, layers, match, conf, n=None):
     if conf.dim() == 0:
         conf = conf.expand(match.shape)
     valid = torch.arange(match.shape[1]) < (match.shape[1] if n is None else n)
-    st.update_from(layers, window_sums(match, conf, valid).tolist())
+    st.update(layers, prefix_sums(match, conf, valid)[:, -1].tolist())
 
 
-def test_window_sums_count_only_the_window():
+def test_prefix_sums_count_only_the_window():
     match = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=torch.bool)
     conf = torch.tensor([[0.5, 0.25, 0.75, 1.0], [0.125, 0.5, 0.25, 0.5]])
-    sums = window_sums(match, conf, torch.tensor([True, True, True, False])).tolist()
+    sums = prefix_sums(match, conf, torch.tensor([True, True, True, False]))[:, -1].tolist()
     # layer 1: matches at 0 and 2 (0.5 + 0.75), a mismatch at 1 (0.25); layer 2: matches at 1, 2
     # (0.5 + 0.25), a mismatch at 0 (0.125); position 3 is outside the window
     assert sums == [2.0, 2.0, 1.25, 0.75, 0.25, 0.125, 3.0]
@@ -578,7 +578,7 @@ def test_a_rounds_statistics_in_one_read_or_two_with_the_same_result(with_head):
         if not with_head:
             assert n == res.accepted + 1  # at the rejection
         seen[rows] = (st.c, st.tcs, st.fcs, st.n, st.tau, st.guards, sel.length_hint(state))
-        assert sel.summary()["rides"] == 1  # the sums came with the verifier's read
+        assert sel.summary()["rounds_read"] == 1  # the sums came with the verifier's read
         if rows == "chain":  # one read: the verifier's, with the sums
             assert work.reads == 1, work.host_reads.by_site
             # the verification's own (its block, the early-exit reuse's concatenations around its
@@ -614,10 +614,11 @@ def test_chain_sums_take_the_window_of_the_exit_they_are_given():
     for i in range(len(layers)):
         out = chain_sums(ops, h, torch.tensor(layers), torch.tensor([i]))["sums"]
         valid = window(toks[i] != ref)
-        torch.testing.assert_close(out[:, -1], window_sums(toks == ref, conf, valid))
+        torch.testing.assert_close(out[:, -1], prefix_sums(toks == ref, conf, valid)[:, -1])
         for j in range(h.shape[1]):
             torch.testing.assert_close(
-                out[:, j], window_sums(toks[:, : j + 1] == ref[: j + 1], conf[:, : j + 1], valid[: j + 1])
+                out[:, j],
+                prefix_sums(toks[:, : j + 1] == ref[: j + 1], conf[:, : j + 1], valid[: j + 1])[:, -1],
             )
         torch.testing.assert_close(out, prefix_sums(toks == ref, conf, valid))
         got[i] = out[-1, -1].item()  # the window's length
@@ -670,11 +671,11 @@ def test_the_sums_reach_del_whether_they_travel_with_the_verifiers_read_or_not(m
     s, w = joined.strategy_summary["selector"], apart.strategy_summary["selector"]
     rounds = len(joined.accept_lengths)
     assert joined.tokens == apart.tokens and joined.accept_lengths == apart.accept_lengths
-    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "guards", "rides"):
+    for key in ("exit_layers", "lengths", "max_lengths", "thresholds", "alpha", "guards", "rounds_read"):
         assert s[key] == w[key], key
     assert joined_answers == apart_answers and s["budget_units"] == w["budget_units"]
     updates = sum(joined_answers[1:])
-    assert s["rides"] == updates and s["init_positions"] == w["init_positions"] == 8
+    assert s["rounds_read"] == updates and s["init_positions"] == w["init_positions"] == 8
     assert (updates < rounds) == (work_budget > 0)
     # besides its own reads (the verifier's, its early-exit block check, the committed tokens'
     # that the joined verifier's one read brought), each update's sums at the commit

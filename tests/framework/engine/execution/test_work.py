@@ -247,7 +247,7 @@ def test_del_statistics_through_their_graph_decide_what_they_decide_eagerly(monk
     eager_res, _ = decode()
     s, w = graphed_res.strategy_summary["selector"], eager_res.strategy_summary["selector"]
     assert graphed_res.tokens == eager_res.tokens
-    for key in ("exit_layers", "lengths", "thresholds", "alpha", "rides"):
+    for key in ("exit_layers", "lengths", "thresholds", "alpha", "rounds_read"):
         assert s[key] == w[key], key
 
 
