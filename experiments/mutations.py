@@ -428,8 +428,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "pick_the_least_likely_token",
         "the pick rule (inside the draft forward and in the draft builder) takes the argmin",
         "framework/types.py",
-        "        return Picked(logits.argmax(dim=-1))",
-        "        return Picked(logits.argmin(dim=-1))",
+        "        tok = logits.argmax(dim=-1)\n        return Picked(tok if head is None else head.tokens(tok))",
+        "        tok = logits.argmin(dim=-1)\n        return Picked(tok if head is None else head.tokens(tok))",
         ("tests/framework/drafting/test_builder.py",),
     ),
     Mutation(
@@ -671,7 +671,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reuse_check_uncapped",
         "a verification that keeps an early-exit draft accepts from rows that saw the draft's inputs, "
         "not the block's",
-        "framework/engine/state.py",
+        "framework/engine/execution/spec.py",
         "    return torch.where(torch.cat([same, tail], dim=1), input_ids, -1)",
         "    return input_ids",
         (

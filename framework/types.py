@@ -511,18 +511,26 @@ class Picked:
         return Picked(c(self.tokens), c(self.top_p), c(self.probs), c(self.top_tokens), c(self.top_probs))
 
 
-def pick_tokens(logits: torch.Tensor, pick: TokenPick) -> Picked:
+def pick_tokens(logits: torch.Tensor, pick: TokenPick, head: ReducedHead | None = None) -> Picked:
     """Choose from ``logits`` (B, V) as ``pick`` says: the argmax, or the float32 softmax's top-1
-    with its probability (and the distribution, and its top k). The one rule of the forward that
-    picks inside its graph (`ForwardSpec.pick`) and of `framework.drafting.builder.DraftBuilder`."""
+    with its probability (and the distribution, and its top k). With ``head``, the logits (B, K)
+    are a reduced draft head's: the tokens come back as vocabulary ids and the distribution over
+    the vocabulary (0 outside the head). The one rule of the forward that picks inside it
+    (`ForwardSpec.pick`) and of `framework.drafting.builder.DraftBuilder`."""
     if not pick.softmax:
-        return Picked(logits.argmax(dim=-1))
+        tok = logits.argmax(dim=-1)
+        return Picked(tok if head is None else head.tokens(tok))
     p = torch.softmax(logits.float(), dim=-1)
     top_p, tok = p.max(dim=-1)
     top_probs = top_tokens = None
     if pick.top_k:
         top_probs, top_tokens = p.topk(min(pick.top_k, p.shape[-1]), dim=-1)  # sorted by p
-    return Picked(tok, top_p, p if pick.probs else None, top_tokens, top_probs)
+    probs = p if pick.probs else None
+    if head is not None:
+        tok = head.tokens(tok)
+        top_tokens = None if top_tokens is None else head.tokens(top_tokens)
+        probs = None if probs is None else head.expand(probs, 0.0)
+    return Picked(tok, top_p, probs, top_tokens, top_probs)
 
 
 class DraftWeights(Protocol):

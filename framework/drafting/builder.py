@@ -121,8 +121,8 @@ class DraftBuilder:
             logits: the last row's logits.
             head: the reduced draft head they come from, or ``None``.
             picked: what the forward already chose from them (``ForwardOutput.picked``, asked for
-                with `pick`: inside its graph); ``None``: chosen here, by the same rule
-                (`framework.types.pick_tokens`).
+                with `pick`: inside it, in vocabulary ids whatever the head); ``None``: chosen
+                here, by the same rule (`framework.types.pick_tokens`).
 
         Returns:
             ``(token (B,), confidence)``: the confidence is the top-1 draft probability of batch
@@ -139,20 +139,17 @@ class DraftBuilder:
                 self.top_tokens.append(out["top_tokens"])
                 self.top_probs.append(out["top_probs"])
         else:
-            if picked is None:
-                picked = pick_tokens(logits, self.pick)
-            elif head is not None:
-                raise ValueError("a forward picks with the full LM head only: pass picked or head, not both")
-            tok = picked.tokens if head is None else head.tokens(picked.tokens)
+            if picked is None:  # in vocabulary ids, through the head's ids with one
+                picked = pick_tokens(logits, self.pick, head)
+            tok = picked.tokens
             if not self.want_extras:
                 self.tokens.append(tok)
                 return tok, None
             top_p = picked.top_p
             if self.want_probs:
-                self.probs.append(picked.probs if head is None else head.expand(picked.probs, 0.0))
+                self.probs.append(picked.probs)
             if self.top_k:
-                top = picked.top_tokens
-                self.top_tokens.append(top if head is None else head.tokens(top))
+                self.top_tokens.append(picked.top_tokens)
                 self.top_probs.append(picked.top_probs)
         self.confs.append(top_p)
         self.tokens.append(tok)

@@ -39,7 +39,8 @@ runs, and the cost model prices drafts with it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+import weakref
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -112,6 +113,8 @@ class DraftHead:
             self.mask[self.ids] = True
         #: compressed copies of ``weight`` by format (`logits`)
         self._copies: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        #: `context_buffers` by capacity: (the live head holding them, the buffers)
+        self._context_sets: dict[int, list[tuple[Any, tuple]]] = {}
         self._check(adapter)
 
     @property
@@ -193,6 +196,39 @@ class DraftHead:
         )
         out[..., self.ids.to(values.device)] = values
         return out
+
+    def fixed(self) -> DraftHead | FixedView:
+        """The head as a CUDA graph may hold it: tensors that keep their address and shape while
+        the head serves a generation (this head itself; a growing one's `FixedView`)."""
+        return self
+
+    def context_buffers(
+        self, capacity: int, holder: Any
+    ) -> tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """Context rows' buffers of ``capacity`` rows for a generation's `LiveDraftHead`
+        (``holder``): ids, weights, bias and the room's mask, the same tensors from one generation
+        to the next (a graph recorded on them serves the next generation too), a set of their own
+        for a head whose set is held by another live head. Returns ``(which set, buffers)``."""
+        sets = self._context_sets.setdefault(capacity, [])
+        for i, (held, bufs) in enumerate(sets):
+            if held() is None or held() is holder:
+                sets[i] = (weakref.ref(holder), bufs)
+                return i, bufs
+        d, dev = self.head_weight.shape[1], self.ids.device
+        with torch.inference_mode(False):
+            bufs = (
+                torch.zeros(capacity, dtype=torch.long, device=dev),
+                self.head_weight.detach().new_zeros(capacity, d),
+                None if self.head_bias is None else self.head_bias.detach().new_zeros(capacity),
+                torch.zeros(capacity, dtype=torch.float32, device=dev),
+            )
+        sets.append((weakref.ref(holder), bufs))
+        return len(sets) - 1, bufs
+
+    @property
+    def graph_key(self) -> Hashable:
+        """What a graph holding `fixed` is keyed by."""
+        return (self.key, self.size)
 
     def coverage(self, tokens: torch.Tensor | Iterable[int]) -> float:
         """Share of ``tokens`` that the head can propose (0.0 for no tokens)."""
@@ -292,9 +328,12 @@ class LiveDraftHead(DraftHead):
         self.covered = 0
         self._n = 0
         device = base.ids.device
-        self._extra_ids = torch.empty(0, dtype=torch.long, device=device)
-        self._extra_w = base.head_weight.detach().new_empty(0, base.head_weight.shape[1])
-        self._extra_b = None if base.bias is None else base.bias.new_empty(0)
+        self._extra_ids = torch.zeros(0, dtype=torch.long, device=device)
+        self._extra_w = base.head_weight.detach().new_zeros(0, base.head_weight.shape[1])
+        self._extra_b = None if base.bias is None else base.bias.new_zeros(0)
+        #: 0 for the context rows held, -inf for the room after them (`FixedView`)
+        self._room = torch.zeros(0, dtype=torch.float32, device=device)
+        self._slot = 0  # which of the base's buffer sets of this capacity (`context_buffers`)
         self.ids = base.ids
         self.mask = base.mask
         self.bias = base.bias
@@ -319,6 +358,18 @@ class LiveDraftHead(DraftHead):
     def start(self, prompt: torch.Tensor) -> LiveDraftHead:
         return self.base.start(prompt)
 
+    @property
+    def capacity(self) -> int:
+        """Context rows the buffers have room for (they double when full)."""
+        return int(self._extra_ids.numel())
+
+    def fixed(self) -> DraftHead | FixedView:
+        return FixedView(self) if self.context else self.base
+
+    @property
+    def graph_key(self) -> Hashable:
+        return (self.base.key, "room", self.capacity, self._slot) if self.context else self.base.graph_key
+
     def holds(self, token: int) -> bool:
         """Whether the head can propose ``token`` now."""
         return token in self.base.host_ids or token in self._extra
@@ -341,23 +392,54 @@ class LiveDraftHead(DraftHead):
         if not new:
             return
         n, m = self._n, len(new)
-        if n + m > self._extra_ids.numel():  # grow the buffers (doubling)
+        if n + m > self._extra_ids.numel():  # grow the buffers (doubling), the room masked
             cap = max(2 * self._extra_ids.numel(), n + m, 64)
-            ids = self._extra_ids.new_empty(cap)
-            ids[:n] = self._extra_ids[:n]
-            w = self._extra_w.new_empty(cap, self._extra_w.shape[1])
-            w[:n] = self._extra_w[:n]
-            self._extra_ids, self._extra_w = ids, w
-            if self._extra_b is not None:
-                b = self._extra_b.new_empty(cap)
+            self._slot, (ids, w, b, room) = self.base.context_buffers(cap, self)
+            ids[:n], w[:n], room[:n] = self._extra_ids[:n], self._extra_w[:n], 0.0
+            room[n:] = float("-inf")
+            if b is not None and self._extra_b is not None:
                 b[:n] = self._extra_b[:n]
-                self._extra_b = b
+            self._extra_ids, self._extra_w, self._extra_b, self._room = ids, w, b, room
         rows = torch.tensor(new, dtype=torch.long).to(self._extra_ids.device, non_blocking=True)
         self._extra_ids[n : n + m] = rows
         self._extra_w[n : n + m] = self.base.head_weight.detach().index_select(0, rows)
         if self._extra_b is not None:
             self._extra_b[n : n + m] = self.base.head_bias.detach().index_select(0, rows)
+        self._room[n : n + m] = 0.0
         self._n = n + m
         self._extra.update(new)
         self.mask[rows] = True
         self.ids = torch.cat([self.base.ids, self._extra_ids[: self._n]])
+
+
+class FixedView:
+    """A growing head (`LiveDraftHead`) as a CUDA graph holds it: every context row it has room
+    for, the rows it does not hold yet masked to ``-inf``. Its buffers change in place as the head
+    grows, so a graph recorded on it replays with the rows held then; when they double (a new
+    `LiveDraftHead.capacity`, in `graph_key`) a new graph is recorded. Its logits have K +
+    capacity columns; the first K + n are the live head's (a graph's caller keeps those)."""
+
+    def __init__(self, live: LiveDraftHead) -> None:
+        self.live = live
+        self.vocab_size = live.vocab_size
+
+    def logits(self, normed: torch.Tensor, fmt: str | None = None) -> torch.Tensor:
+        live = self.live
+        head = live.base.logits(normed, fmt)
+        if not live.capacity:
+            return head
+        room = kernels.linear(normed, live._extra_w, live._extra_b) + live._room.to(head.dtype)
+        return torch.cat([head, room], dim=-1)
+
+    def tokens(self, index: torch.Tensor) -> torch.Tensor:
+        ids = torch.cat([self.live.base.ids, self.live._extra_ids])
+        return ids[index.to(ids.device)].to(index.device)
+
+    def expand(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """Probabilities over the columns -> over the vocabulary (the room's are 0: added, so that
+        the room's ids, zeros, change nothing)."""
+        if fill != 0.0:
+            raise ValueError("a graph's draft head expands probabilities only (fill 0)")
+        ids = torch.cat([self.live.base.ids, self.live._extra_ids]).to(values.device)
+        out = values.new_zeros(*values.shape[:-1], self.vocab_size)
+        return out.index_add_(-1, ids, values)

@@ -381,11 +381,11 @@ class DecodeState:
             fed = torch.cat(prefix.ids, dim=1)[:, :n]
             complete = prefix.hidden is not None or not self.capture_hidden
             if n > 0 and complete and call is not None:
-                # No read: the rule sees only the inputs the rows saw (`seen_ids`); the reusing
-                # path runs eagerly around its forwards.
-                out = self._verify_reusing(input_ids, prefix, n, logits_at)
-                ruled = self.adapter.executor.apply_rule(call, seen_ids(input_ids, fed), out.logits)
-                return replace(out, ruled=ruled)
+                # No read: the rule sees only the inputs the rows saw (`seen_ids`), inside the
+                # forward of the upper blocks; the reusing path runs eagerly around its forwards.
+                return self._verify_reusing(
+                    input_ids, prefix, n, logits_at, replace(call, ids=input_ids, fed=fed)
+                )
             if (
                 n > 0 and complete and torch.equal(input_ids[:, :n], fed)
             ):  # one read: a caller that checks itself
@@ -414,9 +414,15 @@ class DecodeState:
         return out
 
     def _verify_reusing(
-        self, input_ids: torch.Tensor, prefix: _DraftPrefix, n: int, logits_at: str | torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        prefix: _DraftPrefix,
+        n: int,
+        logits_at: str | torch.Tensor | None,
+        rule: RuleCall | None = None,
     ) -> ForwardOutput:
-        """Chain verification reusing a pure-prefix draft's first ``n`` positions (blocks < E)."""
+        """Chain verification reusing a pure-prefix draft's first ``n`` positions (blocks < E);
+        ``rule``: the verifier's acceptance rule, run inside the forward of the upper blocks."""
         e, c, t = prefix.exit_layer, self.cache.committed, input_ids.shape[1]
         capture = self.capture_hidden and prefix.hidden is not None
         self.cache.keep_draft(n, range(e))  # the draft's KV in blocks < E is the target's own
@@ -435,7 +441,13 @@ class DecodeState:
             if lower is not None:
                 lower = torch.cat([lower, tail.hidden_states], dim=2)
         upper = self.adapter.forward_from(
-            h_e, self._positions(c, t), self.cache, start=e, logits_at=logits_at, capture_hidden=capture
+            h_e,
+            self._positions(c, t),
+            self.cache,
+            start=e,
+            logits_at=logits_at,
+            capture_hidden=capture,
+            rule=rule,
         )
         self.stats.target_forwards += 1
         self.stats.verify_blocks_saved += e * n
@@ -445,7 +457,7 @@ class DecodeState:
             hidden = torch.cat([lower, upper.hidden_states[1:]], dim=0)  # (L+1, B, T, d)
             self.last_hidden_states = hidden
         self._verified_chain, self._served = hidden, False  # a chain: the verification of a pure-prefix draft
-        return ForwardOutput(upper.logits, hidden, upper.last_hidden)
+        return ForwardOutput(upper.logits, hidden, upper.last_hidden, ruled=upper.ruled)
 
     def forward_scratch(
         self,
@@ -662,18 +674,6 @@ class DecodeState:
                 )
             grow[:, : self.num_tokens] = self._tokens[:, : self.num_tokens]
             self._tokens = grow
-
-
-def seen_ids(input_ids: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
-    """A verified block ``input_ids`` (B, T) as the rows of a verification that reused an
-    early-exit draft saw it, the draft having fed ``fed`` (B, n), ``n <= T``: from the first
-    position where the block leaves what the draft fed, every token is ``-1``. Rows from there on
-    saw the draft's inputs (attention is causal: rows before it did not), so an acceptance rule
-    accepts none of them, and what it accepts is what the full forward accepts."""
-    n = fed.shape[1]
-    same = (input_ids[:, :n] == fed).cumprod(dim=1).bool()  # (B, n)
-    tail = same[:, -1:].expand(-1, input_ids.shape[1] - n)
-    return torch.where(torch.cat([same, tail], dim=1), input_ids, -1)
 
 
 def _read_named(values: Mapping[str, torch.Tensor]) -> dict[str, list[Any]]:

@@ -255,4 +255,4 @@ def device_ops(
     def no_head(hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         raise RuntimeError("device_ops was given no top1")
 
-    return EagerOps(top1 or no_head, block, random, torch.device(device), growing_head=False)
+    return EagerOps(top1 or no_head, block, random, torch.device(device))

@@ -21,7 +21,7 @@ from framework.engine.execution.branches import BranchGraphs
 from framework.engine.execution.forward_graph import ForwardGraphs
 from framework.engine.execution.pool import KVPool
 from framework.engine.execution.route import Route, choose_route
-from framework.engine.execution.spec import ForwardSpec, RuleCall
+from framework.engine.execution.spec import ForwardSpec, RuleCall, seen_ids
 from framework.engine.execution.store import MAX_GRAPHS, GraphStore
 from framework.engine.execution.work import (
     Draw,
@@ -263,18 +263,20 @@ class Executor:
             warn_eager(call.fn, key)
             return None
         learned = learned_of(self.resources).get(key)
-        return None if learned is None or learned.dynamic else (key, learned.draws)
+        return None if learned is None else (key, learned.draws)
 
     def apply_rule(self, call: RuleCall, ids: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """``call``'s acceptance rule on a forward's ``ids`` and ``logits``, eagerly (its draws
         straight from the stream); the first call of a keyed rule notes its draws, so that later
         whole forwards hold it in their graph."""
-        ops = EagerOps(self._rule_top1, None, call.random, logits.device, False)
+        ops = EagerOps(self._rule_top1, None, call.random, logits.device)
+        if call.fed is not None:  # rows that reused a draft's blocks: what they saw
+            ids = seen_ids(ids, call.fed)
         out = call.fn(ops, ids, logits, *call.inputs)
         if self.graphs is not None and self.graphs.forwards is not None:
             key = work_key(call.fn, call.inputs, {})
             if not isinstance(key, Unkeyable):
-                learned_of(self.resources).setdefault(key, Learned(tuple(ops.draws), ops.dynamic))
+                learned_of(self.resources).setdefault(key, Learned(tuple(ops.draws)))
         return out
 
     def _precapture_rule(self, rule: AcceptanceRule | None) -> tuple[AcceptanceRule, Hashable] | None:
@@ -285,8 +287,8 @@ class Executor:
         key = work_key(rule, (), {})
         if isinstance(key, Unkeyable):
             return None
-        learned = learned_of(self.resources).setdefault(key, Learned((), ""))
-        return None if learned.draws or learned.dynamic else (rule, (key, learned.draws))
+        learned = learned_of(self.resources).setdefault(key, Learned(()))
+        return None if learned.draws else (rule, (key, learned.draws))
 
     def _rule_top1(
         self, hidden: torch.Tensor, *, draft_head: bool = False
@@ -318,9 +320,16 @@ class Executor:
         assert g is not None and g.forwards is not None
         lowbit = spec.weights if isinstance(spec.weights, LowBitLinears) else None
         rule = self._rule_key(spec.rule)
+        head = None if spec.head is None else spec.head.graph_key
         with lowbit.active() if lowbit is not None else nullcontext(), self.resources.backend():
             logits, hidden, last, picked, ruled = g.forwards.run(
-                spec, input_ids, position_ids, cache, "model" if lowbit is None else lowbit.weights, rule
+                spec,
+                input_ids,
+                position_ids,
+                cache,
+                "model" if lowbit is None else lowbit.weights,
+                rule,
+                head,
             )
         stop = spec.end(self.arch.num_layers)
         self.forward_calls += 1
@@ -328,9 +337,9 @@ class Executor:
         self.layer_loads += stop
         at = spec.logits_at
         if at is not None:
-            if logits is None:  # a reduced draft head: after the graph
-                logits = self._logits(last, spec)
-            elif not isinstance(at, str):
+            if spec.head is not None:  # a growing head's graph scores its room too: the head's columns
+                logits = logits[..., : spec.head.size]
+            if not isinstance(at, str):
                 logits = logits.index_select(1, at.to(logits.device))
             elif at == "last":
                 logits = logits[:, -1:]
@@ -377,10 +386,14 @@ class Executor:
             h = h.to(hidden.device)
             captured = None if captured is None else [c.to(hidden.device) for c in captured]
         hidden_states = torch.stack(captured) if captured is not None else None
-        picked = None
-        if spec.pick is not None and spec.head is None and logits is not None:
-            picked = pick_tokens(logits[:, -1], spec.pick)
-        return ForwardOutput(logits, hidden_states, h, spec.head if logits is not None else None, picked)
+        picked = ruled = None
+        if spec.pick is not None and logits is not None:
+            picked = pick_tokens(logits[:, -1], spec.pick, spec.head)
+        if spec.rule is not None and spec.rule.ids is not None and logits is not None:  # from residuals
+            ruled = self.apply_rule(spec.rule, spec.rule.ids, logits)
+        return ForwardOutput(
+            logits, hidden_states, h, spec.head if logits is not None else None, picked, ruled
+        )
 
     def _blocks(
         self,

@@ -96,6 +96,7 @@ class ForwardGraphs:
         cache: KVCache,
         weights: str,
         rule: tuple[Hashable, tuple[Draw, ...]] | None = None,
+        head: Hashable | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, Picked | None, dict | None]:
         """Run ``spec``'s graph on these inputs, keeping ``cache``'s books; with ``rule`` (the key
         of ``spec.rule`` and the draws it makes), the acceptance rule inside the graph: its inputs
@@ -111,7 +112,7 @@ class ForwardGraphs:
         """
         t, plan = input_ids.shape[1], spec.plan
         base = spec.base if spec.base is not None else max(cache.lengths, default=0)
-        key = spec.graph_key(t, span(base + t, self.pool.capacity), weights, rule)
+        key = spec.graph_key(t, span(base + t, self.pool.capacity), weights, rule, head)
         stop = spec.end(self.arch.num_layers)
         writes = [i for i in range(stop) if plan is None or plan.runs_attn(i)]
         ids, pos = self._inputs(t)
@@ -125,7 +126,8 @@ class ForwardGraphs:
         cache.begin(t, base=spec.base, tree_mask=spec.tree_mask, writes=writes)
         try:
             self._first.copy_(torch.tensor(cache.first_slots(), dtype=torch.long), non_blocking=True)
-            out = self.store.run(("forward", key), lambda: self._forward(key, fn, ins, drawn))
+            head = None if spec.head is None else spec.head.fixed()
+            out = self.store.run(("forward", key), lambda: self._forward(key, fn, ins, drawn, head))
         finally:
             cache.end()
         self.forwards += 1
@@ -174,10 +176,16 @@ class ForwardGraphs:
         return bufs
 
     def _forward(
-        self, key: GraphKey, rule: AcceptanceRule | None, ins: tuple, drawn: tuple[torch.Tensor, ...]
+        self,
+        key: GraphKey,
+        rule: AcceptanceRule | None,
+        ins: tuple,
+        drawn: tuple[torch.Tensor, ...],
+        head: Any = None,
     ) -> dict[str, Any]:
         """The static forward of ``key``: reads only the static inputs and the KV pool; ``rule``
-        (with its static inputs and draws) after the LM head when the key holds one."""
+        (with its static inputs and draws) after the LM head, and the reduced draft ``head``
+        instead of it, when the key holds them."""
         a, pool = self.arch, self.pool
         assert pool.arange is not None
         t, plan, s = key.rows, key.plan, key.span
@@ -202,14 +210,18 @@ class ForwardGraphs:
 
         captured = [h] if key.hidden else None
         h = run_blocks(h, 0, stop, plan, attention, lambda i, x: x + a.mlp_branch(i, x), captured=captured)
-        logits = a.lm_head(a.final_norm(h)) if key.logits != "none" else None
+        logits = None
+        if key.logits == "all":
+            logits = a.lm_head(a.final_norm(h))
+        elif key.logits == "head":
+            logits = head.logits(a.final_norm(h))
         out: dict[str, Any] = {
             "logits": logits,
             "hidden": None if captured is None else torch.stack(captured),
             "last": h,
         }
         if key.pick is not None and logits is not None:  # the graph's outputs: tensors
-            picked = pick_tokens(logits[:, -1], key.pick)
+            picked = pick_tokens(logits[:, -1], key.pick, head if key.logits == "head" else None)
             out.update({f"pick.{f.name}": getattr(picked, f.name) for f in fields(Picked)})
         if key.rule is not None and rule is not None and logits is not None:
             out["rule"] = rule(StaticOps(self._top1, None, drawn), ids, logits, *ins)

@@ -83,12 +83,17 @@ class ForwardSpec:
         if self.rule is not None and (not isinstance(at, str) or at != "all" or self.head is not None):
             raise ValueError("an acceptance rule needs logits_at='all' and the full LM head")
 
-    def graph_key(self, rows: int, span: int, weights: str, rule: Hashable | None = None) -> GraphKey:
+    def graph_key(
+        self, rows: int, span: int, weights: str, rule: Hashable | None = None, head: Hashable | None = None
+    ) -> GraphKey:
         """The key of this forward's whole graph over ``rows`` tokens reading ``span`` slots with
-        ``weights`` (``"model"`` or a low-bit format) and the acceptance ``rule``'s key inside it
-        (``None``: none, or one that runs after the graph). A reduced head or no logits: the graph
-        stops at the last residual (the head runs after it, and its caller picks)."""
-        logits = "none" if self.head is not None or self.logits_at is None else "all"
+        ``weights`` (``"model"`` or a low-bit format), the acceptance ``rule``'s key inside it
+        (``None``: none, or one that runs after the graph) and the reduced draft ``head``'s
+        identity (``DraftHead.graph_key``; the graph holds its `DraftHead.fixed` form)."""
+        if self.logits_at is None or (self.head is not None and head is None):
+            logits = "none"
+        else:
+            logits = "all" if self.head is None else "head"
         return GraphKey(
             self.plan,
             rows,
@@ -97,8 +102,9 @@ class ForwardSpec:
             self.capture_hidden,
             self.tree_mask is not None,
             weights,
-            self.pick if logits == "all" else None,
+            self.pick if logits != "none" else None,
             rule if logits == "all" else None,
+            head if logits == "head" else None,
         )
 
 
@@ -111,13 +117,15 @@ class GraphKey:
         rows: T, the tokens of the forward.
         span: the attention span (slots read).
         logits: ``"all"`` (every row's; a caller's ``"last"`` or positions are taken from them
-            after the graph) or ``"none"`` (no LM head in the graph).
+            after the graph), ``"head"`` (every row's through a reduced draft head that does not
+            grow) or ``"none"`` (no LM head in the graph).
         hidden: return every block's residual (index 0: the embedding).
         tree: the rows form a token tree (a tree mask), else a causal chain.
         weights: ``"model"`` or a draft's low-bit format (`framework.kernels.lowbit`).
         pick: the token chosen from the last row's logits in the graph, or ``None``.
         rule: the acceptance rule run in the graph: its derived key and the draws it makes
             (`framework.engine.execution.work`), or ``None``.
+        head: the reduced draft head in the graph (its key and size), or ``None``.
     """
 
     plan: LayerPlan | None
@@ -129,6 +137,7 @@ class GraphKey:
     weights: str = "model"
     pick: TokenPick | None = None
     rule: Hashable | None = None
+    head: Hashable | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,8 +148,26 @@ class RuleCall:
         fn: ``fn(ops, ids, logits, *inputs) -> dict of tensors``.
         inputs: its tensors after the block's ids and logits (``None`` allowed).
         random: the generation's random stream its draws come from (``None``: it draws nothing).
+        ids: the block's token ids, for a forward from residuals (a verification that reuses an
+            early-exit draft's lower blocks; ``None``: the forward's own ids).
+        fed: the inputs that draft fed (B, n), whose rows the forward reused: the rule sees ``-1``
+            for the block's tokens from where it leaves them (`seen_ids`).
     """
 
     fn: AcceptanceRule
     inputs: tuple = ()
     random: RandomStream | None = None
+    ids: torch.Tensor | None = None
+    fed: torch.Tensor | None = None
+
+
+def seen_ids(input_ids: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
+    """A verified block ``input_ids`` (B, T) as the rows of a verification that reused an
+    early-exit draft saw it, the draft having fed ``fed`` (B, n), ``n <= T``: from the first
+    position where the block leaves what the draft fed, every token is ``-1``. Rows from there on
+    saw the draft's inputs (attention is causal: rows before it did not), so an acceptance rule
+    accepts none of them, and what it accepts is what the full forward accepts."""
+    n = fed.shape[1]
+    same = (input_ids[:, :n] == fed).cumprod(dim=1).bool()  # (B, n)
+    tail = same[:, -1:].expand(-1, input_ids.shape[1] - n)
+    return torch.where(torch.cat([same, tail], dim=1), input_ids, -1)

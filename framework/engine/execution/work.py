@@ -24,9 +24,10 @@ Random numbers come from the engine: ``ops.uniform(shape)`` and ``ops.exponentia
 from the generation's stream (`RandomStream`). Eagerly they are drawn where the function asks;
 on the graph route the first call of a key runs eagerly and notes the draws it made, and every
 later call draws the same kinds and shapes from the stream, in the same order, before the graph
-replays them: draw for draw what the eager function draws. That first eager call also notes what
-cannot be a graph (a draft head that grows with the context: its rows change between rounds);
-such a key runs eagerly from then on.
+replays them: draw for draw what the eager function draws. A generation's reduced draft head
+(``ops.top1(..., draft_head=True)``) is part of the key; a graph holds its fixed form
+(`framework.engine.draft_head.DraftHead.fixed`: a head that grows with the context, with room for
+the rows to come).
 """
 
 from __future__ import annotations
@@ -283,7 +284,7 @@ class Draw:
 
 class EagerOps(_Ops):
     """Ops of an eager run: the model's pieces as the round runs them, draws straight from the
-    stream (noted in `draws`, and why the function cannot be a graph in `dynamic`)."""
+    stream (noted in `draws`)."""
 
     def __init__(
         self,
@@ -291,17 +292,10 @@ class EagerOps(_Ops):
         block: Callable[[int, torch.Tensor], torch.Tensor] | None,
         random: RandomStream | None,
         device: torch.device,
-        growing_head: bool,
     ) -> None:
         super().__init__(top1, block)
-        self._random, self._device, self._growing = random, device, growing_head
+        self._random, self._device = random, device
         self.draws: list[Draw] = []
-        self.dynamic = ""
-
-    def top1(self, hidden: torch.Tensor, *, draft_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        if draft_head and self._growing:
-            self.dynamic = "its draft head grows with the context"
-        return super().top1(hidden, draft_head=draft_head)
 
     def _draw(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self._random is None:
@@ -343,10 +337,9 @@ def learned_of(adapter: Any) -> dict[WorkKey, Learned]:
 
 @dataclass
 class Learned:
-    """What the first (eager) call of a key showed: its draws, and why it cannot be a graph."""
+    """What the first (eager) call of a key showed: its draws."""
 
     draws: tuple[Draw, ...]
-    dynamic: str
 
 
 def outputs_of(out: Any) -> Any:
@@ -392,18 +385,15 @@ class DeviceWork:
         self, fn: Callable[..., Any], inputs: tuple, params: Mapping[str, Any], position: int | None = None
     ) -> Any:
         """``fn(ops, *inputs, **params)``: from a graph where forwards run as one and ``fn`` can be
-        keyed (`execute`), else eagerly: with one warning when it cannot be keyed, silently when
-        its first call showed it cannot be a graph (a growing draft head)."""
+        keyed (`execute`), else eagerly, with one warning when it cannot be keyed."""
         key = work_key(fn, inputs, params)
         if isinstance(key, Unkeyable):
             warn_eager(fn, key)
             return self.eager(fn, inputs, params, position).out
         head = self.state.draft_head
-        if head is not None:  # its rows are the graph's too: a head that grows is never a graph
-            key = dataclasses.replace(key, engine=(head.key, "grows" if _grows(head) else head.size))
+        if head is not None:  # its rows are the graph's too
+            key = dataclasses.replace(key, engine=head.graph_key)
         learned = learned_of(self.state.adapter).get(key)
-        if learned is not None and learned.dynamic:
-            return self.eager(fn, inputs, params, position).out
         return self.execute(key, learned, fn, inputs, params, position)
 
     def execute(
@@ -420,7 +410,7 @@ class DeviceWork:
         state = self.state
         if learned is None:
             run = self.eager(fn, inputs, params, position)
-            learned_of(state.adapter)[key] = Learned(tuple(run.ops.draws), run.ops.dynamic)
+            learned_of(state.adapter)[key] = Learned(tuple(run.ops.draws))
             return run.out
         graphs = state.adapter.executor.graphs
         if graphs is None or graphs.forwards is None:
@@ -433,7 +423,7 @@ class DeviceWork:
                 params,
                 draws=learned.draws,
                 random=state.random,
-                top1=state.top1_from_hidden,
+                top1=self._fixed_top1,
                 position=position,
                 cache=state.cache,
             )
@@ -444,15 +434,17 @@ class DeviceWork:
     ) -> _Run:
         state = self.state
         block = None if position is None else functools.partial(state.forward_block, position=position)
-        head = state.draft_head
-        ops = EagerOps(state.top1_from_hidden, block, state.random, state.device, _grows(head))
+        ops = EagerOps(state.top1_from_hidden, block, state.random, state.device)
         with torch.inference_mode():
             return _Run(ops, fn(ops, *inputs, **params))
 
-
-def _grows(head: Any) -> bool:
-    """Whether a generation's draft head adds rows as its context grows (`LiveDraftHead`)."""
-    return head is not None and bool(getattr(head, "context", False))
+    def _fixed_top1(
+        self, hidden: torch.Tensor, *, draft_head: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ops.top1`` inside a graph: the draft head in its fixed form (`DraftHead.fixed`)."""
+        head = self.state.draft_head
+        fixed = head.fixed() if draft_head and head is not None else None
+        return self.state.adapter.top1_from_hidden(hidden, head=fixed)
 
 
 @dataclass

@@ -674,7 +674,7 @@ def test_a_checked_reusing_verification_reads_nothing_and_accepts_only_what_the_
 
 
 def test_a_checked_reusing_verification_never_accepts_from_rows_that_saw_the_drafts_inputs(llama_adapter):
-    """The case `framework.engine.state.seen_ids` is for: the draft fed x2 where the block has the target's own g2, and the
+    """The case `framework.engine.execution.spec.seen_ids` is for: the draft fed x2 where the block has the target's own g2, and the
     block's next token is what the target says after x2. Row 2 saw x2, so without the rule the
     check would accept that token and a bonus from a row the target never computed."""
 

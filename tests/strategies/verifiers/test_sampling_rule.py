@@ -514,7 +514,7 @@ def test_a_draft_token_the_target_gives_no_mass_is_never_accepted_even_at_u_zero
 
 def test_a_token_no_row_of_the_verify_forward_saw_is_never_accepted():
     """A verification that reused an early-exit draft hands its rule ``-1`` for every token from
-    where the block leaves what the draft fed (`framework.engine.state.seen_ids`): the sampling
+    where the block leaves what the draft fed (`framework.engine.execution.spec.seen_ids`): the sampling
     rule rejects it, whatever the draws, and never indexes the distributions with it."""
     from strategies.verifiers.sampling import accept_with_noise
 

@@ -157,7 +157,7 @@ def test_a_reduced_draft_head_runs_after_the_graph():
     res = dec.generate(prompt, StopCondition(30))
     assert res.tokens == want and res.drafted > 0
     specs = {k[1] for k in adapter.executor.graphs.store.keys("forward")}
-    assert any(s.plan is not None and s.logits == "none" for s in specs)  # drafts: head outside
+    assert any(s.plan is not None and s.logits in ("none", "head") for s in specs)  # drafts: a head
 
 
 # ---- the graph cache's books, through a stand-in for CUDA's graph recording -------------------
@@ -281,14 +281,50 @@ def test_a_draft_step_picks_its_token_inside_the_whole_forward_graph():
     held = outs[1].picked.tokens.clone()
     states[1].forward_draft(states[1].pending, plan, pick=TokenPick())  # a replay
     assert torch.equal(outs[1].picked.tokens, held)  # the caller's copy, not the graph's output
-    # no pick asked, or a reduced draft head (its logits come after the graph): nothing picked
+    # no pick asked: nothing picked
     assert states[1].forward_draft(states[1].pending, plan).picked is None
-    from framework.engine.draft_head import DraftHead
 
-    states[1].discard_draft()
-    states[1].draft_head = DraftHead(graphed, list(range(0, 64, 2)))
-    out = states[1].forward_draft(states[1].pending, plan, pick=TokenPick())
-    assert out.picked is None and out.head is not None
+
+@pytest.mark.parametrize("grows", [False, True])
+def test_a_reduced_draft_heads_pick_comes_in_vocabulary_ids_from_inside_the_forward(grows):
+    """Issue 46: with a reduced draft head the forward picks too, through the head's ids, inside
+    the draft forward's graph (the head's logits and the pick). A head that grows with the context
+    is there in its fixed form (room for the rows to come, masked): rows it adds between steps are
+    seen by the same graph's next replay, and the next generation's head replays it too."""
+    from framework.engine.draft_head import DraftHead
+    from framework.types import TokenPick, pick_tokens
+
+    rec = _Recorder()
+    eager, graphed = _adapters(num_layers=4, recorder=rec, capture=True)
+    plan = LayerPlan.from_indices(4, attn=[2])
+    states = _started((eager, graphed), random_prompt(6, seed=7))
+    heads = [DraftHead(s.adapter, list(range(0, 64, 2)), context=grows) for s in states]
+    for s, head in zip(states, heads, strict=True):
+        s.draft_head = head.start(s.tokens) if grows else head
+    for step, pick in enumerate((TokenPick(), TokenPick(softmax=True, probs=True, top_k=3), TokenPick())):
+        if grows and step:  # a context row more: token 65 + step, outside the shared head
+            for s in states:
+                s.draft_head.observe(torch.tensor([65 + step]), [65 + step])
+        outs = [s.forward_draft(s.pending, plan, pick=pick) for s in states]
+        for s in states:
+            s.discard_draft()
+        want = pick_tokens(outs[0].logits[:, -1], pick, outs[0].head)
+        for out in outs:
+            assert out.head is not None and torch.equal(out.picked.tokens, want.tokens)
+            assert set(out.picked.tokens.tolist()) <= set(range(0, 64, 2)) | set(range(64, 128))
+            if pick.probs:
+                _close(out.picked.probs, want.probs)
+                assert out.picked.probs.shape[-1] == graphed.arch.info().vocab_size
+    drafts = [k[1] for k in graphed.executor.graphs.store.keys("forward") if k[1].plan is not None]
+    assert {k.logits for k in drafts} == {"head"} and len(drafts) == 2  # the two picks' graphs
+    if grows:  # the next generation's head: the same buffers, the same graphs
+        del states, outs, out  # the first generation's head gives its buffers back
+        state = _started((graphed,), random_prompt(6, seed=9))[0]
+        state.draft_head = heads[1].start(state.tokens)
+        out = state.forward_draft(state.pending, plan, pick=TokenPick())
+        assert len([k for k in graphed.executor.graphs.store.keys("forward") if k[1].plan is not None]) == 2
+        want = pick_tokens(out.logits[:, -1], TokenPick(), out.head)
+        assert torch.equal(out.picked.tokens, want.tokens)
 
 
 def test_a_verifiers_rule_is_folded_into_the_whole_forward_graph_after_one_eager_call():

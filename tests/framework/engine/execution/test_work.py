@@ -187,20 +187,28 @@ def test_draws_inside_a_graph_are_the_streams_draw_for_draw(kind):
     assert graphed.adapter.executor.graphs.work.runs == 3  # the first call learned the draws
 
 
-def test_a_function_that_reads_a_growing_draft_head_runs_eagerly_from_its_second_call():
+def test_a_function_that_reads_a_growing_draft_head_is_one_graph_that_sees_the_rows_it_adds():
+    """A draft head that grows with the context is in a graph in its fixed form (room for the
+    rows to come, masked): rows added between calls are seen by the next replay, with what the
+    growing head itself gives eagerly; when its room doubles, a new graph is recorded."""
     from framework.engine.draft_head import DraftHead
 
     rec = StandInRecorder()
     adapter = _adapter(recorder=rec)
     state = _state(adapter)
-    state.draft_head = DraftHead(adapter, list(range(0, 128, 2)), context=True).start(state.tokens)
-    h = torch.randn(3, adapter.arch.hidden_size)
-    for _ in range(3):
-        state.compute(_top1_of, h, draft_head=True)
-    assert rec.graphs == []
-    for _ in range(3):
-        state.compute(_top1_of, h, draft_head=False)  # another key: a graph
-    assert len(rec.graphs) == 1
+    live = DraftHead(adapter, list(range(0, 128, 4)), context=True).start(state.tokens)
+    state.draft_head = live
+    h = torch.randn(5, adapter.arch.hidden_size)
+    room = live.capacity
+    others = [t for t in range(128) if t % 4 and not live.holds(t)]
+    for new in ([], others[:1], others[1:3], others[3:]):  # the last one doubles the room
+        live.observe(torch.tensor(new, dtype=torch.long), new)
+        got = [state.compute(_top1_of, h, draft_head=True) for _ in range(2)]  # learned or recorded, replayed
+        want = adapter.top1_from_hidden(h, head=live)
+        for toks, probs in got:
+            assert torch.equal(toks, want[0])
+            torch.testing.assert_close(probs, want[1])
+    assert live.capacity > room and len(rec.graphs) == 2  # one graph per room
 
 
 def _top1_of(ops, h, *, draft_head):
