@@ -317,6 +317,7 @@ def test_a_reduced_draft_heads_pick_comes_in_vocabulary_ids_from_inside_the_forw
                 assert out.picked.probs.shape[-1] == graphed.arch.info().vocab_size
     drafts = [k[1] for k in graphed.executor.graphs.store.keys("forward") if k[1].plan is not None]
     assert {k.logits for k in drafts} == {"head"} and len(drafts) == 2  # the two picks' graphs
+    assert {k.head for k in drafts} == {states[1].draft_head.graph_key}  # the head is in the key
     if grows:  # the next generation's head: the same buffers, the same graphs
         del states, outs, out  # the first generation's head gives its buffers back
         state = _started((graphed,), random_prompt(6, seed=9))[0]
@@ -389,3 +390,21 @@ def test_a_rule_written_outside_the_project_gets_the_one_launch_path_keyed_by_it
             s.cache.rollback()
     margins = {dict(k[1].rule[0].params)["margin"] for k in store.keys("forward") if k[1].rule is not None}
     assert margins == {0.5, 2.0}
+
+
+def test_a_draft_with_low_bit_weights_takes_whole_forward_graphs_of_its_own():
+    """The weights a draft runs are part of its graph's key: a draft step with a low-bit copy of
+    the weights and one with the model's own (same plan, same rows) are two graphs, and each
+    computes what its weights compute eagerly."""
+    eager, graphed = _adapters(num_layers=4)
+    plan = LayerPlan.from_indices(4, attn=[2])
+    states = _started((eager, graphed), random_prompt(6, seed=4))
+    for fmt in ("int8", None, "int8"):
+        for s in states:
+            s.draft_weights = None if fmt is None else s.adapter.draft_branches(fmt)
+        outs = [s.forward_draft(s.pending, plan) for s in states]
+        for s in states:
+            s.discard_draft()
+        _close(outs[0].logits, outs[1].logits)
+    keys = [k[1] for k in graphed.executor.graphs.store.keys("forward") if k[1].plan is not None]
+    assert sorted(k.weights for k in keys) == ["int8", "model"]
