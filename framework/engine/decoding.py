@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from framework.engine.adapter import ModelAdapter
+from framework.engine.processing import GenerationControls, LogitsProcessing, stop_cut
 from framework.engine.state import DecodeState
 from framework.interfaces import Drafter, LayerSelector, LengthController, PrepareView, Verifier
 from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
@@ -34,6 +35,12 @@ class StopCondition:
         decode: ``token ids -> text`` (the tokenizer's decode); needed only with stop strings.
         on_tokens: called with each block of new tokens as `find_cut` checks it, up to the cut
             (what a streamer is fed: the tokens the generation keeps, as they are committed).
+        criteria: a `transformers.StoppingCriteriaList` (or any ``(input_ids, scores) -> bool
+            tensor``): each new token is checked with the prompt and the tokens up to it, as
+            ``generate`` checks one token at a time; the first that answers True ends the
+            generation, that token kept (`framework.engine.processing.stop_cut`).
+        controls: what the generation applies to each next token's scores
+            (`framework.engine.processing.GenerationControls`; ``None``: nothing).
     """
 
     def __init__(
@@ -43,6 +50,8 @@ class StopCondition:
         stop_strings: Sequence[str] = (),
         decode: Any = None,
         on_tokens: Callable[[list[int]], None] | None = None,
+        criteria: Any = None,
+        controls: GenerationControls | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -53,7 +62,17 @@ class StopCondition:
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.decode = decode
         self.on_tokens = on_tokens
+        self.criteria = criteria
+        self.controls = controls if controls is not None and controls.active else None
+        self._prompt: torch.Tensor | None = None
         self._window = 8 + max((len(s) for s in self.stop_strings), default=0)
+
+    def begin(self, state: DecodeState) -> None:
+        """A generation starts on ``state``: its processors (`controls`), and its prompt for the
+        stopping criteria."""
+        self._prompt = state.tokens[:, : state.prompt_len]
+        if self.controls is not None:
+            state.processing = LogitsProcessing(self.controls.processors_for(state.prompt_len))
 
     def find_cut(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
         """Check tokens ``new_tokens[start:]`` (and hand the ones kept to ``on_tokens``).
@@ -69,6 +88,14 @@ class StopCondition:
         return cut
 
     def _cut(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
+        cut = self._cut_by_rules(new_tokens, start)
+        if self.criteria is not None and self._prompt is not None:
+            at = stop_cut(self.criteria, self._prompt, new_tokens[: cut[0]] if cut else new_tokens, start)
+            if at is not None:
+                return at, "stopping_criteria"
+        return cut
+
+    def _cut_by_rules(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
         for i in range(start, len(new_tokens)):
             if new_tokens[i] in self.eos:
                 return i + 1, "eos"
@@ -92,7 +119,7 @@ class GenerationResult:
     Attributes:
         tokens: the new token ids (after the stop cut).
         wall_time: seconds from the start of prefill to the end of the last round.
-        stop_reason: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
+        stop_reason: ``"eos"``, ``"stop_string"``, ``"stopping_criteria"`` or ``"max_new_tokens"``.
         rounds: one `RoundRecord` per verification round (a plain decoder: one per step after the
             prefill's token); the per-round properties below read them.
         plain: the rounds are plain steps (vanilla decoding): `draft_lengths` is empty.
@@ -201,6 +228,7 @@ def _prefill(
 ) -> tuple[float, list[int], tuple[int, str] | None]:
     """Prefill, choose the first new token, start the clock; returns (t0, new tokens, cut)."""
     clock = synced_clock(state.adapter.arch.device)  # waits for CUDA's queued work; perf_counter on CPU
+    stop.begin(state)
     t0 = clock()
     logits = state.prefill()
     first = choose(logits)[:, None]

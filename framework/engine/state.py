@@ -35,6 +35,7 @@ from framework.engine.draft_head import DraftHead, LiveDraftHead
 from framework.engine.execution.spec import RuleCall
 from framework.engine.execution.work import DeviceWork, RandomStream
 from framework.engine.kv_cache import KVCache
+from framework.engine.processing import LogitsProcessing
 from framework.interfaces import Drafter, LayerSelector, LengthController, Strategy, Verifier
 from framework.kernels.protocols import DraftWeights
 from framework.types import (
@@ -123,6 +124,11 @@ class DecodeState:
         #: weights); ``None`` = the model's own weights. Verification always runs the model's own.
         self.draft_weights: DraftWeights | None = None
         self.draft_len = 0  # tokens fed to the draft model in the current round
+        #: Set by the decoder: the generation's logits processors (`framework.engine.processing`),
+        #: applied to every row a forward scores for the next token, with the row's own prefix;
+        #: ``None``: none.
+        self.processing: LogitsProcessing | None = None
+        self._fed: list[torch.Tensor] = []  # this round's draft inputs, for the processors' prefixes
         self.round = 0
         self.stats = DecodeStats()
         #: Hidden states of the last verification (L+1, B, T, d), when capture_hidden.
@@ -258,6 +264,8 @@ class DecodeState:
             out.hidden_states,
             False,
         )  # the prompt's: read with the first token
+        if self.processing is not None:
+            return self.processing.next(self._tokens[:, :p], out.logits[:, -1])
         return out.logits[:, -1]
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
@@ -324,6 +332,7 @@ class DecodeState:
             capture = self._prefix is not None and self._prefix.hidden is not None
         else:
             self._prefix = None
+        processing = self.processing
         out = self.adapter.forward(
             input_ids,
             self._positions(start, t),
@@ -333,8 +342,10 @@ class DecodeState:
             capture_hidden=capture,
             head=self.draft_head,
             weights=self.draft_weights,
-            pick=pick,
+            pick=pick if processing is None else None,  # processed first: picked by the caller
         )
+        if processing is not None:
+            out = self._process_draft(out, input_ids, logits_at)
         if reusable and self._prefix is not None:
             self._prefix.ids.append(input_ids)
             self._prefix.last_hidden.append(out.last_hidden)
@@ -343,6 +354,26 @@ class DecodeState:
         self.draft_len += t
         self.stats.draft_forwards += 1
         return out
+
+    def _process_draft(
+        self, out: ForwardOutput, input_ids: torch.Tensor, logits_at: str | torch.Tensor | None
+    ) -> ForwardOutput:
+        """A draft forward's rows through the generation's processors, each with its own prefix
+        (the committed tokens, then this round's draft inputs after the pending token), over the
+        whole vocabulary (a reduced head's scores expanded, ``-inf`` outside it)."""
+        if self.draft_len == 0:
+            self._fed = []
+        self._fed.append(input_ids)
+        if out.logits is None or self.processing is None:
+            return out
+        fed = torch.cat(self._fed, dim=1)  # [pending, drafted inputs ...]
+        t, n = input_ids.shape[1], fed.shape[1]
+        rows = list(range(n - t, n)) if not isinstance(logits_at, str) or logits_at == "all" else [n - 1]
+        if isinstance(logits_at, torch.Tensor):
+            rows = [n - t + int(r) for r in logits_at.tolist()]
+        logits = out.logits if out.head is None else out.head.expand(out.logits)
+        committed = self._tokens[:, : self.num_tokens]
+        return replace(out, logits=self.processing.rows(committed, fed, logits, rows=rows), head=None, picked=None)
 
     def forward_verify(
         self,
@@ -376,6 +407,45 @@ class DecodeState:
         prefix, self._prefix = self._prefix, None
         self.stats.verify_tokens += int(input_ids.shape[1])
         call = None if rule is None else RuleCall(rule, tuple(rule_inputs), self.random)
+        if self.processing is not None:  # the rows processed first, the rule on what they give
+            out = self._verify(input_ids, prefix, logits_at, position_ids, tree_mask, None)
+            return self._process_verification(out, input_ids, logits_at, tree_mask, call)
+        return self._verify(input_ids, prefix, logits_at, position_ids, tree_mask, call)
+
+    def _process_verification(
+        self,
+        out: ForwardOutput,
+        input_ids: torch.Tensor,
+        logits_at: str | torch.Tensor | None,
+        tree_mask: torch.Tensor | None,
+        call: RuleCall | None,
+    ) -> ForwardOutput:
+        """A verify forward's rows through the generation's processors, each with its own prefix
+        (the committed tokens, then the block's tokens before the row: a tree row's ancestors),
+        then the verifier's rule on them."""
+        if out.logits is None or self.processing is None:
+            return out
+        t = input_ids.shape[1]
+        rows: list[int] = list(range(t))
+        if isinstance(logits_at, torch.Tensor):
+            rows = [int(r) for r in logits_at.tolist()]
+        elif logits_at == "last":
+            rows = [t - 1]
+        committed = self._tokens[:, : self.num_tokens]
+        logits = self.processing.rows(committed, input_ids, out.logits, tree_mask=tree_mask, rows=rows)
+        ruled = None if call is None else self.adapter.executor.apply_rule(call, input_ids, logits)
+        return replace(out, logits=logits, ruled=ruled)
+
+    def _verify(
+        self,
+        input_ids: torch.Tensor,
+        prefix: _DraftPrefix | None,
+        logits_at: str | torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        tree_mask: torch.Tensor | None,
+        call: RuleCall | None,
+    ) -> ForwardOutput:
+        """`forward_verify`'s forward (reusing an early-exit draft where it can), ``call`` inside it."""
         if prefix is not None and position_ids is None and tree_mask is None:
             n = min(prefix.length, input_ids.shape[1])
             fed = torch.cat(prefix.ids, dim=1)[:, :n]
