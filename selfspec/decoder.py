@@ -50,7 +50,7 @@ class GenerationStats:
         plans: per drafting round, the `LayerPlan` the draft ran.
         draft_lengths: tokens drafted per round (0: the round declined to draft).
         accept_lengths: tokens committed per round.
-        stop_reason: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"``.
+        stop_reason: ``"eos"``, ``"stop_string"``, ``"stopping_criteria"`` or ``"max_new_tokens"``.
         strategies: each strategy's own summary (``Strategy.summary()``), by kind.
     """
 
@@ -327,14 +327,19 @@ class Decoder:
         return torch.tensor([ids], dtype=torch.long, device=self.experiment.adapter.arch.device)
 
     def _run(
-        self, decoder: Any, ids: torch.Tensor, max_new_tokens: int | None, streamer: Any = None
+        self,
+        decoder: Any,
+        ids: torch.Tensor,
+        max_new_tokens: int | None,
+        streamer: Any = None,
+        controls: Mapping[str, Any] | None = None,
     ) -> Generation:
         on_tokens = None
         if streamer is not None:
             streamer.put(ids.detach().cpu())  # as transformers' generate does: the prompt first
             on_tokens = lambda toks: streamer.put(torch.tensor([toks], dtype=torch.long))  # noqa: E731
         try:
-            res = decoder.generate(ids, self.experiment.stop(max_new_tokens, on_tokens))
+            res = decoder.generate(ids, self.experiment.stop(max_new_tokens, on_tokens, **(controls or {})))
         finally:
             if streamer is not None:
                 streamer.end()
@@ -356,6 +361,16 @@ class Decoder:
         seed: int | None = None,
         generation_config: Any = None,
         streamer: Any = None,
+        repetition_penalty: float | None = None,
+        no_repeat_ngram_size: int | None = None,
+        min_new_tokens: int | None = None,
+        bad_words_ids: Sequence[Sequence[int]] | None = None,
+        suppress_tokens: Sequence[int] | None = None,
+        begin_suppress_tokens: Sequence[int] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        stop_strings: str | Sequence[str] | None = None,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
     ) -> Generation | list[Generation]:
         """Generate with the method (self-speculative decoding), shaped like transformers'
         ``model.generate``.
@@ -375,11 +390,21 @@ class Decoder:
                 the same seed give the same tokens (without it, each call continues the sampler's
                 stream).
             generation_config: a transformers ``GenerationConfig`` whose ``max_new_tokens``,
-                ``do_sample``, ``temperature``, ``top_p`` and ``top_k`` apply (explicit arguments
-                win); settings this decoder cannot honour (beams, several sequences, repetition
-                penalties) raise.
+                ``do_sample``, ``temperature``, ``top_p``, ``top_k`` and the processors' settings
+                below apply (explicit arguments win); settings this decoder cannot honour (beams,
+                several sequences, contrastive search) raise.
             streamer: a transformers-compatible streamer (``put(ids)``, ``end()``; e.g.
                 ``TextStreamer``): the prompt ids, then each round's committed tokens.
+            repetition_penalty, no_repeat_ngram_size, min_new_tokens, bad_words_ids,
+                suppress_tokens, begin_suppress_tokens: as in ``generate``, built with
+                transformers' own processor classes and applied, under speculation, to every
+                verified and drafted row with its own prefix (`framework.engine.processing`):
+                greedy output equals ``generate``'s with the same settings.
+            eos_token_id: further token id(s) that end the generation (besides EOS and the chat
+                template's end-of-turn tokens).
+            stop_strings: a string (or several) that ends the generation once it appears.
+            logits_processor: a ``transformers.LogitsProcessorList`` applied after those.
+            stopping_criteria: a ``transformers.StoppingCriteriaList``, checked token by token.
 
         Returns:
             One `Generation`, or a list of them for a list of prompts.
@@ -390,13 +415,75 @@ class Decoder:
                 token tree.
         """
         opts = call_options(max_new_tokens, do_sample, temperature, top_p, top_k, seed, generation_config)
+        controls = self._controls(
+            generation_config,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            min_new_tokens=min_new_tokens,
+            bad_words_ids=bad_words_ids,
+            suppress_tokens=suppress_tokens,
+            begin_suppress_tokens=begin_suppress_tokens,
+            eos_token_id=eos_token_id,
+            stop_strings=stop_strings,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+        )
         prompts = _as_batch(prompt)
         if prompts is not None and streamer is not None:
             raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
         self._use_sampling(opts.sampling, reseed=seed is not None)
+        dec = self.experiment.decoder
         if prompts is None:
-            return self._run(self.experiment.decoder, self.encode(prompt), opts.max_new_tokens, streamer)  # type: ignore[arg-type]
-        return [self._run(self.experiment.decoder, self.encode(p), opts.max_new_tokens) for p in prompts]
+            return self._run(dec, self.encode(prompt), opts.max_new_tokens, streamer, controls)  # type: ignore[arg-type]
+        return [self._run(dec, self.encode(p), opts.max_new_tokens, None, controls) for p in prompts]
+
+    def _controls(self, generation_config: Any, **given: Any) -> dict[str, Any]:
+        """`Session.stop`'s keywords for `generate`'s processing and stopping arguments (a
+        ``generation_config``'s where an argument is not given), each checked with its name."""
+        for key in list(given):
+            if given[key] is None and generation_config is not None and key in _GC_CONTROLS:
+                given[key] = getattr(generation_config, key, None)
+        g = self.experiment.cfg.generation
+        fields: dict[str, Any] = {}
+        rp, ngram, min_new = (
+            given["repetition_penalty"],
+            given["no_repeat_ngram_size"],
+            given["min_new_tokens"],
+        )
+        if rp is not None:
+            _check_number("repetition_penalty", rp, integer=False, lo=0.0, lo_open=True)
+            fields["repetition_penalty"] = float(rp)
+        if ngram is not None:
+            _check_number("no_repeat_ngram_size", ngram, integer=True, lo=0)
+            fields["no_repeat_ngram_size"] = int(ngram)
+        if min_new is not None:
+            _check_number("min_new_tokens", min_new, integer=True, lo=0)
+            fields["min_new_tokens"] = int(min_new)
+        for key in ("suppress_tokens", "begin_suppress_tokens", "eos_token_id"):
+            value = given[key]
+            if value is not None:
+                ids = [value] if isinstance(value, int) else list(value)
+                for t in ids:
+                    _check_number(key, t, integer=True, lo=0)
+                fields["eos_token_ids" if key == "eos_token_id" else key] = tuple(int(t) for t in ids)
+        stops = given["stop_strings"]
+        if stops is not None:
+            stops = (stops,) if isinstance(stops, str) else tuple(stops)
+            if not all(isinstance(s, str) for s in stops):
+                raise TypeError(f"stop_strings must be a string or strings, got {given['stop_strings']!r}")
+            fields["stop_strings"] = g.stop_strings + stops
+        bad = given["bad_words_ids"] or ()
+        if not all(isinstance(w, Sequence) and w and all(isinstance(t, int) for t in w) for w in bad):
+            raise TypeError(
+                f"bad_words_ids must be non-empty lists of token ids, got {given['bad_words_ids']!r}"
+            )
+        processors = given["logits_processor"]
+        return {
+            "generation": dataclasses.replace(g, **fields) if fields else None,
+            "processors": tuple(processors) if processors is not None else (),
+            "criteria": given["stopping_criteria"],
+            "bad_words_ids": tuple(tuple(w) for w in bad),
+        }
 
     def _use_sampling(self, sampling: dict[str, Any] | None, *, reseed: bool = False) -> None:
         """Decode with the verifier ``sampling`` asks for (``None``: as configured), rebuilding the
@@ -485,11 +572,19 @@ class CallOptions:
 _GC_UNSUPPORTED = {
     "num_beams": 1,
     "num_return_sequences": 1,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
     "num_beam_groups": 1,
     "penalty_alpha": None,
 }
+#: The processing and stopping settings `Decoder.generate` takes from a ``GenerationConfig``.
+_GC_CONTROLS = (
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "min_new_tokens",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "stop_strings",
+)
 
 
 def _check_number(

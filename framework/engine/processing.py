@@ -101,11 +101,15 @@ class GenerationControls:
         if self.no_repeat_ngram_size:
             out.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
         if self.bad_words_ids:
-            out.append(NoBadWordsLogitsProcessor([list(w) for w in self.bad_words_ids], list(self.eos_token_ids)))
+            out.append(
+                NoBadWordsLogitsProcessor([list(w) for w in self.bad_words_ids], list(self.eos_token_ids))
+            )
         if self.repetition_penalty != 1.0:
             out.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty)))
         if self.min_new_tokens:
-            out.append(MinNewTokensLengthLogitsProcessor(prompt_len, self.min_new_tokens, list(self.eos_token_ids)))
+            out.append(
+                MinNewTokensLengthLogitsProcessor(prompt_len, self.min_new_tokens, list(self.eos_token_ids))
+            )
         if self.suppress_tokens:
             out.append(SuppressTokensLogitsProcessor(list(self.suppress_tokens)))
         if self.begin_suppress_tokens:

@@ -373,7 +373,9 @@ class DecodeState:
             rows = [n - t + int(r) for r in logits_at.tolist()]
         logits = out.logits if out.head is None else out.head.expand(out.logits)
         committed = self._tokens[:, : self.num_tokens]
-        return replace(out, logits=self.processing.rows(committed, fed, logits, rows=rows), head=None, picked=None)
+        return replace(
+            out, logits=self.processing.rows(committed, fed, logits, rows=rows), head=None, picked=None
+        )
 
     def forward_verify(
         self,

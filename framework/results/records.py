@@ -166,12 +166,27 @@ def repair_tail(path: Path, log: Callable[[str], None]) -> None:
     )
 
 
+#: Fields a results file written before them lacks, and the value that means what it did then.
+_NEUTRAL_SINCE: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "min_new_tokens": 0,
+    "bad_words": [],
+    "suppress_tokens": [],
+    "begin_suppress_tokens": [],
+    "eos_token_ids": [],
+}
+
+
 def config_differences(old: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The fields (outside `RESUMABLE_FIELDS`) in which the metadata config ``old`` of a results
     file differs from ``cfg``. A file from before the draft gate existed had it off; one from before
-    ``exact`` was a boolean wrote it as auto/on/off (unset, true, false)."""
+    ``exact`` was a boolean wrote it as auto/on/off (unset, true, false); one from before the
+    generation section's processors (issue 47) had them at their neutral values."""
     old = dict(old)
     old.setdefault("gate", dataclasses.asdict(GateConfig()))
+    for key, neutral in _NEUTRAL_SINCE.items():
+        old.setdefault(key, neutral)
     if isinstance(old.get("exact"), str):
         old["exact"] = {"auto": None, "on": True, "off": False}.get(old["exact"], old["exact"])
     new = json.loads(json.dumps(cfg.describe(), default=str))

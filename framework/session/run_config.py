@@ -338,11 +338,41 @@ class GenerationConfig:
         (), help="an extra string that ends a turn", flag="--stop", metavar="STRING", repeat=True
     )
     seed: int = param(0, help="torch seed")
+    repetition_penalty: float = param(
+        1.0, help="transformers' repetition penalty on every token already in the context (1.0: off); > 0"
+    )
+    no_repeat_ngram_size: int = param(0, help="never repeat an n-gram of this size (0: off)", metavar="N")
+    min_new_tokens: int = param(
+        0, help="no end-of-sequence token before this many new tokens (0: off)", metavar="N"
+    )
+    bad_words: tuple[str, ...] = param(
+        (),
+        help="a word never generated (its tokens as a sequence)",
+        flag="--bad-word",
+        metavar="WORD",
+        repeat=True,
+    )
+    suppress_tokens: tuple[int, ...] = param(
+        (), help="comma-separated token ids never generated", metavar="IDS"
+    )
+    begin_suppress_tokens: tuple[int, ...] = param(
+        (), help="comma-separated token ids never generated first", metavar="IDS"
+    )
+    eos_token_ids: tuple[int, ...] = param(
+        (), help="comma-separated token ids that also end a turn (besides EOS and end-of-turn)", metavar="IDS"
+    )
 
     def __post_init__(self) -> None:
         check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
         check_range("--seed", self.seed, integer=True)
         _check_strings("--stop", self.stop_strings)
+        check_range("--repetition-penalty", self.repetition_penalty, 0.0, lo_open=True)
+        check_range("--no-repeat-ngram-size", self.no_repeat_ngram_size, 0, integer=True)
+        check_range("--min-new-tokens", self.min_new_tokens, 0, integer=True)
+        _check_strings("--bad-word", self.bad_words)
+        for flag in ("suppress_tokens", "begin_suppress_tokens", "eos_token_ids"):
+            for t in getattr(self, flag):
+                check_range("--" + flag.replace("_", "-"), t, 0, integer=True)
 
 
 @dataclass(frozen=True)

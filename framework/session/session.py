@@ -8,7 +8,7 @@ takes one), prepares the strategies once and decodes prompts turn by turn with e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ from framework.engine.adapter import ModelAdapter, adapter_for
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.placement import BlockPlacement
+from framework.engine.processing import GenerationControls
 from framework.interfaces import REGISTRIES, Strategy
 from framework.models.loading import dtype_name, load_model
 from framework.models.provenance import run_provenance
 from framework.session.notes import run_notes
-from framework.session.run_config import RunConfig
+from framework.session.run_config import GenerationConfig, RunConfig
 
 #: What may stand in for a configured strategy: an instance, or a class built with its default config.
 StrategyOverrides = Mapping[str, "Strategy | type[Strategy]"]
@@ -187,17 +188,44 @@ class Session:
         return self.vanilla if self.cfg.method.baseline_only else self.spec
 
     def stop(
-        self, max_new_tokens: int | None = None, on_tokens: Callable[[list[int]], None] | None = None
+        self,
+        max_new_tokens: int | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        *,
+        generation: GenerationConfig | None = None,
+        processors: Sequence[Any] = (),
+        criteria: Any = None,
+        bad_words_ids: Sequence[Sequence[int]] = (),
     ) -> StopCondition:
-        """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.generation.max_new_tokens``), EOS
-        and the chat template's end-of-turn tokens, and ``cfg.generation.stop_strings``;
-        ``on_tokens`` receives the kept tokens as they are committed (a streamer)."""
+        """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.generation.max_new_tokens``), EOS,
+        the chat template's end-of-turn tokens and ``eos_token_ids``, the stop strings, and what
+        the generation section applies to each next token's scores (``generation``: instead of
+        ``cfg.generation``; ``processors``: further transformers logits processors; ``criteria``: a
+        `transformers.StoppingCriteriaList`; ``bad_words_ids``: token sequences never generated,
+        besides the section's words); ``on_tokens`` receives the kept tokens as they are
+        committed (a streamer)."""
+        g = self.cfg.generation if generation is None else generation
+        eos = (*self.eos, *(t for t in g.eos_token_ids if t not in self.eos))
+        bad = tuple(tuple(self.tokenizer.encode(w, add_special_tokens=False)) for w in g.bad_words)
+        bad += tuple(tuple(int(t) for t in w) for w in bad_words_ids)
+        controls = GenerationControls(
+            g.repetition_penalty,
+            g.no_repeat_ngram_size,
+            g.min_new_tokens,
+            bad,
+            g.suppress_tokens,
+            g.begin_suppress_tokens,
+            tuple(processors),
+            eos,
+        )
         return StopCondition(
-            self.cfg.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
-            self.eos,
-            self.cfg.generation.stop_strings,
+            g.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            eos,
+            g.stop_strings,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
             on_tokens=on_tokens,
+            criteria=criteria,
+            controls=controls,
         )
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:

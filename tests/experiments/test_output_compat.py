@@ -14,7 +14,10 @@ version wrote and an interruption cut short: the current runner must continue it
 Changed on purpose since: ``exact`` is a boolean, or null where unset (it was the string
 auto/on/off; issue 48). A results file that wrote the string still resumes
 (`framework.results.records.config_differences` reads it as the boolean), and so does a saved
-config (``auto`` parses as unset).
+config (``auto`` parses as unset). The generation section has the processors' settings
+(``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words``,
+``suppress_tokens``, ``begin_suppress_tokens``, ``eos_token_ids``; issue 47): a results file
+without them resumes as written with their neutral values.
 
 Regenerate the shapes only when an output format changes on purpose:
 ``python tests/experiments/test_output_compat.py --write``.

@@ -275,3 +275,45 @@ def test_a_transformers_streamer_receives_the_prompt_then_every_committed_token(
     assert rec.text.strip() == dec.tokenizer.decode(out.tokens, skip_special_tokens=True).strip()
     with pytest.raises(ValueError, match="streaming takes one prompt at a time"):
         dec.generate([PROMPT, PROMPT], streamer=rec)
+
+
+def test_generate_takes_transformers_processing_and_stopping_settings(dec, model_and_tokenizer):
+    """Issue 47, item 1: the processors' settings, a LogitsProcessorList and a
+    StoppingCriteriaList through the API; greedy output equals transformers' generate with them
+    (the same processors, built with transformers' own classes)."""
+    from transformers import (
+        GenerationConfig,
+        LogitsProcessorList,
+        StoppingCriteriaList,
+        TemperatureLogitsWarper,
+    )
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+
+    model, _ = model_and_tokenizer
+    ids = dec.encode(PROMPT)
+    settings = dict(
+        repetition_penalty=1.7, no_repeat_ngram_size=2, suppress_tokens=[3], bad_words_ids=[[5, 6]]
+    )
+    got = dec.generate(PROMPT, 16, **settings)
+    with torch.inference_mode():
+        hf = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16, pad_token_id=0,
+            eos_token_id=sorted(dec.experiment.eos), **settings,
+        )  # fmt: skip
+    want = hf[0, ids.shape[1] :].tolist()
+    cut = next((i + 1 for i, t in enumerate(want) if t in dec.experiment.eos), len(want))
+    assert got.tokens == want[:cut]
+    assert dec.generate(PROMPT, 16, generation_config=GenerationConfig(**settings)).tokens == got.tokens
+    plain = dec.generate(PROMPT, 16).tokens
+    assert plain != got.tokens  # the settings changed something
+    # a processor of one's own (a greedy argmax is unchanged by a temperature), and a criterion
+    same = dec.generate(PROMPT, 16, logits_processor=LogitsProcessorList([TemperatureLogitsWarper(0.5)]))
+    assert same.tokens == plain
+    stopped = dec.generate(
+        PROMPT, 16, stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + 3)])
+    )
+    assert stopped.tokens == plain[:3] and stopped.stats.stop_reason == "stopping_criteria"
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        dec.generate(PROMPT, repetition_penalty=0.0)
+    with pytest.raises(TypeError, match="no_repeat_ngram_size must be an int"):
+        dec.generate(PROMPT, no_repeat_ngram_size=1.5)

@@ -211,3 +211,24 @@ def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_pat
         tokenizer=tok,
     )
     assert len(calls) == 1, "a saved skip set must not be searched again"
+
+
+def test_a_run_with_processors_is_lossless_and_they_change_the_output(tiny, data, tmp_path):
+    """Issue 47: the generation section's processors (`--repetition-penalty`,
+    `--no-repeat-ngram-size`, `--suppress-tokens`) apply to both decoders: the speculative output
+    still equals the vanilla output with them, and it is not the output without them."""
+    model, tok = tiny
+    outs = {}
+    for name, kw in (("plain", {}), ("processed", dict(repetition_penalty=1.8, no_repeat_ngram_size=2))):
+        out = tmp_path / f"{name}.jsonl"
+        run(cfg_for(data, out, max_new_tokens=16, **kw), log=lambda s: None, model=model, tokenizer=tok)
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert all(r["lossless"] for r in lines)
+        outs[name] = [t["tokens"] for r in lines if r["method"] == "vanilla" for t in r["turns"]]
+    assert outs["plain"] != outs["processed"]
+    cfg = RunConfig.from_preset(
+        "static_confidence", **{"repetition_penalty": "1.3", "suppress_tokens": "3,5"}
+    )
+    assert cfg.generation.repetition_penalty == 1.3 and cfg.generation.suppress_tokens == (3, 5)
+    with pytest.raises(ConfigError, match="--repetition-penalty"):
+        RunConfig.of(repetition_penalty=0.0)
