@@ -616,6 +616,42 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/engine/execution/test_route.py",),
     ),
     Mutation(
+        "processor_sees_the_previous_rows_prefix",
+        "a verify row is processed with the prefix of the row before it (one draft token short)",
+        "framework/engine/processing.py",
+        "                ahead = block[:, 1 : j + 1]",
+        "                ahead = block[:, 1:j]",
+        ("tests/framework/engine/test_processing.py",),
+    ),
+    Mutation(
+        "draft_rows_processed_without_the_drafted_tokens",
+        "a draft row is processed with the committed tokens only, not the tokens drafted before it",
+        "framework/engine/state.py",
+        "            out, logits=self.processing.rows(committed, fed, logits, rows=rows), head=None, picked=None",
+        "            out, logits=self.processing.rows(committed, fed[:, :1], logits[:, -1:], rows=[0]), head=None, picked=None",
+        (
+            "tests/framework/engine/test_processing.py::test_each_draft_row_is_processed_with_the_tokens_drafted_before_it",
+        ),
+    ),
+    Mutation(
+        "stop_string_cut_one_token_late",
+        "a stop string completed by token i keeps token i + 1 too",
+        "framework/engine/decoding.py",
+        '                        return i + 1, "stop_string"',
+        '                        return min(i + 2, len(new_tokens)), "stop_string"',
+        ("tests/framework/engine/test_decoding.py",),
+    ),
+    Mutation(
+        "stopping_criterion_checked_once_a_round",
+        "a stopping criterion is checked only on a round's last token (it cuts late)",
+        "framework/engine/processing.py",
+        "    for i in range(start, len(new_tokens)):\n        done",
+        "    for i in range(len(new_tokens) - 1, len(new_tokens)):\n        done",
+        (
+            "tests/framework/engine/test_processing.py::test_a_criterion_is_checked_at_every_token_a_round_commits",
+        ),
+    ),
+    Mutation(
         "rule_epilogue_skipped_on_graph_route",
         "a whole-forward graph leaves its acceptance rule out (the rule runs again after the graph)",
         "framework/engine/execution/forward_graph.py",

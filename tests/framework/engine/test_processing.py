@@ -154,3 +154,37 @@ def test_controls_refuse_bad_settings_with_their_names():
     with pytest.raises(ValueError, match="min_new_tokens needs"):
         GenerationControls(min_new_tokens=3)
     assert not GenerationControls().active and GenerationControls(repetition_penalty=1.1).active
+
+
+def test_each_draft_row_is_processed_with_the_tokens_drafted_before_it(llama_adapter):
+    seen = []
+
+    def record(input_ids, scores):
+        seen.append(input_ids[0].tolist())
+        return scores
+
+    state = DecodeState(llama_adapter, random_prompt(5, 128, 1), 32)
+    state.processing = LogitsProcessing(record)
+    state.append(state.prefill().argmax(-1)[:, None])
+    committed = state.tokens[0].tolist()
+    plan = state.prefix_plan(2)
+    seen.clear()
+    state.forward_draft(state.pending, plan)
+    state.forward_draft(torch.tensor([[7]]), plan)
+    state.forward_draft(torch.tensor([[8, 9]]), plan, logits_at="all")
+    assert seen == [committed, committed + [7], committed + [7, 8], committed + [7, 8, 9]]
+
+
+def test_a_criterion_is_checked_at_every_token_a_round_commits():
+    from framework.engine.processing import stop_cut
+
+    calls = []
+
+    def at_length(input_ids, scores):
+        calls.append(input_ids.shape[1])
+        return torch.tensor([input_ids.shape[1] == 6])
+
+    prompt = torch.tensor([[1, 2, 3]])
+    assert stop_cut(at_length, prompt, [4, 5, 6, 7, 8], 0) == 3  # the third new token: 6 in all
+    assert calls == [4, 5, 6]
+    assert stop_cut(at_length, prompt, [4, 5, 6, 7, 8], 3) is None  # from the fourth on: none
