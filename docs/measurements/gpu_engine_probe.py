@@ -520,9 +520,9 @@ def _engine_route(model, prompt, plan, route: str, exact: bool) -> dict:
 
     a = adapter_for(model)
     a.set_exact(exact)
-    a.set_cuda_graphs(True, route=route)
+    a.executor.set_cuda_graphs(True, route=route)
     t = time.perf_counter()
-    n, _ = a.prepare_graphs(1024, chain=(1, 9))
+    n, _ = a.executor.prepare_graphs(1024, chain=(1, 9))
     state = DecodeState(a, prompt, 600)
     state.append(state.prefill().argmax(-1)[:, None])
     block = torch.cat([state.pending, prompt[:, :8]], dim=1)
@@ -546,7 +546,7 @@ def _engine_route(model, prompt, plan, route: str, exact: bool) -> dict:
         r["verify8_ms"] = timed(verify, n=50)
     r["draft_half_steps"] = r["draft_half_ms"] / r["step_ms"]
     r["verify8_steps"] = r["verify8_ms"] / r["step_ms"]
-    r["captures"] = a.graphs.captures
+    r["captures"] = a.executor.graphs.store.captures
     state.cache.release()
     a.set_exact(False)
     a.set_fast_kernels(False)  # the model as it came (a CPU's exact mode installs the kernels)
