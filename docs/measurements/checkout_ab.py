@@ -77,6 +77,12 @@ def child(args: argparse.Namespace) -> dict[str, float]:
             make("verifier", "greedy"),
         ),
     }
+    for name in args.preset or ():  # a preset as run.py builds it (its draft head, weights), gate off
+        from framework.session.run_config import RunConfig
+        from framework.session.session import Session
+
+        cfg = RunConfig.from_preset(name, **{"gate.enabled": False, "logger": "none"})
+        decoders[name] = Session(cfg, model, tok, log=lambda m: None).spec
     prompts = [torch.tensor([encode_chat(tok, [{"role": "user", "content": t}])]) for t in PROMPTS]
     stop = StopCondition(args.tokens)  # no EOS: every run decodes the same number of tokens
     for dec in decoders.values():
@@ -94,6 +100,7 @@ def run(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
     cmd = [sys.executable, __file__, "--child", "--model", args.model or "", "--tokens", str(args.tokens)]
     cmd += ["--reps", str(args.reps), "--threads", str(args.threads)]
+    cmd += [x for name in args.preset or () for x in ("--preset", name)]
     out = subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -106,6 +113,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per process (default 5)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--preset", action="append", help="also time this preset, gate off (repeatable)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.model = args.model or None
