@@ -167,3 +167,34 @@ def test_compressed_drafts_keep_the_acceptance_of_float32_drafts(default_model):
     base = _acceptance(adapter, tok, "float32", skip)
     got = {fmt: _acceptance(adapter, tok, fmt, skip) for fmt in ("bfloat16", "int8")}
     assert all(v >= base - 0.1 for v in got.values()), (base, got)
+
+
+def test_processors_on_the_default_model_equal_hf_generate_over_the_built_in_suite(default_model):
+    """Issue 47, item 1: on the real default model, over the built-in suite's first prompt of
+    each category, greedy decoding with a repetition penalty and no repeated 3-grams equals HF
+    ``generate`` with the same settings, and the default preset's speculative decoding equals it
+    too (its reduced draft head, int8 drafts and gate included)."""
+    from framework.data.prompts import load_prompts
+    from framework.session.run_config import RunConfig
+    from framework.session.session import Session
+
+    model, tok = default_model
+    settings = dict(repetition_penalty=1.3, no_repeat_ngram_size=3)
+    cfg = RunConfig.from_preset("static_confidence", max_new_tokens=32, logger="none", **settings)
+    exp = Session(cfg, model, tok, log=lambda m: None)
+    drafted = 0
+    for prompt in load_prompts(None, limit=1):
+        ids = torch.tensor([exp.encode_messages([{"role": "user", "content": prompt.turns[0]}])])
+        with torch.inference_mode():
+            hf = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32,
+                eos_token_id=sorted(exp.eos), pad_token_id=tok.pad_token_id or 0, **settings,
+            )  # fmt: skip
+        want = hf[0, ids.shape[1] :].tolist()
+        want = want[: next((i + 1 for i, t in enumerate(want) if t in exp.eos), len(want))]
+        plain = exp.vanilla.generate(ids, exp.stop()).tokens
+        spec = exp.spec.generate(ids, exp.stop())
+        assert plain == want, prompt.question_id
+        assert spec.tokens == want, prompt.question_id
+        drafted += spec.drafted
+    assert drafted > 0
