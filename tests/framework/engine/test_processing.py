@@ -97,19 +97,25 @@ def test_speculative_decoding_with_processors_equals_plain_decoding_with_them(co
     assert drafted > 0
 
 
-def test_each_verify_row_is_processed_with_its_own_prefix(llama_adapter):
-    """Row j of a verified block [pending, d_1..d_K] sees the committed tokens and d_1..d_j."""
-    seen = []
+def _recording(adapter, seed):
+    """A started generation whose processor records each row's prefix (``seen``), cleared after
+    the prefill; and its committed tokens."""
+    seen: list[list[int]] = []
 
     def record(input_ids, scores):
         seen.append(input_ids[0].tolist())
         return scores
 
-    state = DecodeState(llama_adapter, random_prompt(5, 128, 0), 32)
+    state = DecodeState(adapter, random_prompt(5, 128, seed), 32)
     state.processing = LogitsProcessing(record)
     state.append(state.prefill().argmax(-1)[:, None])
-    committed = state.tokens[0].tolist()
     seen.clear()
+    return state, seen, state.tokens[0].tolist()
+
+
+def test_each_verify_row_is_processed_with_its_own_prefix(llama_adapter):
+    """Row j of a verified block [pending, d_1..d_K] sees the committed tokens and d_1..d_j."""
+    state, seen, committed = _recording(llama_adapter, 0)
     state.forward_verify(torch.tensor([[committed[-1], 7, 8, 9]]))
     assert seen == [committed, committed + [7], committed + [7, 8], committed + [7, 8, 9]]
 
@@ -157,18 +163,8 @@ def test_controls_refuse_bad_settings_with_their_names():
 
 
 def test_each_draft_row_is_processed_with_the_tokens_drafted_before_it(llama_adapter):
-    seen = []
-
-    def record(input_ids, scores):
-        seen.append(input_ids[0].tolist())
-        return scores
-
-    state = DecodeState(llama_adapter, random_prompt(5, 128, 1), 32)
-    state.processing = LogitsProcessing(record)
-    state.append(state.prefill().argmax(-1)[:, None])
-    committed = state.tokens[0].tolist()
+    state, seen, committed = _recording(llama_adapter, 1)
     plan = state.prefix_plan(2)
-    seen.clear()
     state.forward_draft(state.pending, plan)
     state.forward_draft(torch.tensor([[7]]), plan)
     state.forward_draft(torch.tensor([[8, 9]]), plan, logits_at="all")
