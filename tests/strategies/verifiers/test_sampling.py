@@ -264,8 +264,8 @@ CASES = {
 class _FirstTokens(StopCondition):
     """A budget of ``max_new_tokens`` (which bounds the first draft) but a cut after ``keep`` tokens."""
 
-    def __init__(self, max_new_tokens: int, keep: int) -> None:
-        super().__init__(max_new_tokens)
+    def __init__(self, max_new_tokens: int, keep: int, controls: Any = None) -> None:
+        super().__init__(max_new_tokens, controls=controls)
         self.keep = keep
 
     def find_cut(self, new_tokens, start):
@@ -306,11 +306,16 @@ def _prompt() -> torch.Tensor:
 
 @functools.lru_cache(maxsize=8)
 def _target_marginals(
-    cfg: SamplingVerifierConfig, n_tokens: int = 3, small: bool = False, f32: bool = False
+    cfg: SamplingVerifierConfig,
+    n_tokens: int = 3,
+    small: bool = False,
+    f32: bool = False,
+    penalty: float = 1.0,
 ) -> list[torch.Tensor]:
     """Exact marginal distribution of each of the first ``n_tokens`` sampled tokens ((V,) each), by
     enumerating every context with batched full forwards of the unmodified model (``small``: the
-    power tests' model and prompt; ``f32``: the float32 model of `_kernel_adapter`)."""
+    power tests' model and prompt; ``f32``: the float32 model of `_kernel_adapter`; ``penalty``:
+    transformers' repetition penalty applied to each context's scores before the warping)."""
     model, prompt = (_small_model(), _small_prompt()) if small else (_model(), _prompt())
     if f32:
         model = _kernel_adapter().arch.model
@@ -321,7 +326,12 @@ def _target_marginals(
     with torch.no_grad():
         for _ in range(n_tokens):
             ids = torch.cat([prompt.expand(ctx.shape[0], -1), ctx], dim=1)
-            cond = warp(model(ids).logits[:, -1], cfg.temperature, cfg.top_k, cfg.top_p)  # (C, V)
+            logits = model(ids).logits[:, -1]
+            if penalty != 1.0:
+                from transformers import RepetitionPenaltyLogitsProcessor
+
+                logits = RepetitionPenaltyLogitsProcessor(penalty)(ids, logits.float())
+            cond = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # (C, V)
             step = joint[:, None] * cond
             out.append(step.sum(0).double())
             joint = step.reshape(-1)
@@ -350,12 +360,16 @@ def _chi2_gof(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 1
 
 
 def _pvalues(
-    samples: torch.Tensor, cfg: SamplingVerifierConfig, small: bool = False, f32: bool = False
+    samples: torch.Tensor,
+    cfg: SamplingVerifierConfig,
+    small: bool = False,
+    f32: bool = False,
+    penalty: float = 1.0,
 ) -> list[float]:
     """Per-position chi-square p-values of ``samples`` (n, T) against the exact target marginals."""
     return [
         _chi2_gof(torch.bincount(samples[:, j], minlength=want.numel()), want)
-        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small, f32))
+        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small, f32, penalty))
     ]
 
 
@@ -368,6 +382,7 @@ def _speculative_samples(
     context: bool = False,
     weights: str = "",
     drafter: Any = None,
+    controls: Any = None,
 ) -> torch.Tensor:
     adapter = _kernel_adapter() if weights else adapter_for(_model())
     drafter = LayerSkipDrafter() if drafter is None else drafter
@@ -378,7 +393,7 @@ def _speculative_samples(
     dec = SpeculativeDecoder(
         adapter, StaticSelector(SKIP), FixedLength(FixedLengthConfig(k=k)), drafter, verifier
     )
-    stop, prompt = _FirstTokens(budget, 3), _prompt()
+    stop, prompt = _FirstTokens(budget, 3, controls), _prompt()
     rows = []
     for _ in range(n):
         res = dec.generate(prompt, stop)
@@ -441,6 +456,22 @@ def test_speculative_sampling_with_the_cascade_drafter_matches_target_distributi
     pvals = _pvalues(samples, cfg)
     print(f"\ncascade: p-values {[round(p, 4) for p in pvals]}")
     assert min(pvals) > ALPHA, f"sampling with the cascade drafter does not match the target: p = {pvals}"
+
+
+def test_speculative_sampling_with_a_logits_processor_samples_the_processed_target():
+    """Issue 47: with a repetition penalty (transformers' processor, which depends on each row's
+    prefix), speculative sampling samples the processed target exactly: every verified and drafted
+    row processed with its own prefix, then warped."""
+    from framework.engine.processing import GenerationControls
+
+    cfg, k, budget = CASES["t0.7_p0.9_k3"]
+    plain, processed = _target_marginals(cfg), _target_marginals(cfg, penalty=3.0)
+    assert max(float((a - b).abs().sum()) for a, b in zip(plain, processed, strict=True)) > 0.1  # it bites
+    controls = GenerationControls(repetition_penalty=3.0)
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, controls=controls)
+    pvals = _pvalues(samples, cfg, penalty=3.0)
+    print(f"\nrepetition penalty: p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"sampling with a processor does not match the processed target: p = {pvals}"
 
 
 def test_vanilla_sampling_matches_target_distribution():
