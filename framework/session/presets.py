@@ -81,15 +81,23 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     the strategy's config dataclass (with the CLI flag in the message).
 
     Raises:
-        ConfigError: unreadable or malformed YAML, unknown keys, or a strategy that is not registered.
+        ConfigError: unreadable or malformed YAML, an empty file, unknown keys, or a strategy that is
+            not registered.
     """
     import yaml
 
     path = preset_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError("--method", str(path), f"valid YAML ({yaml_problem(err)})") from None
+    if not data:  # an empty file would silently run the defaults (issue 48, item 8)
+        raise ConfigError(
+            "--method",
+            str(path),
+            "a preset that says something (the file is empty: write `baseline_only: true` "
+            "for plain decoding, or the strategies it runs)",
+        )
     if not isinstance(data, dict):
         raise ConfigError(
             "--method", str(path), "a YAML mapping of description / selector / length / drafter / verifier"

@@ -92,6 +92,10 @@ def test_bad_presets_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "must be valid YAML" in err and "at line 2, column 1" in err
     assert len(err.strip().splitlines()) == 1, err  # one line, not PyYAML's eight (issue 39, item 6)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    assert main(["--method", str(empty), "--print-config"]) == 2
+    assert "the file is empty" in capsys.readouterr().err
     odd = tmp_path / "odd.yaml"
     odd.write_text("selector: {name: static}\nsampler: {name: x}\n")
     assert main(["--method", str(odd), "--print-config"]) == 2
