@@ -515,6 +515,8 @@ def load_model(model: str | None = None, dtype: str = "auto", device: str = "aut
     else:
         net = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype).to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(src)
+    if name in MODELS:  # banners and records name it, not its cache folder (issue 48, item 8)
+        net.config.name_or_path = name
     return net, tokenizer
 
 

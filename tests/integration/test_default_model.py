@@ -29,6 +29,9 @@ def test_default_model_is_smollm2_and_chat_template_applies(default_model):
     model, tok = default_model
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
     assert model.config.hidden_size == 576 and model.config.vocab_size == 49152
+    from framework.models.loading import DEFAULT_MODEL
+
+    assert model.config._name_or_path == DEFAULT_MODEL  # banners name it, not its cache folder
     from framework.data.prompts import encode_chat, stop_token_ids
 
     ids = encode_chat(tok, [{"role": "user", "content": "Hello"}])
