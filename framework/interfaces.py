@@ -345,6 +345,8 @@ class PrepareView(Protocol):
         artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``), or
             ``None``.
         log: progress and notices (the runner prints them).
+        progress: whether a long preparation may show a progress bar (``False`` for a quiet
+            caller: ``selfspec.Decoder(..., log=None)``).
         draft_head: the reduced head the run's drafter scores tokens with (``None``: the full
             head); set once the drafter is prepared.
         draft_weights: the compressed weights the run's drafter drafts with (``None``: the model's
@@ -358,6 +360,7 @@ class PrepareView(Protocol):
     eos_token_ids: frozenset[int]
     artifact_stem: object
     log: Callable[[str], None]
+    progress: bool
     draft_head: ReducedHead | None
     draft_weights: DraftWeights | None
 

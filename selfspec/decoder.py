@@ -190,7 +190,12 @@ class Decoder:
         )
         self.model_config, self.method, self.generation = cfg.model, cfg.method, cfg.generation
         self.experiment = Session(
-            cfg, hf_model, tokenizer, log=log or (lambda _msg: None), strategies=strategies
+            cfg,
+            hf_model,
+            tokenizer,
+            log=log or (lambda _msg: None),
+            strategies=strategies,
+            progress=log is not None,
         )
 
     # ---- constructors -------------------------------------------------------------------------

@@ -109,6 +109,7 @@ class PrepareContext:
         artifact_stem: where a strategy may write files (``f"{artifact_stem}.<suffix>"``, next to
             the results), or ``None`` when nothing should be written.
         log: progress and notices (the runner prints them).
+        progress: whether a long preparation may show a progress bar (``False``: a quiet caller).
         prepared: what preparations computed, shared across `Session.rebuild` and a
             benchmark's methods (`PreparedCache`; strategies use `once`).
         dtype: the model's dtype name (``"float32"``), recorded in artefacts.
@@ -131,6 +132,7 @@ class PrepareContext:
     eos_token_ids: frozenset[int] = frozenset()
     artifact_stem: Any = None
     log: Callable[[str], None] = print
+    progress: bool = True
     prepared: PreparedCache = field(default_factory=PreparedCache)
     dtype: str = "float32"
     load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None

@@ -106,6 +106,7 @@ class Session:
         prompts: list[Prompt] | None = None,
         strategies: StrategyOverrides | None = None,
         prepared: PreparedCache | None = None,
+        progress: bool = True,
     ) -> None:
         self.cfg = cfg
         self.strategies = dict(strategies or {})
@@ -154,6 +155,7 @@ class Session:
             eos_token_ids=frozenset(self.eos),
             artifact_stem=artifact_stem,
             log=log,
+            progress=progress,
             # --dtype auto resolved for the device (artefacts such as a saved skip set are keyed by it)
             dtype=dtype_name(self.adapter.arch.dtype) if cfg.model.dtype == "auto" else cfg.model.dtype,
             load_prompts=calibration_texts,

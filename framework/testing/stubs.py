@@ -118,6 +118,7 @@ def prepare_context(
         adapter=adapter,
         encode=encode,
         log=lambda msg: None,
+        progress=False,
         prepared=PreparedCache() if prepared is None else prepared,
         load_prompts=calibration_texts,
     )

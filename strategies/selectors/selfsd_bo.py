@@ -289,7 +289,9 @@ def search(ctx: PrepareView, c: SelfSDConfig) -> _SearchResult:
     )
     trace: list[dict[str, Any]] = []
     key = "tokens_per_s_model" if c.objective == "cost_model" else "tokens_per_s_wall"
-    bar = tqdm(range(c.iterations), desc="selfsd_bo search", unit="set", leave=False)
+    bar = tqdm(
+        range(c.iterations), desc="selfsd_bo search", unit="set", leave=False, disable=not ctx.progress
+    )
     for it in bar:
         if it < len(probes):
             bits, source = probes[it], "probe"

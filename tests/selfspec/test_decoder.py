@@ -317,3 +317,12 @@ def test_generate_takes_transformers_processing_and_stopping_settings(dec, model
         dec.generate(PROMPT, repetition_penalty=0.0)
     with pytest.raises(TypeError, match="no_repeat_ngram_size must be an int"):
         dec.generate(PROMPT, no_repeat_ngram_size=1.5)
+
+
+def test_a_quiet_decoder_asks_its_preparations_for_no_progress_bar(model_and_tokenizer):
+    """Issue 48, item 8: ``log=None`` is quiet: its preparation context says no progress bar
+    (`PrepareView.progress`, which selfsd_bo's search bar follows); a decoder that logs keeps them."""
+    model, tok = model_and_tokenizer
+    quiet_dec = selfspec.Decoder.from_preset("static_confidence", model=model, tokenizer=tok, **quiet())
+    loud = selfspec.Decoder.from_preset("static_confidence", model=model, tokenizer=tok, log=lambda m: None)
+    assert quiet_dec.experiment.prepare_ctx.progress is False and loud.experiment.prepare_ctx.progress is True
