@@ -247,7 +247,7 @@ class Executor:
         if route.whole:
             out = self._whole(spec, input_ids, position_ids, cache)
         else:
-            out = self.run(self.arch.embed(input_ids), position_ids, cache, spec)
+            out = self._run(self.arch.embed(input_ids), position_ids, cache, spec)
         if spec.rule is not None and out.ruled is None:  # not in a graph: the same rule, here
             out = replace(out, ruled=self.apply_rule(spec.rule, input_ids, out.logits))
         return out
@@ -361,6 +361,12 @@ class Executor:
                 ``logits_at``.
         """
         spec.validate(self.arch.num_layers)
+        return self._run(hidden, position_ids, cache, spec)
+
+    def _run(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, cache: KVCache, spec: ForwardSpec
+    ) -> ForwardOutput:
+        """`run` of a spec already validated."""
         stop = spec.end(self.arch.num_layers)
         self.forward_calls += 1
         captured = [hidden] if spec.capture_hidden else None

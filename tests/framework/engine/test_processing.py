@@ -24,11 +24,8 @@ SETTINGS = {
 EOS = (2,)
 
 
-def _hf(model, prompt, settings):
-    hf_kwargs = {
-        k: (list(map(list, v)) if k == "bad_words_ids" else list(v) if isinstance(v, tuple) else v)
-        for k, v in settings.items()
-    }
+def _generate(model, prompt, **kwargs):
+    """HF ``generate``'s greedy new tokens (N at most) for ``prompt``, with ``kwargs``."""
     with torch.inference_mode():
         out = model.generate(
             prompt,
@@ -36,10 +33,17 @@ def _hf(model, prompt, settings):
             do_sample=False,
             max_new_tokens=N,
             pad_token_id=0,
-            eos_token_id=list(EOS),
-            **hf_kwargs,
+            **kwargs,
         )
-    new = out[0, prompt.shape[1] :].tolist()
+    return out[0, prompt.shape[1] :].tolist()
+
+
+def _hf(model, prompt, settings):
+    hf_kwargs = {
+        k: (list(map(list, v)) if k == "bad_words_ids" else list(v) if isinstance(v, tuple) else v)
+        for k, v in settings.items()
+    }
+    new = _generate(model, prompt, eos_token_id=list(EOS), **hf_kwargs)
     return new[: new.index(EOS[0]) + 1] if EOS[0] in new else new
 
 
@@ -135,17 +139,7 @@ def test_a_stopping_criterion_cuts_where_generate_stops(tiny_models, adapters):
     plain = VanillaDecoder(adapter).generate(prompt, StopCondition(N)).tokens
     token = plain[5]
     criteria = StoppingCriteriaList([AfterToken(token)])
-    with torch.inference_mode():
-        hf = model.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),  # a prompt token 0 is not padding
-            do_sample=False,
-            max_new_tokens=N,
-            pad_token_id=0,
-            eos_token_id=None,
-            stopping_criteria=criteria,
-        )
-    want = hf[0, prompt.shape[1] :].tolist()
+    want = _generate(model, prompt, eos_token_id=None, stopping_criteria=criteria)
     for dec in (VanillaDecoder(adapter), _spec(adapter)):
         got = dec.generate(prompt, StopCondition(N, criteria=criteria))
         assert got.tokens == want == plain[: plain.index(token) + 1]
