@@ -400,11 +400,15 @@ class Decoder:
                 several sequences, contrastive search) raise.
             streamer: a transformers-compatible streamer (``put(ids)``, ``end()``; e.g.
                 ``TextStreamer``): the prompt ids, then each round's committed tokens.
-            repetition_penalty, no_repeat_ngram_size, min_new_tokens, bad_words_ids,
-                suppress_tokens, begin_suppress_tokens: as in ``generate``, built with
-                transformers' own processor classes and applied, under speculation, to every
+            repetition_penalty: as in ``generate``. This and the five settings below are built
+                with transformers' own processor classes and applied, under speculation, to every
                 verified and drafted row with its own prefix (`framework.engine.processing`):
                 greedy output equals ``generate``'s with the same settings.
+            no_repeat_ngram_size: as in ``generate``.
+            min_new_tokens: as in ``generate``.
+            bad_words_ids: as in ``generate``.
+            suppress_tokens: as in ``generate``.
+            begin_suppress_tokens: as in ``generate``.
             eos_token_id: further token id(s) that end the generation (besides EOS and the chat
                 template's end-of-turn tokens).
             stop_strings: a string (or several) that ends the generation once it appears.
