@@ -839,6 +839,39 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/strategies/selectors/test_del_tpl.py::test_work_budget_skips_statistics_updates_and_keeps_choosing_from_the_rest",
         ),
     ),
+    # ---- grammars (issue 47) ------------------------------------------------------------------
+    Mutation(
+        "matcher_not_rolled_back",
+        "the grammar matcher stays where the last row left it when a row's prefix diverges",
+        "framework/engine/grammar.py",
+        "        if k <= 0:\n            return\n        self.matcher.rollback(k)",
+        "        if True:\n            return\n        self.matcher.rollback(k)",
+        (
+            "tests/framework/engine/test_grammar.py::test_the_matcher_rolls_back_to_each_prefix_it_is_asked_about",
+        ),
+    ),
+    Mutation(
+        "forced_token_not_verified",
+        "a forced run is committed as drafted (jump-forward), its bonus token guessed, not verified",
+        "framework/engine/decoding.py",
+        "        result = self.verifier.verify(view, draft)\n",
+        "        result = self.verifier.verify(view, draft) if draft.source != 'forced' else Verification("
+        "torch.tensor([draft.length]), torch.cat([draft.tokens, draft.tokens[:, -1:]], dim=1))\n",
+        (
+            "tests/framework/engine/test_grammar.py::test_speculative_constrained_decoding_equals_plain_constrained_decoding",
+        ),
+    ),
+    Mutation(
+        "forced_run_from_a_stale_matcher",
+        "the forced run is read from wherever the matcher was left (a draft row further on), not the committed prefix",
+        "framework/engine/grammar.py",
+        "        if limit <= 0 or not self.sync(generated, exact=True):",
+        "        if limit <= 0 or not self.sync(generated):",
+        (
+            "tests/framework/engine/test_grammar.py::test_forced_tokens_are_verified_and_accepted",
+            "tests/framework/engine/test_grammar.py::test_the_matcher_rolls_back_to_each_prefix_it_is_asked_about",
+        ),
+    ),
 )
 
 

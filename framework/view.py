@@ -65,6 +65,8 @@ class RoundView(Protocol):
         stats: the generation's counters (per-round records, phase timings, forward counts).
         layer_loads: blocks entered by the model's forwards so far, whatever their token count
             (DEL's "layers loaded" cost), counted over the model's lifetime: read differences.
+        grammar: the generation's grammar matcher (`framework.engine.grammar.GrammarState`;
+            ``forced(generated, limit)``: the tokens it forces next), or ``None`` without a grammar.
     """
 
     info: ModelInfo
@@ -84,6 +86,7 @@ class RoundView(Protocol):
     last_hidden_states: torch.Tensor | None
     stats: DecodeStats
     layer_loads: int
+    grammar: Any
 
     @property
     def tokens(self) -> torch.Tensor:

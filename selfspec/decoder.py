@@ -376,6 +376,9 @@ class Decoder:
         stop_strings: str | Sequence[str] | None = None,
         logits_processor: Any = None,
         stopping_criteria: Any = None,
+        json_schema: Mapping[str, Any] | str | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
     ) -> Generation | list[Generation]:
         """Generate with the method (self-speculative decoding), shaped like transformers'
         ``model.generate``.
@@ -414,6 +417,12 @@ class Decoder:
             stop_strings: a string (or several) that ends the generation once it appears.
             logits_processor: a ``transformers.LogitsProcessorList`` applied after those.
             stopping_criteria: a ``transformers.StoppingCriteriaList``, checked token by token.
+            json_schema: the output matches this JSON schema (a dict, or its JSON text), through the
+                grammar engine llguidance (``pip install "selfspec[grammar]"``); drafts and every
+                verified row are masked with their own prefix, so greedy output equals constrained
+                plain decoding (`framework.engine.grammar`).
+            regex: the output matches this regular expression (llguidance).
+            grammar: the output matches this grammar, in llguidance's Lark syntax (an EBNF).
 
         Returns:
             One `Generation`, or a list of them for a list of prompts.
@@ -437,6 +446,7 @@ class Decoder:
             logits_processor=logits_processor,
             stopping_criteria=stopping_criteria,
         )
+        controls["grammar"] = _grammar(json_schema, regex, grammar)
         prompts = _as_batch(prompt)
         if prompts is not None and streamer is not None:
             raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
@@ -730,3 +740,27 @@ def decoder_options() -> list[str]:
         for section in (ModelConfig, MethodConfig, GenerationConfig)
         for f in dataclasses.fields(section)
     ]
+
+
+def _grammar(json_schema: Any, regex: Any, grammar: Any) -> Any:
+    """The `framework.engine.grammar.Grammar` of `Decoder.generate`'s grammar arguments (one at
+    most), or ``None``."""
+    from framework.engine.grammar import Grammar
+
+    given = {
+        k: v
+        for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
+        if v is not None
+    }
+    if len(given) > 1:
+        raise ValueError(f"one grammar per generation: {', '.join(given)} were given")
+    if "json_schema" in given:
+        if not isinstance(json_schema, (str, Mapping)):
+            raise TypeError(f"json_schema must be a dict or JSON text, got {type(json_schema).__name__}")
+        return Grammar.json_schema(json_schema if isinstance(json_schema, str) else dict(json_schema))
+    for key, make in (("regex", Grammar.regex), ("grammar", Grammar.lark)):
+        if key in given:
+            if not isinstance(given[key], str):
+                raise TypeError(f"{key} must be a string, got {type(given[key]).__name__}")
+            return make(given[key])
+    return None

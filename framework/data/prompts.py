@@ -4,7 +4,8 @@ One JSON object per line::
 
     {"question_id": 81, "category": "writing", "turns": ["first user message", "follow-up"]}
 
-``reference`` and other extra keys are ignored. Spec-Bench's eight MT-Bench categories (writing,
+An optional ``"json_schema"`` (a JSON object) constrains the answers to that schema (the
+structured-output task set, `BUILTIN_STRUCTURED`). ``reference`` and other extra keys are ignored. Spec-Bench's eight MT-Bench categories (writing,
 roleplay, reasoning, math, coding, extraction, stem, humanities) are grouped as ``mt_bench``, as
 Spec-Bench reports them; ``--categories`` accepts either the group or the original category.
 Lines are validated here (errors name ``file:line``) and the records are held in a
@@ -25,6 +26,11 @@ BUILTIN_PROMPTS = Path(__file__).parent / "assets" / "prompts.jsonl"
 #: Eight prompts (one per category, two for mt_bench) disjoint from the built-in suite: the default
 #: calibration set of offline searches (``selfsd_bo``), so that a search never sees a test prompt.
 BUILTIN_CALIBRATION = Path(__file__).parent / "assets" / "calibration.jsonl"
+#: The structured-output task set (``--data structured``): each prompt asks for JSON that matches
+#: its own ``json_schema`` (extraction, form filling, function-call arguments).
+BUILTIN_STRUCTURED = Path(__file__).parent / "assets" / "structured.jsonl"
+#: Names ``--data`` accepts for the built-in files.
+BUILTIN_SETS = {"structured": BUILTIN_STRUCTURED}
 MT_BENCH_CATEGORIES = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 )
@@ -45,12 +51,14 @@ class Prompt:
         category: the reporting group (``mt_bench`` for the MT-Bench categories).
         subcategory: the category as written in the file.
         turns: user messages; each turn is answered before the next is asked.
+        json_schema: the JSON text of a schema every answer must match, or ``None``.
     """
 
     question_id: int | str
     category: str
     subcategory: str
     turns: tuple[str, ...]
+    json_schema: str | None = None
 
 
 def _parse_line(line: str, where: str) -> dict[str, Any]:
@@ -73,6 +81,9 @@ def _parse_line(line: str, where: str) -> dict[str, Any]:
     for i, t in enumerate(turns):
         if not isinstance(t, str) or not t.strip():
             raise DataError(f"{where}: turn {i} is empty or not a string")
+    schema = obj.get("json_schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise DataError(f"{where}: json_schema must be a JSON object, got {type(schema).__name__}")
     group = "mt_bench" if cat in MT_BENCH_CATEGORIES else cat
     return {
         "question_id": str(qid),
@@ -80,6 +91,7 @@ def _parse_line(line: str, where: str) -> dict[str, Any]:
         "category": group,
         "subcategory": cat,
         "turns": turns,
+        "json_schema": None if schema is None else json.dumps(schema),
     }
 
 
@@ -90,7 +102,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         DataError: unreadable file, malformed line (``file:line``), duplicate question_id, or no
             prompts at all.
     """
-    path = Path(path)
+    path = BUILTIN_SETS.get(str(path), Path(path))
     if not path.is_file():
         raise DataError(f"--data {str(path)!r}: no such file")
     records, seen = [], {}
@@ -165,6 +177,7 @@ def load_prompts(
             r["category"],
             r["subcategory"],
             tuple(r["turns"]),
+            r["json_schema"],
         )
         for r in ds
     ]

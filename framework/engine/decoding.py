@@ -73,6 +73,7 @@ class StopCondition:
         self._prompt = state.tokens[:, : state.prompt_len]
         if self.controls is not None:
             state.processing = LogitsProcessing(self.controls.processors_for(state.prompt_len))
+            state.grammar = state.processing.grammar
 
     def find_cut(self, new_tokens: Sequence[int], start: int) -> tuple[int, str] | None:
         """Check tokens ``new_tokens[start:]`` (and hand the ones kept to ``on_tokens``).

@@ -55,6 +55,9 @@ class GenerationControls:
         processors: further processors (a `transformers.LogitsProcessor` each, e.g. a
             `transformers.LogitsProcessorList`'s), applied after those, in order.
         eos_token_ids: the end-of-sequence tokens ``min_new_tokens`` holds back.
+        grammar: a `framework.engine.grammar.CompiledGrammar` the output must match: its mask is
+            the last processor (`framework.engine.grammar.GrammarProcessor`), one matcher per
+            generation.
     """
 
     repetition_penalty: float = 1.0
@@ -65,6 +68,7 @@ class GenerationControls:
     begin_suppress_tokens: tuple[int, ...] = ()
     processors: tuple[Any, ...] = field(default=(), compare=False)
     eos_token_ids: tuple[int, ...] = ()
+    grammar: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.repetition_penalty, (int, float)) or self.repetition_penalty <= 0:
@@ -82,7 +86,11 @@ class GenerationControls:
     @property
     def active(self) -> bool:
         """Whether anything changes the scores."""
-        return bool(self.processors) or any(getattr(self, k) != v for k, v in NEUTRAL.items())
+        return (
+            bool(self.processors)
+            or self.grammar is not None
+            or any(getattr(self, k) != v for k, v in NEUTRAL.items())
+        )
 
     def processors_for(self, prompt_len: int) -> Any:
         """The `transformers.LogitsProcessorList` of one generation whose prompt has
@@ -115,6 +123,10 @@ class GenerationControls:
         if self.begin_suppress_tokens:
             out.append(SuppressTokensAtBeginLogitsProcessor(list(self.begin_suppress_tokens), prompt_len))
         out.extend(self.processors)
+        if self.grammar is not None:
+            from framework.engine.grammar import GrammarProcessor
+
+            out.append(GrammarProcessor(self.grammar.start(prompt_len)))
         return out
 
 
@@ -127,8 +139,19 @@ class LogitsProcessing:
     """
 
     def __init__(self, processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        from framework.engine.grammar import GrammarProcessor
+
         self.processors = processors
         self.rows_processed = 0
+        #: the generation's `framework.engine.grammar.GrammarState` (its grammar processor's), or None
+        self.grammar = (
+            next(
+                (p.state for p in processors if isinstance(p, GrammarProcessor)),  # type: ignore[attr-defined]
+                None,
+            )
+            if isinstance(processors, (list, tuple))
+            else None
+        )
 
     def next(self, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The scores (B, V) of the token after ``prefix`` (B, N), processed, in float32."""

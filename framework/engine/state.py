@@ -128,6 +128,9 @@ class DecodeState:
         #: applied to every row a forward scores for the next token, with the row's own prefix;
         #: ``None``: none.
         self.processing: LogitsProcessing | None = None
+        #: Set by the decoder: the generation's grammar matcher (`framework.engine.grammar.GrammarState`:
+        #: ``forced(tokens, limit)`` gives the tokens the grammar forces next), or ``None``.
+        self.grammar: Any = None
         self._fed: list[torch.Tensor] = []  # this round's draft inputs, for the processors' prefixes
         self.round = 0
         self.stats = DecodeStats()

@@ -361,6 +361,21 @@ class GenerationConfig:
     eos_token_ids: tuple[int, ...] = param(
         (), help="comma-separated token ids that also end a turn (besides EOS and end-of-turn)", metavar="IDS"
     )
+    json_schema: str | None = param(
+        None,
+        help="answers match this JSON schema (a file), through the grammar engine llguidance (the "
+        "'grammar' extra); a prompt's own json_schema wins",
+        metavar="FILE",
+    )
+    regex: str | None = param(
+        None, help="answers match this regular expression (llguidance)", metavar="PATTERN"
+    )
+    grammar: str | None = param(
+        None,
+        help="answers match this grammar (a file in llguidance's Lark syntax, an EBNF; a .gbnf file is "
+        "llama.cpp's GBNF, converted)",
+        metavar="FILE",
+    )
 
     def __post_init__(self) -> None:
         check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
@@ -373,6 +388,29 @@ class GenerationConfig:
         for flag in ("suppress_tokens", "begin_suppress_tokens", "eos_token_ids"):
             for t in getattr(self, flag):
                 check_range("--" + flag.replace("_", "-"), t, 0, integer=True)
+        given = [f for f in ("json_schema", "regex", "grammar") if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ConfigError(
+                "--" + given[1].replace("_", "-"),
+                getattr(self, given[1]),
+                f"one grammar per run (--{given[0].replace('_', '-')} is given too)",
+            )
+        for f in ("json_schema", "grammar"):
+            value = getattr(self, f)
+            if value is not None and not Path(value).is_file():
+                raise ConfigError("--" + f.replace("_", "-"), value, "an existing file")
+
+    def grammar_spec(self) -> Any:
+        """The run's `framework.engine.grammar.Grammar`, or ``None``."""
+        from framework.engine.grammar import Grammar
+
+        if self.json_schema is not None:
+            return Grammar.from_file(self.json_schema, "json_schema")
+        if self.regex is not None:
+            return Grammar.regex(self.regex)
+        if self.grammar is not None:
+            return Grammar.from_file(self.grammar, "lark")
+        return None
 
 
 @dataclass(frozen=True)

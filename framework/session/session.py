@@ -20,6 +20,7 @@ from framework.drafting.gate import gated
 from framework.engine.adapter import ModelAdapter, adapter_for
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.grammar import CompiledGrammar, Grammar
 from framework.engine.placement import BlockPlacement
 from framework.engine.processing import GenerationControls
 from framework.interfaces import REGISTRIES, Strategy
@@ -198,14 +199,16 @@ class Session:
         processors: Sequence[Any] = (),
         criteria: Any = None,
         bad_words_ids: Sequence[Sequence[int]] = (),
+        grammar: Grammar | None = None,
     ) -> StopCondition:
         """The stop condition of a turn: ``max_new_tokens`` (default ``cfg.generation.max_new_tokens``), EOS,
         the chat template's end-of-turn tokens and ``eos_token_ids``, the stop strings, and what
         the generation section applies to each next token's scores (``generation``: instead of
         ``cfg.generation``; ``processors``: further transformers logits processors; ``criteria``: a
         `transformers.StoppingCriteriaList`; ``bad_words_ids``: token sequences never generated,
-        besides the section's words); ``on_tokens`` receives the kept tokens as they are
-        committed (a streamer)."""
+        besides the section's words; ``grammar``: a `framework.engine.grammar.Grammar` the
+        answer must match, instead of the section's); ``on_tokens`` receives the kept tokens as
+        they are committed (a streamer)."""
         g = self.cfg.generation if generation is None else generation
         eos = (*self.eos, *(t for t in g.eos_token_ids if t not in self.eos))
         bad = tuple(tuple(self.tokenizer.encode(w, add_special_tokens=False)) for w in g.bad_words)
@@ -219,6 +222,7 @@ class Session:
             g.begin_suppress_tokens,
             tuple(processors),
             eos,
+            self.compiled(grammar if grammar is not None else g.grammar_spec()),
         )
         return StopCondition(
             g.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -229,6 +233,15 @@ class Session:
             criteria=criteria,
             controls=controls,
         )
+
+    def compiled(self, grammar: Grammar | None) -> CompiledGrammar | None:
+        """``grammar`` checked against this model's tokenizer (compiled once per grammar)."""
+        if grammar is None:
+            return None
+        cache = self.__dict__.setdefault("_grammars", {})
+        if grammar not in cache:
+            cache[grammar] = CompiledGrammar(grammar, self.tokenizer, self.adapter.arch.config.vocab_size)
+        return cache[grammar]
 
     def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
         """Chat messages -> prompt token ids (the tokenizer's chat template)."""
@@ -298,7 +311,8 @@ class Session:
         """All turns of ``prompt``; each turn sees this decoder's own earlier answers."""
         messages: list[dict[str, str]] = []
         out = []
-        stop = self.stop(max_new_tokens)
+        schema = None if prompt.json_schema is None else Grammar.json_schema(prompt.json_schema)
+        stop = self.stop(max_new_tokens, grammar=schema)
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
             ids = torch.tensor([self.encode_messages(messages)], device=self.adapter.arch.device)

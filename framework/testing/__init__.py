@@ -27,7 +27,7 @@ from framework.testing.stubs import (
     random_prompt,
     synthetic_cost_model,
 )
-from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_model, tiny_tokenizer
+from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_json_tokenizer, tiny_model, tiny_tokenizer
 
 
 def plain_table(text: str) -> str:
@@ -61,5 +61,6 @@ __all__ = [
     "random_prompt",
     "synthetic_cost_model",
     "tiny_model",
+    "tiny_json_tokenizer",
     "tiny_tokenizer",
 ]

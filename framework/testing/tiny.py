@@ -107,3 +107,39 @@ def tiny_tokenizer(vocab_size: int = 128) -> Any:
         "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
     )
     return tok
+
+
+#: Merges of `tiny_json_tokenizer`: multi-character tokens of JSON text (``'Ġ'`` is a space).
+JSON_MERGES = (
+    ("{", '"'),
+    ('"', ":"),
+    ("Ġ", '"'),
+    ('"', ","),
+    ('"', "}"),
+    ("t", "r"),
+    ("tr", "u"),
+    ("tru", "e"),
+)
+
+
+def tiny_json_tokenizer() -> Any:
+    """A byte-level BPE tokenizer that spells any printable ASCII text (3 specials, the 95
+    printable characters, a few JSON merges: 106 tokens), with `tiny_tokenizer`'s chat template.
+
+    Pairs with `tiny_model` (vocabulary 128; ids from 106 on are never spelled) for grammar tests:
+    a word-level tokenizer cannot spell JSON.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    chars = ["Ġ" if b == 32 else chr(b) for b in range(32, 127)]  # GPT-2's byte map on ASCII
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    for a, b in JSON_MERGES:
+        vocab[a + b] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab, list(JSON_MERGES), unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
+    tok.chat_template = tiny_tokenizer().chat_template
+    return tok
