@@ -109,6 +109,7 @@ DOC_SCRIPTS = (
     "docs/tutorials/custom_length.py",
     "docs/tutorials/python_api.py",
     "docs/tutorials/fast_strategy.py",
+    "docs/tutorials/structured_output.py",
 )
 
 #: The line each script prints last when it finished (``ok`` unless listed here).

@@ -38,7 +38,11 @@ BUDGETS = {
     "clasp_safe": (5, 1.3),
     "del": (10, 1.6),
     "del_safe": (5, 1.2),
+    # the grammar-forced presets, measured without a grammar (every round their `then` drafter's):
+    # 4.0, 3.95 and 4.32 operations, as `static_confidence` and `hybrid` (2026-11-29, issue 47)
+    "forced": (5, 1.0),
     "hybrid": (5, 1.2),
+    "hybrid_forced": (5, 1.2),
     "layerskip_dv": (7, 2.3),
     "layerskip_fs": (8, 1.0),
     "layerskip_static": (8, 1.0),
@@ -48,6 +52,7 @@ BUDGETS = {
     "selfsd_safe": (5, 1.2),
     "selfsd_sampling": (10, 2.8),
     "static_confidence": (5, 1.25),
+    "static_confidence_forced": (5, 1.25),
     "swift": (18, 2.3),
     "swift_safe": (4, 1.3),
 }
