@@ -872,6 +872,34 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/framework/engine/test_grammar.py::test_the_matcher_rolls_back_to_each_prefix_it_is_asked_about",
         ),
     ),
+    Mutation(
+        "synthetic_output_written_as_an_answer_file",
+        "Spec-Bench answer files are written from a synthetic acceptance's records",
+        "framework/data/specbench.py",
+        "    if synthetic:\n        raise AnswerFileError(",
+        "    if False:\n        raise AnswerFileError(",
+        (
+            "tests/framework/engine/test_synthetic.py::test_synthetic_records_are_never_written_as_answer_files",
+        ),
+    ),
+    Mutation(
+        "synthetic_output_checked_for_equality",
+        "a synthetic acceptance's output is compared with vanilla's as if it were the model's",
+        "framework/results/compare.py",
+        "        if not self.methods[label].greedy or _synthetic(self.results.get(label, [])):",
+        "        if not self.methods[label].greedy:",
+        ("tests/framework/engine/test_synthetic.py::test_records_are_marked_and_never_checked_for_equality",),
+    ),
+    Mutation(
+        "synthetic_commit_keeps_the_real_correction",
+        "over-accepted rounds commit the verifier's own correction token after the forced-accepted drafts",
+        "framework/engine/synthetic.py",
+        "            new = torch.cat([draft.tokens[:, :m], result.target_tokens[:, m : m + 1]], dim=1)",
+        "            new = torch.cat([draft.tokens[:, :m], result.new_tokens[:, -1:]], dim=1)",
+        (
+            "tests/framework/engine/test_synthetic.py::test_each_round_ends_with_the_targets_token_after_what_it_committed",
+        ),
+    ),
 )
 
 

@@ -20,6 +20,7 @@ import torch
 from framework.config_fields import ConfigError
 from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
+from framework.engine.grammar import Grammar
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
 from framework.session.run_config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
@@ -745,8 +746,6 @@ def decoder_options() -> list[str]:
 def _grammar(json_schema: Any, regex: Any, grammar: Any) -> Any:
     """The `framework.engine.grammar.Grammar` of `Decoder.generate`'s grammar arguments (one at
     most), or ``None``."""
-    from framework.engine.grammar import Grammar
-
     given = {
         k: v
         for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))

@@ -15,7 +15,7 @@ from framework.benchmark.load import load_line
 from framework.benchmark.story import what_happened
 from framework.results import plots
 from framework.results.compare import mismatch_note
-from framework.results.metrics import aggregate, cost_model_prediction, rounds_prediction
+from framework.results.metrics import aggregate, cost_model_prediction, rounds_prediction, synthetic_note
 from framework.utils import align_markdown
 
 #: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.
@@ -126,6 +126,9 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             "graph_captures": sum(t.get("graph_captures", 0) for r in mine for t in r.get("turns", [])),
             "capture_seconds": sum(t.get("capture_seconds", 0.0) for r in mine for t in r.get("turns", [])),
             "cost_model": None,
+            "synthetic": next(
+                (r["synthetic_acceptance"] for r in mine if r.get("synthetic_acceptance") is not None), None
+            ),
         }
         kind = mine[0].get("kind") if mine else None
         mcost = cost.get(method) if isinstance(cost, Mapping) else cost
@@ -172,7 +175,8 @@ def results_markdown(summary: dict[str, Any]) -> str:
         cells.append(f"{e['M']:.2f}" if e["M"] is not None else "n/a")
         cells.append(_alpha_cell(e))
         cells.append("n/a" if method == BASELINE else _gate_cell(e))
-        cells.append("baseline" if method == BASELINE else f"{e['mismatches']}/{e['prompts']}")
+        checked = "n/a (synthetic)" if e.get("synthetic") is not None else f"{e['mismatches']}/{e['prompts']}"
+        cells.append("baseline" if method == BASELINE else checked)
         cm = e["cost_model"]
         if cm:
             rounds = cm.get("rounds")
@@ -201,6 +205,8 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     for method, e in summary["methods"].items():
         if e["error"]:
             notes.append(f"- **{method} failed**: `{_cell(e['error'])}`")
+        if e.get("synthetic") is not None:
+            notes.append(f"- **{method}: {synthetic_note(e['synthetic'])}**")
         if e["mismatches"] and method != BASELINE:
             at = e.get("mismatch_at") or {}
             ids = ", ".join(mismatch_note(q, at.get(q)) for q in e["mismatched"][:20])

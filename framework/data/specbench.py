@@ -195,6 +195,13 @@ def write_answer_files(
     Raises:
         ConfigError: as `check_answer_dir`.
     """
+    records = list(records)
+    synthetic = sorted({str(r.get("method")) for r in records if r.get("synthetic_acceptance") is not None})
+    if synthetic:
+        raise AnswerFileError(
+            f"no Spec-Bench answer files for a synthetic acceptance ({', '.join(synthetic)}): its output is "
+            "not the model's"
+        )
     files = answer_files(records, model)
     methods = sorted({m for by_method in files.values() for m in by_method})
     check_answer_dir(directory, methods, protect)

@@ -15,6 +15,7 @@ import torch
 from framework.engine.adapter import ModelAdapter
 from framework.engine.processing import GenerationControls, LogitsProcessing, stop_cut
 from framework.engine.state import DecodeState
+from framework.engine.synthetic import SyntheticAcceptance
 from framework.interfaces import Drafter, LayerSelector, LengthController, PrepareView, Verifier
 from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
 from framework.utils import PhaseTimer, synced_clock
@@ -133,6 +134,8 @@ class GenerationResult:
         capture_seconds: the wall time they took (inside ``wall_time``).
         strategy_summary: per-strategy summaries (``Strategy.summary()``).
         prompt_tokens: the prompt's length (where the context of the first round starts).
+        synthetic: the forced acceptance probability of a synthetic-acceptance run
+            (`framework.engine.synthetic`: the tokens are not the model's), else ``None``.
     """
 
     tokens: list[int]
@@ -148,6 +151,7 @@ class GenerationResult:
     capture_seconds: float = 0.0
     strategy_summary: dict[str, Any] = field(default_factory=dict)
     prompt_tokens: int = 0
+    synthetic: float | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -388,8 +392,11 @@ class SpeculativeDecoder:
         *,
         max_draft: int = 64,
         phase_timing: bool | None = None,
+        synthetic: SyntheticAcceptance | None = None,
     ) -> None:
         self.adapter = adapter
+        #: accept at a forced rate instead of the verifier's decisions (`framework.engine.synthetic`)
+        self.synthetic = synthetic
         self.selector, self.length, self.drafter, self.verifier = selector, length, drafter, verifier
         self.max_draft = max_draft
         self.phase_timing = phase_timing
@@ -466,7 +473,10 @@ class SpeculativeDecoder:
         def summarise() -> dict[str, Any]:
             return {k: v for k, v in ((k, s.summary()) for k, s in strategies.items()) if v}
 
-        return _finish(state, t0, counters, new, cut, phases=phases, summarise=summarise)
+        res = _finish(state, t0, counters, new, cut, phases=phases, summarise=summarise)
+        if self.synthetic is not None:
+            res.synthetic = self.synthetic.p
+        return res
 
     def _round(self, state: DecodeState, budget: int, timer: PhaseTimer) -> tuple[Draft, Verification]:
         """One round: select, draft (at most ``budget`` tokens: the last token of a generation is
@@ -485,6 +495,8 @@ class SpeculativeDecoder:
             draft = Draft.empty(state.pending.shape[0], plan, state.device)
         timer.lap("draft")
         result = self.verifier.verify(view, draft)
+        if self.synthetic is not None:
+            result = self.synthetic.apply(draft, result)
         timer.lap("verify")
         state.commit(result)
         timer.lap("commit")

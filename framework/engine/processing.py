@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from framework.engine.grammar import GrammarProcessor
+
 #: The settings `GenerationControls` builds transformers processors for, and their neutral values.
 NEUTRAL = {
     "repetition_penalty": 1.0,
@@ -124,8 +126,6 @@ class GenerationControls:
             out.append(SuppressTokensAtBeginLogitsProcessor(list(self.begin_suppress_tokens), prompt_len))
         out.extend(self.processors)
         if self.grammar is not None:
-            from framework.engine.grammar import GrammarProcessor
-
             out.append(GrammarProcessor(self.grammar.start(prompt_len)))
         return out
 
@@ -139,8 +139,6 @@ class LogitsProcessing:
     """
 
     def __init__(self, processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        from framework.engine.grammar import GrammarProcessor
-
         self.processors = processors
         self.rows_processed = 0
         #: the generation's `framework.engine.grammar.GrammarState` (its grammar processor's), or None

@@ -67,7 +67,9 @@ class PromptComparison(Generic[P]):
 
     def lossless(self, label: str) -> bool | None:
         """Whether ``label``'s tokens equal the baseline's (``None``: not a greedy method)."""
-        return None if not self.methods[label].greedy else self.mismatches.get(label) is None
+        if not self.methods[label].greedy or _synthetic(self.results.get(label, [])):
+            return None  # not a greedy method, or a synthetic acceptance: no equality to check
+        return self.mismatches.get(label) is None
 
     def record(self, label: str, **extra: Any) -> dict[str, Any]:
         """The results record of ``label`` (`framework.results.records.prompt_record`) with its
@@ -135,14 +137,19 @@ def compare_methods(
         cmp = PromptComparison(prompt, turn, [m.label for m in order], results, methods=by_label)
         want = [r.tokens for r, _ in results[base]]
         for label, turns in results.items():
-            if label == base or not by_label[label].greedy:
-                continue
+            if label == base or not by_label[label].greedy or _synthetic(turns):
+                continue  # a synthetic acceptance's tokens are not the model's: never compared
             got_tokens = [r.tokens for r, _ in turns]
             where = first_mismatch(got_tokens, want)
             if where is not None and explain is not None:  # near-tie flip, or a bug?
                 where = explain(prompt, results[base], got_tokens, where)
             cmp.mismatches[label] = where
         yield cmp
+
+
+def _synthetic(turns: Turns) -> bool:
+    """Whether a method's turns ran with a synthetic acceptance (`framework.engine.synthetic`)."""
+    return any(getattr(r, "synthetic", None) is not None for r, _ in turns)
 
 
 def explain_with(session: Any) -> Callable[[Prompt, Turns, list[list[int]], dict[str, int]], dict[str, Any]]:

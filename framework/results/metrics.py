@@ -152,6 +152,24 @@ def mismatch_lines(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def synthetic_note(p: float) -> str:
+    """What a synthetic-acceptance method's numbers are (`framework.engine.synthetic`)."""
+    return (
+        f"synthetic acceptance P = {p:g}: every draft token accepted with probability {p:g} whatever the "
+        "target says; its output is NOT the model's (not checked against vanilla, no answer files); its "
+        "speed is the system's at that acceptance"
+    )
+
+
+def synthetic_lines(records: list[dict[str, Any]]) -> str:
+    """One line per synthetic-acceptance method among ``records`` (empty without one)."""
+    seen: dict[str, float] = {}
+    for r in records:
+        if r.get("synthetic_acceptance") is not None:
+            seen.setdefault(str(r["method"]), float(r["synthetic_acceptance"]))
+    return "\n".join(f"**{m}: {synthetic_note(p)}.**" for m, p in seen.items())
+
+
 def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str:
     """Where the time goes: share of wall time per phase, per method (overall)."""
     agg = aggregate(records)["overall"] if records else {}

@@ -120,8 +120,14 @@ def prompt_record(
         "timings": {k: sum(r.timings.get(k, 0.0) for r, _ in results) for k in keys},
         "lossless": lossless,
         "first_mismatch": first_mismatch,
+        **({"synthetic_acceptance": synth} if (synth := _synthetic(results)) is not None else {}),
         **{k: optional[k] for k in ("strategies", "rank") if k in optional},
     }
+
+
+def _synthetic(results: list[tuple[GenerationResult, str]]) -> float | None:
+    """The forced acceptance of a synthetic-acceptance method's turns, or ``None``."""
+    return next((r.synthetic for r, _ in results if getattr(r, "synthetic", None) is not None), None)
 
 
 def prompt_key(rec_or_prompt: Prompt | dict[str, Any]) -> tuple[str, str]:

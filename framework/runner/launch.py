@@ -34,7 +34,7 @@ import torch
 
 from framework.config_fields import ConfigError
 from framework.driver import AnswerFiles, metadata, stamped, start, tracker
-from framework.results.metrics import mismatch_lines, results_table, time_breakdown
+from framework.results.metrics import mismatch_lines, results_table, synthetic_lines, time_breakdown
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, summary_metrics
@@ -190,9 +190,9 @@ def _report(
     decoded, resumed, did_resume, t_start = progress
     method = cfg.method.label
     table = results_table(records, method)
-    mismatches = mismatch_lines(records)
-    if mismatches:
-        table += "\n\n" + mismatches
+    for lines in (synthetic_lines(records), mismatch_lines(records)):
+        if lines:
+            table += "\n\n" + lines
     breakdown = time_breakdown(records, names)
     title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
     run_dir = out_path.with_suffix("")

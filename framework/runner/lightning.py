@@ -243,7 +243,13 @@ def progress_line(i: int, n: int, prompt: Prompt, recs: list[dict[str, Any]]) ->
         part = f"{r['method']} {r['new_tokens'] / max(r['wall_time'], 1e-9):.1f} tok/s"
         if r["method"] != "vanilla":
             m = sum(r["accept_lengths"]) / max(1, len(r["accept_lengths"]))
-            ok = "n/a (sampling)" if r["lossless"] is None else "yes" if r["lossless"] else "NO"
+            ok = "yes" if r["lossless"] else "NO"
+            if r["lossless"] is None:
+                ok = (
+                    "n/a (synthetic: not the model's)"
+                    if r.get("synthetic_acceptance") is not None
+                    else "n/a (sampling)"
+                )
             part += f", M {m:.2f}, lossless {ok}"
         parts.append(part)
     return f"[{i}/{n}] {prompt.category:<14} q{prompt.question_id}: " + ", ".join(parts)

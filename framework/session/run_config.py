@@ -54,7 +54,9 @@ import yaml
 
 from framework.config_fields import ConfigError, build_config, check_range, coerce_value, param
 from framework.drafting.gate import GateConfig
+from framework.engine.grammar import Grammar
 from framework.engine.placement import BlockPlacement
+from framework.engine.synthetic import synthetic_label
 from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
@@ -268,6 +270,14 @@ class MethodConfig:
     )
     name: str | None = param(None, help="method name in the results (default <selector>+<length>)")
     baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
+    synthetic_acceptance: float | None = param(
+        None,
+        help="measure the system, not the model: accept each draft token with probability P from a "
+        "seeded stream, whatever the target says (framework.engine.synthetic). The output is NOT the "
+        "model's: the label says @synthetic-P, records synthetic_acceptance, equality checks and "
+        "Spec-Bench answer files are refused; a chain verifier (greedy, sampling) only",
+        metavar="P",
+    )
 
     def __post_init__(self) -> None:
         for kind in REGISTRIES:
@@ -279,6 +289,18 @@ class MethodConfig:
         _check_bools((("--baseline-only", self.baseline_only),))
         if self.name == "vanilla" and not self.baseline_only:
             raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
+        if self.synthetic_acceptance is not None:
+            check_range("--synthetic-acceptance", self.synthetic_acceptance, 0.0, 1.0)
+            if self.baseline_only:
+                raise ConfigError(
+                    "--synthetic-acceptance", self.synthetic_acceptance, "unset for the vanilla baseline"
+                )
+            if self.verifier.name == "tree":
+                raise ConfigError(
+                    "--synthetic-acceptance",
+                    self.synthetic_acceptance,
+                    "used with a chain verifier (greedy, sampling)",
+                )
 
     @property
     def label(self) -> str:
@@ -286,7 +308,10 @@ class MethodConfig:
         else ``<selector>+<length>``."""
         if self.baseline_only:
             return "vanilla"
-        return self.name or f"{self.selector.name}+{self.length.name}"
+        label = self.name or f"{self.selector.name}+{self.length.name}"
+        if self.synthetic_acceptance is not None:
+            return synthetic_label(label, self.synthetic_acceptance)
+        return label
 
     def strategies(self) -> dict[str, StrategySpec]:
         """The four strategies by kind."""
@@ -402,8 +427,6 @@ class GenerationConfig:
 
     def grammar_spec(self) -> Any:
         """The run's `framework.engine.grammar.Grammar`, or ``None``."""
-        from framework.engine.grammar import Grammar
-
         if self.json_schema is not None:
             return Grammar.from_file(self.json_schema, "json_schema")
         if self.regex is not None:
@@ -485,6 +508,12 @@ class RunConfig:
                 self.model.device_map,
                 "used with one process (--devices 1): it splits one model across devices; --devices N "
                 "runs N whole copies",
+            )
+        if self.method.synthetic_acceptance is not None and self.runner.specbench_answers:
+            raise ConfigError(
+                "--specbench-answers",
+                self.runner.specbench_answers,
+                "off with --synthetic-acceptance (its output is not the model's: no answer files)",
             )
         if self.model.device.startswith("cuda:") and self.runner.devices * self.runner.num_nodes > 1:
             raise ConfigError(

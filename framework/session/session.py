@@ -23,6 +23,7 @@ from framework.engine.decoding import GenerationResult, SpeculativeDecoder, Stop
 from framework.engine.grammar import CompiledGrammar, Grammar
 from framework.engine.placement import BlockPlacement
 from framework.engine.processing import GenerationControls
+from framework.engine.synthetic import SyntheticAcceptance
 from framework.interfaces import REGISTRIES, Strategy
 from framework.models.loading import dtype_name, load_model
 from framework.models.provenance import run_provenance
@@ -71,6 +72,9 @@ def build_decoder(
         parts["drafter"],
         parts["verifier"],
         phase_timing=cfg.model.phase_timing_flag,
+        synthetic=None
+        if cfg.method.synthetic_acceptance is None
+        else SyntheticAcceptance(cfg.method.synthetic_acceptance, cfg.generation.seed),
     )
 
 

@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from framework import (
+    REGISTRIES,
     Draft,
     Drafter,
     ForwardSizes,
@@ -29,9 +30,7 @@ NONE = "none"
 
 
 def _drafters() -> Any:
-    from framework.interfaces import DRAFTERS
-
-    return DRAFTERS
+    return REGISTRIES["drafter"]
 
 
 @dataclass(frozen=True)
