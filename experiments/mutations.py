@@ -891,6 +891,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/engine/test_synthetic.py::test_records_are_marked_and_never_checked_for_equality",),
     ),
     Mutation(
+        "synthetic_output_counted_as_mismatches",
+        "the benchmark counts an unchecked (synthetic) output as differing from vanilla",
+        "framework/benchmark/report.py",
+        '        bad = sorted({str(r["question_id"]) for r in mine if r.get("lossless") is False})',
+        '        bad = sorted({str(r["question_id"]) for r in mine if not r.get("lossless", True)})',
+        (
+            "tests/framework/engine/test_synthetic.py::test_the_benchmark_report_marks_a_synthetic_method_and_counts_no_mismatch",
+        ),
+    ),
+    Mutation(
         "synthetic_commit_keeps_the_real_correction",
         "over-accepted rounds commit the verifier's own correction token after the forced-accepted drafts",
         "framework/engine/synthetic.py",

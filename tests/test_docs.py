@@ -235,6 +235,21 @@ def test_reproduction_script_smoke_mode():
             *("--model", "tiny-random", "--tokens", "8", "--repeats", "1", "--threads", "1"),
         ],
         [
+            "docs/measurements/synthetic_acceptance.py",
+            *(
+                "--model",
+                "tiny-random",
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "8",
+                "--p",
+                "0.5",
+                "--out",
+                "{tmp}",
+            ),
+        ],
+        [
             "docs/measurements/gpu_engine_probe.py",
             *("--out", "{tmp}", "--parts", "engine,whole,exact,cond,7b"),
         ],
@@ -246,6 +261,7 @@ def test_reproduction_script_smoke_mode():
         "host_reads",
         "draft_weights",
         "exact_cost",
+        "synthetic_acceptance",
         "gpu_engine_probe",
     ],
 )

@@ -49,6 +49,17 @@ def gate_counts(records: Sequence[dict[str, Any]]) -> dict[str, int] | None:
     return {"rounds": rounds, "declined": declined} if seen else None
 
 
+def _forced(records: Sequence[dict[str, Any]]) -> tuple[int, int] | None:
+    """``(tokens the grammar forced, new tokens)`` of a method with a ``grammar_forced`` drafter
+    (its turns' drafter summaries), or ``None``."""
+    summaries = [
+        (t.get("strategy_summary") or {}).get("drafter") or {} for r in records for t in r.get("turns", [])
+    ]
+    if not any("forced" in s for s in summaries):
+        return None
+    return sum(int(s.get("forced", 0)) for s in summaries), sum(int(r.get("new_tokens", 0)) for r in records)
+
+
 def _alpha_cell(e: dict[str, Any]) -> str:
     """alpha, or why there is none: a gate that declined every round is not an acceptance of 0."""
     if e["alpha"] is not None:
@@ -100,10 +111,11 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         overall = [s["overall"] for s in per_rep if "overall" in s]
         stats = agg.get("overall", {}).get(method)
         mine = [r for r in ok if r["method"] == method]
-        bad = sorted({str(r["question_id"]) for r in mine if not r.get("lossless", True)})
+        # lossless None: not checked (a synthetic acceptance's output), never a mismatch
+        bad = sorted({str(r["question_id"]) for r in mine if r.get("lossless") is False})
         where: dict[str, Any] = {}  # question id -> its first mismatch (first repeat that has one)
         for r in mine:
-            if not r.get("lossless", True) and r.get("first_mismatch"):
+            if r.get("lossless") is False and r.get("first_mismatch"):
                 where.setdefault(str(r["question_id"]), r["first_mismatch"])
         entry: dict[str, Any] = {
             "speedup": speed,
@@ -126,6 +138,7 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
             "graph_captures": sum(t.get("graph_captures", 0) for r in mine for t in r.get("turns", [])),
             "capture_seconds": sum(t.get("capture_seconds", 0.0) for r in mine for t in r.get("turns", [])),
             "cost_model": None,
+            "forced": _forced(mine),
             "synthetic": next(
                 (r["synthetic_acceptance"] for r in mine if r.get("synthetic_acceptance") is not None), None
             ),
@@ -205,6 +218,12 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     for method, e in summary["methods"].items():
         if e["error"]:
             notes.append(f"- **{method} failed**: `{_cell(e['error'])}`")
+        if e.get("forced") is not None:
+            forced, total = e["forced"]
+            notes.append(
+                f"- {method}: {forced} of {total} tokens ({forced / max(1, total):.0%}) drafted as grammar-forced "
+                "runs (no draft forward; verified)"
+            )
         if e.get("synthetic") is not None:
             notes.append(f"- **{method}: {synthetic_note(e['synthetic'])}**")
         if e["mismatches"] and method != BASELINE:

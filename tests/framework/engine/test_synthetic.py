@@ -107,3 +107,17 @@ def test_the_config_marks_the_label_and_refuses_what_it_cannot_do(tmp_path):
         RunConfig.from_preset("swift", synthetic_acceptance=0.5)
     with pytest.raises(ConfigError, match="--synthetic-acceptance"):
         RunConfig.from_preset("static_confidence", synthetic_acceptance=1.5)
+
+
+def test_the_benchmark_report_marks_a_synthetic_method_and_counts_no_mismatch(deep_adapters):
+    from framework.benchmark.report import _notes, results_markdown, summarize
+
+    recs = _records(deep_adapters["llama"], random_prompt(9, 128, 7))
+    for r in recs:
+        r["kind"] = "baseline" if r["method"] == "vanilla" else "preset"
+        r["repeat"] = 0
+    summary = summarize(recs, ["vanilla", "m@synthetic-0.5"])
+    entry = summary["methods"]["m@synthetic-0.5"]
+    assert entry["mismatches"] == 0 and entry["synthetic"] == 0.5
+    assert "n/a (synthetic)" in results_markdown(summary)
+    assert any("NOT the model's" in n for n in _notes(summary))
