@@ -376,7 +376,9 @@ def decode_repeat(
                 continue
             rec = cmp.record(s.label, repeat=rep, kind=s.kind)
             write(rec)
-            mark = "" if rec["lossless"] else " MISMATCH"
+            mark = " MISMATCH" if rec["lossless"] is False else ""
+            if rec.get("synthetic_acceptance") is not None:
+                mark = " (synthetic: not the model's output)"
             line.append(f"{s.label} {rec['tokens_per_s']:.1f} tok/s{mark}")
         for label, error in methods.errors.items():
             if label not in reported:

@@ -83,45 +83,91 @@ class GrammarForcedDrafterConfig:
         return build_config(cls, dict(self.then_config or {}), "then_config.")
 
 
-class _AfterForced:
-    """A round view in which the forced tokens are already committed: the drafter after the run
-    drafts from the last forced token, and its first draft forward feeds the run too (one forward
-    for the run and the first step, as a prefill of the run)."""
+class _Forcing:
+    """The round as the ``then`` drafter sees it.
 
-    def __init__(self, state: RoundView, forced: list[int]) -> None:
-        self._state = state
-        self._forced = upload([forced] * state.pending.shape[0], state.device, torch.long).reshape(
-            state.pending.shape[0], len(forced)
-        )
-        self._host = forced
-        self._fed = False
-        self.num_tokens = state.num_tokens + len(forced)
-        self.num_new = state.num_new + len(forced)
-        self.pending_position = state.pending_position + len(forced)
+    The leading forced run is drafted already: `pending` is its last token, and the first draft
+    forward feeds the run too (one forward for the run and the first step, as a prefill of the
+    run). Each later draft forward feeds the token the ``then`` drafter just drafted; when the
+    grammar forces tokens after it, they are fed in the same forward (no step of their own) and
+    recorded in `inserted`, so that the next token drafted follows them. `length` stops the
+    ``then`` drafter once the round holds ``cap`` tokens, forced ones included."""
+
+    def __init__(
+        self, state: RoundView, lead: list[int], generated: list[int], grammar: Any, cap: int, max_forced: int
+    ) -> None:
+        self._state, self._grammar = state, grammar
+        self._generated = generated  # committed new tokens (host)
+        self.lead = lead
+        self.seq: list[int] = list(lead)  # the round's draft so far (host): forced and drafted
+        self.inserted: list[tuple[int, list[int]]] = []  # (drafted tokens before it, the forced run)
+        self._drafted = 0  # tokens of the ``then`` drafter fed so far
+        self._cap, self._max_forced = cap, max_forced
+        self._started = False
+        batch = state.pending.shape[0]
+        self._lead_ids = self._ids(lead) if lead else None
+        self._batch = batch
+        f = len(lead)
+        self.num_tokens = state.num_tokens + f
+        self.num_new = state.num_new + f
+        self.pending_position = state.pending_position + f
+
+    def _ids(self, tokens: list[int]) -> torch.Tensor:
+        b = self._state.pending.shape[0]
+        return upload([tokens] * b, self._state.device, torch.long).reshape(b, len(tokens))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._state, name)
 
     @property
     def pending(self) -> torch.Tensor:
-        return self._forced[:, -1:]
+        return self._state.pending if self._lead_ids is None else self._lead_ids[:, -1:]
 
     @property
     def tokens(self) -> torch.Tensor:
-        return torch.cat([self._state.tokens, self._forced], dim=1)
+        t = self._state.tokens
+        return t if self._lead_ids is None else torch.cat([t, self._lead_ids], dim=1)
 
     @property
     def new_tokens(self) -> torch.Tensor:
-        return torch.cat([self._state.new_tokens, self._forced], dim=1)
+        t = self._state.new_tokens
+        return t if self._lead_ids is None else torch.cat([t, self._lead_ids], dim=1)
 
     def host_tokens(self) -> list[int]:
-        return [*self._state.host_tokens(), *self._host]
+        return [*self._state.host_tokens(), *self.lead]
 
     def forward_draft(self, input_ids: torch.Tensor, plan: LayerPlan | None, **kw: Any) -> Any:
-        if not self._fed:  # the run's inputs first: [pending, forced[:-1], input_ids]
-            self._fed = True
-            input_ids = torch.cat([self._state.pending, self._forced[:, :-1], input_ids], dim=1)
+        if not self._started:  # the first input is `pending`: the lead's inputs go first
+            self._started = True
+            if self._lead_ids is not None:
+                input_ids = torch.cat([self._state.pending, self._lead_ids[:, :-1], input_ids], dim=1)
+        else:  # tokens the ``then`` drafter drafted: a forced run after them rides along
+            self.seq.extend(int(t) for t in input_ids[0].tolist())
+            self._drafted += int(input_ids.shape[1])
+            room = min(self._max_forced, self._cap - len(self.seq) - 1)  # one drafted token must follow
+            run = self._grammar.forced([*self._generated, *self.seq], room) if room > 0 else []
+            if run:
+                self.inserted.append((self._drafted, run))
+                self.seq.extend(run)
+                input_ids = torch.cat([input_ids, self._ids(run)], dim=1)
         return self._state.forward_draft(input_ids, plan, **kw)
+
+    def full(self) -> bool:
+        """The round holds ``cap`` tokens, with the one the ``then`` drafter just drafted."""
+        return len(self.seq) + 1 >= self._cap
+
+
+class _Capped:
+    """A length controller that also stops the ``then`` drafter once the round is full."""
+
+    def __init__(self, length: LengthController, view: _Forcing) -> None:
+        self._length, self._view = length, view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._length, name)
+
+    def should_continue(self, drafted: int, confidence: float | None) -> bool:
+        return not self._view.full() and self._length.should_continue(drafted, confidence)
 
 
 @register_drafter("grammar_forced", config=GrammarForcedDrafterConfig)
@@ -187,36 +233,45 @@ class GrammarForcedDrafter(Drafter):
     def reset(self) -> None:
         if self.then is not None:
             self.then.reset()
-        self._counts = {"rounds": 0, "forced_rounds": 0, "forced": 0, "forced_accepted": 0}
-        self._last_forced = 0
-
-    def forced_run(self, state: RoundView, max_tokens: int) -> list[int]:
-        """The tokens the grammar forces after the committed tokens (none without a grammar)."""
-        grammar = getattr(state, "grammar", None)
-        if grammar is None:
-            return []
-        generated = list(state.host_tokens())[state.prompt_len :]
-        return grammar.forced(generated, min(max_tokens, self.config.max_forced))
+        self._counts = {
+            "rounds": 0,
+            "forced_rounds": 0,
+            "forced": 0,
+            "forced_accepted": 0,
+            "forced_refused": 0,
+            "inserted_runs": 0,
+        }
+        self._forced_at: list[int] = []  # positions of this round's forced tokens in its draft
 
     def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
-        forced = self.forced_run(state, max_tokens)
-        f = len(forced)
         self._counts["rounds"] += 1
-        self._last_forced = f
-        if not f:
+        self._forced_at = []
+        grammar = getattr(state, "grammar", None)
+        if grammar is None:  # no grammar: the ``then`` drafter alone
             if self.then is None:
                 return Draft.empty(state.pending.shape[0], plan, state.device)
             return self.then.draft(state, plan, length, max_tokens)
-        self._counts["forced_rounds"] += 1
-        self._counts["forced"] += f
-        rest = None
-        if self.then is not None and max_tokens > f:
-            rest = self.then.draft(_AfterForced(state, forced), plan, length, max_tokens - f)  # type: ignore[arg-type]
-        return _join(state, forced, rest, plan)
+        generated = list(state.host_tokens())[state.prompt_len :]
+        lead = grammar.forced(generated, min(max_tokens, self.config.max_forced))
+        rest, inserted = None, []
+        if self.then is not None and max_tokens > len(lead):
+            view = _Forcing(state, lead, generated, grammar, max_tokens, self.config.max_forced)
+            rest = self.then.draft(view, plan, _Capped(length, view), max_tokens - len(lead))  # type: ignore[arg-type]
+            inserted = view.inserted
+        draft, self._forced_at = _join(state, lead, rest, inserted, plan)
+        forced = len(self._forced_at)
+        self._counts["forced"] += forced
+        self._counts["forced_rounds"] += bool(forced)
+        self._counts["inserted_runs"] += len(inserted)
+        return draft
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
-        self._counts["forced_accepted"] += min(self._last_forced, result.accepted)
-        self._last_forced = 0
+        self._counts["forced_accepted"] += sum(p < result.accepted for p in self._forced_at)
+        # the first token refused is never a forced one: its row allows nothing else
+        self._counts["forced_refused"] += (
+            result.accepted < draft.length and result.accepted in self._forced_at
+        )
+        self._forced_at = []
         if self.then is not None:
             self.then.observe(state, draft, result)
 
@@ -229,27 +284,65 @@ class GrammarForcedDrafter(Drafter):
         return out
 
 
-def _join(state: RoundView, forced: list[int], rest: Draft | None, plan: LayerPlan) -> Draft:
-    """The forced run followed by ``rest``'s tokens, with one-hot distributions and confidence 1
-    for the forced tokens where the round keeps them."""
-    batch, f, dev = state.pending.shape[0], len(forced), state.device
-    tokens = upload([forced] * batch, dev, torch.long).reshape(batch, f)
-    source = "forced" if rest is None or not rest.length else f"forced+{rest.source or 'then'}"
-    if rest is not None and rest.length:
-        plan = rest.plan
-        tokens = torch.cat([tokens, rest.tokens], dim=1)
-    out = Draft(tokens=tokens, plan=plan, source=source)
+def _join(
+    state: RoundView,
+    lead: list[int],
+    rest: Draft | None,
+    inserted: list[tuple[int, list[int]]],
+    plan: LayerPlan,
+) -> tuple[Draft, list[int]]:
+    """The round's draft: the forced ``lead``, then ``rest``'s tokens with each forced run of
+    ``inserted`` after the drafted tokens it followed; forced tokens with confidence 1 and a
+    one-hot draft distribution where the round keeps them. Returns the draft and the positions
+    of its forced tokens."""
+    batch, dev = state.pending.shape[0], state.device
+    drafted = 0 if rest is None else rest.length
+    if drafted:
+        plan = rest.plan  # type: ignore[union-attr]
+    pieces: list[tuple[bool, Any]] = []  # (forced, host tokens) or (drafted, (start, end))
+    if lead:
+        pieces.append((True, lead))
+    at = 0
+    for after, run in inserted:
+        if after > drafted:
+            break
+        if after > at:
+            pieces.append((False, (at, after)))
+        pieces.append((True, run))
+        at = after
+    if drafted > at:
+        pieces.append((False, (at, drafted)))
+    if not any(forced for forced, _ in pieces):  # nothing forced: the drafter's own draft
+        return (rest if rest is not None else Draft.empty(batch, plan, dev)), []
     want_conf = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
-    more_conf = None if rest is None or not rest.length else rest.confidences
-    if want_conf and (more_conf is not None or rest is None or not rest.length):
-        conf = torch.ones(batch, f, device=dev)
-        out.confidences = conf if more_conf is None else torch.cat([conf, more_conf.to(conf.dtype)], dim=1)
-    if state.need_draft_probs:
-        one_hot = torch.zeros(batch, f, state.info.vocab_size, device=dev).scatter_(
-            -1, tokens[:, :f, None], 1.0
-        )
-        more = None if rest is None or not rest.length else rest.probs
-        out.probs = one_hot if more is None else torch.cat([one_hot, more.to(one_hot.dtype)], dim=1)
-    if rest is not None and rest.length and rest.host_top1 is not None:
-        out.host_top1 = (1.0,) * f + tuple(rest.host_top1)
-    return out
+    tokens, confs, probs, top1, forced_at, n = [], [], [], [], [], 0
+    for forced, part in pieces:
+        if forced:
+            ids = upload([part] * batch, dev, torch.long).reshape(batch, len(part))
+            tokens.append(ids)
+            confs.append(torch.ones(batch, len(part), device=dev))
+            if state.need_draft_probs:
+                one_hot = torch.zeros(batch, len(part), state.info.vocab_size, device=dev)
+                probs.append(one_hot.scatter_(-1, ids[..., None], 1.0))
+            top1.extend([1.0] * len(part))
+            forced_at.extend(range(n, n + len(part)))
+            n += len(part)
+        else:
+            a, b = part
+            tokens.append(rest.tokens[:, a:b])  # type: ignore[union-attr]
+            if rest.confidences is not None:  # type: ignore[union-attr]
+                confs.append(rest.confidences[:, a:b].float())  # type: ignore[union-attr]
+            if rest.probs is not None:  # type: ignore[union-attr]
+                probs.append(rest.probs[:, a:b].float())  # type: ignore[union-attr]
+            if rest.host_top1 is not None:  # type: ignore[union-attr]
+                top1.extend(rest.host_top1[a:b])  # type: ignore[union-attr]
+            n += b - a
+    sources = "forced" if not drafted else f"forced+{rest.source or 'then'}"  # type: ignore[union-attr]
+    out = Draft(tokens=torch.cat(tokens, dim=1), plan=plan, source=sources)
+    if want_conf and (not drafted or rest.confidences is not None):  # type: ignore[union-attr]
+        out.confidences = torch.cat(confs, dim=1)
+    if state.need_draft_probs and (not drafted or rest.probs is not None):  # type: ignore[union-attr]
+        out.probs = torch.cat(probs, dim=1)
+    if drafted and rest.host_top1 is not None:  # type: ignore[union-attr]
+        out.host_top1 = tuple(top1)
+    return out, forced_at

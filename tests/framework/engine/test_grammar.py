@@ -145,9 +145,29 @@ def test_forced_tokens_are_verified_and_accepted(deep_adapters, compiled):
     dec = _spec(adapter, "static", "fixed", _forced("none"), "greedy")
     res = dec.generate(random_prompt(9, 128, 0), _stop(compiled))
     s = res.strategy_summary["drafter"]
-    assert s["forced"] > 0 and s["forced_accepted"] == s["forced"]
+    assert s["forced"] > 0 and s["forced_accepted"] == s["forced"] and s["forced_refused"] == 0
     assert res.drafted == s["forced"] and res.verify_tokens == res.drafted + len(res.rounds)
     assert res.draft_forwards == 0  # forced runs cost no draft forward
+
+
+def test_forced_runs_inside_a_draft_ride_along_with_the_next_draft_step(deep_adapters, compiled, tokenizer):
+    """After a drafted token the grammar forces a run (the next key): it is inserted without a
+    draft step of its own and verified; a verification never refuses a forced token first (its
+    row allows nothing else; a run after a refused drafted token goes with it)."""
+    from framework.testing import default_strategy_instance
+
+    adapter = deep_adapters["llama"]
+    fixed = default_strategy_instance("length", "fixed", fast=True)
+    dec = _spec(adapter, "static", fixed, _forced("layer_skip"), "greedy")
+    inserted = refused = 0
+    for seed in (0, 1, 2, 3):
+        prompt = random_prompt(9, 128, seed)
+        res = dec.generate(prompt, _stop(compiled))
+        assert res.tokens == VanillaDecoder(adapter).generate(prompt, _stop(compiled)).tokens
+        s = res.strategy_summary["drafter"]
+        inserted += s["inserted_runs"]
+        refused += s["forced_refused"]
+    assert inserted > 0 and refused == 0
 
 
 def test_the_matcher_rolls_back_to_each_prefix_it_is_asked_about(compiled, tokenizer):
@@ -218,3 +238,20 @@ def test_the_forced_drafter_refuses_bad_options_with_their_names():
         GrammarForcedDrafterConfig(then="hybrid", then_config="{nope: 1}")
     with pytest.raises(ConfigError, match="then must be another drafter"):
         GrammarForcedDrafterConfig(then="grammar_forced")
+
+
+def test_with_the_target_as_its_own_draft_every_drafted_token_is_accepted(deep_adapters, compiled):
+    """A plan that skips nothing drafts the target's own tokens: every round's draft is accepted
+    whole (the forced runs inside it fed in their places, so the steps after them see them)."""
+    from strategies.selectors.static import StaticSelector, StaticSelectorConfig
+
+    adapter = deep_adapters["llama"]
+    whole = StaticSelector(StaticSelectorConfig(skip_ratio=0.0))
+    fixed = default_strategy_instance("length", "fixed", fast=True)
+    dec = _spec(adapter, whole, fixed, _forced("layer_skip"), "greedy")
+    inserted = 0
+    for seed in (0, 1, 2):
+        res = dec.generate(random_prompt(9, 128, seed), _stop(compiled))
+        assert res.accepted == res.drafted, seed
+        inserted += res.strategy_summary["drafter"]["inserted_runs"]
+    assert inserted > 0
