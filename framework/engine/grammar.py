@@ -141,7 +141,9 @@ def _engine_tokenizer(tokenizer: Any, vocab_size: int) -> Any:
     try:
         return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
     except ValueError as err:
-        raise GrammarError(f"grammars need a fast (Rust) tokenizer: {err}") from None
+        raise GrammarError(
+            f"the grammar engine cannot read this model's tokenizer ({err}); grammars need a fast tokenizer whose tokens decode to bytes"
+        ) from None
 
 
 class CompiledGrammar:

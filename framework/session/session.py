@@ -20,7 +20,7 @@ from framework.drafting.gate import gated
 from framework.engine.adapter import ModelAdapter, adapter_for
 from framework.engine.context import PrepareContext, PreparedCache
 from framework.engine.decoding import GenerationResult, SpeculativeDecoder, StopCondition, VanillaDecoder
-from framework.engine.grammar import CompiledGrammar, Grammar
+from framework.engine.grammar import CompiledGrammar, Grammar, GrammarError
 from framework.engine.placement import BlockPlacement
 from framework.engine.processing import GenerationControls
 from framework.engine.synthetic import SyntheticAcceptance
@@ -166,6 +166,7 @@ class Session:
             load_prompts=calibration_texts,
             prepared=PreparedCache() if prepared is None else prepared,
         )
+        self.compiled(cfg.generation.grammar_spec())  # a bad grammar fails before any decoding
         if prompts is not None:  # before any (possibly long) preparation
             self.check_prompts(prompts)
         self.rebuild()
@@ -298,9 +299,17 @@ class Session:
 
         Raises:
             ConfigError: names the prompt, its length and the model's context.
+            GrammarError: a prompt's ``json_schema`` that does not compile for this tokenizer
+                (the message names the prompt).
         """
         limit = self.adapter.arch.max_context
         for p in prompts:
+            if p.json_schema is not None:
+                try:
+                    self.compiled(Grammar.json_schema(p.json_schema))
+                except GrammarError as err:
+                    why = str(err).replace("--json-schema:", "its json_schema", 1)
+                    raise GrammarError(f"prompt {p.question_id} ({p.category}): {why}") from None
             n = len(encode_chat(self.tokenizer, [{"role": "user", "content": p.turns[0]}]))
             if n + self.cfg.generation.max_new_tokens > limit:
                 raise ConfigError(

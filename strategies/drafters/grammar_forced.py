@@ -182,16 +182,20 @@ class GrammarForcedDrafter(Drafter):
     forward pass (confidence 1, a one-hot draft distribution under speculative sampling, as a
     copied token's). Then the drafter named by ``then`` drafts the rest of the round's cap from
     the last forced token: its first draft forward feeds the run's tokens too, so a layer-skip
-    draft costs the same number of forwards with or without the run. ``then: none`` drafts the
-    forced runs only.
+    draft costs the same number of forwards with or without the run. Inside that draft, after
+    each token it feeds, a run the grammar forces rides along in the same draft forward and is
+    spliced into the draft after that token (`_Forcing`); the round stops at its cap, forced
+    tokens included (`_Capped`). ``then: none`` drafts the leading forced runs only.
 
     Lossless: the target still verifies every token, and the verification's rows are masked by the
-    same grammar, so a forced token is the only token its row allows and is always accepted.
+    same grammar, so a forced token is the only token its row allows: no verification refuses a
+    forced token first.
 
-    Without a grammar the forced run is always empty and the drafter is the ``then`` drafter.
-    The length controller and the selector see each round whole (the forced tokens are drafted
-    and accepted tokens of the round); ``summary()`` reports ``forced`` (tokens drafted by the
-    grammar), ``forced_rounds``, ``rounds`` and the ``then`` drafter's summary under its name.
+    Without a grammar the drafter is the ``then`` drafter. The length controller and the
+    selector see each round whole (the forced tokens are drafted and accepted tokens of the
+    round); ``summary()`` reports ``forced`` (tokens drafted by the grammar), ``forced_accepted``,
+    ``forced_refused`` (0 unless something is broken), ``forced_rounds``, ``inserted_runs`` (runs
+    inside a draft), ``rounds`` and the ``then`` drafter's summary under its name.
     Known in serving stacks as jump-forward decoding (SGLang); here it is a draft, not a commit,
     so a tokenisation the model would not choose is still the target's to refuse.
     """
