@@ -321,6 +321,10 @@ def test_measurement_scripts_smoke(script, tmp_path):
         ]
         assert len(rows) == 3 + 3 * 2, proc.stdout  # the cost table, then each format x ratio
         assert all(row.rstrip(" |").endswith("0/7") for row in rows[3:]), rows  # every output exact
+    elif "synthetic_acceptance" in script[0]:
+        rows = [line for line in proc.stdout.splitlines() if line.startswith("| static_confidence | 0.5 |")]
+        assert len(rows) == 1 and rows[0].rstrip(" |").split(" | ")[-1].endswith("%"), proc.stdout  # an error
+        assert "Mean absolute error" in proc.stdout
     else:
         assert "| swift |" in proc.stdout and "| vanilla |" in proc.stdout
 
