@@ -443,3 +443,10 @@ def test_snippet_sections_exist():
                 assert marker in src, (
                     f"{page.relative_to(ROOT)} includes {path}:{section}, but {path} has no {marker!r}"
                 )
+
+
+def test_measurement_folders_hold_no_markdown_pages():
+    """Raw reports under docs/measurements are .txt: a .md there is a page outside mkdocs' nav,
+    which the strict docs build (CI) refuses."""
+    pages = sorted(str(p.relative_to(ROOT)) for p in (DOCS / "measurements").rglob("*.md"))
+    assert not pages, f"rename to .md.txt: {pages}"
