@@ -311,11 +311,13 @@ def _target_marginals(
     small: bool = False,
     f32: bool = False,
     penalty: float = 1.0,
+    regex: str | None = None,
 ) -> list[torch.Tensor]:
     """Exact marginal distribution of each of the first ``n_tokens`` sampled tokens ((V,) each), by
     enumerating every context with batched full forwards of the unmodified model (``small``: the
     power tests' model and prompt; ``f32``: the float32 model of `_kernel_adapter`; ``penalty``:
-    transformers' repetition penalty applied to each context's scores before the warping)."""
+    transformers' repetition penalty applied to each context's scores before the warping;
+    ``regex``: a grammar's mask (`_regex_grammar`) applied after it, each context's own)."""
     model, prompt = (_small_model(), _small_prompt()) if small else (_model(), _prompt())
     if f32:
         model = _kernel_adapter().arch.model
@@ -331,6 +333,11 @@ def _target_marginals(
                 from transformers import RepetitionPenaltyLogitsProcessor
 
                 logits = RepetitionPenaltyLogitsProcessor(penalty)(ids, logits.float())
+            if regex is not None:
+                from framework.engine.grammar import GrammarProcessor
+
+                grammar = GrammarProcessor(_regex_grammar(regex).start(prompt.shape[1]))
+                logits = grammar(ids, logits.float())
             cond = warp(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # (C, V)
             step = joint[:, None] * cond
             out.append(step.sum(0).double())
@@ -365,12 +372,33 @@ def _pvalues(
     small: bool = False,
     f32: bool = False,
     penalty: float = 1.0,
+    regex: str | None = None,
 ) -> list[float]:
     """Per-position chi-square p-values of ``samples`` (n, T) against the exact target marginals."""
     return [
         _chi2_gof(torch.bincount(samples[:, j], minlength=want.numel()), want)
-        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small, f32, penalty))
+        for j, want in enumerate(_target_marginals(cfg, samples.shape[1], small, f32, penalty, regex))
     ]
+
+
+#: The characters of `_regex_grammar`'s tokenizer: 3 specials + 13 characters = the model's V = 16.
+_CHARS = "xyab012345678"
+
+
+@functools.lru_cache(maxsize=4)
+def _regex_grammar(regex: str) -> Any:
+    """``regex`` compiled for a character tokenizer of the statistical tests' 16 tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from framework.engine.grammar import CompiledGrammar, Grammar
+
+    vocab = {t: i for i, t in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", *_CHARS])}
+    tk = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
+    return CompiledGrammar(Grammar.regex(regex), tok, V)
 
 
 def _speculative_samples(
@@ -472,6 +500,26 @@ def test_speculative_sampling_with_a_logits_processor_samples_the_processed_targ
     pvals = _pvalues(samples, cfg, penalty=3.0)
     print(f"\nrepetition penalty: p-values {[round(p, 4) for p in pvals]}")
     assert min(pvals) > ALPHA, f"sampling with a processor does not match the processed target: p = {pvals}"
+
+
+def test_speculative_sampling_under_a_grammar_with_forced_drafts_samples_the_constrained_target():
+    """Issue 47: under a grammar (after ``x`` it forces ``ab``; after ``y`` one digit of 0-3, then
+    ``ab``), speculative sampling with the grammar-forced drafter (forced runs at the start of a
+    round and inside layer-skip drafts, one-hot q) samples the grammar-masked target exactly."""
+    pytest.importorskip("llguidance")
+    from framework.engine.processing import GenerationControls
+    from strategies.drafters.grammar_forced import GrammarForcedDrafter, GrammarForcedDrafterConfig
+
+    regex = "(x|y[0-3])ab[0-8]+"
+    cfg, k, budget = CASES["t0.7_p0.9_k3"]
+    want = _target_marginals(cfg, regex=regex)
+    assert float(want[1][[5, 6]].sum()) < 1 and float(want[2][[5, 6]].sum()) == pytest.approx(1.0)  # it bites
+    controls = GenerationControls(grammar=_regex_grammar(regex))
+    drafter = GrammarForcedDrafter(GrammarForcedDrafterConfig(then="layer_skip"))
+    samples = _speculative_samples(SamplingVerifier(cfg), k, budget, drafter=drafter, controls=controls)
+    pvals = _pvalues(samples, cfg, regex=regex)
+    print(f"\ngrammar, forced drafts: p-values {[round(p, 4) for p in pvals]}")
+    assert min(pvals) > ALPHA, f"sampling under a grammar does not match the constrained target: p = {pvals}"
 
 
 def test_vanilla_sampling_matches_target_distribution():
