@@ -883,6 +883,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "import_not_recorded",
+        "a saved configuration leaves out the --import modules (a rerun fails on the unknown strategy)",
+        "framework/session/run_config.py",
+        "                    out[name][f.name] = recorded_imports(value)",
+        "                    out[name][f.name] = []",
+        ("tests/framework/session/test_plugins.py",),
+    ),
+    Mutation(
         "synthetic_output_written_as_an_answer_file",
         "Spec-Bench answer files are written from a synthetic acceptance's records",
         "framework/data/specbench.py",

@@ -174,7 +174,10 @@ class Registry(Generic[T]):
         names = sorted(self._table())
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        return f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(names) or '(none)'}"
+        return (
+            f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(names) or '(none)'} "
+            f"(a {self.kind} of your own registers when its module is imported: --import MODULE)"
+        )
 
     def names(self, pattern: str = "*") -> list[str]:
         """Registered names matching a glob ``pattern``, sorted."""

@@ -29,7 +29,7 @@ from framework.runner.launch import resolve_output, run
 from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
 from framework.session.notes import PAPER_PRESETS, published_by
-from framework.session.plugins import import_user_modules
+from framework.session.plugins import import_recorded, import_user_modules
 from framework.session.presets import MissingStrategyError, list_presets, load_preset
 from framework.session.run_config import RunConfig
 
@@ -116,11 +116,21 @@ def list_strategies(verbose: bool = True) -> str:
 
 
 def _import_user_modules(argv: Sequence[str]) -> None:
-    """Import the ``--import`` modules before the parser is built (their strategies get flags)."""
+    """Import the ``--import`` modules, and those a ``--config`` file recorded, before the parser
+    is built (their strategies get flags)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--import", dest="imports", action="append", default=[])
+    pre.add_argument("--config", default=None)
     known, _ = pre.parse_known_args(argv)
     import_user_modules(known.imports)
+    if known.config and Path(known.config).is_file():  # an unreadable file is reported by the load
+        try:
+            saved = yaml.safe_load(Path(known.config).read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError:
+            return
+        method = saved.get("method") if isinstance(saved, dict) else None
+        if isinstance(method, dict) and method.get("imports"):
+            import_recorded(method["imports"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,14 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the resolved configuration as YAML to FILE (default: stdout) and exit; "
         "`run.py --config FILE` runs it",
-    )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import a module that registers extra strategies (repeatable)",
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(

@@ -60,6 +60,7 @@ from framework.engine.synthetic import synthetic_label
 from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
+from framework.session.plugins import import_recorded, recorded_imports
 from framework.session.presets import load_preset, yaml_problem
 
 if TYPE_CHECKING:
@@ -270,6 +271,15 @@ class MethodConfig:
     )
     name: str | None = param(None, help="method name in the results (default <selector>+<length>)")
     baseline_only: bool = param(False, help="decode with the vanilla baseline only (the `vanilla` preset)")
+    imports: tuple[str, ...] = param(
+        (),
+        help="a module that registers strategies of your own, imported before the configuration is read "
+        "(repeatable); saved configurations and metadata record each with a hash of its source, and "
+        "--config imports them again",
+        flag="--import",
+        metavar="MODULE",
+        repeat=True,
+    )
     synthetic_acceptance: float | None = param(
         None,
         help="measure the system, not the model: accept each draft token with probability P from a "
@@ -287,6 +297,7 @@ class MethodConfig:
         if not isinstance(self.gate, GateConfig):
             raise ConfigError("--gate", self.gate, "a GateConfig")
         _check_bools((("--baseline-only", self.baseline_only),))
+        _check_strings("--import", self.imports)
         if self.name == "vanilla" and not self.baseline_only:
             raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
         if self.synthetic_acceptance is not None:
@@ -585,6 +596,8 @@ class RunConfig:
                 value = getattr(section, f.name)
                 if isinstance(value, StrategySpec):
                     out[name][f.name] = {"name": value.name, **_plain(_fields_of(_config_of(f.name, value)))}
+                elif name == "method" and f.name == "imports":  # with the hash of each source
+                    out[name][f.name] = recorded_imports(value)
                 else:
                     out[name][f.name] = _plain(value)
         return out
@@ -647,6 +660,7 @@ class RunConfig:
             value = getattr(getattr(self, section), name)
             out[key] = list(value) if isinstance(value, tuple) else value
         method = self.method
+        out["imports"] = recorded_imports(method.imports)
         out.update({kind: spec.describe() for kind, spec in method.strategies().items()})
         out["gate"] = dataclasses.asdict(method.gate)
         return out
@@ -841,6 +855,11 @@ def _apply(draft: dict[str, dict[str, Any]], overrides: Mapping[str, Any]) -> No
         ConfigError: an unknown key, or a spelling that went (a section, a strategy or the gate as
             a mapping or an object), with the dotted keys that say the same.
     """
+    overrides = dict(overrides)
+    for raw_key, value in list(overrides.items()):  # first: the strategies they register
+        key = raw_key.replace("-", "_")
+        if _ALIASES.get(key, key) == "imports" or key == "method.imports":
+            overrides[raw_key] = import_recorded(value)
     dotted = []
     for raw_key, value in overrides.items():
         key = _method_key(raw_key.replace("-", "_"))

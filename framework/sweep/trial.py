@@ -243,6 +243,9 @@ def build_run_config(params: dict[str, Any], *, output: str | None = None) -> Ru
     params = _flatten({k: v for k, v in params.items() if not str(k).startswith("_")})
     _import_modules(params)
     overrides = run_overrides(params)
+    mods = params.get("import", params.get("imports"))
+    if mods:  # recorded in the trial's configuration, with the hash of each source
+        overrides["imports"] = (mods,) if isinstance(mods, str) else tuple(mods)
     if output is not None:
         overrides["output"] = output
     method = params.get("method")

@@ -44,6 +44,9 @@ def _overrides(name: str) -> dict:
     drafter = REGISTRIES["drafter"].entry(preset.get("drafter", {}).get("name", "layer_skip")).config
     if "draft_vocab" in {f.name for f in dataclasses.fields(drafter)}:
         out["drafter.draft_vocab"] = HEAD
+    inner = preset.get("drafter", {}).get("then_config") or {}
+    if "draft_vocab" in inner:  # grammar_forced drafting on with a drafter that has a head
+        out["drafter.then_config"] = {**inner, "draft_vocab": HEAD}
     if preset.get("gate"):
         out["gate.enabled"] = False
     return out
@@ -69,7 +72,10 @@ def test_every_preset_prepares_and_decodes_in_low_precision(name, dtype, exact):
     exp = _session(name, dtype, exact)
     assert exp.adapter.arch.dtype is dtype and exp.adapter.exact is exact
     decoder = exp.decoder
-    if "drafter.draft_vocab" in _overrides(name) and not exp.cfg.method.baseline_only:
+    overrides = _overrides(name)
+    if (
+        "drafter.draft_vocab" in overrides or "drafter.then_config" in overrides
+    ) and not exp.cfg.method.baseline_only:
         head = decoder.drafter.draft_head()
         assert isinstance(head, DraftHead) and head.size == HEAD  # the reduced head was built and checked
     verifier = exp.cfg.method.verifier.name
@@ -85,7 +91,8 @@ def test_every_preset_prepares_and_decodes_in_low_precision(name, dtype, exact):
             want = exp.vanilla.generate(ids, exp.stop()).tokens
             assert got.tokens == want, f"{name} in exact mode, prompt {seed}: differs from plain decoding"
     if not exp.cfg.method.baseline_only:
-        assert drafted > 0 or name.startswith("del"), f"{name}: no round drafted"
+        # `forced` drafts only what a grammar forces: without one, every round is a plain step
+        assert drafted > 0 or name.startswith("del") or name == "forced", f"{name}: no round drafted"
 
 
 def test_exact_mode_is_refused_in_float16_with_one_line_naming_the_flag():
