@@ -891,6 +891,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/session/test_plugins.py",),
     ),
     Mutation(
+        "resume_drops_earlier_csv_rows",
+        "a resumed run's CSV logger lets Lightning delete the rows the earlier run wrote",
+        "framework/session/loggers.py",
+        '    metrics.write_text(kept, encoding="utf-8")\n',
+        "",
+        (
+            "tests/framework/runner/test_tracking.py::test_a_resumed_csv_logger_keeps_the_earlier_rows_and_hparams_load_safely",
+        ),
+    ),
+    Mutation(
         "synthetic_output_written_as_an_answer_file",
         "Spec-Bench answer files are written from a synthetic acceptance's records",
         "framework/data/specbench.py",

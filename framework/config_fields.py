@@ -10,6 +10,7 @@ a config and prefixes the field with the flag (``--selector.skip_ratio``) in err
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -26,12 +27,12 @@ class ConfigError(ValueError):
         allowed: a description of the allowed values.
     """
 
-    def __init__(self, field: str, value: Any, allowed: str) -> None:
-        self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field} must be {allowed}, got {value!r}")
+    def __init__(self, field: str, value: Any, allowed: str, hint: str = "") -> None:
+        self.field, self.value, self.allowed, self.hint = field, value, allowed, hint
+        super().__init__(f"{field} must be {allowed}, got {value!r}" + (f"; {hint}" if hint else ""))
 
     def with_flag(self, flag: str) -> ConfigError:
-        return ConfigError(flag, self.value, self.allowed)
+        return ConfigError(flag, self.value, self.allowed, self.hint)
 
 
 def param(
@@ -197,7 +198,11 @@ def build_config(cfg_cls: type[C], values: dict[str, Any], flag_prefix: str = ""
     for key, raw in values.items():
         flag = f"{flag_prefix}{key}"
         if key not in names:
-            raise ConfigError(flag, raw, f"a field of {cfg_cls.__name__} ({', '.join(names) or 'none'})")
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                flag, raw, f"a field of {cfg_cls.__name__} ({', '.join(names) or 'none'})", hint
+            )
         kwargs[key] = coerce_value(raw, hints[key], flag)
     try:
         return cfg_cls(**kwargs)

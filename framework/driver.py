@@ -80,6 +80,7 @@ def metadata(config: Mapping[str, Any], session: Session | None = None, **fields
     if session is not None:
         meta["provenance"] = provenance(session.cfg.model.name_or_path, session)
         meta["notes"] = session.notes
+        meta["resolved"] = session.resolved()
     return meta
 
 

@@ -730,7 +730,7 @@ def pythonic(err: ConfigError) -> ConfigError:
     if name.startswith("--"):
         name = name[2:]
         name = name if "." in name else name.replace("-", "_")
-    return ConfigError(name, err.value, err.allowed)
+    return ConfigError(name, err.value, err.allowed, err.hint)
 
 
 def decoder_options() -> list[str]:

@@ -94,7 +94,12 @@ def run(
         tracking,
         SpeedupProgressBar() if tty else PlainProgress(),
     ]
-    tracked = {**cfg.describe(), "provenance": meta.get("provenance"), "notes": meta.get("notes", [])}
+    tracked = {
+        **cfg.describe(),
+        "provenance": meta.get("provenance"),
+        "notes": meta.get("notes", []),
+        "resolved": meta.get("resolved", {}),  # draft_weights: auto as it resolved
+    }
     logger = tracker(cfg, run_dir, run_dir.name, tracked) if rank0 else None
     t_start = time.perf_counter()
     trainer = _predict(cfg, module, _trainer_args(cfg, run_dir, callbacks, logger, tty), write_answers)

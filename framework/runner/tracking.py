@@ -63,22 +63,28 @@ def summary_metrics(records: list[dict[str, Any]], method: str) -> dict[str, dic
     return out
 
 
-def prompt_metrics(recs: list[dict[str, Any]]) -> dict[str, float]:
-    """Per-prompt metrics of one predict step's records (vanilla first or second)."""
+def prompt_metrics(recs: list[dict[str, Any]]) -> dict[str, float | str]:
+    """Per-prompt metrics of one predict step's records (vanilla first or second), with the
+    prompt's question id and category (so that a CSV row or a W&B step says which prompt it is);
+    no acceptance rate for a prompt where nothing was drafted."""
     by = {r["method"]: r for r in recs}
     van = by.get("vanilla")
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
+    if recs:
+        out["prompt/question_id"] = str(recs[0]["question_id"])
+        out["prompt/category"] = str(recs[0]["category"])
     for name, r in by.items():
         tag = "vanilla" if name == "vanilla" else "method"
         out[f"prompt/{tag}_tokens_per_s"] = r["new_tokens"] / max(r["wall_time"], 1e-9)
     spec = next((r for n, r in by.items() if n != "vanilla"), None)
     if spec is not None and van is not None:
-        out["prompt/speedup"] = out["prompt/method_tokens_per_s"] / max(
-            out["prompt/vanilla_tokens_per_s"], 1e-9
+        out["prompt/speedup"] = float(out["prompt/method_tokens_per_s"]) / max(
+            float(out["prompt/vanilla_tokens_per_s"]), 1e-9
         )
         rounds = spec["accept_lengths"]
         out["prompt/mean_accepted_length"] = sum(rounds) / len(rounds) if rounds else 0.0
-        out["prompt/acceptance_rate"] = spec["accepted"] / spec["drafted"] if spec["drafted"] else 0.0
+        if spec["drafted"]:  # nothing drafted: no acceptance rate (not 0)
+            out["prompt/acceptance_rate"] = spec["accepted"] / spec["drafted"]
         if spec["lossless"] is not None:
             out["prompt/lossless"] = float(spec["lossless"])
         summaries = spec["turns"][-1].get("strategy_summary") or {}

@@ -9,6 +9,7 @@ tool's command line can import it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import sysconfig
@@ -132,4 +133,14 @@ class OneLineParser(argparse.ArgumentParser):
     each other) are one ``error:`` line and status 2, not the whole usage first."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):  # a typo: the closest flags
+            flags = sorted(self._option_string_actions)
+            close = [
+                match
+                for word in message.split(":", 1)[1].split()
+                if word.startswith("--")
+                for match in difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+            ]
+            if close:
+                message += f"; did you mean {' / '.join(close)}?"
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")

@@ -13,8 +13,12 @@ starting another.
 from __future__ import annotations
 
 import configparser
+import csv
+import io
+import json
 import netrc
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,6 +77,7 @@ def make_logger(kind: str, run_dir: Path, name: str, project: str, config: dict[
         from pytorch_lightning.loggers import CSVLogger
 
         logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
+        _keep_earlier_rows(logger, run_dir / "csv" / "metrics.csv")
     elif kind == "wandb":
         import wandb
         from pytorch_lightning.loggers import WandbLogger
@@ -99,8 +104,25 @@ def make_logger(kind: str, run_dir: Path, name: str, project: str, config: dict[
             logger.selfspec_owned = True
     else:
         raise ConfigError("--logger", kind, "one of wandb, csv, none")
-    logger.log_hyperparams(config)
+    # plain JSON types: Lightning writes them to hparams.yaml, which yaml.safe_load must read back
+    logger.log_hyperparams(json.loads(json.dumps(config, default=str)))
     return logger
+
+
+def _keep_earlier_rows(logger: Any, metrics: Path) -> None:
+    """A resumed run's CSV logger keeps the rows the earlier run wrote: Lightning deletes an
+    existing ``metrics.csv`` when its writer starts; it is written back, and the writer continues
+    its header (new columns rewrite the file with the rows kept)."""
+    if not metrics.is_file():
+        return
+    kept = metrics.read_text(encoding="utf-8")
+    with warnings.catch_warnings():  # "Previous log files ... will be deleted": not these
+        warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted")
+        writer = logger.experiment  # starting the writer deletes the file
+    metrics.write_text(kept, encoding="utf-8")
+    header = next(csv.reader(io.StringIO(kept)), [])
+    if hasattr(writer, "metrics_keys"):
+        writer.metrics_keys = list(header)
 
 
 def close_logger(logger: Any, log: Any, tag: str = "[selfspec]") -> None:

@@ -20,6 +20,8 @@ with a message naming the missing strategy.
 
 from __future__ import annotations
 
+import difflib
+
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,11 @@ def preset_path(name_or_path: str) -> Path:
     shipped = PRESET_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped
-    raise ConfigError("--method", name_or_path, f"a preset ({', '.join(list_presets())}) or a YAML file")
+    close = difflib.get_close_matches(str(name_or_path), list_presets(), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(
+        "--method", name_or_path, f"a preset ({', '.join(list_presets())}) or a YAML file", hint
+    )
 
 
 def yaml_problem(err: Exception) -> str:

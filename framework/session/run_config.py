@@ -43,6 +43,7 @@ as its flag: ``--selector.skip_ratio must be in [0, 1), got 1.5``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import typing
 from collections.abc import Mapping
@@ -61,7 +62,7 @@ from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
 from framework.session.plugins import import_recorded, recorded_imports
-from framework.session.presets import load_preset, yaml_problem
+from framework.session.presets import PRESET_DIR, load_preset, preset_path, yaml_problem
 
 if TYPE_CHECKING:
     import torch
@@ -569,7 +570,13 @@ class RunConfig:
             base: dict[str, Any] = {"name": preset["name"], "baseline_only": preset["baseline_only"]}
             for key in (*REGISTRIES, *_NESTED):  # a preset file's blocks, as dotted keys
                 base.update({f"{key}.{k}": v for k, v in preset.get(key, {}).items()})
-            _apply(draft, base)
+            try:  # the preset alone first: an error in it names the file, not a flag
+                _apply(draft, base)
+                _build(draft)
+            except ConfigError as err:
+                where = preset_path(name_or_path)
+                where_text = where.name if where.parent == PRESET_DIR else str(where)
+                raise err.with_flag(f"{where_text}: {str(err.field).lstrip('-')}") from None
         _apply(draft, overrides)
         return _build(draft)
 
@@ -802,13 +809,16 @@ def _spelling_gone(key: str, value: Any, wanted: str) -> ConfigError:
 
 
 def _unknown(raw_key: str, value: Any) -> ConfigError:
+    known = [*FLAT_KEYS, *REGISTRIES, *_NESTED]
+    close = difflib.get_close_matches(raw_key.replace("-", "_"), known, n=1, cutoff=0.7)
     return ConfigError(
         "--" + raw_key.replace("_", "-"),
         value,
         "a RunConfig field ("
-        + ", ".join([*FLAT_KEYS, *REGISTRIES, *_NESTED])
+        + ", ".join(known)
         + "), <kind>.<field>, or <section>.<field> with section one of "
         + ", ".join(SECTIONS),
+        f"did you mean {close[0]!r}?" if close else "",
     )
 
 

@@ -188,6 +188,19 @@ class Session:
         # The baseline gets its own verifier instance (its own RNG stream when sampling).
         self.vanilla = VanillaDecoder(self.adapter, self.cfg.method.verifier.build("verifier"))
 
+    def resolved(self) -> dict[str, Any]:
+        """What the configuration left to the run, as the prepared drafter resolved it
+        (``draft_weights: auto`` -> ``int8``, the reduced draft head's size; 0: the full head),
+        for the metadata and the logger next to the configuration."""
+        if self.cfg.method.baseline_only:
+            return {}
+        drafter = self.spec.drafter
+        weights, head = drafter.draft_weights(), drafter.draft_head()
+        return {
+            "drafter.draft_weights": getattr(weights, "weights", None) or "float32 (the model's own)",
+            "drafter.draft_vocab": int(getattr(head, "size", 0) or 0),
+        }
+
     @property
     def decoder(self) -> SpeculativeDecoder | VanillaDecoder:
         """What the method decodes with: the speculative decoder, or for a ``baseline_only``

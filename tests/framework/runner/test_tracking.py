@@ -155,6 +155,32 @@ def test_summary_and_prompt_metrics_by_hand():
     p = prompt_metrics(recs[:2])
     assert p["prompt/speedup"] == pytest.approx(2.0)
     assert p["prompt/mean_accepted_length"] == 3.0 and p["prompt/acceptance_rate"] == pytest.approx(6 / 9)
+    assert p["prompt/question_id"] == "1" and p["prompt/category"] == "qa"  # which prompt a row is
+    none = prompt_metrics([recs[0], _rec(1, "qa", "m", 10, 0.9, [1] * 9, drafted=0, accepted=0)])
+    assert "prompt/acceptance_rate" not in none  # nothing drafted: n/a, not 0
+
+
+def test_a_resumed_csv_logger_keeps_the_earlier_rows_and_hparams_load_safely(tmp_path):
+    """Lightning's CSV logger deletes an existing metrics.csv; a resumed run keeps its rows (new
+    columns included), and hparams.yaml holds plain YAML (no Python tags)."""
+    import csv
+
+    import yaml
+
+    from framework.session.loggers import make_logger
+
+    config = {"stop": ("a", "b"), "gate": {"margin": 0.05}, "imports": []}
+    first = make_logger("csv", tmp_path, "run", "p", config)
+    first.log_metrics({"prompt/speedup": 1.5, "prompt/question_id": "q1"}, step=0)
+    first.save()
+    again = make_logger("csv", tmp_path, "run", "p", config)  # --resume: the same run directory
+    again.log_metrics({"prompt/speedup": 2.0, "prompt/question_id": "q2", "prompt/new": 1.0}, step=0)
+    again.save()
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    assert [r["prompt/question_id"] for r in rows] == ["q1", "q2"]
+    assert rows[1]["prompt/new"] == "1.0" and rows[0]["prompt/new"] == ""
+    hparams = yaml.safe_load((tmp_path / "csv" / "hparams.yaml").read_text())
+    assert hparams["stop"] == ["a", "b"]
 
 
 def test_round_rows_align_plans_with_drafting_rounds():

@@ -356,3 +356,33 @@ def test_a_methods_settings_say_what_it_runs():
         "config": {**settings["selector"]["config"], "skip_ratio": 0.3},
     }
     assert settings["gate"]["enabled"] is True
+
+
+def test_typos_get_a_did_you_mean_and_a_preset_files_errors_name_the_file(tmp_path, capsys):
+    """Issue 48, item 8: a mistyped preset, key, field or flag gets the closest name; a field error
+    inside a YAML preset names the file and the field, not a flag."""
+    import pytest
+
+    from framework.config_fields import ConfigError
+    from framework.runner.cli import build_parser
+    from framework.session.run_config import RunConfig
+
+    with pytest.raises(ConfigError, match="did you mean 'hybrid'"):
+        RunConfig.from_preset("hybird")
+    with pytest.raises(ConfigError, match="did you mean 'max_new_tokens'"):
+        RunConfig.from_preset(None, max_new_token=3)
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("selector: {name: static, skip_ratoi: 0.2}\n")
+    with pytest.raises(
+        ConfigError, match=r"mine.yaml: selector.skip_ratoi must be a field .* did you mean 'skip_ratio'"
+    ):
+        RunConfig.from_preset(str(typo))
+    bad = tmp_path / "range.yaml"
+    bad.write_text("selector: {name: static, skip_ratio: 2.0}\n")
+    with pytest.raises(ConfigError, match=r"^.*range.yaml: selector.skip_ratio must be in"):
+        RunConfig.from_preset(str(bad))
+    with pytest.raises(ConfigError, match=r"^--selector.skip_ratio must be in"):  # a flag's own error
+        RunConfig.from_preset("static_confidence", **{"selector.skip_ratio": 2.0})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--selector.skip_ratoi", "0.3"])
+    assert "did you mean --selector.skip_ratio?" in capsys.readouterr().err
