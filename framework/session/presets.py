@@ -21,7 +21,6 @@ with a message naming the missing strategy.
 from __future__ import annotations
 
 import difflib
-
 from pathlib import Path
 from typing import Any
 
