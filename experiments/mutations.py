@@ -901,6 +901,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "story_calls_a_declined_method_faster",
+        "the story calls a method faster although its gate declined nearly every round (it decoded like vanilla)",
+        "framework/benchmark/story.py",
+        '    if gate and gate.get("rounds") and gate["declined"] / gate["rounds"] >= 0.9:\n        return None\n',
+        "",
+        (
+            "tests/framework/benchmark/test_story.py::test_a_method_is_called_faster_only_when_its_measurement_says_so",
+        ),
+    ),
+    Mutation(
         "synthetic_output_written_as_an_answer_file",
         "Spec-Bench answer files are written from a synthetic acceptance's records",
         "framework/data/specbench.py",

@@ -15,7 +15,13 @@ from framework.benchmark.load import load_line
 from framework.benchmark.story import what_happened
 from framework.results import plots
 from framework.results.compare import mismatch_note
-from framework.results.metrics import aggregate, cost_model_prediction, rounds_prediction, synthetic_note
+from framework.results.metrics import (
+    aggregate,
+    cost_model_prediction,
+    gate_counts,
+    rounds_prediction,
+    synthetic_note,
+)
 from framework.utils import align_markdown
 
 #: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.
@@ -31,22 +37,6 @@ def _speedups(records: list[dict[str, Any]], method: str) -> dict[str, float]:
             continue
         out[cat] = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
     return out
-
-
-def gate_counts(records: Sequence[dict[str, Any]]) -> dict[str, int] | None:
-    """The draft gate's rounds and declined rounds summed over the turns of ``records`` (each turn
-    records its generation's counters under ``strategy_summary.length.gate``), or ``None`` when
-    no turn ran with a gate."""
-    rounds = declined = 0
-    seen = False
-    for rec in records:
-        for turn in rec.get("turns", []):
-            gate = (turn.get("strategy_summary") or {}).get("length", {}).get("gate")
-            if gate:
-                seen = True
-                rounds += int(gate.get("rounds", 0))
-                declined += int(gate.get("declined", 0))
-    return {"rounds": rounds, "declined": declined} if seen else None
 
 
 def _forced(records: Sequence[dict[str, Any]]) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ Definitions (``docs/concepts.md`` has the long form):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,9 +129,10 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
         speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
         name = f"**{cat}**" if cat == "overall" else cat
         lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
+        alpha = f"{m.acceptance_rate:.3f}" if m.drafted else "n/a"  # nothing drafted: no rate
         rows.append(
             f"| {name} | {m.prompts} | {b.mean_tokens_per_s:.2f} | {m.mean_tokens_per_s:.2f} | {speed:.3f}x | "
-            f"{m.mean_accepted_length:.2f} | {m.acceptance_rate:.3f} | {m.skip_ratio:.3f} | {lossless} |"
+            f"{m.mean_accepted_length:.2f} | {alpha} | {m.skip_ratio:.3f} | {lossless} |"
         )
     return align_markdown("\n".join(rows))
 
@@ -150,6 +151,37 @@ def mismatch_lines(records: list[dict[str, Any]]) -> str:
         more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
         lines.append(f"Mismatches against vanilla, {method}: {notes}{more}.")
     return "\n".join(lines)
+
+
+def gate_counts(records: Sequence[dict[str, Any]]) -> dict[str, int] | None:
+    """The draft gate's rounds and declined rounds summed over the turns of ``records`` (each turn
+    records its generation's counters under ``strategy_summary.length.gate``), or ``None`` when
+    no turn ran with a gate."""
+    rounds = declined = 0
+    seen = False
+    for rec in records:
+        for turn in rec.get("turns", []):
+            gate = (turn.get("strategy_summary") or {}).get("length", {}).get("gate")
+            if gate:
+                seen = True
+                rounds += int(gate.get("rounds", 0))
+                declined += int(gate.get("declined", 0))
+    return {"rounds": rounds, "declined": declined} if seen else None
+
+
+def gate_lines(records: list[dict[str, Any]], method: str) -> str:
+    """A line when ``method``'s draft gate declined half of the rounds or more: the run then
+    measures mostly the gate's plain steps, not drafting (a smoke run on the tiny random model,
+    whose drafts rarely pay); empty otherwise."""
+    counts = gate_counts([r for r in records if r.get("method") == method])
+    if not counts or not counts["rounds"] or counts["declined"] / counts["rounds"] < 0.5:
+        return ""
+    share = counts["declined"] / counts["rounds"]
+    return (
+        f"**The draft gate of {method} declined {share:.0%} of its rounds** (plain steps where it "
+        "measured that drafting would lose): this run measures the gate more than the drafting; "
+        "`--gate.enabled false` measures the drafting itself."
+    )
 
 
 def synthetic_note(p: float) -> str:

@@ -34,7 +34,13 @@ import torch
 
 from framework.config_fields import ConfigError
 from framework.driver import AnswerFiles, metadata, stamped, start, tracker
-from framework.results.metrics import mismatch_lines, results_table, synthetic_lines, time_breakdown
+from framework.results.metrics import (
+    gate_lines,
+    mismatch_lines,
+    results_table,
+    synthetic_lines,
+    time_breakdown,
+)
 from framework.results.records import prompt_key, read_records, resume_state
 from framework.runner.lightning import DecodeModule, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, summary_metrics
@@ -195,7 +201,7 @@ def _report(
     decoded, resumed, did_resume, t_start = progress
     method = cfg.method.label
     table = results_table(records, method)
-    for lines in (synthetic_lines(records), mismatch_lines(records)):
+    for lines in (synthetic_lines(records), gate_lines(records, method), mismatch_lines(records)):
         if lines:
             table += "\n\n" + lines
     breakdown = time_breakdown(records, names)

@@ -53,17 +53,27 @@ def _sort_key(sweep: Sweep, row: dict[str, Any]) -> tuple[int, float]:
 
 
 def results_table(sweep: Sweep, rows: list[dict[str, Any]], *, sort: bool = True) -> str:
-    """Markdown: one row per trial (its swept parameters, then the metrics), best first when ``sort``."""
+    """Markdown: one row per trial (its swept parameters, then the metrics), best first when ``sort``;
+    a ``bayes`` sweep says which proposer chose each trial (``random`` or ``gp``)."""
     if sort:
         rows = sorted(rows, key=lambda r: _sort_key(sweep, r))
     cols = list(TABLE_METRICS)
     if sweep.metric not in [key for _, key, _ in cols]:
         cols.insert(0, (sweep.metric, sweep.metric, "{:.4g}"))
-    head = ["trial", *sweep.swept, *(h for h, _, _ in cols), "lossless", "status"]
+    by = sweep.method == "bayes"
+    head = [
+        "trial",
+        *(["proposed by"] if by else []),
+        *sweep.swept,
+        *(h for h, _, _ in cols),
+        "lossless",
+        "status",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * (len(head) - 1) + "---|"]
     for r in rows:
         m = r.get("metrics") or {}
-        cells = [str(r["trial"]), *(_cell(r["params"].get(p)) for p in sweep.swept)]
+        cells = [str(r["trial"]), *([str(r.get("proposed_by") or "")] if by else [])]
+        cells += [_cell(r["params"].get(p)) for p in sweep.swept]
         cells += [_cell(m.get(key), fmt) for _, key, fmt in cols]
         cells.append(
             f"{m['lossless']}/{m['lossless_checked']}" if m.get("lossless_checked") else "n/a" if m else ""
@@ -89,7 +99,13 @@ def _header(
     return (
         f"# Sweep {sweep.name}: {n} trials, {how}, metric {sweep.metric} ({sweep.goal})\n\n"
         f"File: {sweep.path}. Fixed: {describe_params(sweep.constants) or 'none'}."
-        + (f" Smoke mode (tiny random model): {describe_params(overrides)}." if overrides else "")
+        + (
+            f" Smoke mode (tiny random model): {describe_params(overrides)}; its drafts rarely pay, so a"
+            " gated preset's gate declines most rounds and such trials measure the gate, not the drafting"
+            " (each trial's report says how many rounds its gate declined)."
+            if overrides
+            else ""
+        )
         + (f" Set on the command line: {describe_params(user)}." if user else "")
         + "\n"
     )

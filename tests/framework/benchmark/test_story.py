@@ -92,7 +92,7 @@ def test_the_verdict_names_the_fastest_and_what_layer_skipping_needs():
     assert "static_confidence:raw measured 50%" in text
     assert len(text.splitlines()) == 4  # the two methods (not the baseline), the fastest, the time
     slower = what_happened({"methods": {"vanilla": entry(1.0), "a": entry(0.9)}})
-    assert "No method was faster than vanilla here (best: a, 0.90x)" in slower
+    assert "No method was measurably faster than vanilla here (best: a, 0.90x)" in slower
 
 
 def test_enough_acceptance_but_slower_is_explained_by_the_rounds_it_ran():
@@ -102,3 +102,19 @@ def test_enough_acceptance_but_slower_is_explained_by_the_rounds_it_ran():
     text = what_happened({"methods": {"vanilla": entry(1.0), "raw": e}}, {"raw": COST, "vanilla": COST})
     assert "That is enough in the cost model's ideal" in text
     assert "the cost model predicts 1.03x, and it measured 0.90x" in text
+
+
+def test_a_method_is_called_faster_only_when_its_measurement_says_so():
+    """Issue 48, item 5: a method whose gate declined 90% of the rounds decoded like vanilla, so its
+    1.06x is noise, not "faster"; with repeats, every repeat must clear the noise band."""
+    declined = entry(1.06, alpha=0.6, drafted=10, skip=0.2, gate={"rounds": 100, "declined": 98})
+    s = method_sentence("static_confidence", declined)
+    assert "faster than vanilla" not in s and "1.06x: as fast as vanilla, within noise" in s
+    text = what_happened({"methods": {"vanilla": entry(1.0), "static_confidence": declined}})
+    assert "Fastest here" not in text and "No method was measurably faster" in text
+    spread = entry(1.10, alpha=0.6, drafted=100, skip=0.2)
+    spread["overall_by_repeat"] = [1.25, 0.98, 1.07]
+    s = method_sentence("m", spread)
+    assert "not told apart from vanilla (its repeats ran from 0.98x to 1.25x)" in s
+    spread["overall_by_repeat"] = [1.08, 1.12, 1.10]
+    assert "1.10x: faster than vanilla" in method_sentence("m", spread)

@@ -165,3 +165,30 @@ def test_rounds_prediction_prices_each_round_at_its_own_context():
     plain = dict(turn, prompt_tokens=0)
     want_near = 4.0 / (1.0 + cost.round_time(2, plan))
     assert rounds_prediction(cost, [{"turns": [plain]}]) == pytest.approx(want_near)
+
+
+def test_a_gate_that_declined_most_rounds_is_said_and_alpha_reads_na_without_drafts():
+    """Issue 48, item 5: a run whose gate declined most rounds says it measured the gate; the
+    table's alpha reads n/a where nothing was drafted (not 0.000)."""
+    from framework.results.metrics import gate_lines, results_table
+
+    def rec(method, declined, drafted):
+        gate = {"rounds": 100, "declined": declined}
+        return {
+            "question_id": 1, "category": "qa", "subcategory": "qa", "method": method, "new_tokens": 10,
+            "wall_time": 1.0, "tokens_per_s": 10.0, "accept_lengths": [1] * 10, "drafted": drafted,
+            "accepted": 0, "timings": {}, "lossless": True, "first_mismatch": None,
+            "turns": [{"strategy_summary": {"length": {"gate": gate}}, "accept_lengths": [1] * 10}],
+        }  # fmt: skip
+
+    base = rec("vanilla", 0, 0)
+    base["turns"] = [{"accept_lengths": [1] * 10}]
+    assert "declined 95% of its rounds" in gate_lines([base, rec("m", 95, 0)], "m")
+    assert gate_lines([base, rec("m", 10, 4)], "m") == ""
+    table = results_table([base, rec("m", 95, 0)], "m")
+    head = next(line for line in table.splitlines() if line.startswith("| category"))
+    overall = next(line for line in table.splitlines() if "overall" in line)
+    cells = dict(
+        zip([c.strip() for c in head.split("|")], [c.strip() for c in overall.split("|")], strict=True)
+    )
+    assert cells["alpha"] == "n/a"

@@ -70,6 +70,13 @@ def test_bayes_runs_the_gp_proposals(write_sweep, tmp_path, monkeypatch):
     # the file says so too, as docs/howto/sweeps.md promises (issue 39, item 6)
     written_rows = [json.loads(x) for x in (tmp_path / "b" / "trials.jsonl").read_text().splitlines()]
     assert [r.get("proposed_by") for r in written_rows] == ["random"] * 4 + ["gp"] * 5
+    table = (tmp_path / "b" / "results.md").read_text().splitlines()
+    head = next(line for line in table if line.startswith("| trial |"))
+    assert head.startswith("| trial | proposed by |")  # and results.md (issue 48, item 8)
+    by = [
+        line.split(" | ")[1] for line in table if line.startswith("| ") and line.split(" | ")[0][2:].isdigit()
+    ]
+    assert sorted(by) == sorted(["random"] * 4 + ["gp"] * 5)
     assert [r["params"] for r in res.rows[4:]] == proposed
     best = max(res.rows, key=lambda r: r["metrics"]["speedup"])
     assert abs(best["params"]["selector.skip_ratio"] - 0.3) < 0.05
