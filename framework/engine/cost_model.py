@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -287,6 +288,7 @@ class CostModel:
         reps: int = 7,
         draft_head: DraftHead | None = None,
         draft_weights: DraftWeights | None = None,
+        attempts: int = 3,
     ) -> CostModel:
         """Time the model through ``adapter`` on a random prompt of ``context`` tokens, and the
         context-dependent costs (attention, verifications) again on one of ``far_context`` tokens
@@ -296,9 +298,44 @@ class CostModel:
         contexts), after one warm-up pass, and the median of ``reps`` is kept, so slow drift on a
         shared machine hits every quantity alike. Draft steps run with ``draft_head`` (``None``:
         the full LM head) and ``draft_weights`` (``None``: the model's own weights).
+
+        A cost that falls as the context grows (a step, a verification or an attention sub-layer
+        cheaper at ``far_context`` than at ``context``: only a loaded machine measures that) is
+        measured again, with twice the repetitions, up to ``attempts`` times in all; if it stays,
+        the far costs are raised to the near ones (a cost never falls with the context) and a
+        `CostModelWarning` names what was inconsistent.
         """
         if max_tokens < 2 or context < 1 or reps < 1:
             raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
+        problem = ""
+        for attempt in range(max(1, attempts)):
+            model = cls._measure_once(
+                adapter, max_tokens, context, far_context, reps * 2**attempt, draft_head, draft_weights
+            )
+            problem = context_inconsistency(model)
+            if not problem:
+                return model
+        warnings.warn(
+            CostModelWarning(
+                f"the cost model stayed inconsistent after {attempts} measurements ({problem}): the machine "
+                "is probably loaded; the far-context costs are raised to the near ones"
+            ),
+            stacklevel=2,
+        )
+        return monotone_in_context(model)
+
+    @classmethod
+    def _measure_once(
+        cls,
+        adapter: Any,
+        max_tokens: int,
+        context: int,
+        far_context: int,
+        reps: int,
+        draft_head: DraftHead | None,
+        draft_weights: DraftWeights | None,
+    ) -> CostModel:
+        """One interleaved measurement (see `measure`)."""
         info = adapter.arch.info()
         n = info.num_layers
         context = min(context, info.max_context - max_tokens - 2)
@@ -347,6 +384,43 @@ class CostModel:
             draft_weights="float32" if draft_weights is None else draft_weights.weights,
             **far_fields,
         )
+
+
+class CostModelWarning(UserWarning):
+    """A cost model measured on a loaded machine stayed inconsistent (see `CostModel.measure`)."""
+
+
+#: How much cheaper a far-context cost may measure than its near-context value before the
+#: measurement counts as inconsistent (timer noise on an idle machine stays well inside it).
+CONTEXT_TOLERANCE = 0.10
+
+
+def context_inconsistency(model: CostModel, tolerance: float = CONTEXT_TOLERANCE) -> str:
+    """What falls as the context grows in ``model`` (beyond ``tolerance``), or ``""``."""
+    if not model.far_context or model.far_context <= model.context:
+        return ""
+    problems = []
+    for t, (near, far) in enumerate(zip(model.verify_costs, model.far_verify_costs, strict=False), 1):
+        if far < near * (1.0 - tolerance):
+            problems.append(
+                f"a forward of {t} token(s) took {1e3 * far:.2f} ms at context {model.far_context} and "
+                f"{1e3 * near:.2f} ms at context {model.context}"
+            )
+            break
+    if model.attn > 0 and model.far_attn < model.attn * (1.0 - tolerance):
+        problems.append(
+            f"an attention sub-layer took {1e3 * model.far_attn:.3f} ms at context {model.far_context} and "
+            f"{1e3 * model.attn:.3f} ms at context {model.context}"
+        )
+    return "; ".join(problems)
+
+
+def monotone_in_context(model: CostModel) -> CostModel:
+    """``model`` with each far-context cost raised to at least its near-context value."""
+    if not model.far_context:
+        return model
+    far = tuple(max(f, n) for f, n in zip(model.far_verify_costs, model.verify_costs, strict=False))
+    return replace(model, far_verify_costs=far, far_attn=max(model.far_attn, model.attn))
 
 
 class _Probe:

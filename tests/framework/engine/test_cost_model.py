@@ -268,3 +268,38 @@ def test_measure_prices_a_far_context_too():
     # sizes 1, 2 and 4 measured; 3 is the near cost plus the interpolated difference
     filled = _fill_sizes({1: 2.0, 2: 2.2, 4: 3.0}, (1.0, 1.1, 1.2, 1.3))
     assert filled == pytest.approx((2.0, 2.2, 1.2 + (1.1 + 1.7) / 2, 3.0))
+
+
+def test_a_cost_that_falls_with_the_context_is_measured_again_then_clamped_with_a_warning(monkeypatch):
+    """Issue 48, item 5: on a loaded machine a step measured at context 1024 came out cheaper than
+    at 128; `CostModel.measure` measures again with more repetitions, and if the inconsistency
+    stays, raises the far costs to the near ones and warns."""
+    import warnings
+
+    from framework.engine import cost_model as cm
+
+    good = CostModel(4, 0.2, 0.02, 0.06, (1.0, 1.1, 1.2), context=128, far_context=1024, far_attn=0.03,
+                     far_verify_costs=(1.2, 1.3, 1.4))  # fmt: skip
+    bad = CostModel(4, 0.2, 0.02, 0.06, (1.0, 1.1, 1.2), context=128, far_context=1024, far_attn=0.01,
+                    far_verify_costs=(0.7, 1.3, 1.4))  # fmt: skip
+    assert cm.context_inconsistency(good) == ""
+    problem = cm.context_inconsistency(bad)
+    assert "context 1024" in problem and "attention" in problem
+    calls = []
+
+    def once(cls, adapter, max_tokens, context, far_context, reps, head, weights):
+        calls.append(reps)
+        return bad if len(calls) < 2 else good
+
+    monkeypatch.setattr(CostModel, "_measure_once", classmethod(once))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert CostModel.measure(object(), reps=5) is good  # the second measurement was consistent
+    assert calls == [5, 10]
+    calls.clear()
+    monkeypatch.setattr(CostModel, "_measure_once", classmethod(lambda cls, *a: calls.append(a[4]) or bad))
+    with pytest.warns(cm.CostModelWarning, match="stayed inconsistent after 3 measurements"):
+        fixed = CostModel.measure(object(), reps=5)
+    assert calls == [5, 10, 20]
+    assert fixed.far_verify_costs == (1.0, 1.3, 1.4) and fixed.far_attn == 0.02
+    assert cm.context_inconsistency(fixed) == ""
