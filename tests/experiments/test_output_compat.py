@@ -17,7 +17,14 @@ auto/on/off; issue 48). A results file that wrote the string still resumes
 config (``auto`` parses as unset). The generation section has the processors' settings
 (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words``,
 ``suppress_tokens``, ``begin_suppress_tokens``, ``eos_token_ids``; issue 47): a results file
-without them resumes as written with their neutral values.
+without them resumes as written with their neutral values. Added since (issues 47 and 48), each a new
+key with a neutral value, nothing renamed or removed: the generation section's grammars
+(``json_schema``, ``regex``, ``grammar``: null), the method section's ``imports`` (``[]``; a saved
+configuration records ``{module, sha256}`` per module) and ``synthetic_acceptance`` (null), the
+metadata's and the CSV logger's ``resolved`` (what ``auto`` settings resolved to), and the CSV
+tracker's ``prompt/question_id`` and ``prompt/category`` columns. Migration: none needed; an older
+results file resumes (its missing keys read as their neutral values) and an older saved
+configuration loads (its missing keys keep their defaults).
 
 Regenerate the shapes only when an output format changes on purpose:
 ``python tests/experiments/test_output_compat.py --write``.
