@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -178,20 +179,47 @@ def run_sweep(
     if not dry_run and (out / "trials.jsonl").exists():
         raise SweepError(f"--out {out} already holds a sweep (trials.jsonl): choose another directory")
     user = _user_overrides(sweep, overrides)
-    overrides = {}
-    if smoke:
-        model, tokenizer, overrides = _smoke(log)
-    header = _header(sweep, len(trials), seed, overrides, user)
-    overrides = {**overrides, **user}
-    validate_trials(sweep, trials, overrides=overrides)
+    smoke_dir = Path(tempfile.mkdtemp(prefix="selfspec-smoke-")) if smoke else None
+    try:
+        return _sweep(sweep, trials, out, stamp, user, smoke_dir, seed, mode, dry_run, model, tokenizer, log)
+    finally:
+        if smoke_dir is not None:  # nothing of smoke mode stays behind in the temporary folder
+            shutil.rmtree(smoke_dir, ignore_errors=True)
+
+
+def _sweep(
+    sweep: Sweep,
+    trials: list[dict[str, Any]],
+    out: Path,
+    stamp: str,
+    user: dict[str, Any],
+    smoke_dir: Path | None,
+    seed: int,
+    mode: str | None,
+    dry_run: bool,
+    model: Any,
+    tokenizer: Any,
+    log: Callable[[str], None],
+) -> SweepResult:
+    """`run_sweep` once its trials are listed (``smoke_dir``: smoke mode's temporary folder)."""
+    overrides: dict[str, Any] = {}
+    if smoke_dir is not None:
+        model, tokenizer, overrides = _smoke(smoke_dir, log)
+    validate_trials(sweep, trials, overrides={**overrides, **user})
     mode, notice = wandb_mode(mode)
     result = SweepResult(sweep, out, trials=trials)
     if dry_run:
-        _list_trials(result, header, user, log)
+        _list_trials(result, _header(sweep, len(trials), seed, overrides, user), user, log)
         return result
     if notice:
         log(notice)
     out.mkdir(parents=True, exist_ok=True)
+    if smoke_dir is not None:  # the prompts the trials ran stay with the sweep (their configs name them)
+        kept = out / "smoke-prompts.jsonl"
+        shutil.move(overrides["data"], kept)
+        overrides["data"] = str(kept)
+    header = _header(sweep, len(trials), seed, overrides, user)
+    overrides = {**overrides, **user}
     (out / "results.md").write_text(header + "\n" + results_table(sweep, []) + "\n", encoding="utf-8")
     init = _wandb_init(sweep, out, mode, stamp)
     log(
@@ -209,10 +237,10 @@ def run_sweep(
     return result
 
 
-def _smoke(log: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
-    """Smoke mode's tiny model, tokenizer and overrides (the prompt file in a temporary directory:
-    nothing is written before validation)."""
-    model, tokenizer, overrides = smoke_setup(Path(tempfile.mkdtemp(prefix="selfspec-smoke-")))
+def _smoke(directory: Path, log: Callable[[str], None]) -> tuple[Any, Any, dict[str, Any]]:
+    """Smoke mode's tiny model, tokenizer and overrides (the prompt file in ``directory``, a
+    temporary one: nothing is written where the sweep goes before validation)."""
+    model, tokenizer, overrides = smoke_setup(directory)
     log(
         f"smoke mode: a tiny random {TINY_BLOCKS}-block model, prompts {overrides['data']}, max_new_tokens "
         f"{overrides['max_new_tokens']}: this checks the machinery, the numbers mean nothing"

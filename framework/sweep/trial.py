@@ -28,7 +28,7 @@ from typing import Any
 from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.interfaces import REGISTRIES
-from framework.models.loading import TINY_BLOCKS, load_model
+from framework.models.loading import TINY_MODEL, load_model
 from framework.results.metrics import aggregate
 from framework.runner.launch import run as run_experiment
 from framework.session.errors import USER_ERRORS
@@ -37,7 +37,6 @@ from framework.session.loggers import has_wandb_credentials
 from framework.session.plugins import import_user_modules
 from framework.session.run_config import FLAT_KEYS, SECTIONS, MethodConfig, RunConfig
 from framework.sweep.spec import Sweep, SweepError
-from framework.testing.tiny import tiny_model, tiny_tokenizer
 
 #: Run options a sweep may not set: the sweep owns the output files (answer files included), and
 #: these only print.
@@ -369,8 +368,10 @@ def _model_for(cfg: RunConfig) -> tuple[Any, Any]:
 
 
 def smoke_setup(directory: Path) -> tuple[Any, Any, dict[str, Any]]:
-    """Smoke mode: a tiny random model and tokenizer, and the run options that go with them
-    (a prompt file of the tiny vocabulary, one prompt per built-in category; short generations)."""
+    """Smoke mode: the tiny random model and tokenizer of ``--model tiny-random``, and the run
+    options that go with them (``model: tiny-random``, so that every trial's metadata and saved
+    configuration name the model that ran and ``--config`` reruns it; a prompt file of the tiny
+    vocabulary in ``directory``, one prompt per built-in category; short generations)."""
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / "smoke-prompts.jsonl"
     cats = ("writing", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
@@ -383,9 +384,10 @@ def smoke_setup(directory: Path) -> tuple[Any, Any, dict[str, Any]]:
         for i, c in enumerate(cats)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    model = tiny_model("llama", num_layers=TINY_BLOCKS, vocab_size=128, max_position_embeddings=256)
+    model, tokenizer = load_model(TINY_MODEL, "float32", "cpu")
     # One thread: the tiny matmuls only lose from intra-op threading.
-    return model, tiny_tokenizer(), {"data": str(data), "max_new_tokens": SMOKE_MAX_NEW_TOKENS, "threads": 1}
+    options = {"model": TINY_MODEL, "data": str(data), "max_new_tokens": SMOKE_MAX_NEW_TOKENS, "threads": 1}
+    return model, tokenizer, options
 
 
 def summarize(records: list[dict[str, Any]], method: str) -> dict[str, float]:

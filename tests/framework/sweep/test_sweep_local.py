@@ -203,3 +203,42 @@ def test_each_row_records_what_ran_after_set(write_sweep, tmp_path, monkeypatch)
     assert [r["params"] for r in rows] == ran
     assert [r["params"]["length.threshold"] for r in rows] == [0.5, 0.7]
     assert all("proposed_by" not in r for r in rows)  # a grid: nobody proposed anything
+
+
+def test_a_smoke_sweep_names_the_tiny_model_keeps_its_prompts_and_leaves_no_temporary_folder(
+    tmp_path, write_sweep, monkeypatch
+):
+    """Issue 48, item 3: a smoke trial's metadata and saved configuration name ``tiny-random`` (so
+    that ``--config`` reruns what ran), its prompt file stays with the sweep, and the temporary
+    folder is gone."""
+    import tempfile
+
+    from framework.session.run_config import RunConfig
+
+    made = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(Path(real(**kw)))
+        return str(made[-1])
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    path = write_sweep(
+        {
+            "method": "grid",
+            "metric": {"name": "speedup", "goal": "maximize"},
+            "parameters": {"selector.skip_ratio": {"values": [0.2]}, "logger": {"value": "none"}},
+        }
+    )
+    out = tmp_path / "smoke"
+    res = local.run_sweep(path, out_dir=out, mode="disabled", smoke=True, log=lambda _l: None)
+    assert res.rows[0]["status"] == "ok", res.rows
+    assert made and not any(p.exists() for p in made)  # the temporary folder is gone
+    prompts = out / "smoke-prompts.jsonl"
+    assert prompts.is_file()
+    trial = Path(res.rows[0]["output"])
+    meta = json.loads(trial.with_suffix(".meta.json").read_text())
+    assert meta["config"]["model"] == "tiny-random" and meta["config"]["data"] == str(prompts)
+    saved = RunConfig.load(trial.with_suffix(".config.yaml"))
+    assert saved.model.name_or_path == "tiny-random" and saved.data.path == str(prompts)
+    assert "smoke-prompts.jsonl" in (out / "results.md").read_text()
