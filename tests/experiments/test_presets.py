@@ -103,7 +103,8 @@ def test_bad_presets_exit_2(tmp_path, capsys):
     field = tmp_path / "field.yaml"
     field.write_text("length: {name: fixed, k: 0}\n")
     assert main(["--method", str(field), "--print-config"]) == 2
-    assert "--length.k must be an integer in [1, 64], got 0" in capsys.readouterr().err
+    # a field error inside a preset file names the file and the field (issue 48, item 8)
+    assert f"{field}: length.k must be an integer in [1, 64], got 0" in capsys.readouterr().err
 
 
 def test_list_shows_presets(capsys):
