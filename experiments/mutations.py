@@ -876,7 +876,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "forced_run_inside_a_draft_not_fed",
         "a forced run inserted after a drafted token goes into the draft but not into the draft forward",
         "strategies/drafters/grammar_forced.py",
-        "                input_ids = torch.cat([input_ids, self._ids(run)], dim=1)",
+        "                input_ids = torch.cat([input_ids, _ids(self._state, run)], dim=1)",
         "                pass",
         (
             "tests/framework/engine/test_grammar.py::test_with_the_target_as_its_own_draft_every_drafted_token_is_accepted",

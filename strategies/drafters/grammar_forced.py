@@ -83,6 +83,12 @@ class GrammarForcedDrafterConfig:
         return build_config(cls, dict(self.then_config or {}), "then_config.")
 
 
+def _ids(state: RoundView, tokens: list[int]) -> torch.Tensor:
+    """LongTensor (B, len(tokens)): ``tokens`` on the state's device for every batch row (no wait)."""
+    b = state.pending.shape[0]
+    return upload([tokens] * b, state.device, torch.long).reshape(b, len(tokens))
+
+
 class _Forcing:
     """The round as the ``then`` drafter sees it.
 
@@ -104,17 +110,11 @@ class _Forcing:
         self._drafted = 0  # tokens of the ``then`` drafter fed so far
         self._cap, self._max_forced = cap, max_forced
         self._started = False
-        batch = state.pending.shape[0]
-        self._lead_ids = self._ids(lead) if lead else None
-        self._batch = batch
+        self._lead_ids = _ids(state, lead) if lead else None
         f = len(lead)
         self.num_tokens = state.num_tokens + f
         self.num_new = state.num_new + f
         self.pending_position = state.pending_position + f
-
-    def _ids(self, tokens: list[int]) -> torch.Tensor:
-        b = self._state.pending.shape[0]
-        return upload([tokens] * b, self._state.device, torch.long).reshape(b, len(tokens))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._state, name)
@@ -149,7 +149,7 @@ class _Forcing:
             if run:
                 self.inserted.append((self._drafted, run))
                 self.seq.extend(run)
-                input_ids = torch.cat([input_ids, self._ids(run)], dim=1)
+                input_ids = torch.cat([input_ids, _ids(self._state, run)], dim=1)
         return self._state.forward_draft(input_ids, plan, **kw)
 
     def full(self) -> bool:
@@ -322,7 +322,7 @@ def _join(
     tokens, confs, probs, top1, forced_at, n = [], [], [], [], [], 0
     for forced, part in pieces:
         if forced:
-            ids = upload([part] * batch, dev, torch.long).reshape(batch, len(part))
+            ids = _ids(state, part)
             tokens.append(ids)
             confs.append(torch.ones(batch, len(part), device=dev))
             if state.need_draft_probs:
