@@ -21,15 +21,8 @@ import torch
 from framework.config_fields import ConfigError
 from framework.engine.decoding import PLAIN_ROUND, GenerationResult, StopCondition
 from framework.kernels import cpu as fast_kernels
+from framework.session.methods import HF_METHODS
 from framework.types import RoundRecord
-
-#: The Hugging Face ``generate`` methods and what they run.
-HF_METHODS: dict[str, str] = {
-    "hf_generate": "transformers model.generate, greedy",
-    "hf_prompt_lookup": "model.generate with prompt_lookup_num_tokens (prompt lookup decoding)",
-    "hf_early_exit": "model.generate with assistant_early_exit (the first E layers draft)",
-}
-
 
 #: Messages Hugging Face logs from inside its own assisted generation (its early-exit assistant
 #: calls ``generate`` with a config and keyword arguments together), not about anything we pass.

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from framework.benchmark.bench_config import BASELINE, BenchConfig
 from framework.benchmark.load import load_line
 from framework.benchmark.story import what_happened
 from framework.results import plots
@@ -22,6 +21,8 @@ from framework.results.metrics import (
     rounds_prediction,
     synthetic_note,
 )
+from framework.session.methods import BASELINE
+from framework.session.run_config import RunConfig
 from framework.utils import align_markdown
 
 #: At most this many rounds (of the first repeat) are drawn per method in the skip / exit-layer plots.
@@ -259,7 +260,7 @@ LEGEND = (
 
 
 def render_report(
-    cfg: BenchConfig,
+    cfg: RunConfig,
     summary: dict[str, Any],
     env: dict[str, Any],
     n_prompts: int,
@@ -283,11 +284,11 @@ def render_report(
     under the story. ``load``: the machine's load while timed (`framework.benchmark.load`), a
     header line; ``warnings``: why the timings may not be trusted, in the header and the story."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
-    run = cfg.run
+    run = cfg
     lines = [
         "# Benchmark",
         "",
-        f"- command: `{cfg.command or '(called from Python)'}`",
+        f"- command: `{cfg.compare.command or '(called from Python)'}`",
         f"- machine: {env['cpu']}, {env['cpu_count']} cores, torch threads {env['torch_threads']}{gpu}",
         f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
@@ -295,7 +296,7 @@ def render_report(
         + (f" (at most {run.data.limit} per category)" if run.data.limit else "")
         + (f" (after the first {run.data.offset} of each)" if run.data.offset else "")
         + f"; max_new_tokens {run.generation.max_new_tokens}; dtype {run.model.dtype}; greedy, batch 1; warm-up {run.runner.warmup} "
-        f"generation(s) per method; {cfg.repeats} repeat(s); {elapsed:.0f} s timed",
+        f"generation(s) per method; {cfg.compare.repeats} repeat(s); {elapsed:.0f} s timed",
     ]
     lines.append(load_line(load))
     lines += [f"- **warning**: {w}" for w in warnings]
@@ -345,7 +346,7 @@ def make_plots(
     """The benchmark's PNGs: speedup by category, accepted tokens per round, and for our methods
     the draft's plan over the rounds of the first repeat (`GenerationResult.plans` /
     ``exit_layers``): the exit layer per round for early-exit drafting, else the skip set per round
-    when it changes (dynamic selectors such as swift and clasp_dp)."""
+    (for a static selector the same set on every row)."""
     out: dict[str, str] = {}
     rows = {m: e["speedup"] for m, e in summary["methods"].items() if m != BASELINE and e["speedup"]}
     out["speedup by category"] = str(plots.speedup_by_category(rows, out_dir / "speedup_by_category.png"))
@@ -372,7 +373,7 @@ def make_plots(
         if any(e is not None for e in exit_layers):
             p = plots.exit_layer_over_time(exit_layers, num_layers, out_dir / f"exit_layer_{safe}.png")
             out[f"{method}: exit layer per round"] = str(p)
-        elif len(set(plan_codes)) > 1:
+        else:  # the skip set of each round (one row per round; constant for a static selector)
             rows_bits = [[int(c) for c in code] for code in plan_codes[:MAX_TRACE_ROUNDS]]
             p = plots.skip_heatmap(rows_bits, num_layers, out_dir / f"skip_{safe}.png", title=method)
             out[f"{method}: skip set per round"] = str(p)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from framework.benchmark.bench_config import BASELINE, RAW_SUFFIX
 from framework.results.metrics import plan_for_skip_ratio
+from framework.session.methods import BASELINE, RAW_SUFFIX
 
 #: A speedup within this distance of 1.0 reads as "no faster and no slower" (the run-to-run noise
 #: of a shared CPU is about that size).

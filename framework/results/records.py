@@ -43,6 +43,8 @@ RESUMABLE_FIELDS = frozenset(
         "limit",
         "offset",
         "categories",
+        "command",
+        "cost_model",
     }
 )
 
@@ -186,6 +188,16 @@ _NEUTRAL_SINCE: dict[str, Any] = {
     "grammar": None,
     "synthetic_acceptance": None,
     "imports": [],
+    # the compare section (issue 48): a results file from before it compared vanilla and its method
+    "methods": [],
+    "raw": False,
+    "repeats": 1,
+    "preset_args": [],
+    "skip_set": None,
+    "prompt_lookup_num_tokens": 10,
+    "max_matching_ngram_size": None,
+    "early_exit_layer": None,
+    "hf_kernels": False,
 }
 
 
@@ -206,10 +218,15 @@ def config_differences(old: dict[str, Any], cfg: RunConfig) -> list[str]:
 
 
 def resume_state(
-    cfg: RunConfig, out_path: Path, methods: list[str], log: Callable[[str], None]
-) -> set[tuple[str, str]]:
-    """Prompts already complete in ``out_path`` (every method recorded), after checking that the
-    file was written by the same configuration (its ``.meta.json``).
+    cfg: RunConfig,
+    out_path: Path,
+    methods: list[str],
+    log: Callable[[str], None],
+    meta_path: Path | None = None,
+) -> set[tuple[int, str, str]]:
+    """``(repeat, category, question_id)`` of the prompts already complete in ``out_path`` (every
+    method recorded), after checking that the file was written by the same configuration (its
+    metadata: ``meta_path``, default ``<output>.meta.json``).
 
     Raises:
         ConfigError: no ``--output``, no metadata next to the file, or a different configuration.
@@ -218,7 +235,7 @@ def resume_state(
         raise ConfigError("--output", None, "the results file to continue when --resume is given")
     if not out_path.exists():
         return set()
-    meta_path = out_path.with_suffix(".meta.json")
+    meta_path = meta_path or out_path.with_suffix(".meta.json")
     if not meta_path.exists():
         raise ConfigError(
             "--resume",
@@ -237,7 +254,7 @@ def resume_state(
             "resume with the original flags or write to a new --output",
         )
     repair_tail(out_path, log)
-    seen: dict[tuple[str, str], set[str]] = {}
+    seen: dict[tuple[int, str, str], set[str]] = {}
     for rec in read_records(out_path):
-        seen.setdefault(prompt_key(rec), set()).add(rec["method"])
+        seen.setdefault((rec.get("repeat", 0), *prompt_key(rec)), set()).add(rec["method"])
     return {k for k, got in seen.items() if set(methods) <= got}

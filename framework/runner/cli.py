@@ -1,13 +1,17 @@
-"""Command line: ``python experiments/run.py --method swift --limit 2`` (also the ``selfspec`` script).
+"""Command lines over the one pipeline (`framework.runner.pipeline.run`): ``run.py`` (one method
+against vanilla; also the ``selfspec`` script) and ``bench.py`` (several methods and the
+benchmark's report).
 
 The flags are generated from the fields of `RunConfig` (``framework.session.flags``): every
 field is a flag (``max_new_tokens`` -> ``--max-new-tokens``), each strategy kind is ``--<kind>
 NAME`` plus ``--<kind>.<f> VALUE`` for every field ``f`` of a registered strategy's config
-(``--selector.skip_ratio 0.3``), and the draft gate is ``--gate.<f>``. The command line builds
-its config with ``RunConfig.from_preset(--method, **flags given)`` (or, with ``--config FILE``,
-``RunConfig.load(FILE).replace(**flags given)``), so it follows exactly the rules of the Python
-API. Out-of-tree strategies are loaded with ``--import my_pkg.module``. Bad input exits with
-status 2 and a message naming the flag, the value and what is allowed.
+(``--selector.skip_ratio 0.3``), and the draft gate is ``--gate.<f>``. ``run.py`` has the method
+section's flags; ``bench.py`` names its methods (``--methods``, ``--raw``, ``--preset-args
+METHOD=FLAGS``) instead. Both build their config with ``RunConfig.from_preset(--method, **flags
+given)`` (or, with ``--config FILE``, ``RunConfig.load(FILE).replace(**flags given)``), so they
+follow exactly the rules of the Python API. Out-of-tree strategies are loaded with ``--import
+my_pkg.module``. Bad input exits with status 2 and a message naming the flag, the value and what
+is allowed; Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
@@ -18,16 +22,18 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from framework.config_fields import field_defaults, field_help
+from framework.config_fields import ConfigError, field_defaults, field_help
 from framework.interfaces import REGISTRIES
 from framework.models.loading import describe_models
 from framework.results.records import read_records
-from framework.runner.launch import resolve_output, run
+from framework.runner.pipeline import resolve_output, run
 from framework.session.errors import USER_ERRORS, OneLineParser, guarded, pop_debug
 from framework.session.flags import add_config_flags, config_overrides_from_args
+from framework.session.methods import BASELINE, DEFAULT_METHODS, HF_METHODS, allowed_methods
 from framework.session.notes import PAPER_PRESETS, published_by
 from framework.session.plugins import import_recorded, import_user_modules
 from framework.session.presets import MissingStrategyError, list_presets, load_preset
@@ -35,6 +41,7 @@ from framework.session.run_config import RunConfig
 
 __all__ = [
     "USER_ERRORS",
+    "BENCH_ONLY",
     "build_parser",
     "config_from_args",
     "guarded",
@@ -77,7 +84,19 @@ GROUPS = {
         "output",
     ),
     **dict.fromkeys(("devices", "num_nodes"), "devices"),
+    **dict.fromkeys(("repeats", "cost_model"), "output"),
 }
+#: The compare section's fields that only bench.py has (run.py compares its one method with vanilla).
+BENCH_ONLY = (
+    "methods",
+    "raw",
+    "preset_args",
+    "skip_set",
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
+    "early_exit_layer",
+    "hf_kernels",
+)
 
 
 def list_strategies(verbose: bool = True) -> str:
@@ -133,10 +152,12 @@ def _import_user_modules(argv: Sequence[str]) -> None:
             import_recorded(method["imports"])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``run.py`` parser: the tool's own flags plus the flags generated from `RunConfig` (the
-    ``--import`` modules must be imported first; the built-in strategies register themselves on the
-    registries' first lookup)."""
+def build_parser(bench: bool = False) -> argparse.ArgumentParser:
+    """The ``run.py`` parser (``bench``: ``bench.py``'s): the tool's own flags plus the flags
+    generated from `RunConfig` (the ``--import`` modules must be imported first; the built-in
+    strategies register themselves on the registries' first lookup)."""
+    if bench:
+        return _bench_parser()
     p = OneLineParser(
         prog="run.py",
         description="Self-speculative decoding experiment: decode every prompt with vanilla greedy decoding and "
@@ -152,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--list", action="store_true", help="list every registered strategy with its config fields and exit"
     )
+    _add_source(p)
+    add_config_flags(p, RunConfig, groups=GROUPS, exclude=(*BENCH_ONLY, "command"))
+    return p
+
+
+def _add_source(p: argparse.ArgumentParser, method: bool = True) -> None:
+    """``--print-config``, and ``--config`` (with ``run.py``'s ``--method`` as its alternative)."""
     p.add_argument(
         "--print-config",
         nargs="?",
@@ -159,39 +187,82 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="write the resolved configuration as YAML to FILE (default: stdout) and exit; "
-        "`run.py --config FILE` runs it",
+        "`--config FILE` runs it",
     )
     source = p.add_mutually_exclusive_group()
-    source.add_argument(
-        "--method",
-        default=None,
-        metavar="PRESET",
-        help="a preset from framework/session/assets/presets/ ("
-        + ", ".join(list_presets())
-        + ") or a YAML file; every other flag overrides it",
-    )
+    if method:
+        source.add_argument(
+            "--method",
+            default=None,
+            metavar="PRESET",
+            help="a preset from framework/session/assets/presets/ ("
+            + ", ".join(list_presets())
+            + ") or a YAML file; every other flag overrides it",
+        )
     source.add_argument(
         "--config",
         default=None,
         metavar="FILE",
-        help="a saved configuration (--print-config FILE, or <output>.config.yaml of a run); "
-        "every other flag overrides it",
+        help="a saved configuration (--print-config FILE, or the config.yaml a run wrote beside its "
+        "results); every other flag overrides it",
     )
-    add_config_flags(p, RunConfig, groups=GROUPS)
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    presets = [m for m in allowed_methods() if m != BASELINE and m not in HF_METHODS]
+    p = OneLineParser(
+        prog="bench.py",
+        description="Spec-Bench-style benchmark: our vanilla baseline, Hugging Face generate (greedy, prompt "
+        "lookup, early exit) and any of our presets, interleaved on the same prompts with one model load.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Methods: vanilla, {', '.join(HF_METHODS)}, the presets {', '.join(presets)}, or preset YAML "
+        f"files (default {','.join(DEFAULT_METHODS)}). See docs/benchmarks.md.\n\n"
+        "examples:\n"
+        "  python experiments/bench.py --limit 1 --max-new-tokens 64     # the default methods, 1 prompt per category\n"
+        "  python experiments/bench.py --methods vanilla,swift,swift_safe,clasp_safe --raw --repeats 2\n"
+        "  python experiments/bench.py --data ../shared/data/spec_bench/question.jsonl --limit 1 "
+        "--model qwen2.5-coder-0.5b",
+    )
+    _add_source(p, method=False)
+    groups = {f: "benchmark" for f in (*BENCH_ONLY, "repeats", "cost_model")}
+    add_config_flags(p, RunConfig, exclude=("method", "preset_args", "command"), groups=groups)
+    p.add_argument(
+        "--preset-args",
+        action="append",
+        default=[],
+        metavar="METHOD=FLAGS",
+        help="extra run.py flags for one preset, e.g. 'swift=--selector.skip_ratio 0.3' (repeatable)",
+    )
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
+def config_from_args(args: argparse.Namespace, command: str | None = None) -> RunConfig:
     """The validated `RunConfig` of parsed arguments: ``--config FILE`` or the ``--method``
     preset (defaults when neither), with every generated flag that was given applied on top.
+    ``command`` (``bench.py``): its command line, for the report; its methods default to
+    `DEFAULT_METHODS` and ``--preset-args METHOD=FLAGS`` are read.
 
     Raises:
         ConfigError: an invalid value, named by its flag (UnknownNameError: a strategy name).
     """
     overrides = config_overrides_from_args(args)
+    if command is not None:
+        pairs = []
+        for item in args.preset_args:
+            method, sep, flags = item.partition("=")
+            if not sep or not method.strip():
+                raise ConfigError(
+                    "--preset-args", item, "METHOD=FLAGS, e.g. 'swift=--selector.skip_ratio 0.3'"
+                )
+            pairs.append((method.strip(), flags))
+        overrides["compare.command"] = command
+        if pairs:
+            overrides["compare.preset_args"] = tuple(pairs)
     if args.config:
         return RunConfig.load(args.config).replace(**overrides)
-    return RunConfig.from_preset(args.method, **overrides)
+    if command is not None and "compare.methods" not in overrides:
+        overrides["compare.methods"] = DEFAULT_METHODS
+    return RunConfig.from_preset(getattr(args, "method", None), **overrides)
 
 
 def print_config(cfg: RunConfig, dest: str) -> None:
@@ -203,35 +274,43 @@ def print_config(cfg: RunConfig, dest: str) -> None:
         print(f"[selfspec] configuration written to {dest}", file=sys.stderr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, bench: bool = False, model: Any = None, tokenizer: Any = None
+) -> int:
+    """``experiments/run.py`` (``bench``: ``experiments/bench.py``); returns the exit status (2 for
+    bad input, 130 when interrupted). ``model``, ``tokenizer``: an already loaded model (tests)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = pop_debug(argv)
-    outputs: list[Path] = []  # the results file, once chosen: what the error messages point at
+    tool = "bench.py" if bench else "run.py"
+    outputs: list[Path] = []  # the results, once chosen: what the error messages point at
 
     def body() -> int:
         _import_user_modules(argv)
-        args = build_parser().parse_args(argv)
-        if args.list:
+        args = build_parser(bench).parse_args(argv)
+        if getattr(args, "list", False):
             print(list_strategies())
             return 0
-        cfg = config_from_args(args)
+        cfg = config_from_args(
+            args, f"python experiments/{tool} {shlex.join(argv)}".strip() if bench else None
+        )
         if args.print_config is not None:
             print_config(cfg, args.print_config)
             return 0
         outputs.append(resolve_output(cfg))
-        run(cfg, output=outputs[-1])
+        run(cfg, output=outputs[-1], model=model, tokenizer=tokenizer)
         return 0
 
     def kept() -> str | None:
         """What is on disk: the finished prompts and the command that continues."""
         out = outputs[-1] if outputs else None
-        if out is None or not out.exists() or not out.stat().st_size:
+        records = out / "records.jsonl" if out is not None and out.is_dir() else out
+        if records is None or not records.exists() or not records.stat().st_size:
             return None
-        done = len({(r["question_id"], r["method"]) for r in read_records(out)})
-        command = shlex.join(["python", "experiments/run.py", *argv])
+        done = len({(r.get("repeat", 0), r["question_id"], r["method"]) for r in read_records(records)})
+        command = shlex.join(["python", f"experiments/{tool}", *argv])
         extra = [] if "--resume" in argv else ["--resume"]
         extra += [] if "--output" in argv else ["--output", str(out)]
-        return f"{done} finished prompt records are in {out}; continue with: {command} {shlex.join(extra)}".rstrip()
+        return f"{done} finished prompt records are in {records}; continue with: {command} {shlex.join(extra)}".rstrip()
 
     return guarded(
         body,

@@ -1,29 +1,23 @@
-"""Experiment tracking: what the runner logs, and the run's plots (the loggers themselves, W&B and
-CSV, are made by `framework.session.loggers.make_logger`).
+"""Experiment tracking: what a run logs (the loggers themselves, W&B offline without credentials,
+CSV, or none, are made by `framework.session.loggers.make_logger`).
 
-``--logger wandb`` uses Lightning's `WandbLogger`. Without an API key (``WANDB_API_KEY``, or a
-``api.wandb.ai`` entry in ``~/.netrc`` as ``wandb login`` writes it) the run is offline: it is
-written under ``<run dir>/wandb/offline-run-*`` and uploaded later with ``wandb sync DIR``; a fresh
-machine never gets a login prompt and never waits on the network. ``WANDB_MODE`` (``online``,
-``offline``, ``disabled``) overrides the choice. When a W&B run is already active (a sweep agent
-calling the training function), the logger attaches to it instead of starting another.
-
-Logged: the configuration; per prompt, tokens/s of both methods, speedup, M, alpha, the lossless
-check and the selector's scalar statistics; at the end, the per-category and overall summary, a
-table of prompts with both outputs, a per-round trace (draft length, accepted length, the skip set
-as a 2L-bit string, exit layer), each prompt's selector summary (chosen sets, matchness, DP cosine,
-exit layers), and the plots, which are also saved as PNG in ``<run dir>/plots``.
+Logged: the configuration; per prompt as it finishes (`prompt_metrics`), each method's tokens/s
+and speedup (one method: also M, alpha, the lossless check and the strategies' scalar statistics);
+at the end (`log_summary`), the per-category summary (one method: ``summary/<category>/...``;
+several: ``<method>/speedup/<category>``, ``<method>/M``, ...), and with W&B the results table, the
+prompts with every method's output, a per-round trace (draft length, accepted length, the skip set
+as a 2L-bit string, exit layer), each prompt's selector summary, the report and the plots.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 
-from framework.results import plots
 from framework.results.metrics import aggregate
 
 
@@ -63,21 +57,26 @@ def summary_metrics(records: list[dict[str, Any]], method: str) -> dict[str, dic
     return out
 
 
-def prompt_metrics(recs: list[dict[str, Any]]) -> dict[str, float | str]:
-    """Per-prompt metrics of one predict step's records (vanilla first or second), with the
-    prompt's question id and category (so that a CSV row or a W&B step says which prompt it is);
-    no acceptance rate for a prompt where nothing was drafted."""
-    by = {r["method"]: r for r in recs}
+def prompt_metrics(recs: list[dict[str, Any]], single: bool = True) -> dict[str, float | str]:
+    """Per-prompt metrics of one predict step's records, with the prompt's question id and
+    category (so that a CSV row or a W&B step says which prompt it is). One method (``single``):
+    ``prompt/method_tokens_per_s``, the speedup, M, alpha (none where nothing was drafted), the
+    check and the strategies' scalar statistics; several: each method's tokens/s and speedup."""
+    by = {r["method"]: r for r in recs if not r.get("error")}
     van = by.get("vanilla")
     out: dict[str, float | str] = {}
     if recs:
         out["prompt/question_id"] = str(recs[0]["question_id"])
         out["prompt/category"] = str(recs[0]["category"])
     for name, r in by.items():
-        tag = "vanilla" if name == "vanilla" else "method"
+        tag = "vanilla" if name == "vanilla" else ("method" if single else name)
         out[f"prompt/{tag}_tokens_per_s"] = r["new_tokens"] / max(r["wall_time"], 1e-9)
+        if not single and van is not None and tag != "vanilla":
+            out[f"prompt/{tag}_speedup"] = float(out[f"prompt/{tag}_tokens_per_s"]) / max(
+                van["new_tokens"] / max(van["wall_time"], 1e-9), 1e-9
+            )
     spec = next((r for n, r in by.items() if n != "vanilla"), None)
-    if spec is not None and van is not None:
+    if single and spec is not None and van is not None:
         out["prompt/speedup"] = float(out["prompt/method_tokens_per_s"]) / max(
             float(out["prompt/vanilla_tokens_per_s"]), 1e-9
         )
@@ -101,7 +100,7 @@ def round_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     """Per-round trace rows: question, category, turn, round, drafted, committed, skip set, exit."""
     rows = []
     for rec in records:
-        if rec["method"] == "vanilla":
+        if rec["method"] == "vanilla" or rec.get("error") or rec.get("kind") == "hf":
             continue
         for t_i, turn in enumerate(rec["turns"]):
             plans = iter(zip(turn.get("plans", []), turn.get("exit_layers", []), strict=False))
@@ -112,136 +111,121 @@ def round_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
-def save_plots(records: list[dict[str, Any]], method: str, plot_dir: Path) -> list[Path]:
-    """The run's plots as PNG files in ``plot_dir`` (the ones its data supports)."""
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    summary = summary_metrics(records, method)
-    if method != "vanilla" and any("speedup" in row for row in summary.values()):
-        rows = {method: {cat: row["speedup"] for cat, row in summary.items() if "speedup" in row}}
-        paths.append(Path(plots.speedup_by_category(rows, plot_dir / "speedup_by_category.png")))
-    merged: dict[str, list[int]] = {}
-    for r in records:
-        if r["method"] != "vanilla":
-            merged.setdefault(r["method"], []).extend(r["accept_lengths"])
-    if any(merged.values()):
-        paths.append(Path(plots.accept_length_histogram(merged, plot_dir / "accept_lengths.png")))
-    plans = [
-        list(map(int, p))
-        for r in records
-        if r["method"] != "vanilla"
-        for t in r["turns"]
-        for p in t.get("plans", [])
-    ]
-    if plans:
-        n = len(plans[0]) // 2
-        paths.append(Path(plots.skip_heatmap(plans, n, plot_dir / "skip_sets.png", title=method)))
-        exits = [
-            e
-            for r in records
-            if r["method"] != "vanilla"
-            for t in r["turns"]
-            for e in t.get("exit_layers", [])
-        ]
-        if any(e is not None for e in exits):
-            paths.append(Path(plots.exit_layer_over_time(exits, n, plot_dir / "exit_layers.png")))
-    return paths
+def method_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """``{"<method>/speedup/<category>", "<method>/tokens_per_s", "<method>/M", ...}`` of a
+    summary (`framework.benchmark.report.summarize`); ``<method>/gate_declined``: the share of
+    rounds a draft gate declined (gated methods only)."""
+    out: dict[str, float] = {}
+    for label, e in summary["methods"].items():
+        for cat, v in (e.get("speedup") or {}).items():
+            out[f"{label}/speedup/{cat}"] = v
+        for key in ("M", "alpha", "skip_ratio", "mismatches"):
+            if isinstance(e.get(key), (int, float)):
+                out[f"{label}/{key}"] = e[key]
+        tps = (e.get("tokens_per_s") or {}).get("overall")
+        if tps is not None:
+            out[f"{label}/tokens_per_s"] = tps
+        gate = e.get("gate")
+        if gate and gate.get("rounds"):
+            out[f"{label}/gate_declined"] = gate["declined"] / gate["rounds"]
+    return out
 
 
 class TrackingCallback(pl.Callback):
-    """Logs per-prompt metrics as prompts finish and the run's summary, tables and plots at the end."""
+    """Logs each prompt's metrics (`prompt_metrics`) as it finishes; at the end every rank waits
+    until all records are in the file."""
 
-    def __init__(self, out_path: Path, method: str, plot_dir: Path | None, read_records) -> None:
-        self.out_path = out_path
-        self.method = method
-        self.plot_dir = plot_dir
-        self.read_records = read_records
+    def __init__(self, single: bool = True) -> None:
+        self.single = single
         self.step = 0
-        self.plot_paths: list[Path] = []
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if trainer.logger is not None:
-            metrics = prompt_metrics(outputs)
+            metrics = prompt_metrics(outputs, self.single)
             if metrics:
                 trainer.logger.log_metrics(metrics, step=self.step)
         self.step += 1
 
     def on_predict_end(self, trainer, pl_module) -> None:
         trainer.strategy.barrier()  # every rank's records are in the file
-        if trainer.global_rank != 0:
-            return
-        records = self.read_records(self.out_path)
-        if self.plot_dir is not None and records:
-            self.plot_paths = save_plots(records, self.method, self.plot_dir)
-        logger = trainer.logger
-        if logger is None or not records:
-            return
-        summary = summary_metrics(records, self.method)
-        flat = {f"summary/{cat}/{k}": v for cat, row in summary.items() for k, v in row.items()}
-        logger.log_metrics(flat, step=self.step)
-        from pytorch_lightning.loggers import WandbLogger
 
-        if isinstance(logger, WandbLogger):
-            self._wandb_extras(logger, records, flat)
 
-    def _wandb_extras(self, logger: Any, records: list[dict[str, Any]], flat: dict[str, float]) -> None:
-        run = logger.experiment
-        run.summary.update(flat)
-        by_prompt: dict[tuple, dict[str, dict]] = {}
-        for r in records:
+def log_summary(
+    logger: Any,
+    records: list[dict[str, Any]],
+    summary: Mapping[str, Any],
+    report: str,
+    plots: Mapping[str, str],
+    labels: list[str],
+    single: bool = True,
+) -> None:
+    """The run's end in the tracker: one method's ``summary/<category>/<metric>`` against vanilla
+    (`summary_metrics`), several methods' ``<method>/...`` (`method_metrics`); with W&B also the
+    results and prompts tables, the round trace, the selectors' summaries, the report and the plots."""
+    if not records:
+        return
+    if single:
+        rows = summary_metrics(records, labels[-1])
+        flat = {f"summary/{cat}/{k}": v for cat, row in rows.items() for k, v in row.items()}
+    else:
+        flat = method_metrics(summary)
+    step = sum(1 for r in records if r["method"] == "vanilla")
+    logger.log_metrics(flat, step=step)
+    from pytorch_lightning.loggers import WandbLogger
+
+    if isinstance(logger, WandbLogger):
+        _wandb_extras(logger, records, summary, report, plots, labels, flat)
+
+
+def _wandb_extras(
+    logger: Any,
+    records: list[dict[str, Any]],
+    summary: Mapping[str, Any],
+    report: str,
+    plots: Mapping[str, str],
+    labels: list[str],
+    flat: dict[str, float],
+) -> None:
+    import wandb
+
+    run = logger.experiment
+    run.summary.update(flat)
+    columns = ["method", "speedup", "tokens_per_s", "M", "alpha", "mismatches"]
+    results = [
+        [label, (e.get("speedup") or {}).get("overall"), (e.get("tokens_per_s") or {}).get("overall")]
+        + [e.get("M"), e.get("alpha"), e.get("mismatches")]
+        for label, e in summary["methods"].items()
+    ]
+    logger.log_table("results", columns=columns, data=results)
+    by_prompt: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        if not r.get("error") and r.get("repeat", 0) == 0:
             by_prompt.setdefault((r["category"], r["question_id"]), {})[r["method"]] = r
-        rows = []
-        for (cat, qid), by in by_prompt.items():
-            van, spec = by.get("vanilla"), by.get(self.method)
-            rows.append(
-                [
-                    qid,
-                    cat,
-                    "\n---\n".join(t["text"] for t in van["turns"]) if van else None,
-                    "\n---\n".join(t["text"] for t in spec["turns"]) if spec else None,
-                    spec.get("lossless") if spec else None,
-                    (spec["new_tokens"] / spec["wall_time"]) / (van["new_tokens"] / van["wall_time"])
-                    if spec and van and spec["wall_time"] and van["wall_time"]
-                    else None,
-                ]
-            )
-        logger.log_table(
-            "prompts",
-            columns=["question_id", "category", "vanilla", self.method, "lossless", "speedup"],
-            data=rows,
-        )
-        trace = round_rows(records)
-        if trace:
-            logger.log_table(
-                "rounds",
-                columns=[
-                    "question_id",
-                    "category",
-                    "turn",
-                    "round",
-                    "drafted",
-                    "committed",
-                    "skip_set",
-                    "exit_layer",
-                ],
-                data=trace,
-            )
-        sel = [
-            [
-                r["question_id"],
-                r["category"],
-                t_i,
-                json.dumps((t.get("strategy_summary") or {}).get("selector")),
-            ]
-            for r in records
-            if r["method"] != "vanilla"
-            for t_i, t in enumerate(r["turns"])
-            if (t.get("strategy_summary") or {}).get("selector")
-        ]
-        if sel:
-            logger.log_table(
-                "selector_summary", columns=["question_id", "category", "turn", "summary"], data=sel
-            )
-        if self.plot_paths:
-            for p in self.plot_paths:
-                logger.log_image(key=f"plots/{p.stem}", images=[str(p)])
+    texts = [
+        [qid, cat, *("\n---\n".join(t["text"] for t in by[m]["turns"]) if m in by else None for m in labels)]
+        + [by[m].get("lossless") if m in by else None for m in labels[1:]]
+        for (cat, qid), by in by_prompt.items()
+    ]
+    logger.log_table(
+        "prompts",
+        columns=["question_id", "category", *labels, *(f"{m} lossless" for m in labels[1:])],
+        data=texts,
+    )
+    trace = round_rows(records)
+    if trace:
+        cols = ["question_id", "category", "turn", "round", "drafted", "committed", "skip_set", "exit_layer"]
+        logger.log_table("rounds", columns=cols, data=trace)
+    sel = [
+        [r["question_id"], r["category"], r["method"], t_i, json.dumps(t["strategy_summary"]["selector"])]
+        for r in records
+        if r["method"] != "vanilla" and not r.get("error")
+        for t_i, t in enumerate(r["turns"])
+        if (t.get("strategy_summary") or {}).get("selector")
+    ]
+    if sel:
+        cols = ["question_id", "category", "method", "turn", "summary"]
+        logger.log_table("selector_summary", columns=cols, data=sel)
+    escaped = report.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    run.log({"report": wandb.Html(f"<pre>{escaped}</pre>")})
+    for name, path in plots.items():
+        logger.log_image(key=f"plots/{Path(path).stem}", images=[str(path)], caption=[name])

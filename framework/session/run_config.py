@@ -43,9 +43,7 @@ as its flag: ``--selector.skip_ratio must be in [0, 1), got 1.5``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,15 +51,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from framework.config_fields import ConfigError, build_config, check_range, coerce_value, param
+from framework.config_fields import ConfigError, check_range, param
 from framework.drafting.gate import GateConfig
 from framework.engine.grammar import Grammar
 from framework.engine.placement import BlockPlacement
 from framework.engine.synthetic import synthetic_label
 from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
-from framework.session.flags import flag_name
-from framework.session.plugins import import_recorded, recorded_imports
+from framework.session.methods import CompareConfig
+from framework.session.plugins import recorded_imports
 from framework.session.presets import PRESET_DIR, load_preset, preset_path, yaml_problem
 
 if TYPE_CHECKING:
@@ -452,7 +450,13 @@ class GenerationConfig:
 class RunnerConfig:
     """How the runner executes and records a run."""
 
-    output: str | None = param(None, help="results JSONL (appended); default runs/<method>-<time>.jsonl")
+    output: str | None = param(
+        None,
+        help="where the results go: run.py a JSONL file (appended; default runs/<method>-<time>.jsonl), "
+        "bench.py a folder (default runs/bench-<time>)",
+        aliases=("--out",),
+        metavar="PATH",
+    )
     specbench_answers: str = param(
         "",
         help="also write Spec-Bench answer files (one per method, vanilla.jsonl the baseline) into DIR at "
@@ -492,6 +496,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "generation": GenerationConfig,
     "runner": RunnerConfig,
+    "compare": CompareConfig,
 }
 
 
@@ -509,6 +514,7 @@ class RunConfig:
     data: DataConfig = _section("data", "the prompts")
     generation: GenerationConfig = _section("generation", "one generation's budget and stops")
     runner: RunnerConfig = _section("runner", "how the runner executes and records the run")
+    compare: CompareConfig = _section("compare", "the methods compared (bench.py) and their pricing")
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():
@@ -564,21 +570,21 @@ class RunConfig:
             ConfigError: a bad preset, an unknown key, a value that does not parse or is out of
                 range, a strategy name that is not registered (the message names the flag).
         """
-        draft = _draft_of(cls())
+        draft = _ov().draft_of(cls())
         if name_or_path is not None:
             preset = load_preset(name_or_path)
             base: dict[str, Any] = {"name": preset["name"], "baseline_only": preset["baseline_only"]}
-            for key in (*REGISTRIES, *_NESTED):  # a preset file's blocks, as dotted keys
+            for key in (*REGISTRIES, *_ov().NESTED):  # a preset file's blocks, as dotted keys
                 base.update({f"{key}.{k}": v for k, v in preset.get(key, {}).items()})
             try:  # the preset alone first: an error in it names the file, not a flag
-                _apply(draft, base)
-                _build(draft)
+                _ov().apply(draft, base)
+                _ov().build(draft)
             except ConfigError as err:
                 where = preset_path(name_or_path)
                 where_text = where.name if where.parent == PRESET_DIR else str(where)
                 raise err.with_flag(f"{where_text}: {str(err.field).lstrip('-')}") from None
-        _apply(draft, overrides)
-        return _build(draft)
+        _ov().apply(draft, overrides)
+        return _ov().build(draft)
 
     @classmethod
     def of(cls, **overrides: Any) -> RunConfig:
@@ -587,26 +593,27 @@ class RunConfig:
 
     def replace(self, **overrides: Any) -> RunConfig:
         """A copy with ``overrides`` applied, with the rules of `from_preset`."""
-        draft = _draft_of(self)
-        _apply(draft, overrides)
-        return _build(draft)
+        draft = _ov().draft_of(self)
+        _ov().apply(draft, overrides)
+        return _ov().build(draft)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain nested dict by section (JSON/YAML-able): ``{"model": {...}, "method":
         {"selector": {"name": ..., <field>: <value>, ...}, ..., "gate": {...}, ...}, ...}``; tuples
         become lists. `from_dict` inverts it."""
-        out: dict[str, Any] = {}
+        ov, out = _ov(), {}
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = {}
             for f in dataclasses.fields(section):
                 value = getattr(section, f.name)
                 if isinstance(value, StrategySpec):
-                    out[name][f.name] = {"name": value.name, **_plain(_fields_of(_config_of(f.name, value)))}
+                    fields = ov.fields_of(ov.config_of(f.name, value))
+                    out[name][f.name] = {"name": value.name, **ov.plain(fields)}
                 elif name == "method" and f.name == "imports":  # with the hash of each source
                     out[name][f.name] = recorded_imports(value)
                 else:
-                    out[name][f.name] = _plain(value)
+                    out[name][f.name] = ov.plain(value)
         return out
 
     @classmethod
@@ -621,10 +628,12 @@ class RunConfig:
             raise ConfigError("--config", data, "a mapping of RunConfig sections")
         keys: dict[str, Any] = {}
         for key, value in data.items():  # the file's nesting, as dotted keys
-            block = key in SECTIONS or key in REGISTRIES or key in _NESTED
+            block = key in SECTIONS or key in REGISTRIES or key in _ov().NESTED
             if block and isinstance(value, Mapping):
                 for sub, v in value.items():
-                    nested = key == "method" and sub in (*REGISTRIES, *_NESTED) and isinstance(v, Mapping)
+                    nested = (
+                        key == "method" and sub in (*REGISTRIES, *_ov().NESTED) and isinstance(v, Mapping)
+                    )
                     keys.update({f"{sub}.{k}": x for k, x in v.items()} if nested else {f"{key}.{sub}": v})
             else:
                 keys[key] = value
@@ -663,7 +672,7 @@ class RunConfig:
         field flat by its override key (``model``, ``max_new_tokens``, ...), each strategy as
         ``{"name", "config"}``, the gate as a dict."""
         out: dict[str, Any] = {}
-        for key, (section, name) in FLAT_KEYS.items():
+        for key, (section, name) in _ov().FLAT_KEYS.items():
             value = getattr(getattr(self, section), name)
             out[key] = list(value) if isinstance(value, tuple) else value
         method = self.method
@@ -673,253 +682,22 @@ class RunConfig:
         return out
 
 
-# ---- the override machinery -----------------------------------------------------------------
-# A draft is a mutable copy of a config: {section: {field: value}}, where the method section holds
-# {"name": ..., field: value} for each strategy kind and {field: value} for the gate. Overrides
-# edit the draft; `_build` validates it into a RunConfig.
+def _ov() -> Any:
+    """The override rules (`framework.session.overrides`), imported when first used: that module
+    builds on this one's sections."""
+    from framework.session import overrides
 
-_NESTED = {"gate": GateConfig}  # config dataclasses inside the method section
-#: Flat keys that are not their field's name (the keys before the sections).
-_RENAMED = {("model", "name_or_path"): "model", ("data", "path"): "data"}
+    return overrides
 
 
-def _flat_keys() -> dict[str, tuple[str, str]]:
-    """``{flat key: (section, field)}`` of every plain field (strategies and the gate excluded)."""
-    out: dict[str, tuple[str, str]] = {}
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            if f.name in REGISTRIES or f.name in _NESTED:
-                continue
-            out[_RENAMED.get((section, f.name), f.name)] = (section, f.name)
-    return out
-
-
-#: ``{flat key: (section, field)}``: the override keys of plain fields (`RunConfig.describe` uses
-#: them as its keys).
-FLAT_KEYS = _flat_keys()
-#: Further spellings of flat keys: each field's flag without dashes (``stop`` for ``stop_strings``).
-_ALIASES = {
-    flag_name(f).lstrip("-").replace("-", "_"): key
-    for key, (section, name) in FLAT_KEYS.items()
-    for f in dataclasses.fields(SECTIONS[section])
-    if f.name == name
-}
-
-
-def section_of(key: str) -> str | None:
-    """The section an override key sets (``"generation"`` for ``max_new_tokens``, ``"method"``
-    for ``selector.skip_ratio`` or ``gate``), or ``None`` for a key that is no override."""
-    key = key.replace("-", "_")
-    head = key.split(".", 1)[0]
-    if head in REGISTRIES or head in _NESTED:
-        return "method"
-    if "." in key:
-        return head if head in SECTIONS else None
-    flat = _ALIASES.get(key, key)
-    if flat in FLAT_KEYS:
-        return FLAT_KEYS[flat][0]
-    return key if key in SECTIONS else None
-
-
-def _fields_of(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in _fields_of(value).items()}
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _entry(kind: str, name: Any):
-    """The registry entry of a strategy name (an `UnknownStrategyError` naming ``--<kind>``)."""
-    if not isinstance(name, str):
-        raise ConfigError(f"--{kind}", name, "a registered strategy name")
-    try:
-        return REGISTRIES[kind].entry(name)
-    except UnknownNameError as err:
-        raise UnknownStrategyError(f"--{kind}", name, err) from None
-
-
-def _config_of(kind: str, spec: StrategySpec) -> Any:
-    if spec.config is not None:
-        return spec.config
-    return _entry(kind, spec.name).config()
-
-
-def _draft_of(cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    draft: dict[str, dict[str, Any]] = {}
-    for section in SECTIONS:
-        values = _fields_of(getattr(cfg, section))
-        if section == "method":
-            for kind in REGISTRIES:
-                values[kind] = {"name": values[kind].name, **_fields_of(values[kind].config)}
-            for key in _NESTED:
-                values[key] = _fields_of(values[key])
-        draft[section] = values
-    return draft
-
-
-def _set_strategy(method: dict[str, Any], kind: str, name: Any) -> None:
-    """Apply ``<kind>=name``: another strategy starts from its defaults (the fields set for the
-    old one are dropped); the current one keeps its fields."""
-    _entry(kind, name)
-    if name != method[kind]["name"]:
-        method[kind] = {"name": name}
-
-
-def _changed_fields(obj: Any) -> dict[str, Any]:
-    """The fields of a config object that differ from its class's defaults (all of them when the
-    class has no defaults)."""
-    try:
-        default = _fields_of(type(obj)())
-    except TypeError:
-        default = {}
-    return {k: v for k, v in _fields_of(obj).items() if k not in default or default[k] != v}
-
-
-def _as_dotted(key: str, value: Any) -> dict[str, Any]:
-    """The dotted keys that say what ``key=value`` said in a spelling that went."""
-    if isinstance(value, StrategySpec):
-        fields = _changed_fields(value.config) if value.config is not None else {}
-        return {f"{key}.name": value.name, **{f"{key}.{k}": v for k, v in fields.items()}}
-    if isinstance(value, Mapping):
-        return {f"{key}.{k}": v for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f"{key}.{k}": v for k, v in _changed_fields(value).items()}
-    return {}
-
-
-def _spelling_gone(key: str, value: Any, wanted: str) -> ConfigError:
-    """The error of a whole section, strategy or gate given as a mapping or an object: it names
-    the dotted keys that say the same."""
-    dotted = _as_dotted(key, value)
-    example = ", ".join(f"{k}={v!r}" for k, v in dotted.items()) or f"{key}.<field>=VALUE"
-    return ConfigError(
-        f"--{key}",
-        value,
-        f"{wanted} (overrides are flat names or dotted keys: write {example})",
-    )
-
-
-def _unknown(raw_key: str, value: Any) -> ConfigError:
-    known = [*FLAT_KEYS, *REGISTRIES, *_NESTED]
-    close = difflib.get_close_matches(raw_key.replace("-", "_"), known, n=1, cutoff=0.7)
-    return ConfigError(
-        "--" + raw_key.replace("_", "-"),
-        value,
-        "a RunConfig field ("
-        + ", ".join(known)
-        + "), <kind>.<field>, or <section>.<field> with section one of "
-        + ", ".join(SECTIONS),
-        f"did you mean {close[0]!r}?" if close else "",
-    )
-
-
-def _set_dotted(draft: dict[str, dict[str, Any]], key: str, value: Any) -> None:
-    head, sub = key.split(".", 1)
-    method = draft["method"]
-    if head in REGISTRIES:
-        if sub == "name":
-            _set_strategy(method, head, value)
-        else:
-            method[head] = {**method[head], sub: value}
-    elif head in _NESTED:
-        method[head] = {**method[head], sub: value}
-    elif head in SECTIONS:
-        if sub in draft[head]:
-            draft[head][sub] = value
-        else:
-            names = ", ".join(draft[head])
-            raise ConfigError(f"--{key}", value, f"a field of the {head} section ({names})")
-    else:
-        raise ConfigError(
-            f"--{key}",
-            value,
-            f"<kind>.<field> with kind one of {', '.join([*REGISTRIES, *_NESTED])}, or <section>.<field> "
-            f"with section one of {', '.join(SECTIONS)}",
-        )
-
-
-def _method_key(key: str) -> str:
-    """``method.<kind>`` is ``<kind>.name``, and ``method.<kind>.<field>`` or ``method.gate...``
-    the key without ``method.``; other keys are themselves."""
-    head, _, sub = key.partition(".")
-    if head != "method" or sub.split(".", 1)[0] not in (*REGISTRIES, *_NESTED):
-        return key
-    return f"{sub}.name" if sub in REGISTRIES else sub
-
-
-def _apply(draft: dict[str, dict[str, Any]], overrides: Mapping[str, Any]) -> None:
-    """Edit ``draft`` in place: flat keys first, then dotted keys (strategy names before their
-    fields), so that ``selector="static"`` and ``**{"selector.skip_ratio": 0.3}`` combine in any
-    order.
-
-    Raises:
-        ConfigError: an unknown key, or a spelling that went (a section, a strategy or the gate as
-            a mapping or an object), with the dotted keys that say the same.
-    """
-    overrides = dict(overrides)
-    for raw_key, value in list(overrides.items()):  # first: the strategies they register
-        key = raw_key.replace("-", "_")
-        if _ALIASES.get(key, key) == "imports" or key == "method.imports":
-            overrides[raw_key] = import_recorded(value)
-    dotted = []
-    for raw_key, value in overrides.items():
-        key = _method_key(raw_key.replace("-", "_"))
-        flat = _ALIASES.get(key, key)
-        if "." in key:
-            dotted.append((key, value))
-        elif key in REGISTRIES:
-            if not isinstance(value, str):
-                raise _spelling_gone(key, value, f"a registered {key} name")
-            _set_strategy(draft["method"], key, value)
-        elif key in _NESTED or (key in SECTIONS and not isinstance(value, str | None)):
-            raise _spelling_gone(key, value, "set field by field")
-        elif flat in FLAT_KEYS:
-            section, name = FLAT_KEYS[flat]
-            draft[section][name] = value
-        else:
-            raise _unknown(raw_key, value)
-    dotted.sort(key=lambda kv: not kv[0].endswith(".name"))  # names before their fields
-    for key, value in dotted:
-        _set_dotted(draft, key, value)
-
-
-def _build_section(cls: type, values: dict[str, Any]) -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        value = values[f.name]
-        if f.name in REGISTRIES:
-            values_ = dict(value)
-            name = values_.pop("name")
-            entry = _entry(f.name, name)
-            kwargs[f.name] = StrategySpec(
-                name, build_config(entry.config, values_, flag_prefix=f"--{f.name}.")
-            )
-        elif f.name in _NESTED:
-            kwargs[f.name] = build_config(_NESTED[f.name], dict(value), flag_prefix=f"--{f.name}.")
-        else:
-            if isinstance(value, str) and f.metadata.get("repeat"):
-                value = (value,)
-            kwargs[f.name] = coerce_value(value, hints[f.name], flag_name(f))
-    return cls(**kwargs)
-
-
-def _build(draft: dict[str, dict[str, Any]]) -> RunConfig:
-    return RunConfig(**{name: _build_section(cls, draft[name]) for name, cls in SECTIONS.items()})
+def __getattr__(name: str) -> Any:  # FLAT_KEYS and section_of live with the override rules
+    if name in ("FLAT_KEYS", "section_of"):
+        return getattr(_ov(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "DTYPE_NAMES",
-    "FLAT_KEYS",
     "LOGGERS",
     "SECTIONS",
     "DataConfig",
@@ -930,6 +708,5 @@ __all__ = [
     "RunnerConfig",
     "StrategySpec",
     "UnknownStrategyError",
-    "section_of",
     "strategy_field",
 ]

@@ -10,7 +10,7 @@ Parameter names are the run options of ``experiments/run.py`` without the dashes
 line (lists comma-joined, ``true``/``false``, ``none``) and parsed with the field's type.
 
 `train` is what ``wandb agent`` runs (and what a local sweep calls per trial): it reads the
-parameters from ``wandb.config``, runs `framework.runner.launch.run` and logs ``speedup``,
+parameters from ``wandb.config``, runs `framework.runner.pipeline.run` and logs ``speedup``,
 ``mean_accepted_tokens``, ``alpha``, ... to the W&B run.
 """
 
@@ -30,7 +30,7 @@ from framework.data.prompts import load_prompts
 from framework.interfaces import REGISTRIES
 from framework.models.loading import TINY_MODEL, load_model
 from framework.results.metrics import aggregate
-from framework.runner.launch import run as run_experiment
+from framework.runner.pipeline import run as run_experiment
 from framework.session.errors import USER_ERRORS
 from framework.session.flags import flag_name
 from framework.session.loggers import has_wandb_credentials

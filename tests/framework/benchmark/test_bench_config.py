@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from framework.benchmark import BenchConfig, MethodSpec, parse_methods, preset_run_config, run_benchmark
+from framework.runner.pipeline import run
+from framework.session.methods import MethodSpec, parse_methods, preset_run_config
 from framework.config_fields import ConfigError
 from framework.session.run_config import RunConfig
 
@@ -22,7 +23,7 @@ def test_methods_resolve_with_vanilla_first():
 def test_preset_file_is_a_method(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("selector: {name: static, skip_ratio: 0.3}\nlength: {name: fixed}\n")
-    cfg = BenchConfig(methods=("vanilla", str(path)))
+    cfg = RunConfig.of(methods=("vanilla", str(path)))
     (spec,) = [s for s in cfg.method_specs if s.kind == "preset"]
     assert (spec.label, spec.source) == ("mine", str(path))
     rc = preset_run_config(spec, cfg)
@@ -34,9 +35,7 @@ def test_preset_file_is_a_method(tmp_path):
 
 
 def test_from_overrides_splits_benchmark_and_run_options():
-    cfg = BenchConfig.from_overrides(
-        methods="vanilla,hf_generate", repeats="3", max_new_tokens="16", categories="qa,rag", plots=False
-    )
+    cfg = RunConfig.of(methods="vanilla,hf_generate", repeats="3", max_new_tokens="16", categories="qa,rag", plots=False)
     assert cfg.methods == ("vanilla", "hf_generate") and cfg.repeats == 3
     assert (
         cfg.run.generation.max_new_tokens == 16
@@ -45,20 +44,15 @@ def test_from_overrides_splits_benchmark_and_run_options():
     )
     assert cfg.describe()["max_new_tokens"] == 16 and cfg.describe()["methods"] == ["vanilla", "hf_generate"]
     with pytest.raises(ConfigError, match="--repeats must be a number"):
-        BenchConfig.from_overrides(repeats="many")
+        RunConfig.of(repeats="many")
     with pytest.raises(ConfigError, match="--max-new-tokens must be an integer >= 1"):
-        BenchConfig.from_overrides(max_new_tokens="0")
+        RunConfig.of(max_new_tokens="0")
     with pytest.raises(ConfigError, match="--no-such-option must be a RunConfig field"):
-        BenchConfig.from_overrides(no_such_option=1)
+        RunConfig.of(no_such_option=1)
 
 
 def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
-    cfg = BenchConfig(
-        methods=("vanilla", "static_confidence", "selfsd"),
-        run=RunConfig.of(max_new_tokens=32, dtype="float64"),
-        preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),),
-        skip_set=str(tmp_path / "s.skipset.json"),
-    )
+    cfg = RunConfig.of(max_new_tokens=32, dtype="float64", methods=("vanilla", "static_confidence", "selfsd"), preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),), skip_set=str(tmp_path / "s.skipset.json"))
     rc = preset_run_config(MethodSpec("static_confidence", "preset", "static_confidence"), cfg)
     assert rc.method.selector.config.skip_ratio == 0.5 and rc.method.length.config.threshold == 0.9
     assert rc.method.label == "static_confidence"
@@ -69,4 +63,4 @@ def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
     assert rc.method.selector.config.skip_set == str(tmp_path / "s.skipset.json")
     with pytest.raises(ConfigError, match="records.jsonl exists"):
         (tmp_path / "records.jsonl").write_text("{}\n")
-        run_benchmark(BenchConfig(methods=("vanilla", "hf_generate"), out=str(tmp_path)), object(), None)
+        run_benchmark(RunConfig.of(methods=("vanilla", "hf_generate"), output=str(tmp_path)), object(), None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from framework.benchmark import make_plots
+from framework.benchmark.report import make_plots
 
 
 def test_plan_plots_come_from_the_first_repeat(tmp_path):

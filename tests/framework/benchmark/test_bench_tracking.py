@@ -9,7 +9,7 @@ import time
 import pytest
 
 from framework.benchmark.cli import main
-from framework.benchmark.tracking import flat_config, method_metrics
+from framework.runner.tracking import method_metrics
 
 ARGS = ["--model", "tiny-random", "--limit", "1", "--categories", "qa", "--max-new-tokens", "6"]
 ARGS += ["--methods", "vanilla,static_confidence", "--no-plots"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from framework.benchmark import BenchConfig, HFGenerateDecoder, run_benchmark, summarize
+from framework.benchmark.hf import HFGenerateDecoder
+from framework.benchmark.report import summarize
 from framework.benchmark import cli as bench_cli
 from framework.config_fields import ConfigError
 from framework.data.specbench import (
@@ -23,7 +24,7 @@ from framework.data.specbench import (
 )
 from framework.results.records import config_differences, read_records
 from framework.runner import cli as run_cli
-from framework.runner.launch import run
+from framework.runner.pipeline import run
 from framework.session.run_config import RunConfig, RunnerConfig
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -93,21 +94,13 @@ def bench(tiny, data, tmp_path_factory):
     """A two-repeat benchmark of vanilla, HF generate and a drafting preset, with answer files."""
     model, tok = tiny
     out = tmp_path_factory.mktemp("bench")
-    cfg = BenchConfig(
-        methods=METHODS,
-        run=RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", warmup=0, plots=False),
-        repeats=2,
-        out=str(out),
-        cost_model="none",
-        preset_args=(
+    cfg = RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", warmup=0, plots=False, methods=METHODS, repeats=2, output=str(out), cost_model="none", preset_args=(
             (
                 "static_confidence",
                 "--selector.skip_ratio 0.3 --length fixed --length.k 3 --gate.enabled false",
             ),
-        ),
-        specbench_answers=str(out / "specbench"),
-    )
-    res = run_benchmark(cfg, model, tok, log=lambda s: None)
+        ), specbench_answers=str(out / "specbench"))
+    res = run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     return res, out / "specbench"
 
 
@@ -196,15 +189,9 @@ def test_interrupted_benchmark_writes_the_finished_prompts(tiny, data, tmp_path,
         return real(self, ids, stop)
 
     monkeypatch.setattr(HFGenerateDecoder, "generate", flaky)
-    cfg = BenchConfig(
-        methods=("vanilla", "hf_generate"),
-        run=RunConfig.of(data=str(data), max_new_tokens=6, warmup=0, plots=False),
-        out=str(tmp_path / "b"),
-        cost_model="none",
-        specbench_answers=str(tmp_path / "a"),
-    )
+    cfg = RunConfig.of(data=str(data), max_new_tokens=6, warmup=0, plots=False, methods=("vanilla", "hf_generate"), output=str(tmp_path / "b"), cost_model="none", specbench_answers=str(tmp_path / "a"))
     with pytest.raises(KeyboardInterrupt):
-        run_benchmark(cfg, model, tok, log=lambda s: None)
+        run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     for m in ("vanilla", "hf_generate"):
         assert [x["question_id"] for x in read_answer_file(tmp_path / "a" / f"{m}.jsonl")] == [1]
 
@@ -285,7 +272,7 @@ def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
     # accepted by both command lines, off by default
     args = run_cli.build_parser().parse_args(["--specbench-answers", "sb"])
     assert run_cli.config_from_args(args).runner.specbench_answers == "sb"
-    assert RunConfig().runner.specbench_answers == "" and BenchConfig().specbench_answers == ""
+    assert RunConfig().runner.specbench_answers == "" and RunConfig.of().specbench_answers == ""
     args = bench_cli.build_parser().parse_args(
         ["--methods", "vanilla,hf_generate", "--specbench-answers", "sb"]
     )
@@ -302,7 +289,7 @@ def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
         with pytest.raises(ConfigError, match="--specbench-answers must be a directory path"):
             RunConfig.of(specbench_answers=bad)
         with pytest.raises(ConfigError, match="--specbench-answers must be a directory path"):
-            BenchConfig(specbench_answers=bad)
+            RunConfig.of(specbench_answers=bad)
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     out = tmp_path / "r.jsonl"

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import framework.models.loading as models
-import framework.session.session as experiment_mod
+import framework.runner.lightning as experiment_mod
 from framework.config_fields import ConfigError
 from framework.data.prompts import encode_chat, load_prompts
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
-from framework.results.compare import NEAR_TIE_ULPS, Method, first_mismatch, mismatch_details, near_tie, ulp
+from framework.results.compare import NEAR_TIE_ULPS, first_mismatch, mismatch_details, near_tie, ulp
 from framework.runner.lightning import DecodeModule
 from framework.session.run_config import ModelConfig, RunConfig
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
@@ -76,17 +76,15 @@ def test_a_rank_decodes_on_its_own_cuda_device(data, tmp_path, monkeypatch, dtyp
     cfg = cfg_for(data, tmp_path / "r.jsonl", devices=2, dtype=dtype)
     with pytest.raises(ConfigError, match="cuda:N names one GPU"):
         cfg.replace(device="cuda:1")  # the user-facing check stays
-    module = DecodeModule(cfg, load_prompts(data), tmp_path / "r.jsonl", {}, log=lambda s: None)
+    module = _module(cfg, data, tmp_path)
     module.trainer = fake_trainer(torch.device("cuda", 1))
     module.setup("predict")
     assert loaded == [(None, want, "cuda:1")]
-    assert module.exp.cfg.model.device == "cuda:1" and module.exp.cfg.model.dtype == want
+    assert module.methods.base.cfg.model.device == "cuda:1" and module.methods.base.cfg.model.dtype == want
     assert (
         module.cfg.runner.devices == 2 and module.cfg.model.dtype == dtype
     )  # the run's own config is unchanged
-    assert [p.question_id for p in module.shard()] == [2, 4]
-    assert module.meta["dtype_resolved"] == "float64"  # the dtype the (stub) model really has
-    assert not (tmp_path / "r.meta.json").exists()  # rank 1 writes no metadata
+    assert [p.question_id for _, p in module.shard()] == [2, 4]
 
 
 def test_a_cpu_rank_keeps_float32_for_auto(data, tmp_path, monkeypatch):
@@ -99,11 +97,11 @@ def test_a_cpu_rank_keeps_float32_for_auto(data, tmp_path, monkeypatch):
         ),
     )
     cfg = cfg_for(data, tmp_path / "r.jsonl", devices=2, dtype="auto")
-    module = DecodeModule(cfg, load_prompts(data), tmp_path / "r.jsonl", {}, log=lambda s: None)
+    module = _module(cfg, data, tmp_path)
     module.trainer = fake_trainer(torch.device("cpu"), rank=0)
     module.setup("predict")
     assert loaded == [("float32", "cpu")]
-    assert json.loads((tmp_path / "r.meta.json").read_text())["dtype_resolved"] == "float64"
+    assert module.methods.base.cfg.model.dtype == "float32"
 
 
 def test_for_rank_describes_one_process():
@@ -281,14 +279,14 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     mismatch holds the position and the target's top-1/top-2 margin there."""
     model, tok = tiny_model("llama", num_layers=4, max_position_embeddings=256), tiny_tokenizer()
     cfg = cfg_for(data, tmp_path / "r.jsonl")
-    module = DecodeModule(cfg, load_prompts(data), tmp_path / "r.jsonl", {}, model, tok, log=lambda s: None)
+    module = _module(cfg, data, tmp_path, model, tok)
     module.trainer = fake_trainer(torch.device("cpu"), rank=0, world=1)
     module.setup("predict")
     prompt = module.prompts[0]
-    van, spec = module.predict_step(prompt, 0)
+    van, spec = module.predict_step((0, prompt), 0)
     assert van["first_mismatch"] is None and spec["first_mismatch"] is None and spec["lossless"] is True
-    module.methods = [module.methods[0], Method(cfg.method.label, Broken(module.exp.vanilla), "method")]
-    _van, bad = module.predict_step(prompt, 1)
+    module.methods.decoders[cfg.method.label] = Broken(module.methods.base.vanilla)
+    _van, bad = module.predict_step((0, prompt), 1)
     fm = bad["first_mismatch"]
     assert bad["lossless"] is False
     assert (fm["turn"], fm["position"]) == (0, len(bad["turns"][0]["tokens"]) - 1)
@@ -420,3 +418,9 @@ def test_the_phase_table_says_n_a_for_untimed_phases():
     row = next(line for line in table.splitlines() if line.startswith("| m "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "25.0%" and cells[3:] == ["n/a"] * 7  # draft .. commit, other
+
+
+def _module(cfg, data, tmp_path, model=None, tok=None):
+    items = [(0, p) for p in load_prompts(data)]
+    specs = cfg.compare.specs(cfg)
+    return DecodeModule(cfg, specs, items, lambda _label: tmp_path / "r", lambda s: None, model=model, tokenizer=tok)

@@ -12,8 +12,8 @@ import pytest
 
 from framework.config_fields import ConfigError
 from framework.results.records import prompt_key, read_records
-from framework.runner.launch import launch_rank, resolve_output, run
 from framework.runner.lightning import append_records
+from framework.runner.pipeline import launch_rank, resolve_output, run
 from framework.session.run_config import RunConfig
 from framework.session.session import Session
 from framework.testing import plain_table, tiny_model, tiny_tokenizer

@@ -10,7 +10,7 @@ import strategies.selectors.selfsd_bo as selfsd
 from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.drafting.gate import GatedLength
-from framework.runner.launch import run
+from framework.runner.pipeline import run
 from framework.session.run_config import RunConfig
 from framework.session.session import Session, build_decoder
 from framework.testing import plain_table

@@ -1,0 +1,618 @@
+"""The one pipeline behind ``run.py``, ``bench.py``, the sweeps and the Python API: `run`.
+
+A run decodes every prompt with each of its methods in rotated order, through a Lightning predict
+loop (`framework.runner.lightning`), and writes each prompt's records as soon as they exist. Its
+methods come from the configuration (`framework.session.methods`): ``run.py``'s are the vanilla
+baseline and the method section; ``bench.py`` names several (``compare.methods``). Whatever the
+methods, the run does the same steps: seed and load the prompts, skip what ``--resume`` finds
+finished, load the model and build every method (before anything is written: bad input fails
+first), write the metadata and the configuration (``--config`` reruns it), record the CUDA graphs
+and warm up, decode (DDP over prompts with ``--devices``/``--num-nodes``), take the cost model
+(``--cost-model``), and write the report, the plots, the tracker's summary (``--logger``) and the
+Spec-Bench answer files (also on Ctrl-C).
+
+Where the files go (`Layout`): one method (``run.py``) writes ``<stem>.jsonl`` beside
+``<stem>.meta.json``, ``<stem>.config.yaml``, ``<stem>.md`` and the folder ``<stem>/`` (plots,
+tracker, cost model); several methods (``bench.py``) write one folder: ``records.jsonl``,
+``meta.json``, ``config.yaml``, ``bench.md`` (the benchmark's report, `framework.benchmark.report`),
+the plots, ``cost_model.json`` and ``tracking/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from framework.benchmark.load import vanilla_spread
+from framework.benchmark.load import warnings as load_warnings
+from framework.benchmark.report import make_plots, render_report, summarize
+from framework.config_fields import ConfigError
+from framework.data.prompts import load_prompts
+from framework.data.specbench import check_answer_dir, write_answer_files
+from framework.engine.cost_model import CostModel
+from framework.models.loading import dtype_name, model_name
+from framework.models.provenance import environment
+from framework.results.metrics import (
+    gate_lines,
+    mismatch_lines,
+    results_table,
+    synthetic_lines,
+    time_breakdown,
+)
+from framework.results.records import read_records, resume_state
+from framework.runner.lightning import DecodeModule, Methods, PlainProgress, ResultsWriter, SpeedupProgressBar
+from framework.runner.tracking import TrackingCallback, log_summary, summary_metrics
+from framework.session.loggers import close_logger, make_logger
+from framework.session.methods import BASELINE, MethodSpec
+from framework.session.run_config import RunConfig
+from framework.session.session import provenance
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (every device's), as Lightning's
+    ``seed_everything`` does, without its log line."""
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        pass
+    else:
+        np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every device's generator
+
+
+def stamped(label: str, suffix: str = "") -> Path:
+    """``runs/<label>-<YYYYmmdd-HHMMSS><suffix>``, ``label`` made safe for a file name."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_+" else "_" for ch in label)
+    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """``data`` as indented JSON (values JSON cannot hold written as strings)."""
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a run's files go: beside a results file (one method) or in a folder (several)."""
+
+    root: Path
+    folder: bool
+
+    def _at(self, stem_suffix: str, name: str) -> Path:
+        return self.root / name if self.folder else self.root.with_suffix(stem_suffix)
+
+    @property
+    def records(self) -> Path:
+        return self.root / "records.jsonl" if self.folder else self.root
+
+    @property
+    def meta(self) -> Path:
+        return self._at(".meta.json", "meta.json")
+
+    @property
+    def config(self) -> Path:
+        return self._at(".config.yaml", "config.yaml")
+
+    @property
+    def report(self) -> Path:
+        return self._at(".md", "bench.md")
+
+    @property
+    def run_dir(self) -> Path:
+        """The plots, the tracker and the cost model (a method's artefacts: `stem`)."""
+        return self.root if self.folder else self.root.with_suffix("")
+
+    @property
+    def plots(self) -> Path:
+        return self.run_dir if self.folder else self.run_dir / "plots"
+
+    @property
+    def tracker(self) -> Path:
+        return self.run_dir / "tracking" if self.folder else self.run_dir
+
+    def stem(self, label: str) -> Path:
+        """Where method ``label`` keeps its artefacts (an offline search's skip set)."""
+        return self.root / label if self.folder else self.run_dir
+
+
+class AnswerFiles:
+    """Spec-Bench's answer files of a run (``--specbench-answers``; off when empty), one per
+    method, rewritten whole from the records each time they are written.
+
+    Raises:
+        ConfigError: at once, before anything is written (`check_answer_dir`).
+    """
+
+    def __init__(
+        self,
+        directory: str | None,
+        methods: Sequence[str],
+        protect: Iterable[Path],
+        model: str | None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.protect = list(protect)
+        check_answer_dir(directory, methods, self.protect)
+        self.directory, self.model, self.log = directory, model, log
+
+    def write(
+        self, records: Iterable[Mapping[str, Any]], repeats: int | None = None, net: Any = None
+    ) -> dict[str, Path]:
+        """Write the files of ``records`` (``repeats`` > 1: one folder per repeat); ``net``: the
+        loaded model, which names the answers when ``--model`` is a path."""
+        if not self.directory:
+            return {}
+        model = model_name(self.model, net)
+        paths = write_answer_files(
+            records, self.directory, model=model, repeats=repeats, protect=self.protect
+        )
+        self.log(f"[selfspec] Spec-Bench answer files: {', '.join(str(p) for p in paths.values())}")
+        return paths
+
+
+def run(
+    cfg: RunConfig,
+    log: Callable[[str], None] = print,
+    model: Any = None,
+    tokenizer: Any = None,
+    *,
+    output: Path | None = None,
+    custom: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg``'s methods on its prompts; returns (on rank 0; ``{}`` elsewhere) ``{"output"
+    (the results JSONL), "out" and "run_dir" (where the rest is), "records", "report", "table",
+    "breakdown", "summary", "plots", "specbench_answers"}``.
+
+    Args:
+        cfg: the configuration.
+        log: progress lines.
+        model, tokenizer: an already loaded model (tests, sweeps); else ``cfg.model`` is loaded.
+        output: where the results go (default `resolve_output`).
+        custom: extra methods ``{label: decoder}`` (a decoder has ``generate(prompt_ids, stop) ->
+            GenerationResult``), e.g. a modified decoder under test; one process only.
+
+    Ctrl-C stops after the current prompt's records are written, writes the answer files of the
+    records so far and raises KeyboardInterrupt.
+
+    Raises:
+        ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
+            written.
+    """
+    seed_everything(cfg.generation.seed)
+    if cfg.runner.threads:
+        torch.set_num_threads(cfg.runner.threads)
+    d = cfg.data
+    prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
+    specs = cfg.compare.specs(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(
+            "custom", sorted({x for x in labels if labels.count(x) > 1}), "names not used by --methods"
+        )
+    layout = Layout(
+        output or resolve_output(cfg, folder=bool(cfg.compare.methods or custom)),
+        bool(cfg.compare.methods or custom),
+    )
+    rank0, world = launch_rank(cfg) == 0, cfg.runner.devices * cfg.runner.num_nodes
+    if custom and world > 1:
+        raise ConfigError("--devices", world, "1 with custom decoders (they live in this process)")
+    if layout.folder and not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
+        raise ConfigError(
+            "--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume"
+        )
+    answers = AnswerFiles(cfg.runner.specbench_answers, labels, [layout.records], cfg.model.name_or_path, log)
+    say = log if rank0 else (lambda _m: None)
+    done = resume_state(cfg, layout.records, labels, say, layout.meta) if cfg.runner.resume else set()
+    items = [
+        (r, p)
+        for r in range(cfg.compare.repeats)
+        for p in prompts
+        if (r, p.category, str(p.question_id)) not in done
+    ]
+    if done:
+        total = len(prompts) * cfg.compare.repeats
+        say(f"[selfspec] --resume: {total - len(items)} of {total} prompts already in {layout.records}")
+    cost = (
+        load_cost_model(cfg.compare.cost_model) if cfg.compare.cost_model not in ("none", "measure") else None
+    )
+    meta = {
+        "config": cfg.describe(),
+        "environment": environment(),
+        "prompts": len(prompts),
+        "started": time.time(),
+    }
+    methods = None
+    if world == 1:  # validated and prepared before any logger or file exists
+        layout.run_dir.mkdir(parents=True, exist_ok=True) if layout.folder else None
+        methods = Methods.load(
+            cfg, specs, model, tokenizer, stem=layout.stem, log=log, prompts=prompts, custom=custom
+        )
+        _check_layers(cfg, methods, cost)
+
+    def on_setup(module: DecodeModule) -> None:
+        ms = module.methods
+        meta.update(
+            provenance=provenance(cfg.model.name_or_path, ms.base),
+            dtype_resolved=dtype_name(ms.base.adapter.arch.dtype),
+            method=", ".join(labels[1:]) or BASELINE,
+            notes=ms.notes() if layout.folder else ms.base.notes,
+            resolved=ms.base.resolved()
+            if not layout.folder
+            else {k: e.resolved() for k, e in ms.sessions.items() if k != BASELINE},
+            methods=ms.settings(),
+        )
+        if module.trainer.global_rank == 0 and not (cfg.runner.resume and layout.meta.exists()):
+            layout.records.parent.mkdir(parents=True, exist_ok=True)
+            write_json(layout.meta, meta)  # a resumed run keeps its original metadata
+            cfg.save(layout.config)  # `run.py --config` reruns it
+        if module.trainer.global_rank == 0:
+            arch = ms.base.adapter.arch
+            log(
+                f"[selfspec] {len(items)} prompt(s) to decode on {module.trainer.world_size} process(es) | model "
+                f"{arch.info().name} ({dtype_name(arch.dtype)}, {arch.device}) | methods {', '.join(labels)} | "
+                f"max_new_tokens={cfg.generation.max_new_tokens} | output {layout.root}"
+            )
+
+    module = DecodeModule(
+        cfg,
+        specs,
+        items,
+        layout.stem,
+        log,
+        methods,
+        model=model,
+        tokenizer=tokenizer,
+        custom=custom,
+        on_setup=on_setup,
+    )
+    tty = sys.stderr.isatty() and rank0
+    tracking = TrackingCallback(single=not layout.folder)
+    callbacks = [ResultsWriter(layout.records), tracking, SpeedupProgressBar() if tty else PlainProgress()]
+    tracked = {**cfg.describe(), "provenance": None, "notes": [], "resolved": {}}
+    if methods is not None:
+        tracked.update(
+            provenance=provenance(cfg.model.name_or_path, methods.base),
+            notes=methods.base.notes if not layout.folder else methods.notes(),
+            resolved=methods.base.resolved() if not layout.folder else {},
+        )
+    logger = (
+        make_logger(
+            cfg.runner.logger,
+            layout.tracker,
+            layout.root.stem if layout.folder else layout.run_dir.name,
+            cfg.runner.wandb_project,
+            tracked,
+        )
+        if rank0
+        else None
+    )
+
+    def write_answers() -> dict[str, Path]:
+        return answers.write(
+            read_records(layout.records),
+            cfg.compare.repeats,
+            module.methods.model if module.methods else model,
+        )
+
+    trainer = _predict(cfg, module, _trainer_args(cfg, layout.run_dir, callbacks, logger, tty), write_answers)
+    if trainer.global_rank != 0:
+        return {}
+    ms = module.methods
+    records = read_records(layout.records)
+    if cfg.compare.cost_model == "measure":
+        cost = ms.prepared.cost_model()
+        if cost is None:
+            log("[selfspec] measuring the cost model (draft and verification costs) ...")
+            cost = CostModel.measure(ms.base.adapter)
+        layout.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()})  # --cost-model FILE
+    load, said = _trust(module, records)
+    if layout.meta.exists():
+        meta = {
+            **json.loads(layout.meta.read_text()),
+            "load": load,
+            "vanilla_repeat_spread": _spread(records),
+            "warnings": said,
+        }
+        write_json(layout.meta, meta)
+    heads = head_costs(cost, specs, ms.decoders, ms.base.adapter) if cost is not None else {}
+    method_costs = {s.label: heads.get(s.label, cost) for s in specs}
+    summary = summarize(records, labels, method_costs)
+    plots = (
+        make_plots(layout.plots, summary, records, ms.base.adapter.arch.info().num_layers)
+        if cfg.runner.plots and records
+        else {}
+    )
+    if layout.folder:
+        report = render_report(
+            cfg,
+            summary,
+            meta["environment"],
+            len(prompts),
+            module.elapsed,
+            plots,
+            {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"},
+            cost,
+            heads,
+            method_costs,
+            graphs=module.graphs,
+            run_notes=ms.notes(),
+            load=load,
+            warnings=said,
+        )
+        table = breakdown = ""
+    else:
+        table, breakdown, report = _run_report(
+            cfg,
+            records,
+            labels,
+            layout,
+            plots,
+            (len(items), len(prompts) * cfg.compare.repeats - len(items), bool(done), module.elapsed),
+        )
+    layout.report.write_text(report)
+    log("\n" + report)
+    if logger is not None:
+        log_summary(logger, records, summary, report, plots, labels, single=not layout.folder)
+        close_logger(logger, log)
+    written = write_answers()
+    return {
+        "output": str(layout.records),
+        "out": str(layout.root),
+        "run_dir": str(layout.run_dir),
+        "records": records,
+        "report": report,
+        "table": table,
+        "breakdown": breakdown,
+        "summary": summary if layout.folder else summary_metrics(records, labels[-1]),
+        "plots": plots if layout.folder else list(plots.values()),
+        "specbench_answers": [str(p) for p in written.values()],
+    }
+
+
+def _check_layers(cfg: RunConfig, methods: Methods, cost: CostModel | None) -> None:
+    layers = methods.base.adapter.arch.info().num_layers
+    if cost is not None and cost.num_layers != layers:
+        raise ConfigError(
+            "--cost-model",
+            cfg.compare.cost_model,
+            f"a cost model of a {layers}-layer model, not {cost.num_layers}",
+        )
+
+
+def _spread(records: list[dict[str, Any]]) -> float | None:
+    by_rep: dict[int, list[float]] = {}
+    for r in records:
+        if r["method"] == BASELINE and not r.get("error"):
+            tw = by_rep.setdefault(r.get("repeat", 0), [0.0, 0.0])
+            tw[0] += r["new_tokens"]
+            tw[1] += r["wall_time"]
+    return vanilla_spread([t / w for t, w in by_rep.values() if w > 0])
+
+
+def _trust(module: DecodeModule, records: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The machine's load while timed and the warnings it and the baseline's repeats call for."""
+    return module.load, load_warnings(module.load, _spread(records))
+
+
+def head_costs(
+    cost: CostModel, specs: list[MethodSpec], decoders: dict[str, Any], adapter: Any
+) -> dict[str, CostModel]:
+    """``{label: cost model}`` of the methods whose drafter scores a reduced vocabulary or runs
+    compressed weights: ``cost`` with its draft steps priced for that head and those weights."""
+    out = {}
+    by_weights: dict[str, CostModel] = {}  # the sub-layer ratios of one format, measured once
+    for s in specs:
+        drafter = getattr(decoders.get(s.label), "drafter", None)
+        if s.kind != "preset" or drafter is None:
+            continue
+        head, weights = drafter.draft_head(), drafter.draft_weights()
+        fmt = "float32" if weights is None else weights.weights
+        if head is None and fmt == "float32":
+            continue
+        priced = cost
+        if fmt != "float32":
+            if fmt not in by_weights:
+                by_weights[fmt] = cost.with_weights(adapter, weights)
+            priced = dataclasses.replace(
+                cost, attn=by_weights[fmt].attn, mlp=by_weights[fmt].mlp, draft_weights=fmt
+            )
+        out[s.label] = priced.with_head(adapter, head, weights=weights) if head is not None else priced
+    return out
+
+
+def load_cost_model(path: str) -> CostModel:
+    """A `CostModel` from a JSON file (``{"cost_model": ...}`` as saved, or a skip-set file).
+
+    Raises:
+        ConfigError: unreadable, or not a cost model.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        return CostModel.from_dict(data.get("cost_model", data))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ConfigError(
+            "--cost-model", path, f"'measure', 'none' or a CostModel / skip-set JSON ({err})"
+        ) from None
+
+
+def _run_report(
+    cfg: RunConfig,
+    records: list[dict[str, Any]],
+    labels: list[str],
+    layout: Layout,
+    plots: Mapping[str, str],
+    progress: tuple[int, int, bool, float],
+) -> tuple[str, str, str]:
+    """One method's report: the results table with its notes, where the time goes, what was
+    decoded (``progress``: prompts decoded now, resumed from the file, whether it resumed, seconds)."""
+    decoded, resumed, did_resume, seconds = progress
+    method = labels[-1]
+    table = results_table(records, method)
+    for lines in (synthetic_lines(records), gate_lines(records, method), mismatch_lines(records)):
+        if lines:
+            table += "\n\n" + lines
+    breakdown = time_breakdown(records, labels)
+    title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
+    report = (
+        f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
+        f"{decoded} prompts decoded in {seconds:.0f} s"
+        + (f" ({resumed} resumed from the file)" if did_resume else "")
+        + f"; results: {layout.records}\n"
+        + (f"plots: {layout.plots}\n" if plots else "")
+    )
+    return table, breakdown, report
+
+
+def launch_rank(cfg: RunConfig) -> int:
+    """This process's global rank as the launcher set it before Lightning starts: ``RANK``
+    (torchrun), ``SLURM_PROCID`` (srun), else Lightning's own ``NODE_RANK`` and ``LOCAL_RANK``."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return int(env["SLURM_PROCID"])
+    return int(env.get("NODE_RANK", "0")) * cfg.runner.devices + int(env.get("LOCAL_RANK", "0"))
+
+
+def _external_launcher() -> bool:
+    """Processes started by torchrun or srun (not by Lightning's launcher from rank 0)."""
+    env = os.environ
+    return (
+        "TORCHELASTIC_RUN_ID" in env
+        or ("RANK" in env and "WORLD_SIZE" in env)
+        or int(env.get("SLURM_NTASKS", "1")) > 1
+    )
+
+
+def resolve_output(cfg: RunConfig, folder: bool | None = None) -> Path:
+    """``cfg.runner.output``, or a fresh ``runs/<method>-<time>.jsonl`` (several methods: the
+    folder ``runs/bench-<time>``); DDP ranks started by Lightning's launcher inherit rank 0's choice
+    through the environment.
+
+    Raises:
+        ConfigError: several processes started by an external launcher (torchrun, srun) and no
+            ``--output``: each would pick its own timestamped file.
+    """
+    if cfg.runner.output:
+        return Path(cfg.runner.output)
+    several = cfg.runner.devices * cfg.runner.num_nodes > 1
+    if several and _external_launcher():
+        raise ConfigError(
+            "--output", None, "a results file named explicitly when torchrun or srun starts the processes"
+        )
+    inherited = os.environ.get("SELFSPEC_RUN_OUTPUT")
+    if inherited and launch_rank(cfg) > 0:
+        return Path(inherited)
+    folder = bool(cfg.compare.methods) if folder is None else folder
+    path = stamped("bench") if folder else stamped(cfg.method.label, ".jsonl")
+    if several:
+        os.environ["SELFSPEC_RUN_OUTPUT"] = str(path)
+    return path
+
+
+def _trainer_args(
+    cfg: RunConfig, run_dir: Path, callbacks: list[Any], logger: Any, tty: bool
+) -> dict[str, Any]:
+    """The `pl.Trainer` of a run: its devices and processes, our callbacks and logger, no
+    checkpoints, no distributed sampler (the module shards the prompts itself)."""
+    device = cfg.model.device
+    if device == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device", device, "cpu or auto (this machine has no CUDA device)")
+        accelerator = "gpu"
+    else:
+        accelerator = "cpu"
+    return {
+        "accelerator": accelerator,
+        "devices": [int(device.split(":", 1)[1])] if device.startswith("cuda:") else cfg.runner.devices,
+        "num_nodes": cfg.runner.num_nodes,
+        "strategy": "ddp" if cfg.runner.devices * cfg.runner.num_nodes > 1 else "auto",
+        "logger": logger if logger is not None else False,
+        "callbacks": callbacks,
+        "enable_progress_bar": tty,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "use_distributed_sampler": False,
+        "inference_mode": True,
+        "default_root_dir": str(run_dir),
+    }
+
+
+def _predict(
+    cfg: RunConfig, module: DecodeModule, trainer_args: dict[str, Any], on_interrupt: Callable[[], Any]
+) -> pl.Trainer:
+    """Run the predict loop; Ctrl-C writes ``on_interrupt`` (rank 0) and raises KeyboardInterrupt."""
+    sigint = signal.getsignal(signal.SIGINT)
+    with _quiet_lightning():
+        trainer = pl.Trainer(**trainer_args)
+        try:
+            trainer.predict(module, return_predictions=False)
+        except SystemExit:
+            # Lightning turns Ctrl-C into SystemExit(1) after a graceful shutdown (and ignores
+            # further SIGINTs); give the caller the interruption back, with the usual handler.
+            signal.signal(signal.SIGINT, sigint)
+            if trainer.interrupted:
+                if trainer.global_rank == 0:
+                    on_interrupt()
+                raise KeyboardInterrupt from None
+            raise
+    return trainer
+
+
+class _quiet_lightning:
+    """Silence Lightning's start-up banners and its advice about data-loader workers (one prompt
+    per step is the point here)."""
+
+    def __enter__(self) -> None:
+        self._levels = {}
+        for name in ("pytorch_lightning", "lightning.pytorch", "lightning.fabric"):
+            lg = logging.getLogger(name)
+            self._levels[name] = lg.level
+            lg.setLevel(logging.WARNING)
+        self._warn = warnings.catch_warnings()
+        self._warn.__enter__()
+        for message in (
+            ".*does not have many workers.*",
+            ".*predict_dataloader.*num_workers.*",
+            ".*LeafSpec.*is deprecated.*",
+            ".*infer the batch indices.*",
+            ".*`DataLoader` across ranks is zero.*",
+        ):
+            warnings.filterwarnings("ignore", message=message)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._warn.__exit__(*exc)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+__all__ = [
+    "AnswerFiles",
+    "Layout",
+    "head_costs",
+    "launch_rank",
+    "load_cost_model",
+    "resolve_output",
+    "run",
+    "seed_everything",
+    "stamped",
+    "write_json",
+]
