@@ -373,7 +373,7 @@ def make_plots(
         if any(e is not None for e in exit_layers):
             p = plots.exit_layer_over_time(exit_layers, num_layers, out_dir / f"exit_layer_{safe}.png")
             out[f"{method}: exit layer per round"] = str(p)
-        else:  # the skip set of each round (one row per round; constant for a static selector)
+        elif len(set(plan_codes)) > 1 or len(codes) == 1:  # one method: its skip set even when constant
             rows_bits = [[int(c) for c in code] for code in plan_codes[:MAX_TRACE_ROUNDS]]
             p = plots.skip_heatmap(rows_bits, num_layers, out_dir / f"skip_{safe}.png", title=method)
             out[f"{method}: skip set per round"] = str(p)

@@ -66,8 +66,8 @@ def test_a_preset_means_the_same_in_run_bench_and_the_decoder(capsys):
 
     import yaml
 
-    from framework.session.methods import method_section, parse_methods
     from framework.runner.cli import main
+    from framework.session.methods import method_section, parse_methods
     from framework.session.presets import list_presets
     from framework.session.run_config import RunConfig
 

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from framework.benchmark.cli import build_parser, config_from_args, main
+from framework.benchmark.cli import build_parser, main
+from framework.runner.cli import config_from_args
 from framework.testing import synthetic_cost_model
 
 
@@ -28,8 +29,8 @@ def test_flags_keep_their_meaning():
             "--preset-args", "swift=--selector.skip_ratio 0.3",
         ]
     )  # fmt: skip
-    run = cfg.run
-    assert cfg.methods == ("vanilla", "hf_prompt_lookup", "swift") and cfg.command == "cmd"
+    run = cfg
+    assert cfg.compare.methods == ("vanilla", "hf_prompt_lookup", "swift") and cfg.compare.command == "cmd"
     assert (run.data.path, run.data.categories, run.data.limit, run.generation.max_new_tokens) == (
         "q.jsonl",
         ("qa", "rag"),
@@ -40,17 +41,24 @@ def test_flags_keep_their_meaning():
         2, 0, "m", "float64", "cpu", 7
     )  # fmt: skip
     assert run.runner.plots is False and run.model.kernels is True
-    assert (cfg.repeats, cfg.out, cfg.cost_model, cfg.skip_set) == (3, "runs/b", "none", "s.json")
+    assert (cfg.compare.repeats, cfg.runner.output, cfg.compare.cost_model, cfg.compare.skip_set) == (
+        3,
+        "runs/b",
+        "none",
+        "s.json",
+    )
     assert (cfg.prompt_lookup_num_tokens, cfg.max_matching_ngram_size, cfg.early_exit_layer) == (5, 3, 2)
     assert cfg.hf_kernels is True
-    assert cfg.preset_args == (("swift", {"selector.skip_ratio": "0.3"}),)  # read once, into overrides
+    assert cfg.compare.preset_args == (
+        ("swift", {"selector.skip_ratio": "0.3"}),
+    )  # read once, into overrides
     default = _config([])
     # The first run's story: the gated default, the same ungated, and the hybrid drafter.
     assert default.methods == ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
-    assert (default.run.generation.max_new_tokens, default.run.model.dtype, default.run.runner.warmup, default.repeats) == (
+    assert (default.generation.max_new_tokens, default.model.dtype, default.runner.warmup, default.compare.repeats) == (
         128, "auto", 1, 1
     )  # fmt: skip
-    assert default.run.runner.plots and not default.hf_kernels and default.cost_model == "measure"
+    assert default.runner.plots and not default.compare.hf_kernels and default.compare.cost_model == "measure"
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from framework.config_fields import ConfigError
 from framework.runner.pipeline import run
 from framework.session.methods import MethodSpec, parse_methods, preset_run_config
-from framework.config_fields import ConfigError
 from framework.session.run_config import RunConfig
 
 
@@ -24,7 +24,7 @@ def test_preset_file_is_a_method(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("selector: {name: static, skip_ratio: 0.3}\nlength: {name: fixed}\n")
     cfg = RunConfig.of(methods=("vanilla", str(path)))
-    (spec,) = [s for s in cfg.method_specs if s.kind == "preset"]
+    (spec,) = [s for s in cfg.compare.specs(cfg) if s.kind == "preset"]
     assert (spec.label, spec.source) == ("mine", str(path))
     rc = preset_run_config(spec, cfg)
     assert (
@@ -35,12 +35,14 @@ def test_preset_file_is_a_method(tmp_path):
 
 
 def test_from_overrides_splits_benchmark_and_run_options():
-    cfg = RunConfig.of(methods="vanilla,hf_generate", repeats="3", max_new_tokens="16", categories="qa,rag", plots=False)
-    assert cfg.methods == ("vanilla", "hf_generate") and cfg.repeats == 3
+    cfg = RunConfig.of(
+        methods="vanilla,hf_generate", repeats="3", max_new_tokens="16", categories="qa,rag", plots=False
+    )
+    assert cfg.compare.methods == ("vanilla", "hf_generate") and cfg.compare.repeats == 3
     assert (
-        cfg.run.generation.max_new_tokens == 16
-        and cfg.run.data.categories == ("qa", "rag")
-        and cfg.run.runner.plots is False
+        cfg.generation.max_new_tokens == 16
+        and cfg.data.categories == ("qa", "rag")
+        and cfg.runner.plots is False
     )
     assert cfg.describe()["max_new_tokens"] == 16 and cfg.describe()["methods"] == ["vanilla", "hf_generate"]
     with pytest.raises(ConfigError, match="--repeats must be a number"):
@@ -52,7 +54,13 @@ def test_from_overrides_splits_benchmark_and_run_options():
 
 
 def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
-    cfg = RunConfig.of(max_new_tokens=32, dtype="float64", methods=("vanilla", "static_confidence", "selfsd"), preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),), skip_set=str(tmp_path / "s.skipset.json"))
+    cfg = RunConfig.of(
+        max_new_tokens=32,
+        dtype="float64",
+        methods=("vanilla", "static_confidence", "selfsd"),
+        preset_args=(("static_confidence", "--selector.skip_ratio 0.5 --length.threshold 0.9"),),
+        skip_set=str(tmp_path / "s.skipset.json"),
+    )
     rc = preset_run_config(MethodSpec("static_confidence", "preset", "static_confidence"), cfg)
     assert rc.method.selector.config.skip_ratio == 0.5 and rc.method.length.config.threshold == 0.9
     assert rc.method.label == "static_confidence"
@@ -63,4 +71,4 @@ def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
     assert rc.method.selector.config.skip_set == str(tmp_path / "s.skipset.json")
     with pytest.raises(ConfigError, match="records.jsonl exists"):
         (tmp_path / "records.jsonl").write_text("{}\n")
-        run_benchmark(RunConfig.of(methods=("vanilla", "hf_generate"), output=str(tmp_path)), object(), None)
+        run(RunConfig.of(methods=("vanilla", "hf_generate"), output=str(tmp_path)), model=object())

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-import framework.benchmark.bench as run
 import framework.benchmark.load as load
+import framework.runner.lightning as run
 from framework.benchmark.cli import main
 
 

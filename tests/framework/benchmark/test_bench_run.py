@@ -10,13 +10,13 @@ import statistics
 import pytest
 
 from framework.benchmark.hf import HFGenerateDecoder
-from framework.runner.pipeline import run
-from framework.session.methods import preset_run_config
 from framework.config_fields import ConfigError
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import VanillaDecoder
 from framework.models.loading import dtype_name
 from framework.results.metrics import cost_model_prediction, rounds_prediction
+from framework.runner.pipeline import run
+from framework.session.methods import preset_run_config
 from framework.session.run_config import RunConfig
 from framework.testing import plain_table, synthetic_cost_model
 
@@ -42,7 +42,16 @@ def bench(tiny, data, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cm = out.parent / "cost.json"
     cm.write_text(json.dumps({"cost_model": synthetic_cost_model(4).to_dict()}))
-    cfg = RunConfig.of(data=str(data), max_new_tokens=10, dtype="float64", methods=METHODS, repeats=2, output=str(out), cost_model=str(cm), command="python experiments/bench.py --test")
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=10,
+        dtype="float64",
+        methods=METHODS,
+        repeats=2,
+        output=str(out),
+        cost_model=str(cm),
+        command="python experiments/bench.py --test",
+    )
     res = run(cfg, model=model, tokenizer=tok, log=lambda s: None, custom={"broken": Broken(model)})
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     return res, records, out
@@ -161,7 +170,15 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
         return real(self, ids, stop)
 
     monkeypatch.setattr(HFGenerateDecoder, "generate", flaky)
-    cfg = RunConfig.of(data=str(data), max_new_tokens=6, warmup=0, plots=False, methods=("vanilla", "hf_generate"), output=str(tmp_path), cost_model="none")
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=6,
+        warmup=0,
+        plots=False,
+        methods=("vanilla", "hf_generate"),
+        output=str(tmp_path),
+        cost_model="none",
+    )
     with pytest.raises(KeyboardInterrupt):
         run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     lines = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
@@ -179,7 +196,15 @@ def test_hf_error_is_reported_in_its_row(tiny, data, tmp_path, monkeypatch):
         return real(self, ids, stop)
 
     monkeypatch.setattr(HFGenerateDecoder, "generate", fails)
-    cfg = RunConfig.of(methods=("vanilla", "hf_generate", "hf_early_exit"), data=str(data), categories="qa", max_new_tokens=6, output=str(tmp_path), cost_model="none", plots=False)
+    cfg = RunConfig.of(
+        methods=("vanilla", "hf_generate", "hf_early_exit"),
+        data=str(data),
+        categories="qa",
+        max_new_tokens=6,
+        output=str(tmp_path),
+        cost_model="none",
+        plots=False,
+    )
     res = run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     row = next(
         line for line in plain_table(res["report"]).splitlines() if line.startswith("| hf_early_exit |")
@@ -195,8 +220,8 @@ def test_raw_runs_each_gated_preset_with_the_gate_off_too(tiny, data, tmp_path):
     """``--raw``: a gated preset gets a '<name>:raw' companion row decoded with the gate off (its
     own alpha and M even where the gate declines); ungated presets get none; the gate column says
     how often the gate declined, and an alpha that does not exist says why."""
-    from framework.session.methods import parse_methods
     from framework.benchmark.report import _alpha_cell, _gate_cell
+    from framework.session.methods import parse_methods
 
     specs = parse_methods(["static_confidence", "hybrid"], with_raw=True)
     assert [(s.label, s.raw) for s in specs] == [
@@ -206,7 +231,17 @@ def test_raw_runs_each_gated_preset_with_the_gate_off_too(tiny, data, tmp_path):
         ("hybrid", False),  # its preset has no controller gate: nothing to compare
     ]
     model, tok = tiny
-    cfg = RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", limit=1, methods=("vanilla", "static_confidence"), output=str(tmp_path / "out"), cost_model="none", raw=True, preset_args=(("static_confidence", "--selector.skip_ratio 0.5"),))
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=8,
+        dtype="float64",
+        limit=1,
+        methods=("vanilla", "static_confidence"),
+        output=str(tmp_path / "out"),
+        cost_model="none",
+        raw=True,
+        preset_args=(("static_confidence", "--selector.skip_ratio 0.5"),),
+    )
     res = run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     raw = [r for r in records if r["method"] == "static_confidence:raw"]
@@ -239,9 +274,18 @@ def test_a_method_with_a_reduced_draft_head_is_priced_with_it(tiny, data, tmp_pa
     model, tok = tiny
     cm = tmp_path / "cost.json"
     cm.write_text(json.dumps({"cost_model": synthetic_cost_model(4).to_dict()}))
-    cfg = RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", limit=1, methods=("vanilla", "static_confidence"), output=str(tmp_path / "out"), cost_model=str(cm), preset_args=(
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=8,
+        dtype="float64",
+        limit=1,
+        methods=("vanilla", "static_confidence"),
+        output=str(tmp_path / "out"),
+        cost_model=str(cm),
+        preset_args=(
             ("static_confidence", "--selector.skip_ratio 0.5 --drafter.draft_vocab 32 --gate.enabled false"),
-        ))
+        ),
+    )
     res = run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     e = res["summary"]["methods"]["static_confidence"]
     assert e["mismatches"] == 0 and e["cost_model"] is not None
@@ -261,13 +305,24 @@ def test_methods_share_one_preparation_store(tiny, data, tmp_path, monkeypatch):
     real = selfsd_bo.search
     monkeypatch.setattr(selfsd_bo, "search", lambda ctx, c: calls.append(1) or real(ctx, c))
     model, tok = tiny
-    cfg = RunConfig.of(data=str(data), max_new_tokens=4, dtype="float64", limit=1, categories=("qa",), methods=("vanilla", "selfsd_safe"), output=str(tmp_path / "out"), cost_model="none", raw=True, preset_args=(
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=4,
+        dtype="float64",
+        limit=1,
+        categories=("qa",),
+        methods=("vanilla", "selfsd_safe"),
+        output=str(tmp_path / "out"),
+        cost_model="none",
+        raw=True,
+        preset_args=(
             (
                 "selfsd_safe",
                 "--selector.iterations 2 --selector.calib_limit 1 --selector.calib_max_new_tokens 4 "
                 "--selector.cache false --drafter.draft_vocab 0",
             ),
-        ))
+        ),
+    )
     res = run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     assert {"selfsd_safe", "selfsd_safe:raw"} <= set(res["summary"]["methods"])
     assert len(calls) == 1
@@ -309,10 +364,19 @@ def test_mismatch_note_format():
 def test_the_header_names_the_resolved_dtype(tiny, data, tmp_path):
     """``--dtype auto`` is resolved where the model is (float32 on a CPU): the header says so."""
     model, tok = tiny
-    cfg = RunConfig.of(methods=("vanilla", "static_confidence"), data=str(data), categories="qa", max_new_tokens=4, output=str(tmp_path), cost_model="none", plots=False, dtype="auto")
+    cfg = RunConfig.of(
+        methods=("vanilla", "static_confidence"),
+        data=str(data),
+        categories="qa",
+        max_new_tokens=4,
+        output=str(tmp_path),
+        cost_model="none",
+        plots=False,
+        dtype="auto",
+    )
     logs: list[str] = []
     run(cfg, model=model, tokenizer=tok, log=logs.append)
-    header = next(line for line in logs if line.startswith("[bench]") and "prompts x" in line)
+    header = next(line for line in logs if line.startswith("[selfspec]") and "to decode on" in line)
     assert f"({dtype_name(next(model.parameters()).dtype)}, cpu)" in header and "auto" not in header
 
 
@@ -333,10 +397,19 @@ def test_methods_may_be_method_sections(tiny, data, tmp_path):
     with pytest.raises(ConfigError, match="with strategies and its own name"):
         parse_methods([MethodConfig(baseline_only=True)])
     model, tok = tiny
-    cfg = RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", limit=1, methods=("vanilla", mine), output=str(tmp_path / "out"), cost_model="none", raw=True)
-    run_cfg = preset_run_config(cfg.method_specs[1], cfg)
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=8,
+        dtype="float64",
+        limit=1,
+        methods=("vanilla", mine),
+        output=str(tmp_path / "out"),
+        cost_model="none",
+        raw=True,
+    )
+    run_cfg = preset_run_config(cfg.compare.specs(cfg)[1], cfg)
     assert run_cfg.method.selector.config.skip_ratio == 0.5 and run_cfg.method.name == "mine"
-    assert run_cfg.data == cfg.run.data and run_cfg.generation == cfg.run.generation
+    assert run_cfg.data == cfg.data and run_cfg.generation == cfg.generation
     run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert {r["method"] for r in records} == {"vanilla", "mine", "mine:raw"}

@@ -16,7 +16,6 @@ ARGS += ["--methods", "vanilla,static_confidence", "--no-plots"]
 
 
 def test_flat_config_and_method_metrics():
-    assert flat_config({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a/b": 1, "a/c/d": 2, "e": 3}
     summary = {
         "methods": {
             "m": {
@@ -43,7 +42,7 @@ def test_the_benchmark_writes_an_offline_wandb_run(tmp_path, monkeypatch, capsys
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     assert main([*ARGS, "--out", str(tmp_path / "b")]) == 0
-    assert "[bench] W&B offline run:" in capsys.readouterr().out
+    assert "[selfspec] W&B offline run:" in capsys.readouterr().out
     (run,) = (tmp_path / "b" / "tracking" / "wandb").glob("offline-run-*")
     data = b""
     deadline = time.monotonic() + 60

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from framework.benchmark import cli as bench_cli
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import summarize
-from framework.benchmark import cli as bench_cli
 from framework.config_fields import ConfigError
 from framework.data.specbench import (
     ANSWER_KEYS,
@@ -94,12 +94,24 @@ def bench(tiny, data, tmp_path_factory):
     """A two-repeat benchmark of vanilla, HF generate and a drafting preset, with answer files."""
     model, tok = tiny
     out = tmp_path_factory.mktemp("bench")
-    cfg = RunConfig.of(data=str(data), max_new_tokens=8, dtype="float64", warmup=0, plots=False, methods=METHODS, repeats=2, output=str(out), cost_model="none", preset_args=(
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=8,
+        dtype="float64",
+        warmup=0,
+        plots=False,
+        methods=METHODS,
+        repeats=2,
+        output=str(out),
+        cost_model="none",
+        preset_args=(
             (
                 "static_confidence",
                 "--selector.skip_ratio 0.3 --length fixed --length.k 3 --gate.enabled false",
             ),
-        ), specbench_answers=str(out / "specbench"))
+        ),
+        specbench_answers=str(out / "specbench"),
+    )
     res = run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     return res, out / "specbench"
 
@@ -189,7 +201,16 @@ def test_interrupted_benchmark_writes_the_finished_prompts(tiny, data, tmp_path,
         return real(self, ids, stop)
 
     monkeypatch.setattr(HFGenerateDecoder, "generate", flaky)
-    cfg = RunConfig.of(data=str(data), max_new_tokens=6, warmup=0, plots=False, methods=("vanilla", "hf_generate"), output=str(tmp_path / "b"), cost_model="none", specbench_answers=str(tmp_path / "a"))
+    cfg = RunConfig.of(
+        data=str(data),
+        max_new_tokens=6,
+        warmup=0,
+        plots=False,
+        methods=("vanilla", "hf_generate"),
+        output=str(tmp_path / "b"),
+        cost_model="none",
+        specbench_answers=str(tmp_path / "a"),
+    )
     with pytest.raises(KeyboardInterrupt):
         run(cfg, model=model, tokenizer=tok, log=lambda s: None)
     for m in ("vanilla", "hf_generate"):

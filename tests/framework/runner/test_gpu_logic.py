@@ -423,4 +423,6 @@ def test_the_phase_table_says_n_a_for_untimed_phases():
 def _module(cfg, data, tmp_path, model=None, tok=None):
     items = [(0, p) for p in load_prompts(data)]
     specs = cfg.compare.specs(cfg)
-    return DecodeModule(cfg, specs, items, lambda _label: tmp_path / "r", lambda s: None, model=model, tokenizer=tok)
+    return DecodeModule(
+        cfg, specs, items, lambda _label: tmp_path / "r", lambda s: None, model=model, tokenizer=tok
+    )
