@@ -2,7 +2,7 @@
 
 import sys
 
-from framework.benchmark.cli import main
+from framework.runner.cli import bench_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main())

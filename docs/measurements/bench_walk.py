@@ -30,7 +30,7 @@ def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     sys.path.insert(0, str(root))
     os.chdir(tempfile.mkdtemp())
-    from framework.benchmark.cli import main as bench_main
+    from framework.runner.cli import bench_main
 
     target = str(root / "framework" / "benchmark" / "bench.py")
     project = str(root / "framework") + os.sep

@@ -7,7 +7,8 @@ the one pipeline (`framework.runner.pipeline.run`) with several methods (``RunCo
 - `framework.benchmark.report`: `summarize`, the markdown tables, ``bench.md`` and the plots;
 - `framework.benchmark.story`: the report's plain-language reading;
 - `framework.benchmark.load`: whether the timings can be trusted (the machine's load);
-- `framework.benchmark.cli`: `main` (``bench.py``).
+
+Its command line is `framework.runner.cli` (``main(bench=True)``), below which it sits.
 
 See ``docs/benchmarks.md``.
 """

@@ -341,12 +341,17 @@ def render_report(
 
 
 def make_plots(
-    out_dir: Path, summary: dict[str, Any], records: list[dict[str, Any]], num_layers: int
+    out_dir: Path,
+    summary: dict[str, Any],
+    records: list[dict[str, Any]],
+    num_layers: int,
+    single: bool = False,
 ) -> dict[str, str]:
     """The benchmark's PNGs: speedup by category, accepted tokens per round, and for our methods
     the draft's plan over the rounds of the first repeat (`GenerationResult.plans` /
     ``exit_layers``): the exit layer per round for early-exit drafting, else the skip set per round
-    (for a static selector the same set on every row)."""
+    (for a static selector the same set on every row). ``single`` (``run.py``'s one method): the
+    plan's plot is ``skip_sets.png`` or ``exit_layers.png``, as that tool has always named it."""
     out: dict[str, str] = {}
     rows = {m: e["speedup"] for m, e in summary["methods"].items() if m != BASELINE and e["speedup"]}
     out["speedup by category"] = str(plots.speedup_by_category(rows, out_dir / "speedup_by_category.png"))
@@ -371,11 +376,13 @@ def make_plots(
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in method)
         exit_layers = exits.get(method, [])[:MAX_TRACE_ROUNDS]
         if any(e is not None for e in exit_layers):
-            p = plots.exit_layer_over_time(exit_layers, num_layers, out_dir / f"exit_layer_{safe}.png")
+            name = "exit_layers.png" if single else f"exit_layer_{safe}.png"
+            p = plots.exit_layer_over_time(exit_layers, num_layers, out_dir / name)
             out[f"{method}: exit layer per round"] = str(p)
         elif len(set(plan_codes)) > 1 or len(codes) == 1:  # one method: its skip set even when constant
             rows_bits = [[int(c) for c in code] for code in plan_codes[:MAX_TRACE_ROUNDS]]
-            p = plots.skip_heatmap(rows_bits, num_layers, out_dir / f"skip_{safe}.png", title=method)
+            name = "skip_sets.png" if single else f"skip_{safe}.png"
+            p = plots.skip_heatmap(rows_bits, num_layers, out_dir / name, title=method)
             out[f"{method}: skip set per round"] = str(p)
     return out
 

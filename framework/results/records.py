@@ -20,6 +20,7 @@ from framework.data.prompts import Prompt
 from framework.drafting.gate import GateConfig
 from framework.engine.decoding import GenerationResult
 from framework.session.run_config import RunConfig
+from framework.session.sections import BASELINE
 
 #: Fields a record carries only when its writer sets them (`prompt_record`): ``position`` (the
 #: method's place in the prompt's rotated order), ``repeat`` and ``kind`` (the benchmark),
@@ -140,7 +141,9 @@ def prompt_key(rec_or_prompt: Prompt | dict[str, Any]) -> tuple[str, str]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a results JSONL (a torn last line from a killed run is ignored).
+    """The records of a results JSONL (a torn last line from a killed run is ignored). A record
+    ``run.py`` wrote before the one pipeline (issue 48) reads with ``repeat`` 0 and its ``kind``
+    (``baseline`` for vanilla, else ``preset``).
 
     Raises:
         ConfigError: a line other than the last is not JSON (not a results file).
@@ -154,11 +157,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break
             raise ConfigError("--output", str(path), f"a results JSONL (line {i + 1} is not JSON)") from None
+        rec.setdefault("repeat", 0)
+        rec.setdefault("kind", "baseline" if rec.get("method") == BASELINE else "preset")
+        out.append(rec)
     return out
 
 

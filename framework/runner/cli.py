@@ -42,6 +42,7 @@ from framework.session.run_config import RunConfig
 __all__ = [
     "USER_ERRORS",
     "BENCH_ONLY",
+    "bench_main",
     "build_parser",
     "config_from_args",
     "guarded",
@@ -318,6 +319,11 @@ def main(
         resume=kept,
         debug=debug,
     )
+
+
+def bench_main(argv: Sequence[str] | None = None, *, model: Any = None, tokenizer: Any = None) -> int:
+    """``experiments/bench.py``: `main` with ``bench=True``."""
+    return main(argv, bench=True, model=model, tokenizer=tokenizer)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import torch
 from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.utils.data import DataLoader
 
+from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.load import LoadMonitor
 from framework.data.prompts import Prompt
 from framework.engine.context import PreparedCache
@@ -75,8 +76,6 @@ class Methods:
         """Load the model (unless given) and build every method's session and decoder, sharing one
         preparation cache (an offline search, the cost model and the token ranking, once).
         ``stem(label)``: where a method keeps its artefacts (a search's skip set)."""
-        from framework.benchmark.hf import HFGenerateDecoder
-
         if model is None:
             m = cfg.model
             model, tokenizer = load_model(m.name_or_path, m.dtype, m.device, m.device_map)

@@ -58,6 +58,7 @@ from framework.runner.lightning import DecodeModule, Methods, PlainProgress, Res
 from framework.runner.tracking import TrackingCallback, log_summary, summary_metrics
 from framework.session.loggers import close_logger, make_logger
 from framework.session.methods import BASELINE, MethodSpec
+from framework.session.methods import specs as methods_of
 from framework.session.run_config import RunConfig
 from framework.session.session import provenance
 
@@ -193,196 +194,196 @@ def run(
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    seed_everything(cfg.generation.seed)
-    if cfg.runner.threads:
-        torch.set_num_threads(cfg.runner.threads)
-    d = cfg.data
-    prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
-    specs = cfg.compare.specs(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
-    labels = [s.label for s in specs]
-    if len(set(labels)) != len(labels):
-        raise ConfigError(
-            "custom", sorted({x for x in labels if labels.count(x) > 1}), "names not used by --methods"
-        )
-    layout = Layout(
-        output or resolve_output(cfg, folder=bool(cfg.compare.methods or custom)),
-        bool(cfg.compare.methods or custom),
-    )
-    rank0, world = launch_rank(cfg) == 0, cfg.runner.devices * cfg.runner.num_nodes
-    if custom and world > 1:
-        raise ConfigError("--devices", world, "1 with custom decoders (they live in this process)")
-    if layout.folder and not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
-        raise ConfigError(
-            "--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume"
-        )
-    answers = AnswerFiles(cfg.runner.specbench_answers, labels, [layout.records], cfg.model.name_or_path, log)
-    say = log if rank0 else (lambda _m: None)
-    done = resume_state(cfg, layout.records, labels, say, layout.meta) if cfg.runner.resume else set()
-    items = [
-        (r, p)
-        for r in range(cfg.compare.repeats)
-        for p in prompts
-        if (r, p.category, str(p.question_id)) not in done
-    ]
-    if done:
-        total = len(prompts) * cfg.compare.repeats
-        say(f"[selfspec] --resume: {total - len(items)} of {total} prompts already in {layout.records}")
-    cost = (
-        load_cost_model(cfg.compare.cost_model) if cfg.compare.cost_model not in ("none", "measure") else None
-    )
-    meta = {
-        "config": cfg.describe(),
-        "environment": environment(),
-        "prompts": len(prompts),
-        "started": time.time(),
-    }
+    r = _Run(cfg, log, output, custom)
     methods = None
-    if world == 1:  # validated and prepared before any logger or file exists
-        layout.run_dir.mkdir(parents=True, exist_ok=True) if layout.folder else None
+    if r.world == 1:  # validated and prepared before any logger or file exists
+        r.layout.run_dir.mkdir(parents=True, exist_ok=True) if r.layout.folder else None
         methods = Methods.load(
-            cfg, specs, model, tokenizer, stem=layout.stem, log=log, prompts=prompts, custom=custom
+            cfg, r.specs, model, tokenizer, stem=r.layout.stem, log=log, prompts=r.prompts, custom=custom
         )
-        _check_layers(cfg, methods, cost)
+        _check_layers(cfg, methods, r.cost)
+    module = DecodeModule(
+        cfg,
+        r.specs,
+        r.items,
+        r.layout.stem,
+        log,
+        methods,
+        model=model,
+        tokenizer=tokenizer,
+        custom=custom,
+        on_setup=r.on_setup,
+    )
+    tty = sys.stderr.isatty() and r.rank0
+    progress = SpeedupProgressBar() if tty else PlainProgress()
+    callbacks = [ResultsWriter(r.layout.records), TrackingCallback(single=not r.layout.folder), progress]
+    logger = r.tracker(methods) if r.rank0 else None
+    try:
+        trainer_args = _trainer_args(cfg, r.layout.run_dir, callbacks, logger, tty)
+        trainer = _predict(cfg, module, trainer_args, lambda: r.write_answers(module))
+        return r.finish(module, logger) if trainer.global_rank == 0 else {}
+    except BaseException:
+        if logger is not None:
+            close_logger(logger, log, failed=True)
+        raise
 
-    def on_setup(module: DecodeModule) -> None:
-        ms = module.methods
-        meta.update(
+
+class _Run:
+    """The plan and the steps of one `run`: what to decode (the prompts, the methods, what
+    ``--resume`` left), where it goes (`Layout`), and what is written before and after."""
+
+    def __init__(
+        self, cfg: RunConfig, log: Callable[[str], None], output: Path | None, custom: dict[str, Any] | None
+    ) -> None:
+        seed_everything(cfg.generation.seed)
+        if cfg.runner.threads:
+            torch.set_num_threads(cfg.runner.threads)
+        self.cfg, self.log, d = cfg, log, cfg.data
+        self.prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
+        self.specs = methods_of(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
+        labels = self.labels = [s.label for s in self.specs]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(
+                "custom", sorted({x for x in labels if labels.count(x) > 1}), "names not used by --methods"
+            )
+        folder = bool(cfg.compare.methods or custom)
+        layout = self.layout = Layout(output or resolve_output(cfg, folder=folder), folder)
+        self.rank0, self.world = launch_rank(cfg) == 0, cfg.runner.devices * cfg.runner.num_nodes
+        if custom and self.world > 1:
+            raise ConfigError("--devices", self.world, "1 with custom decoders (they live in this process)")
+        if folder and not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
+            raise ConfigError(
+                "--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume"
+            )
+        self.answers = AnswerFiles(
+            cfg.runner.specbench_answers, labels, [layout.records], cfg.model.name_or_path, log
+        )
+        say = log if self.rank0 else (lambda _m: None)
+        done = resume_state(cfg, layout.records, labels, say, layout.meta) if cfg.runner.resume else set()
+        self.resumed = bool(done)
+        reps = cfg.compare.repeats
+        self.items = [
+            (r, p)
+            for r in range(reps)
+            for p in self.prompts
+            if (r, p.category, str(p.question_id)) not in done
+        ]
+        if done:
+            total = len(self.prompts) * reps
+            say(
+                f"[selfspec] --resume: {total - len(self.items)} of {total} prompts already in {layout.records}"
+            )
+        given = cfg.compare.cost_model
+        self.cost = load_cost_model(given) if given not in ("none", "measure") else None
+        self.meta = {
+            "config": cfg.describe(),
+            "environment": environment(),
+            "prompts": len(self.prompts),
+            "started": time.time(),
+        }
+
+    def on_setup(self, module: DecodeModule) -> None:
+        """Once the methods exist on this process: the metadata and the saved config (rank 0)."""
+        cfg, layout, ms = self.cfg, self.layout, module.methods
+        self.meta.update(
             provenance=provenance(cfg.model.name_or_path, ms.base),
             dtype_resolved=dtype_name(ms.base.adapter.arch.dtype),
-            method=", ".join(labels[1:]) or BASELINE,
+            method=", ".join(self.labels[1:]) or BASELINE,
             notes=ms.notes() if layout.folder else ms.base.notes,
             resolved=ms.base.resolved()
             if not layout.folder
             else {k: e.resolved() for k, e in ms.sessions.items() if k != BASELINE},
             methods=ms.settings(),
         )
-        if module.trainer.global_rank == 0 and not (cfg.runner.resume and layout.meta.exists()):
+        if module.trainer.global_rank != 0:
+            return
+        if not (cfg.runner.resume and layout.meta.exists()):  # a resumed run keeps its metadata
             layout.records.parent.mkdir(parents=True, exist_ok=True)
-            write_json(layout.meta, meta)  # a resumed run keeps its original metadata
+            write_json(layout.meta, self.meta)
             cfg.save(layout.config)  # `run.py --config` reruns it
-        if module.trainer.global_rank == 0:
-            arch = ms.base.adapter.arch
-            log(
-                f"[selfspec] {len(items)} prompt(s) to decode on {module.trainer.world_size} process(es) | model "
-                f"{arch.info().name} ({dtype_name(arch.dtype)}, {arch.device}) | methods {', '.join(labels)} | "
-                f"max_new_tokens={cfg.generation.max_new_tokens} | output {layout.root}"
+        arch = ms.base.adapter.arch
+        self.log(
+            f"[selfspec] {len(self.items)} prompt(s) to decode on {module.trainer.world_size} process(es) | "
+            f"model {arch.info().name} ({dtype_name(arch.dtype)}, {arch.device}) | methods "
+            f"{', '.join(self.labels)} | max_new_tokens={cfg.generation.max_new_tokens} | output {layout.root}"
+        )
+
+    def tracker(self, methods: Methods | None) -> Any:
+        """The ``--logger`` of the run, its config the run's settings, provenance and notes."""
+        cfg, layout = self.cfg, self.layout
+        tracked = {**cfg.describe(), "provenance": None, "notes": [], "resolved": {}, "methods": {}}
+        if methods is not None:
+            tracked.update(
+                provenance=provenance(cfg.model.name_or_path, methods.base),
+                notes=methods.base.notes if not layout.folder else methods.notes(),
+                resolved=methods.base.resolved() if not layout.folder else {},
+                methods=methods.settings(),  # what each method resolved to (a preset's settings)
             )
+        name = layout.root.stem if layout.folder else layout.run_dir.name
+        return make_logger(cfg.runner.logger, layout.tracker, name, cfg.runner.wandb_project, tracked)
 
-    module = DecodeModule(
-        cfg,
-        specs,
-        items,
-        layout.stem,
-        log,
-        methods,
-        model=model,
-        tokenizer=tokenizer,
-        custom=custom,
-        on_setup=on_setup,
-    )
-    tty = sys.stderr.isatty() and rank0
-    tracking = TrackingCallback(single=not layout.folder)
-    callbacks = [ResultsWriter(layout.records), tracking, SpeedupProgressBar() if tty else PlainProgress()]
-    tracked = {**cfg.describe(), "provenance": None, "notes": [], "resolved": {}}
-    if methods is not None:
-        tracked.update(
-            provenance=provenance(cfg.model.name_or_path, methods.base),
-            notes=methods.base.notes if not layout.folder else methods.notes(),
-            resolved=methods.base.resolved() if not layout.folder else {},
-        )
-    logger = (
-        make_logger(
-            cfg.runner.logger,
-            layout.tracker,
-            layout.root.stem if layout.folder else layout.run_dir.name,
-            cfg.runner.wandb_project,
-            tracked,
-        )
-        if rank0
-        else None
-    )
+    def write_answers(self, module: DecodeModule) -> dict[str, Path]:
+        net = module.methods.model if module.methods else None
+        return self.answers.write(read_records(self.layout.records), self.cfg.compare.repeats, net)
 
-    def write_answers() -> dict[str, Path]:
-        return answers.write(
-            read_records(layout.records),
-            cfg.compare.repeats,
-            module.methods.model if module.methods else model,
-        )
-
-    trainer = _predict(cfg, module, _trainer_args(cfg, layout.run_dir, callbacks, logger, tty), write_answers)
-    if trainer.global_rank != 0:
-        return {}
-    ms = module.methods
-    records = read_records(layout.records)
-    if cfg.compare.cost_model == "measure":
-        cost = ms.prepared.cost_model()
-        if cost is None:
-            log("[selfspec] measuring the cost model (draft and verification costs) ...")
-            cost = CostModel.measure(ms.base.adapter)
-        layout.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()})  # --cost-model FILE
-    load, said = _trust(module, records)
-    if layout.meta.exists():
-        meta = {
-            **json.loads(layout.meta.read_text()),
-            "load": load,
-            "vanilla_repeat_spread": _spread(records),
-            "warnings": said,
-        }
-        write_json(layout.meta, meta)
-    heads = head_costs(cost, specs, ms.decoders, ms.base.adapter) if cost is not None else {}
-    method_costs = {s.label: heads.get(s.label, cost) for s in specs}
-    summary = summarize(records, labels, method_costs)
-    plots = (
-        make_plots(layout.plots, summary, records, ms.base.adapter.arch.info().num_layers)
-        if cfg.runner.plots and records
-        else {}
-    )
-    if layout.folder:
-        report = render_report(
-            cfg,
-            summary,
-            meta["environment"],
-            len(prompts),
-            module.elapsed,
-            plots,
-            {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"},
-            cost,
-            heads,
-            method_costs,
-            graphs=module.graphs,
-            run_notes=ms.notes(),
-            load=load,
-            warnings=said,
-        )
+    def finish(self, module: DecodeModule, logger: Any) -> dict[str, Any]:
+        """After decoding (rank 0): the cost model, the load check, the report and plots, the
+        tracker's summary and the answer files."""
+        cfg, layout, ms, specs, labels = self.cfg, self.layout, module.methods, self.specs, self.labels
+        records = read_records(layout.records)
+        cost = self.cost
+        if cfg.compare.cost_model == "measure":
+            cost = ms.prepared.cost_model()
+            if cost is None:
+                self.log("[selfspec] measuring the cost model (draft and verification costs) ...")
+                cost = CostModel.measure(ms.base.adapter)
+            layout.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(
+                layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()}
+            )  # --cost-model FILE
+        load, said = module.load, load_warnings(module.load, _spread(records))
+        if layout.meta.exists():
+            meta = json.loads(layout.meta.read_text())
+            write_json(
+                layout.meta,
+                {**meta, "load": load, "vanilla_repeat_spread": _spread(records), "warnings": said},
+            )
+        heads = head_costs(cost, specs, ms.decoders, ms.base.adapter) if cost is not None else {}
+        method_costs = {s.label: heads.get(s.label, cost) for s in specs}
+        summary = summarize(records, labels, method_costs)
+        plots = {}
+        if cfg.runner.plots and records:
+            layers = ms.base.adapter.arch.info().num_layers
+            plots = make_plots(layout.plots, summary, records, layers, single=not layout.folder)
         table = breakdown = ""
-    else:
-        table, breakdown, report = _run_report(
-            cfg,
-            records,
-            labels,
-            layout,
-            plots,
-            (len(items), len(prompts) * cfg.compare.repeats - len(items), bool(done), module.elapsed),
-        )
-    layout.report.write_text(report)
-    log("\n" + report)
-    if logger is not None:
-        log_summary(logger, records, summary, report, plots, labels, single=not layout.folder)
-        close_logger(logger, log)
-    written = write_answers()
-    return {
-        "output": str(layout.records),
-        "out": str(layout.root),
-        "run_dir": str(layout.run_dir),
-        "records": records,
-        "report": report,
-        "table": table,
-        "breakdown": breakdown,
-        "summary": summary if layout.folder else summary_metrics(records, labels[-1]),
-        "plots": plots if layout.folder else list(plots.values()),
-        "specbench_answers": [str(p) for p in written.values()],
-    }
+        if layout.folder:
+            hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
+            report = render_report(
+                cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
+                heads, method_costs, graphs=module.graphs, run_notes=ms.notes(), load=load, warnings=said,
+            )  # fmt: skip
+        else:
+            undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
+            progress = (len(self.items), undone, self.resumed, module.elapsed)
+            table, breakdown, report = _run_report(cfg, records, labels, layout, plots, progress)
+        layout.report.write_text(report)
+        self.log("\n" + report)
+        if logger is not None:
+            log_summary(logger, records, summary, report, plots, labels, single=not layout.folder)
+            close_logger(logger, self.log)
+        written = self.write_answers(module)
+        return {
+            "output": str(layout.records),
+            "out": str(layout.root),
+            "run_dir": str(layout.run_dir),
+            "records": records,
+            "report": report,
+            "table": table,
+            "breakdown": breakdown,
+            "summary": summary if layout.folder else summary_metrics(records, labels[-1]),
+            "plots": plots if layout.folder else list(plots.values()),
+            "specbench_answers": [str(p) for p in written.values()],
+        }
 
 
 def _check_layers(cfg: RunConfig, methods: Methods, cost: CostModel | None) -> None:
@@ -403,11 +404,6 @@ def _spread(records: list[dict[str, Any]]) -> float | None:
             tw[0] += r["new_tokens"]
             tw[1] += r["wall_time"]
     return vanilla_spread([t / w for t, w in by_rep.values() if w > 0])
-
-
-def _trust(module: DecodeModule, records: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """The machine's load while timed and the warnings it and the baseline's repeats call for."""
-    return module.load, load_warnings(module.load, _spread(records))
 
 
 def head_costs(

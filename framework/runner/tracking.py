@@ -107,7 +107,7 @@ def round_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
             drafts = turn.get("draft_lengths") or [None] * len(turn["accept_lengths"])
             for r_i, (k, acc) in enumerate(zip(drafts, turn["accept_lengths"], strict=False)):
                 plan, exit_layer = next(plans, (None, None)) if k else (None, None)
-                rows.append([rec["question_id"], rec["category"], t_i, r_i, k, acc, plan, exit_layer])
+                rows.append([str(rec["question_id"]), rec["category"], t_i, r_i, k, acc, plan, exit_layer])
     return rows
 
 
@@ -202,7 +202,11 @@ def _wandb_extras(
         if not r.get("error") and r.get("repeat", 0) == 0:
             by_prompt.setdefault((r["category"], r["question_id"]), {})[r["method"]] = r
     texts = [
-        [qid, cat, *("\n---\n".join(t["text"] for t in by[m]["turns"]) if m in by else None for m in labels)]
+        [
+            str(qid),
+            cat,
+            *("\n---\n".join(t["text"] for t in by[m]["turns"]) if m in by else None for m in labels),
+        ]
         + [by[m].get("lossless") if m in by else None for m in labels[1:]]
         for (cat, qid), by in by_prompt.items()
     ]
@@ -216,7 +220,13 @@ def _wandb_extras(
         cols = ["question_id", "category", "turn", "round", "drafted", "committed", "skip_set", "exit_layer"]
         logger.log_table("rounds", columns=cols, data=trace)
     sel = [
-        [r["question_id"], r["category"], r["method"], t_i, json.dumps(t["strategy_summary"]["selector"])]
+        [
+            str(r["question_id"]),
+            r["category"],
+            r["method"],
+            t_i,
+            json.dumps(t["strategy_summary"]["selector"]),
+        ]
         for r in records
         if r["method"] != "vanilla" and not r.get("error")
         for t_i, t in enumerate(r["turns"])

@@ -125,9 +125,10 @@ def _keep_earlier_rows(logger: Any, metrics: Path) -> None:
         writer.metrics_keys = list(header)
 
 
-def close_logger(logger: Any, log: Any, tag: str = "[selfspec]") -> None:
-    """Finish a W&B run this tool started (not one a sweep agent owns) and say where it is; a CSV
-    logger is saved and its directory named."""
+def close_logger(logger: Any, log: Any, tag: str = "[selfspec]", failed: bool = False) -> None:
+    """Finish a W&B run this tool started (not one a sweep agent owns; ``failed``: with exit code 1,
+    so that no later run attaches to it) and say where it is; a CSV logger is saved and its
+    directory named."""
     from pytorch_lightning.loggers import WandbLogger
 
     if not isinstance(logger, WandbLogger):
@@ -140,7 +141,7 @@ def close_logger(logger: Any, log: Any, tag: str = "[selfspec]") -> None:
     offline = run.settings.mode in ("offline", "dryrun")
     run_dir = Path(run.dir).parent
     if getattr(logger, "selfspec_owned", False) and wandb.run is run:
-        run.finish()
+        run.finish(exit_code=1 if failed else None)
     if offline:
         log(f"{tag} W&B offline run: {run_dir} (upload with `wandb sync {run_dir}`)")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,8 @@ from framework.interfaces import REGISTRIES
 from framework.registry import UnknownNameError
 from framework.session.flags import flag_name
 from framework.session.plugins import import_recorded
-from framework.session.run_config import SECTIONS, RunConfig, StrategySpec, UnknownStrategyError
+from framework.session.presets import PRESET_DIR, load_preset, preset_path
+from framework.session.sections import SECTIONS, StrategySpec, UnknownStrategyError
 
 # A draft is a mutable copy of a config: {section: {field: value}}, where the method section holds
 # {"name": ..., field: value} for each strategy kind and {field: value} for the gate. Overrides
@@ -99,7 +101,8 @@ def config_of(kind: str, spec: StrategySpec) -> Any:
     return _entry(kind, spec.name).config()
 
 
-def draft_of(cfg: RunConfig) -> dict[str, dict[str, Any]]:
+def draft_of(cfg: Any) -> dict[str, dict[str, Any]]:
+    """The draft of a config (a `RunConfig`, or anything with its sections as attributes)."""
     draft: dict[str, dict[str, Any]] = {}
     for section in SECTIONS:
         values = fields_of(getattr(cfg, section))
@@ -259,8 +262,39 @@ def build_section(cls: type, values: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-def build(draft: dict[str, dict[str, Any]]) -> RunConfig:
-    return RunConfig(**{name: build_section(cls, draft[name]) for name, cls in SECTIONS.items()})
+def build(draft: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The sections of ``draft``, validated (``RunConfig(**build(draft))``)."""
+    return {name: build_section(cls, draft[name]) for name, cls in SECTIONS.items()}
 
 
-__all__ = ["FLAT_KEYS", "apply", "build", "config_of", "draft_of", "fields_of", "plain", "section_of"]
+def preset_draft(name_or_path: str | None) -> dict[str, dict[str, Any]]:
+    """The draft of a shipped preset or a preset YAML file (``None``: the defaults); an error in
+    the preset names the file, not a flag."""
+    draft = draft_of(types.SimpleNamespace(**{name: cls() for name, cls in SECTIONS.items()}))
+    if name_or_path is None:
+        return draft
+    preset = load_preset(name_or_path)
+    base: dict[str, Any] = {"name": preset["name"], "baseline_only": preset["baseline_only"]}
+    for key in (*REGISTRIES, *NESTED):  # a preset file's blocks, as dotted keys
+        base.update({f"{key}.{k}": v for k, v in preset.get(key, {}).items()})
+    try:  # the preset alone first
+        apply(draft, base)
+        build(draft)
+    except ConfigError as err:
+        where = preset_path(name_or_path)
+        where_text = where.name if where.parent == PRESET_DIR else str(where)
+        raise err.with_flag(f"{where_text}: {str(err.field).lstrip('-')}") from None
+    return draft
+
+
+__all__ = [
+    "FLAT_KEYS",
+    "apply",
+    "build",
+    "config_of",
+    "draft_of",
+    "fields_of",
+    "plain",
+    "preset_draft",
+    "section_of",
+]

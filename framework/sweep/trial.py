@@ -74,7 +74,7 @@ def run_options() -> dict[str, RunOption]:
     the strategy flags' short aliases (``skip_set`` for ``selector.skip_set``) and ``method``."""
     table: dict[str, RunOption] = {"method": RunOption("method")}
     for key, (section, name) in FLAT_KEYS.items():
-        if key in FORBIDDEN_OPTIONS:
+        if key in FORBIDDEN_OPTIONS or section == "compare":  # a trial is one method
             continue
         cls = SECTIONS[section]
         f = next(f for f in dataclasses.fields(cls) if f.name == name)

@@ -26,6 +26,31 @@ tracker's ``prompt/question_id`` and ``prompt/category`` columns. Migration: non
 results file resumes (its missing keys read as their neutral values) and an older saved
 configuration loads (its missing keys keep their defaults).
 
+Changed on purpose by the one pipeline (issue 48; shapes regenerated then, the resume fixture kept
+as the earlier version wrote it):
+
+- ``run.py``: each record has ``repeat`` (0) and ``kind`` (``baseline``/``preset``); the metadata
+  has ``prompts``, ``methods`` (what each method resolved to), ``load``, ``vanilla_repeat_spread``
+  and ``warnings``, as the benchmark's had; ``<stem>/cost_model.json`` is new (the measured cost
+  model, reusable with ``--cost-model``); the configuration (``.config.yaml``, the metadata, the
+  tracker) has the ``compare`` section's keys at their neutral values (``methods: []`` is
+  run.py's run).
+- ``bench.py``: each record has ``rank``; ``config.yaml`` is new (``--config`` reruns the
+  benchmark); the metadata's ``config`` is the whole `RunConfig` (``out`` is spelled ``output``,
+  and the method section's defaults are there, unused) and it gains ``dtype_resolved``,
+  ``method`` and ``resolved`` (per method); ``hf`` went: an HF method's description is its entry
+  in ``methods``; the tracker's config is run.py's (the flat keys, ``provenance``, ``notes``,
+  ``resolved``, ``methods`` nested), no longer the metadata flattened into ``a/b`` keys; the CSV
+  tracker logs run.py's per-prompt rows too (``prompt/<method>_tokens_per_s``, ...); a method
+  whose plan varies gets its skip-set plot.
+
+Migration: a results file of the earlier ``run.py`` resumes (`read_records` reads a record
+without ``repeat``/``kind`` as repeat 0 of a baseline or preset; the missing ``compare`` keys read
+as their neutral values), and an earlier saved configuration loads (missing keys keep their
+defaults). The earlier ``bench.py`` had no ``--resume``. A script that read ``meta["hf"]`` reads
+``meta["methods"][name]``; one that read ``meta["config"]["out"]`` reads ``["output"]``; a W&B
+query of the benchmark's ``config/a/b`` keys reads the nested ``a.b``.
+
 Regenerate the shapes only when an output format changes on purpose:
 ``python tests/experiments/test_output_compat.py --write``.
 """
@@ -42,8 +67,8 @@ from typing import Any
 import pytest
 import yaml
 
-from framework.benchmark.cli import main as bench_main
 from framework.results.records import read_records
+from framework.runner.cli import bench_main
 from framework.runner.cli import main as run_main
 
 DATA = Path(__file__).with_name("data")

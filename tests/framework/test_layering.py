@@ -11,8 +11,9 @@ Layers, bottom up (a module may import its own layer and the layers below it):
 4. building blocks strategies compose: ``framework.drafting`` (draft builder, reduced head and
    compressed weights, draft gate) and ``framework.search`` (Bayesian optimisation, work budget);
 5. tooling, itself ordered bottom up (`TOOLING`): ``framework.data``, ``framework.testing``,
-   ``framework.models``, ``framework.session``, ``framework.results``, ``framework.runner``
-   (the runner), ``framework.benchmark``, ``framework.sweep``, and the ``selfspec`` Python API.
+   ``framework.models``, ``framework.session``, ``framework.results``, ``framework.benchmark``
+   (the benchmark's baselines, load check and report), ``framework.runner`` (the one pipeline and
+   both command lines), ``framework.sweep``, and the ``selfspec`` Python API.
 
 ``strategies`` sit beside the tooling: they import the API, the engine and the policies, never the
 tooling; the framework reaches them only through the registries (the composition root,
@@ -48,9 +49,8 @@ TOOLING = (
     "framework.models",
     "framework.session",
     "framework.results",
-    "framework.driver",
-    "framework.runner",
     "framework.benchmark",
+    "framework.runner",
     "framework.sweep",
     "selfspec",
 )

@@ -1,5 +1,5 @@
-"""The benchmark's command line (framework/benchmark/cli.py, experiments/bench.py): flags generated
-from `RunConfig` and `BenchConfig` keep their meaning, and bad input exits with status 2 and a
+"""The benchmark's command line (framework/runner/cli.py with ``bench=True``, experiments/bench.py):
+flags generated from `RunConfig` keep their meaning, and bad input exits with status 2 and a
 clear message before anything is written."""
 
 from __future__ import annotations
@@ -8,9 +8,14 @@ import json
 
 import pytest
 
-from framework.benchmark.cli import build_parser, main
+from framework.runner.cli import bench_main as main
+from framework.runner.cli import build_parser as _build_parser
 from framework.runner.cli import config_from_args
 from framework.testing import synthetic_cost_model
+
+
+def build_parser():
+    return _build_parser(bench=True)
 
 
 def _config(argv):
@@ -47,14 +52,18 @@ def test_flags_keep_their_meaning():
         "none",
         "s.json",
     )
-    assert (cfg.prompt_lookup_num_tokens, cfg.max_matching_ngram_size, cfg.early_exit_layer) == (5, 3, 2)
-    assert cfg.hf_kernels is True
+    assert (
+        cfg.compare.prompt_lookup_num_tokens,
+        cfg.compare.max_matching_ngram_size,
+        cfg.compare.early_exit_layer,
+    ) == (5, 3, 2)
+    assert cfg.compare.hf_kernels is True
     assert cfg.compare.preset_args == (
         ("swift", {"selector.skip_ratio": "0.3"}),
     )  # read once, into overrides
     default = _config([])
     # The first run's story: the gated default, the same ungated, and the hybrid drafter.
-    assert default.methods == ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
+    assert default.compare.methods == ("vanilla", "static_confidence", "static_confidence:raw", "hybrid")
     assert (default.generation.max_new_tokens, default.model.dtype, default.runner.warmup, default.compare.repeats) == (
         128, "auto", 1, 1
     )  # fmt: skip

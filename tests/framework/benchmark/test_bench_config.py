@@ -8,6 +8,7 @@ import pytest
 from framework.config_fields import ConfigError
 from framework.runner.pipeline import run
 from framework.session.methods import MethodSpec, parse_methods, preset_run_config
+from framework.session.methods import specs as methods_of
 from framework.session.run_config import RunConfig
 
 
@@ -24,7 +25,7 @@ def test_preset_file_is_a_method(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("selector: {name: static, skip_ratio: 0.3}\nlength: {name: fixed}\n")
     cfg = RunConfig.of(methods=("vanilla", str(path)))
-    (spec,) = [s for s in cfg.compare.specs(cfg) if s.kind == "preset"]
+    (spec,) = [s for s in methods_of(cfg) if s.kind == "preset"]
     assert (spec.label, spec.source) == ("mine", str(path))
     rc = preset_run_config(spec, cfg)
     assert (

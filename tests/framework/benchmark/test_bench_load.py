@@ -11,7 +11,7 @@ import pytest
 
 import framework.benchmark.load as load
 import framework.runner.lightning as run
-from framework.benchmark.cli import main
+from framework.runner.cli import bench_main as main
 
 
 def _stat(path, busy_ticks: int) -> None:

@@ -17,6 +17,7 @@ from framework.models.loading import dtype_name
 from framework.results.metrics import cost_model_prediction, rounds_prediction
 from framework.runner.pipeline import run
 from framework.session.methods import preset_run_config
+from framework.session.methods import specs as methods_of
 from framework.session.run_config import RunConfig
 from framework.testing import plain_table, synthetic_cost_model
 
@@ -407,7 +408,7 @@ def test_methods_may_be_method_sections(tiny, data, tmp_path):
         cost_model="none",
         raw=True,
     )
-    run_cfg = preset_run_config(cfg.compare.specs(cfg)[1], cfg)
+    run_cfg = preset_run_config(methods_of(cfg)[1], cfg)
     assert run_cfg.method.selector.config.skip_ratio == 0.5 and run_cfg.method.name == "mine"
     assert run_cfg.data == cfg.data and run_cfg.generation == cfg.generation
     run(cfg, model=model, tokenizer=tok, log=lambda s: None)

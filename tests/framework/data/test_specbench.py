@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from framework.benchmark import cli as bench_cli
 from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.report import summarize
 from framework.config_fields import ConfigError
@@ -23,6 +22,7 @@ from framework.data.specbench import (
     write_answer_files,
 )
 from framework.results.records import config_differences, read_records
+from framework.runner import cli as bench_cli
 from framework.runner import cli as run_cli
 from framework.runner.pipeline import run
 from framework.session.run_config import RunConfig, RunnerConfig
@@ -293,11 +293,11 @@ def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
     # accepted by both command lines, off by default
     args = run_cli.build_parser().parse_args(["--specbench-answers", "sb"])
     assert run_cli.config_from_args(args).runner.specbench_answers == "sb"
-    assert RunConfig().runner.specbench_answers == "" and RunConfig.of().specbench_answers == ""
-    args = bench_cli.build_parser().parse_args(
+    assert RunConfig().runner.specbench_answers == "" and RunConfig.of().runner.specbench_answers == ""
+    args = bench_cli.build_parser(bench=True).parse_args(
         ["--methods", "vanilla,hf_generate", "--specbench-answers", "sb"]
     )
-    assert bench_cli.config_from_args(args).specbench_answers == "sb"
+    assert bench_cli.config_from_args(args, "cmd").runner.specbench_answers == "sb"
     # where the answers go does not change a result: --resume accepts another directory
     assert (
         config_differences(
@@ -322,7 +322,9 @@ def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
     model, tok = tiny
     bench_argv = ["--data", str(data), "--methods", "vanilla,hf_generate", "--out", str(tmp_path / "b")]
     assert (
-        bench_cli.main([*bench_argv, "--specbench-answers", str(a_file / "sub")], model=model, tokenizer=tok)
+        bench_cli.bench_main(
+            [*bench_argv, "--specbench-answers", str(a_file / "sub")], model=model, tokenizer=tok
+        )
         == 2
     )
     assert "--specbench-answers must be a directory" in capsys.readouterr().err

@@ -76,7 +76,7 @@ def test_run_provenance_has_model_code_device_and_dtype():
 
 @pytest.mark.parametrize("entry", ["run", "bench"])
 def test_every_run_records_its_provenance(tmp_path, entry):
-    from framework.benchmark.cli import main as bench_main
+    from framework.runner.cli import bench_main
     from framework.runner.cli import main as run_main
 
     common = ["--model", "tiny-random", "--limit", "1", "--categories", "qa", "--max-new-tokens", "4"]
@@ -96,15 +96,12 @@ def test_every_run_records_its_provenance(tmp_path, entry):
 
 def test_run_and_bench_record_one_environment():
     """Issue 39, item 2: ``environment()`` is written once; the runner's and the benchmark's
-    ``meta.json`` come from the one driver (`framework.driver.metadata`), which takes it from
+    ``meta.json`` come from the one pipeline (`framework.runner.pipeline.run`), which takes it from
     `framework.models.provenance`."""
-    import framework.benchmark.bench as bench
-    import framework.driver as driver
-    import framework.runner.launch as launch
     from framework.models.provenance import environment
+    from framework.runner import pipeline
 
-    assert driver.environment is environment
-    assert launch.metadata is driver.metadata and bench.metadata is driver.metadata
+    assert pipeline.environment is environment
     env = environment()
     assert {
         "cpu",

@@ -20,6 +20,7 @@ from framework.engine.decoding import StopCondition, VanillaDecoder
 from framework.models.loading import ModelLoadError, check_fits, parameter_count, resolve_dtype
 from framework.results.compare import NEAR_TIE_ULPS, first_mismatch, mismatch_details, near_tie, ulp
 from framework.runner.lightning import DecodeModule
+from framework.session.methods import specs as methods_of
 from framework.session.run_config import ModelConfig, RunConfig
 from framework.testing import synthetic_cost_model, tiny_model, tiny_tokenizer
 from strategies.length.fixed import FixedLengthConfig
@@ -422,7 +423,7 @@ def test_the_phase_table_says_n_a_for_untimed_phases():
 
 def _module(cfg, data, tmp_path, model=None, tok=None):
     items = [(0, p) for p in load_prompts(data)]
-    specs = cfg.compare.specs(cfg)
+    specs = methods_of(cfg)
     return DecodeModule(
         cfg, specs, items, lambda _label: tmp_path / "r", lambda s: None, model=model, tokenizer=tok
     )

@@ -7,9 +7,13 @@ import shlex
 
 import pytest
 
-from framework.benchmark.cli import build_parser as bench_parser
 from framework.runner.cli import build_parser as run_parser
 from framework.sweep.cli import build_sweep_parser
+
+
+def bench_parser():
+    return run_parser(bench=True)
+
 
 PARSERS = {"run.py": run_parser, "bench.py": bench_parser, "sweep.py": build_sweep_parser}
 

@@ -196,9 +196,9 @@ def test_round_rows_align_plans_with_drafting_rounds():
         exit_layers=[None, 1],
     )
     assert round_rows([rec]) == [
-        [7, "qa", 0, 0, 3, 2, "0110", None],
-        [7, "qa", 0, 1, 0, 1, None, None],
-        [7, "qa", 0, 2, 2, 2, "0011", 1],
+        ["7", "qa", 0, 0, 3, 2, "0110", None],
+        ["7", "qa", 0, 1, 0, 1, None, None],
+        ["7", "qa", 0, 2, 2, 2, "0011", 1],
     ]
 
 

@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from framework.benchmark.cli import main as bench_main
-from framework.runner.cli import list_strategies
+from framework.runner.cli import bench_main, list_strategies
 from framework.runner.cli import main as run_main
 from framework.session.notes import PAPER_PRESETS, differences, published_by, published_notes, run_notes
 from framework.session.presets import list_presets

@@ -304,7 +304,7 @@ def test_to_dict_is_plain_and_from_dict_inverts_it(tmp_path):
 
 def test_generated_flags_cover_every_field_and_read_back_as_overrides():
     parser = argparse.ArgumentParser()
-    add_config_flags(parser, RunConfig, exclude=("output",))
+    add_config_flags(parser, RunConfig, exclude=("output", "compare"))  # run.py's flags
     args = parser.parse_args(
         [
             "--max-new-tokens",
