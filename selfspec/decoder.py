@@ -1,9 +1,10 @@
 """`Decoder`: self-speculative decoding from Python, without the command line.
 
 The CLI (``experiments/run.py``), the benchmark and sweeps build the same objects this class
-builds: a `RunConfig` (from a preset and overrides), a `Session` (the model, its tokenizer and
-both decoders) and, for a comparison, the interleaved timing protocol of
-`framework.results.compare`.
+builds: a `RunConfig` (from a preset and overrides) and a `Session` (the model, its tokenizer and
+both decoders). `Decoder.benchmark` runs the pipeline behind ``run.py`` and ``bench.py``
+(`framework.runner.pipeline.run`) on a prompt file; `Decoder.compare` times one prompt in memory
+with the protocol that pipeline runs per prompt (`framework.results.compare`), writing nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from framework.engine.decoding import GenerationResult
 from framework.engine.grammar import Grammar
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
+from framework.runner.pipeline import run as run_pipeline
 from framework.session.run_config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
 from framework.session.session import Session
 from framework.types import LayerPlan
@@ -566,6 +568,41 @@ class Decoder:
             first_mismatch=mismatch if greedy else None,
             repeats=repeats,
         )
+
+    def benchmark(
+        self,
+        data: str | None = None,
+        *,
+        methods: Sequence[Any] = (),
+        output: str | None = None,
+        log: Any = print,
+        **overrides: Any,
+    ) -> dict[str, Any]:
+        """This decoder's method against vanilla (and ``methods``) on a prompt file, through the
+        pipeline of ``run.py`` and ``bench.py`` (`framework.runner.pipeline.run`): interleaved in
+        rotated order, records written as each prompt finishes, the report, the plots, the tracker
+        and the answer files, into the folder ``output`` (default ``runs/bench-<time>``).
+
+        Args:
+            data: a Spec-Bench ``question.jsonl`` (default: the built-in suite).
+            methods: more methods to compare, as ``bench.py --methods`` names them (presets,
+                ``hf_generate``, ``<preset>:raw``, `MethodConfig` sections).
+            output: the results folder.
+            log: progress lines (``None``: silent).
+            **overrides: any other `RunConfig` override (``limit=5``, ``repeats=3``,
+                ``logger="none"``, ``categories="qa,rag"``).
+
+        Returns:
+            What `framework.runner.pipeline.run` returns: the records, the summary, the report.
+        """
+        vanilla = RunConfig.from_preset("vanilla").method
+        cfg = RunConfig(model=self.model_config, method=vanilla, generation=self.generation)
+        cfg = cfg.replace(
+            **{"data.path": data, "compare.methods": tuple(methods), "runner.output": output}, **overrides
+        )
+        own = {self.method.label: self.experiment.spec}  # the decoder itself, its own strategies included
+        quiet = log or (lambda _m: None)
+        return run_pipeline(cfg, quiet, self.model, self.tokenizer, custom=own)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={s.name or type(s).__name__}" for k, s in self.strategies.items())

@@ -3,7 +3,7 @@ cost model's prediction for the rounds each method ran, at synthetic acceptance 
 
 Each method runs with ``--synthetic-acceptance P`` (`framework.engine.synthetic`: every draft
 token accepted with probability P from a seeded stream, whatever the target says) and its gate off
-(every round drafts), interleaved with vanilla decoding in one benchmark (`run_benchmark`: warm-up,
+(every round drafts), interleaved with vanilla decoding in one benchmark (the pipeline: warm-up,
 rotated order, the cost model measured after the warm-up). The prediction is the benchmark's "its
 rounds" (`framework.results.metrics.rounds_prediction`): each round the method actually ran, with
 its own draft length and its own context, priced by the measured cost model, against as many
@@ -21,8 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from framework.benchmark.bench import run_benchmark
-from framework.benchmark.bench_config import BenchConfig
+from framework.runner.pipeline import run as run_pipeline
 from framework.session.run_config import RunConfig
 
 
@@ -85,22 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     presets = [p for p in args.presets.split(",") if p]
     ps = [float(p) for p in args.p.split(",") if p]
-    run = RunConfig.of(
+    cfg = RunConfig.of(
         model=args.model,
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
         logger="none",
         plots=False,
         threads=args.threads,
-    )
-    cfg = BenchConfig(
-        run=run,
         methods=("vanilla", *methods(presets, ps)),
         repeats=args.repeats,
-        out=args.out,
+        output=args.out,
         cost_model="measure",
     )
-    res = run_benchmark(cfg)
+    res = run_pipeline(cfg)
     text, rows = table(res["summary"], presets, ps)
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     text += f"\n\nMean absolute error {sum(errors) / max(1, len(errors)):.1%} over {len(errors)} methods."

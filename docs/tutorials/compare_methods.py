@@ -68,7 +68,7 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     the default model.
     """
     from framework import REGISTRIES
-    from framework.runner.launch import run
+    from framework.runner.pipeline import run
     from framework.session.run_config import RunConfig
 
     cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))

@@ -1,16 +1,8 @@
-"""The configuration of a run: `RunConfig`, the single source of truth, in five sections.
-
-- `ModelConfig` (``cfg.model``): which model, in what dtype, on what device, and how it executes
-  (CPU kernels, CUDA graphs, phase timing);
-- `MethodConfig` (``cfg.method``): the four strategies, the draft gate, the method's name;
-- `DataConfig` (``cfg.data``): the prompts;
-- `GenerationConfig` (``cfg.generation``): what one generation may do (token budget, stop
-  strings, seed);
-- `RunnerConfig` (``cfg.runner``): how the runner executes and records a run (output, W&B,
-  warm-up, threads, processes, ``--resume``).
-
-`selfspec.Decoder` takes the model, method and generation sections only; the benchmark shares
-one run's sections with every method and swaps the method section per method.
+"""The configuration of a run: `RunConfig`, the single source of truth, in six sections
+(`framework.session.sections`: the model, the method, the data, the generation, the runner, and
+the methods compared). `selfspec.Decoder` takes the model, method and generation sections only;
+a run of several methods (``bench.py``) shares its sections with every method and swaps the
+method section per method (`framework.session.methods`).
 
 Every way of configuring a run ends in one frozen `RunConfig`: Python code
 (``RunConfig.from_preset("swift", max_new_tokens=64)``), a preset YAML, a saved config

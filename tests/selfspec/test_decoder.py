@@ -326,3 +326,24 @@ def test_a_quiet_decoder_asks_its_preparations_for_no_progress_bar(model_and_tok
     quiet_dec = selfspec.Decoder.from_preset("static_confidence", model=model, tokenizer=tok, **quiet())
     loud = selfspec.Decoder.from_preset("static_confidence", model=model, tokenizer=tok, log=lambda m: None)
     assert quiet_dec.experiment.prepare_ctx.progress is False and loud.experiment.prepare_ctx.progress is True
+
+
+def test_benchmark_runs_the_pipeline_of_run_and_bench_with_the_decoder_itself(dec, tmp_path):
+    """Issue 48: the Python API's comparison on a prompt file is the one pipeline: the decoder's
+    own method (its strategy objects) against vanilla, records and report in a folder."""
+    res = dec.benchmark(
+        methods=["hf_generate"],
+        output=str(tmp_path / "b"),
+        limit=1,
+        categories="qa,rag",
+        logger="none",
+        plots=False,
+    )
+    recs = res["records"]
+    assert sorted({r["method"] for r in recs}) == ["hf_generate", "static_confidence", "vanilla"]
+    assert {r["kind"] for r in recs if r["method"] == "static_confidence"} == {"custom"}
+    assert len(recs) == 6 and all(r["lossless"] for r in recs if r["method"] != "vanilla")
+    assert (tmp_path / "b" / "records.jsonl").is_file() and (tmp_path / "b" / "bench.md").is_file()
+    assert "static_confidence" in res["summary"]["methods"]
+    with pytest.raises(ConfigError, match="--limit"):
+        dec.benchmark(output=str(tmp_path / "c"), limit=0)
