@@ -20,6 +20,7 @@ the plots, ``cost_model.json`` and ``tracking/``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +30,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -573,18 +574,15 @@ def _predict(
     return trainer
 
 
-class _quiet_lightning:
+@contextlib.contextmanager
+def _quiet_lightning() -> Iterator[None]:
     """Silence Lightning's start-up banners and its advice about data-loader workers (one prompt
     per step is the point here)."""
-
-    def __enter__(self) -> None:
-        self._levels = {}
-        for name in ("pytorch_lightning", "lightning.pytorch", "lightning.fabric"):
-            lg = logging.getLogger(name)
-            self._levels[name] = lg.level
-            lg.setLevel(logging.WARNING)
-        self._warn = warnings.catch_warnings()
-        self._warn.__enter__()
+    names = ("pytorch_lightning", "lightning.pytorch", "lightning.fabric")
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with warnings.catch_warnings():
         for message in (
             ".*does not have many workers.*",
             ".*predict_dataloader.*num_workers.*",
@@ -593,11 +591,11 @@ class _quiet_lightning:
             ".*`DataLoader` across ranks is zero.*",
         ):
             warnings.filterwarnings("ignore", message=message)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._warn.__exit__(*exc)
-        for name, level in self._levels.items():
-            logging.getLogger(name).setLevel(level)
+        try:
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
 
 
 __all__ = [

@@ -211,6 +211,44 @@ def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
     assert "| **overall** | 5 |" in plain_table(proc.stdout)
 
 
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_split_the_prompts_of_a_benchmark_too(tmp_path, data):
+    """Issue 48: bench.py is the same pipeline, so ``--devices 2`` splits its prompts the same way:
+    every method of a prompt on one rank, one records file, one report by rank 0."""
+    model_dir = tmp_path / "tiny"
+    tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256).save_pretrained(
+        model_dir
+    )
+    tiny_tokenizer().save_pretrained(model_dir)
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable,
+        str(ROOT / "experiments" / "bench.py"),
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+    ]
+    cmd += ["--devices", "2", "--threads", "1", "--logger", "none", "--no-plots", "--max-new-tokens", "8"]
+    cmd += [
+        "--methods",
+        "vanilla,static_confidence,hf_generate",
+        "--cost-model",
+        "none",
+        "--output",
+        str(out),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = read_records(out / "records.jsonl")
+    methods = ("vanilla", "static_confidence", "hf_generate")
+    assert keys(recs) == sorted((q, m) for q in range(1, 6) for m in methods)
+    assert {r["question_id"] for r in recs if r["rank"] == 1} == {2, 4}  # prompts[1::2], every method
+    assert all(r["lossless"] for r in recs if r["method"] != "vanilla")
+    assert (out / "bench.md").is_file() and (out / "config.yaml").is_file()
+
+
 def test_launch_rank_and_output_rules_for_external_launchers(data, monkeypatch):
     for var in (
         "RANK",

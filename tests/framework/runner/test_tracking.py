@@ -111,7 +111,7 @@ def test_plots_are_written_as_png(tiny, data, tmp_path):
     model, tok = tiny
     res = run(cfg_for(data, tmp_path / "p.jsonl"), log=lambda s: None, model=model, tokenizer=tok)
     names = sorted(p.rsplit("/", 1)[1] for p in res["plots"])
-    assert names == ["accept_lengths.png", "skip_static_fixed.png", "speedup_by_category.png"]
+    assert names == ["accept_lengths.png", "skip_sets.png", "speedup_by_category.png"]  # run.py's names
     for p in res["plots"]:
         with open(p, "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
