@@ -11,6 +11,9 @@ back into bench.py once per step; a translation spread over modules climbs back 
 
 Measured 2026-11-28 (fourth session): b72c85a 5 entries and 45 returns (run_config 6,
 bench_config 4), 8b33d5d 5 and 39 (run_config 3, bench_config 3).
+2026-11-29, issue 48: aaf6b30 (before the one pipeline) 5 entries and 39 returns into bench.py
+(session 7, driver 6, compare 6, ...); after it, 4 entries and 32 returns into pipeline.py
+(lightning 11: the methods and the predict module; architecture 4; run_config 3; ...).
 """
 
 from __future__ import annotations

@@ -283,49 +283,56 @@ class _Run:
             "started": time.time(),
         }
 
+    def describe(self, ms: Methods) -> dict[str, Any]:
+        """What the methods resolved to, once per process: provenance, notes, resolved ``auto``
+        settings and each method's settings (the metadata's and the tracker's)."""
+        if "methods" not in self.meta:
+            folder = self.layout.folder
+            self.meta.update(
+                provenance=provenance(self.cfg.model.name_or_path, ms.base),
+                dtype_resolved=dtype_name(ms.base.adapter.arch.dtype),
+                method=", ".join(self.labels[1:]) or BASELINE,
+                notes=ms.notes() if folder else ms.base.notes,
+                resolved={k: e.resolved() for k, e in ms.sessions.items() if k != BASELINE}
+                if folder
+                else ms.base.resolved(),
+                methods=ms.settings(),
+            )
+        return {k: self.meta[k] for k in ("provenance", "notes", "resolved", "methods")}
+
     def on_setup(self, module: DecodeModule) -> None:
         """Once the methods exist on this process: the metadata and the saved config (rank 0)."""
-        cfg, layout, ms = self.cfg, self.layout, module.methods
-        self.meta.update(
-            provenance=provenance(cfg.model.name_or_path, ms.base),
-            dtype_resolved=dtype_name(ms.base.adapter.arch.dtype),
-            method=", ".join(self.labels[1:]) or BASELINE,
-            notes=ms.notes() if layout.folder else ms.base.notes,
-            resolved=ms.base.resolved()
-            if not layout.folder
-            else {k: e.resolved() for k, e in ms.sessions.items() if k != BASELINE},
-            methods=ms.settings(),
-        )
+        cfg, layout = self.cfg, self.layout
+        self.describe(module.methods)
         if module.trainer.global_rank != 0:
             return
         if not (cfg.runner.resume and layout.meta.exists()):  # a resumed run keeps its metadata
             layout.records.parent.mkdir(parents=True, exist_ok=True)
             write_json(layout.meta, self.meta)
             cfg.save(layout.config)  # `run.py --config` reruns it
-        arch = ms.base.adapter.arch
+        arch = module.methods.base.adapter.arch
         self.log(
             f"[selfspec] {len(self.items)} prompt(s) to decode on {module.trainer.world_size} process(es) | "
-            f"model {arch.info().name} ({dtype_name(arch.dtype)}, {arch.device}) | methods "
+            f"model {arch.info().name} ({self.meta['dtype_resolved']}, {arch.device}) | methods "
             f"{', '.join(self.labels)} | max_new_tokens={cfg.generation.max_new_tokens} | output {layout.root}"
         )
 
     def tracker(self, methods: Methods | None) -> Any:
-        """The ``--logger`` of the run, its config the run's settings, provenance and notes."""
+        """The ``--logger`` of the run, its config the run's settings and `describe` (on several
+        processes the methods load later: their entries are empty)."""
         cfg, layout = self.cfg, self.layout
         tracked = {**cfg.describe(), "provenance": None, "notes": [], "resolved": {}, "methods": {}}
         if methods is not None:
-            tracked.update(
-                provenance=provenance(cfg.model.name_or_path, methods.base),
-                notes=methods.base.notes if not layout.folder else methods.notes(),
-                resolved=methods.base.resolved() if not layout.folder else {},
-                methods=methods.settings(),  # what each method resolved to (a preset's settings)
-            )
+            tracked.update(self.describe(methods))
         name = layout.root.stem if layout.folder else layout.run_dir.name
         return make_logger(cfg.runner.logger, layout.tracker, name, cfg.runner.wandb_project, tracked)
 
-    def write_answers(self, module: DecodeModule) -> dict[str, Path]:
+    def write_answers(
+        self, module: DecodeModule, records: list[dict[str, Any]] | None = None
+    ) -> dict[str, Path]:
         net = module.methods.model if module.methods else None
-        return self.answers.write(read_records(self.layout.records), self.cfg.compare.repeats, net)
+        records = read_records(self.layout.records) if records is None else records
+        return self.answers.write(records, self.cfg.compare.repeats, net)
 
     def finish(self, module: DecodeModule, logger: Any) -> dict[str, Any]:
         """After decoding (rank 0): the cost model, the load check, the report and plots, the
@@ -339,15 +346,14 @@ class _Run:
                 self.log("[selfspec] measuring the cost model (draft and verification costs) ...")
                 cost = CostModel.measure(ms.base.adapter)
             layout.run_dir.mkdir(parents=True, exist_ok=True)
-            write_json(
-                layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()}
-            )  # --cost-model FILE
-        load, said = module.load, load_warnings(module.load, _spread(records))
+            write_json(layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()})  # --cost-model
+        spread = _spread(records)
+        load, said = module.load, load_warnings(module.load, spread)
         if layout.meta.exists():
             meta = json.loads(layout.meta.read_text())
             write_json(
                 layout.meta,
-                {**meta, "load": load, "vanilla_repeat_spread": _spread(records), "warnings": said},
+                {**meta, "load": load, "vanilla_repeat_spread": spread, "warnings": said},
             )
         heads = head_costs(cost, specs, ms.decoders, ms.base.adapter) if cost is not None else {}
         method_costs = {s.label: heads.get(s.label, cost) for s in specs}
@@ -361,7 +367,7 @@ class _Run:
             hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
             report = render_report(
                 cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
-                heads, method_costs, graphs=module.graphs, run_notes=ms.notes(), load=load, warnings=said,
+                heads, method_costs, graphs=module.graphs, run_notes=self.meta["notes"], load=load, warnings=said,
             )  # fmt: skip
         else:
             undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
@@ -372,7 +378,7 @@ class _Run:
         if logger is not None:
             log_summary(logger, records, summary, report, plots, labels, single=not layout.folder)
             close_logger(logger, self.log)
-        written = self.write_answers(module)
+        written = self.write_answers(module, records)
         return {
             "output": str(layout.records),
             "out": str(layout.root),
