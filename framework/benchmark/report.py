@@ -259,6 +259,17 @@ LEGEND = (
 )
 
 
+def head_line(method: str, cost: Any) -> str:
+    """What a method's own cost model (`framework.runner.pipeline.head_costs`) prices: its draft
+    head (reduced, or the full LM head) and weights, and what a draft step costs before any layer."""
+    head = f"a {cost.draft_vocab}-token head" if cost.draft_vocab else "the full LM head"
+    weights = "" if cost.draft_weights == "float32" else f" and {cost.draft_weights} weights"
+    return (
+        f"- {method} drafts with {head}{weights}: its draft step costs {cost.base * 1e3:.2f} ms before any "
+        f"sub-layer (final norm + head {cost.head * 1e3:.2f} ms, the full head {cost.full_head * 1e3:.2f} ms)"
+    )
+
+
 def render_report(
     cfg: RunConfig,
     summary: dict[str, Any],
@@ -306,12 +317,7 @@ def render_report(
         lines.append(graphs_line(graphs, summary))
     if cost is not None:
         lines.append(f"- cost model ({cost.device}, context {cost.context}): {cost.describe()}")
-    for method, mcost in (heads or {}).items():
-        lines.append(
-            f"- {method} drafts with a {mcost.draft_vocab}-token head: its draft step costs "
-            f"{mcost.base * 1e3:.2f} ms before any sub-layer (final norm + head {mcost.head * 1e3:.2f} ms, the "
-            f"full head {mcost.full_head * 1e3:.2f} ms)"
-        )
+    lines += [head_line(method, mcost) for method, mcost in (heads or {}).items()]
     lines += [
         "",
         LEGEND,
@@ -388,6 +394,7 @@ def make_plots(
 
 
 __all__ = [
+    "head_line",
     "make_plots",
     "render_report",
     "results_markdown",

@@ -433,3 +433,17 @@ def test_records_carry_graph_captures_and_the_report_counts_them(bench):
     line = graphs_line((120, 4.5), summary)
     assert line.startswith("- CUDA graphs: 120 recorded before timing (4.5 s); recorded while timed: ")
     assert f"{timed[0]['method']} 3 (0.25 s)" in line
+
+
+def test_the_report_names_the_head_a_method_drafts_with():
+    """A method priced for its compressed weights drafts with the full head (``draft_vocab`` 0):
+    the report says so, not "a 0-token head"."""
+    import dataclasses
+
+    from framework.benchmark.report import head_line
+
+    base = synthetic_cost_model(4)
+    full = head_line("m", dataclasses.replace(base, draft_vocab=0, draft_weights="int8"))
+    assert full.startswith("- m drafts with the full LM head and int8 weights: its draft step costs")
+    reduced = head_line("m", dataclasses.replace(base, draft_vocab=32))
+    assert reduced.startswith("- m drafts with a 32-token head: ") and "0-token" not in full
