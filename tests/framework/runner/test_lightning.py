@@ -163,15 +163,21 @@ def test_records_carry_the_per_round_plans(tiny, data, tmp_path):
             assert all(len(p) == 8 and set(p) <= {"0", "1"} and "1" in p for p in t["plans"])
 
 
-@pytest.mark.slow
-def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
-    """``--devices 2`` on CPU: Lightning starts a second process; each decodes its share, both
-    append to one file, and rank 0 reports the whole run."""
+def _saved_tiny(tmp_path: Path) -> Path:
+    """A tiny model saved to a folder, for a run in another process."""
     model_dir = tmp_path / "tiny"
     tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256).save_pretrained(
         model_dir
     )
     tiny_tokenizer().save_pretrained(model_dir)
+    return model_dir
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
+    """``--devices 2`` on CPU: Lightning starts a second process; each decodes its share, both
+    append to one file, and rank 0 reports the whole run."""
+    model_dir = _saved_tiny(tmp_path)
     out = tmp_path / "ddp" / "r.jsonl"
     cmd = [
         sys.executable,
@@ -215,11 +221,7 @@ def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
 def test_ddp_two_cpu_processes_split_the_prompts_of_a_benchmark_too(tmp_path, data):
     """Issue 48: bench.py is the same pipeline, so ``--devices 2`` splits its prompts the same way:
     every method of a prompt on one rank, one records file, one report by rank 0."""
-    model_dir = tmp_path / "tiny"
-    tiny_model("llama", num_layers=4, vocab_size=VOCAB, max_position_embeddings=256).save_pretrained(
-        model_dir
-    )
-    tiny_tokenizer().save_pretrained(model_dir)
+    model_dir = _saved_tiny(tmp_path)
     out = tmp_path / "bench"
     cmd = [
         sys.executable,
