@@ -1,5 +1,6 @@
-"""The benchmark's configuration (framework/benchmark/bench_config.py) and how a preset method's
-`RunConfig` is built (framework/benchmark/bench.py: no command-line round trip)."""
+"""The benchmark's configuration (the ``compare`` section, framework/session/sections.py, and how
+its method names resolve, framework/session/methods.py) and how a preset method's `RunConfig` is
+built (`preset_run_config`: no command-line round trip)."""
 
 from __future__ import annotations
 

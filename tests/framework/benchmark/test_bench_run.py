@@ -1,4 +1,5 @@
-"""The benchmark's interleaved run (framework/benchmark/bench.py) on a tiny random model: the table,
+"""The benchmark's interleaved run (the one pipeline, framework/runner/pipeline.py, with several
+methods) on a tiny random model: the table,
 the ratio of means, mismatches, HF generate against our vanilla, the rotating method order,
 incremental output and a failing HF method."""
 
