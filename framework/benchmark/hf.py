@@ -83,7 +83,8 @@ class HFGenerateDecoder:
     Args:
         model: the shared Hugging Face causal LM.
         method: ``hf_generate``, ``hf_prompt_lookup`` or ``hf_early_exit``.
-        prompt_lookup_num_tokens / max_matching_ngram_size: prompt lookup's settings.
+        prompt_lookup_num_tokens: prompt lookup's draft length.
+        max_matching_ngram_size: prompt lookup's longest n-gram to match.
         early_exit_layer: E of ``hf_early_exit``.
         kernels: run ``generate`` with this framework's CPU kernels in place (`framework.kernels.cpu`);
             by default they are taken out for the call, so that HF runs as users run it.

@@ -314,11 +314,15 @@ def attention(
 
     Args:
         module: the HF attention module (for ``is_causal``, ``training``).
-        query: (B, H, T, D). key, value: (B, H_kv, S, D), H a multiple of H_kv (GQA).
+        query: (B, H, T, D).
+        key: (B, H_kv, S, D), H a multiple of H_kv (GQA).
+        value: (B, H_kv, S, D).
         attention_mask: ``None``, an additive float mask or a boolean mask (True = attend),
             broadcastable from (B or 1, H or 1, T, S). Positions at ``finfo.min`` (or ``-inf``) are
             masked out.
-        dropout, scaling, is_causal: as for ``sdpa_attention_forward``.
+        dropout: as for ``sdpa_attention_forward``.
+        scaling: as for ``sdpa_attention_forward``.
+        is_causal: as for ``sdpa_attention_forward``.
 
     Returns:
         (output (B, T, H, D), None).

@@ -183,7 +183,9 @@ class DecodeModule(pl.LightningModule):
         stem: where each method keeps its artefacts, by label.
         log: where progress lines go when no progress bar is shown.
         methods: the methods, loaded before the trainer (one process); loaded in ``setup`` otherwise.
-        model, tokenizer, custom: given to `Methods.load` in ``setup``.
+        model: given to `Methods.load` in ``setup``.
+        tokenizer: given to `Methods.load` in ``setup``.
+        custom: given to `Methods.load` in ``setup``.
         on_setup: called on every rank once its methods are loaded (rank 0 writes the metadata).
     """
 

@@ -183,7 +183,8 @@ def run(
     Args:
         cfg: the configuration.
         log: progress lines.
-        model, tokenizer: an already loaded model (tests, sweeps); else ``cfg.model`` is loaded.
+        model: an already loaded model (tests, sweeps); else ``cfg.model`` is loaded.
+        tokenizer: ``model``'s tokenizer (with ``model``).
         output: where the results go (default `resolve_output`).
         custom: extra methods ``{label: decoder}`` (a decoder has ``generate(prompt_ids, stop) ->
             GenerationResult``), e.g. a modified decoder under test; one process only.

@@ -314,7 +314,10 @@ def measure_host_work(
     the forwards (`count_host_work`): is a strategy fast on a GPU, measured on a CPU?
 
     Args:
-        selector, length, drafter, verifier: registered names (default config) or instances.
+        selector: a registered name (default config) or an instance.
+        length: a registered name (default config) or an instance.
+        drafter: a registered name (default config) or an instance.
+        verifier: a registered name (default config) or an instance.
         model: an HF causal LM (default: a random 8-block Llama built in-process, float64).
         prompts: LongTensor (1, P) prompts (default: two random ones of 12 tokens).
         max_new_tokens: new tokens per prompt.
