@@ -223,11 +223,14 @@ def run(
     try:
         trainer_args = _trainer_args(cfg, r.layout.run_dir, callbacks, logger, tty)
         trainer = _predict(cfg, module, trainer_args, lambda: r.write_answers(module))
-        return r.finish(module, logger) if trainer.global_rank == 0 else {}
+        result = r.finish(module, logger) if trainer.global_rank == 0 else {}
     except BaseException:
         if logger is not None:
             close_logger(logger, log, failed=True)
         raise
+    if logger is not None:
+        close_logger(logger, log)
+    return result
 
 
 class _Run:
@@ -378,7 +381,6 @@ class _Run:
         self.log("\n" + report)
         if logger is not None:
             log_summary(logger, records, summary, report, plots, labels, single=not layout.folder)
-            close_logger(logger, self.log)
         written = self.write_answers(module, records)
         return {
             "output": str(layout.records),

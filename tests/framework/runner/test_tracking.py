@@ -79,6 +79,29 @@ def test_csv_logger_writes_per_prompt_and_summary_metrics(tiny, data, tmp_path):
     assert float(summary[0]["summary/overall/lossless_share"]) == 1.0
 
 
+def test_a_failure_after_the_report_closes_the_logger_once_and_raises(tiny, data, tmp_path, monkeypatch):
+    """The logger is closed after everything else: a failure while writing the answer files
+    closes it once (as failed), not a second time after a successful close."""
+    from framework.runner import pipeline
+
+    model, tok = tiny
+    closes: list[bool] = []
+    real_close = pipeline.close_logger
+    monkeypatch.setattr(
+        pipeline,
+        "close_logger",
+        lambda lg, log, failed=False: (closes.append(failed), real_close(lg, log, failed=failed)),
+    )
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pipeline._Run, "write_answers", broken)
+    with pytest.raises(OSError, match="disk full"):
+        run(cfg_for(data, tmp_path / "r.jsonl", logger="csv"), log=lambda s: None, model=model, tokenizer=tok)
+    assert closes == [True]
+
+
 def test_offline_wandb_run_directory_is_found_by_wandb_sync(tiny, data, tmp_path, no_wandb_account):
     model, tok = tiny
     out = tmp_path / "r.jsonl"
