@@ -731,6 +731,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "sampling_method_refused_late",
+        "a compared method whose verifier samples is refused only when it prepares (after the model and the methods before it)",
+        "framework/session/methods.py",
+        "            _require_greedy(s, overrides.get(",
+        "            None and _require_greedy(s, overrides.get(",
+        (
+            "tests/framework/benchmark/test_bench_config.py::test_a_sampling_method_is_refused_with_the_config_before_any_model_loads",
+        ),
+    ),
+    Mutation(
         "method_kind_key_not_a_name",
         "``method.<kind>`` is taken as a plain field of the method section, not as the strategy's name",
         "framework/session/overrides.py",

@@ -140,7 +140,8 @@ def checked(compare: CompareConfig, run_cls: type) -> CompareConfig:
 
     Raises:
         ConfigError: an unknown method (the message lists the allowed ones), a bad ``--preset-args``
-            entry, or one for a method that is not a preset among ``methods``.
+            entry, one for a method that is not a preset among ``methods``, or a preset whose
+            verifier samples.
     """
     if not compare.methods:
         return compare
@@ -152,6 +153,12 @@ def checked(compare: CompareConfig, run_cls: type) -> CompareConfig:
             raise ConfigError(
                 "--preset-args", method, f"a preset among --methods ({', '.join(sorted(presets))})"
             )
+    given = dict(pairs)
+    for s in found:  # before any model loads or any method prepares (`preset_run_config` checks again)
+        if s.kind == "preset":
+            base = s.label.removesuffix(RAW_SUFFIX) if s.raw else s.label
+            overrides = {**given.get(base, {}), **given.get(s.label, {})}
+            _require_greedy(s, overrides.get("verifier", method_section(s.source).verifier.name))
     return dataclasses.replace(compare, preset_args=pairs)
 
 
@@ -193,14 +200,22 @@ def preset_run_config(spec: MethodSpec, run: Any) -> Any:
             overrides.update(given)
     out = dataclasses.replace(run, method=method)
     out = out.replace(**overrides) if overrides else out
-    verifier = REGISTRIES["verifier"].get(out.method.verifier.name)
+    _require_greedy(spec, out.method.verifier.name)
+    return out
+
+
+def _require_greedy(spec: MethodSpec, verifier_name: Any) -> None:
+    """A compared method must verify greedily: the comparison checks each method's tokens against
+    vanilla greedy decoding (a name the registry does not know is left to the full check)."""
+    if not isinstance(verifier_name, str) or verifier_name not in REGISTRIES["verifier"]:
+        return
+    verifier = REGISTRIES["verifier"].get(verifier_name)
     if getattr(verifier, "lossless", "greedy") != "greedy":
         raise ConfigError(
             "--methods",
             spec.label if not isinstance(spec.source, str) else spec.source,
-            f"a greedy preset (the benchmark is greedy; its verifier {out.method.verifier.name!r} samples)",
+            f"a greedy preset (the benchmark is greedy; its verifier {verifier_name!r} samples)",
         )
-    return out
 
 
 __all__ = [

@@ -55,6 +55,26 @@ def test_from_overrides_splits_benchmark_and_run_options():
         RunConfig.of(no_such_option=1)
 
 
+@pytest.mark.parametrize(
+    ("methods", "preset_args", "named"),
+    [
+        (("vanilla", "static_confidence", "selfsd_sampling"), (), "selfsd_sampling"),
+        (("vanilla", "layerskip_static"), (("layerskip_static", "--verifier sampling"),), "layerskip_static"),
+        (
+            ("vanilla", "static_confidence"),
+            (("static_confidence", "--verifier sampling"),),
+            "static_confidence",
+        ),
+    ],
+    ids=["preset", "preset-args", "raw-companion-too"],
+)
+def test_a_sampling_method_is_refused_with_the_config_before_any_model_loads(methods, preset_args, named):
+    """The comparison is greedy: a method whose verifier samples is refused when the config is
+    built, not after the model has loaded and the methods before it have prepared."""
+    with pytest.raises(ConfigError, match=f"a greedy preset .*got '{named}'"):
+        RunConfig.of(methods=methods, preset_args=preset_args)
+
+
 def test_preset_args_and_skip_set_reach_the_preset(tmp_path):
     cfg = RunConfig.of(
         max_new_tokens=32,
