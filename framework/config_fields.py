@@ -200,8 +200,9 @@ def build_config(cfg_cls: type[C], values: dict[str, Any], flag_prefix: str = ""
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else ""
+            # the name is what is wrong, so the message quotes it (not the value it was given)
             raise ConfigError(
-                flag, raw, f"a field of {cfg_cls.__name__} ({', '.join(names) or 'none'})", hint
+                flag, key, f"a field of {cfg_cls.__name__} ({', '.join(names) or 'none'})", hint
             )
         kwargs[key] = coerce_value(raw, hints[key], flag)
     try:

@@ -186,7 +186,7 @@ def _set_dotted(draft: dict[str, dict[str, Any]], key: str, value: Any) -> None:
             draft[head][sub] = value
         else:
             names = ", ".join(draft[head])
-            raise ConfigError(f"--{key}", value, f"a field of the {head} section ({names})")
+            raise ConfigError(f"--{key}", sub, f"a field of the {head} section ({names})")
     else:
         raise ConfigError(
             f"--{key}",
