@@ -453,20 +453,11 @@ def test_measurement_folders_hold_no_markdown_pages():
     assert not pages, f"rename to .md.txt: {pages}"
 
 
-def test_docstring_args_name_real_parameters():
+def test_docstring_args_name_real_parameters(caplog):
     """Every ``Args:`` entry of a docstring names one parameter of its signature, as the strict
     docs build (CI) requires: ``a, b: ...`` on one line is a warning there, and the build fails.
     Checked on every object, public or not, in a few seconds, so the quick check catches it."""
     griffe = pytest.importorskip("griffe")
-    warnings: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage())
-
-    logger = logging.getLogger("griffe")
-    handler = _Collect(level=logging.WARNING)
-    logger.addHandler(handler)
 
     def parse(obj) -> None:
         if obj.docstring is not None:
@@ -475,9 +466,8 @@ def test_docstring_args_name_real_parameters():
             if not member.is_alias:
                 parse(member)
 
-    try:
+    with caplog.at_level(logging.WARNING, logger="griffe"):
         for package in ("framework", "strategies", "selfspec"):
             parse(griffe.load(package, search_paths=[str(ROOT)]))
-    finally:
-        logger.removeHandler(handler)
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("griffe")]
     assert not warnings, "\n".join(warnings)
