@@ -731,6 +731,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "run_file_appended_without_resume",
+        "run.py appends a second run's records to a results file that holds an earlier run's (one table of two runs)",
+        "framework/runner/pipeline.py",
+        "        if not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:",
+        "        if folder and not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:",
+        (
+            "tests/framework/runner/test_runner.py::test_a_second_run_into_the_same_file_is_refused_unless_it_resumes",
+        ),
+    ),
+    Mutation(
         "sampling_method_refused_late",
         "a compared method whose verifier samples is refused only when it prepares (after the model and the methods before it)",
         "framework/session/methods.py",

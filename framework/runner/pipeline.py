@@ -256,10 +256,12 @@ class _Run:
         self.rank0, self.world = launch_rank(cfg) == 0, cfg.runner.devices * cfg.runner.num_nodes
         if custom and self.world > 1:
             raise ConfigError("--devices", self.world, "1 with custom decoders (they live in this process)")
-        if folder and not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
-            raise ConfigError(
-                "--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume"
+        if not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
+            # appending would mix this run's records with an earlier run's in one report
+            kind = (
+                "directory (records.jsonl exists)" if folder else "file (it holds an earlier run's records)"
             )
+            raise ConfigError("--output", str(layout.root), f"a new or empty {kind}, or --resume")
         self.answers = AnswerFiles(
             cfg.runner.specbench_answers, labels, [layout.records], cfg.model.name_or_path, log
         )

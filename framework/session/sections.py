@@ -419,8 +419,8 @@ class RunnerConfig:
 
     output: str | None = param(
         None,
-        help="where the results go: run.py a JSONL file (appended; default runs/<method>-<time>.jsonl), "
-        "bench.py a folder (default runs/bench-<time>)",
+        help="where the results go: run.py a JSONL file (default runs/<method>-<time>.jsonl), bench.py a "
+        "folder (default runs/bench-<time>); one that already holds records needs --resume",
         aliases=("--out",),
         metavar="PATH",
     )

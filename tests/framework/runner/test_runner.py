@@ -122,6 +122,20 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
     assert [(r["question_id"], r["method"]) for r in lines] == [(1, "vanilla"), (1, "static+fixed")]
 
 
+def test_a_second_run_into_the_same_file_is_refused_unless_it_resumes(tiny, data, tmp_path):
+    """Appending a second run's records would make one table of two runs (each prompt counted
+    twice); the file is refused without ``--resume`` and left as it was."""
+    model, tok = tiny
+    out = tmp_path / "r.jsonl"
+    run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    before = out.read_text()
+    with pytest.raises(ConfigError, match=r"--output must be a new or empty file .*or --resume"):
+        run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
+    assert out.read_text() == before
+    res = run(cfg_for(data, out, resume=True), log=lambda s: None, model=model, tokenizer=tok)
+    assert len(res["records"]) == len(before.splitlines()), "resuming a finished run decodes nothing more"
+
+
 def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
     model, tok = tiny
     out = tmp_path / "never.jsonl"
