@@ -106,6 +106,250 @@ MUTATIONS: tuple[Mutation, ...] = (
         "torch.sort(is_chain, dim=1, stable=True, descending=True)",
         (V + "test_tree.py",),
     ),
+    # ---- issue 54, class 1: every key that picks a recorded graph, term by term ---------------
+    Mutation(
+        "graph_key_drops_the_span",
+        "a whole forward's key leaves out the attention span (past 2k tokens a graph of the short span replays)",
+        "framework/engine/execution/spec.py",
+        "            rows,\n            span,\n",
+        "            rows,\n            0,\n",
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_a_forward_past_the_first_span_records_a_graph_of_its_own",
+        ),
+    ),
+    Mutation(
+        "graph_key_drops_the_hidden_states",
+        "a whole forward's key leaves out whether it returns every block's residual",
+        "framework/engine/execution/spec.py",
+        "            self.capture_hidden,\n",
+        "            False,\n",
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_two_forwards_that_differ_in_one_term_record_two_graphs",
+        ),
+    ),
+    Mutation(
+        "graph_key_drops_the_pick",
+        "a whole forward's key leaves out which token pick its graph holds",
+        "framework/engine/execution/spec.py",
+        '            self.pick if logits != "none" else None,',
+        '            None if self.pick is None or logits == "none" else TokenPick(),',
+        ("tests/framework/engine/execution/test_graph_keys.py::test_every_pick_records_a_graph_of_its_own",),
+    ),
+    Mutation(
+        "graph_key_one_lowbit_format",
+        "a whole forward's key tells the model's weights from a low-bit copy, not one format from another",
+        "framework/engine/execution/executor.py",
+        '                "model" if lowbit is None else lowbit.weights,',
+        '                "model" if lowbit is None else "low-bit",',
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_every_draft_weights_format_records_graphs_of_its_own",
+        ),
+    ),
+    Mutation(
+        "head_key_drops_the_tokens",
+        "a reduced draft head's key is its size and name, not which tokens it scores",
+        "framework/engine/draft_head.py",
+        "        return (self.key, self.size, self.digest)",
+        "        return (self.key, self.size)",
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_two_forwards_that_differ_in_one_term_record_two_graphs",
+            "tests/framework/engine/execution/test_graph_keys.py::test_device_work_is_keyed_by_the_draft_head_it_reads",
+        ),
+    ),
+    Mutation(
+        "head_key_drops_the_room",
+        "a growing head's key leaves out its room (a graph recorded before the room doubled replays)",
+        "framework/engine/draft_head.py",
+        '        return (*self.base.graph_key, "room", self.capacity, self._slot)',
+        '        return (*self.base.graph_key, "room", self._slot)',
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_a_growing_heads_room_and_buffer_set_are_in_the_key",
+        ),
+    ),
+    Mutation(
+        "head_key_drops_the_buffer_set",
+        "a growing head's key leaves out its buffer set (a second live head replays the first one's rows)",
+        "framework/engine/draft_head.py",
+        '        return (*self.base.graph_key, "room", self.capacity, self._slot)',
+        '        return (*self.base.graph_key, "room", self.capacity)',
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_a_growing_heads_room_and_buffer_set_are_in_the_key",
+        ),
+    ),
+    Mutation(
+        "branch_key_drops_the_format",
+        "a branch graph's key tells the model's weights from a low-bit copy, not one format from another",
+        "framework/engine/execution/branches.py",
+        "        return self.store.run((*key, active_format()), fn)",
+        "        return self.store.run((*key, active_format() is not None), fn)",
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_branch_graphs_are_keyed_by_kind_block_rows_span_and_the_drafts_format",
+        ),
+    ),
+    Mutation(
+        "branch_key_drops_the_span",
+        "a branch attention's key leaves out its span",
+        "framework/engine/execution/branches.py",
+        '            return self._run(("attn", i, t, s), hidden, lambda: self._static_attention(i, t, False, s))',
+        '            return self._run(("attn", i, t, 0), hidden, lambda: self._static_attention(i, t, False, s))',
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_branch_graphs_are_keyed_by_kind_block_rows_span_and_the_drafts_format",
+        ),
+    ),
+    Mutation(
+        "work_key_drops_the_head",
+        "a device function's key leaves out the draft head it scores (another head replays its rows)",
+        "framework/engine/execution/work.py",
+        "            key = dataclasses.replace(key, engine=head.graph_key)",
+        "            pass",
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_device_work_is_keyed_by_the_draft_head_it_reads",
+        ),
+    ),
+    Mutation(
+        "dp_key_drops_the_span",
+        "the key of a device function with blocks (CLaSp's DP) leaves out its span: past 2k tokens it no longer sees the context",
+        "framework/engine/execution/work.py",
+        '            gkey = ("work", ("blocks", key, s))',
+        '            gkey = ("work", ("blocks", key, 0))',
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_block_graphs_past_the_first_span_are_graphs_of_their_own",
+        ),
+    ),
+    # ---- issue 54, class 2: what the logits processors see (against HF generate) ---------------
+    Mutation(
+        "first_token_processed_without_the_prompts_last_token",
+        "the first new token's processors see the prompt without its last token (plain decoding too)",
+        "framework/engine/state.py",
+        "            return self.processing.next(self._tokens[:, :p], out.logits[:, -1])",
+        "            return self.processing.next(self._tokens[:, : p - 1], out.logits[:, -1])",
+        (
+            "tests/framework/engine/test_processing.py::test_speculative_decoding_with_processors_equals_hf_generate_with_them",
+        ),
+    ),
+    Mutation(
+        "min_new_tokens_boundary_one_early",
+        "min_new_tokens counts the new tokens from one before the prompt's end (an EOS is let through one token early)",
+        "framework/engine/decoding.py",
+        "            state.processing = LogitsProcessing(self.controls.processors_for(state.prompt_len))",
+        "            state.processing = LogitsProcessing(self.controls.processors_for(state.prompt_len - 1))",
+        (
+            "tests/framework/engine/test_processing.py::test_min_new_tokens_holds_an_eos_back_up_to_the_boundary_generate_keeps",
+        ),
+    ),
+    Mutation(
+        "head_draft_rows_unprocessed",
+        "draft rows scored through a reduced draft head skip the processors (lossless, but acceptance falls)",
+        "framework/engine/state.py",
+        "        if out.logits is None or self.processing is None:\n            return out\n        fed = ",
+        "        if out.logits is None or self.processing is None or out.head is not None:\n            return out\n        fed = ",
+        (
+            "tests/framework/engine/test_processing.py::test_draft_rows_are_processed_so_the_target_as_its_own_draft_is_always_accepted",
+        ),
+    ),
+    # ---- issue 54, class 3: a draft is never longer than its max_tokens -------------------------
+    Mutation(
+        "forced_lead_past_the_cap",
+        "the grammar-forced drafter's leading run is cut at max_forced only, not at the round's max_tokens",
+        "strategies/drafters/grammar_forced.py",
+        "        lead = grammar.forced(generated, min(max_tokens, self.config.max_forced))",
+        "        lead = grammar.forced(generated, self.config.max_forced)",
+        ("tests/strategies/drafters/test_grammar_forced.py",),
+    ),
+    Mutation(
+        "forced_inserted_run_fills_the_cap",
+        "a forced run inside a draft may fill the round's cap, and the drafted token after it takes the round past it",
+        "strategies/drafters/grammar_forced.py",
+        "            room = min(self._max_forced, self._cap - len(self.seq) - 1)",
+        "            room = min(self._max_forced, self._cap - len(self.seq))",
+        ("tests/strategies/drafters/test_grammar_forced.py",),
+    ),
+    Mutation(
+        "forced_round_not_capped",
+        "the drafter after a forced run is stopped by its length controller only, not by the round's cap",
+        "strategies/drafters/grammar_forced.py",
+        "        return not self._view.full() and self._length.should_continue(drafted, confidence)",
+        "        return self._length.should_continue(drafted, confidence)",
+        ("tests/strategies/drafters/test_grammar_forced.py",),
+    ),
+    Mutation(
+        "forced_then_drafter_given_the_whole_cap",
+        "the drafter after a forced run is given the round's whole max_tokens, the run's tokens not counted",
+        "strategies/drafters/grammar_forced.py",
+        "            rest = self.then.draft(view, plan, _Capped(length, view), max_tokens - len(lead))",
+        "            rest = self.then.draft(view, plan, _Capped(length, view), max_tokens)",
+        ("tests/strategies/drafters/test_grammar_forced.py",),
+    ),
+    Mutation(
+        "round_budget_one_past_the_generation",
+        "a round's draft may reach the generation's last token (the bonus token then runs past max_new_tokens)",
+        "framework/engine/decoding.py",
+        "            draft, result = self._round(state, stop.max_new_tokens - len(new) - 1, timer)",
+        "            draft, result = self._round(state, stop.max_new_tokens - len(new), timer)",
+        ("tests/strategies/drafters/test_layer_skip.py", "tests/strategies/drafters/test_grammar_forced.py"),
+    ),
+    # ---- issue 54, class 4: resume, repeats, seeds and the prompt split -----------------------
+    Mutation(
+        "resume_keeps_a_partly_recorded_prompt",
+        "--resume keeps the records of a prompt only some methods recorded, and decodes it again (counted twice)",
+        "framework/results/records.py",
+        "    if partial and repair:",
+        "    if False:",
+        (
+            "tests/framework/runner/test_resume_and_seeds.py::test_a_prompt_only_some_methods_recorded_is_decoded_again_and_counted_once",
+        ),
+    ),
+    Mutation(
+        "resume_ignores_the_repeat",
+        "--resume takes a prompt of the first repeat for the same prompt of every repeat",
+        "framework/results/records.py",
+        '    return (rec.get("repeat", 0), *prompt_key(rec))',
+        "    return (0, *prompt_key(rec))",
+        (
+            "tests/framework/runner/test_resume_and_seeds.py::test_resume_with_repeats_decodes_each_repeat_of_each_prompt_once",
+        ),
+    ),
+    Mutation(
+        "seed_misses_the_strategies_streams",
+        "--seed leaves a strategy's own random stream (a sampling verifier's, a search's) at its default",
+        "framework/session/sections.py",
+        "        if seed and seeded:",
+        "        if False:",
+        (
+            "tests/framework/runner/test_resume_and_seeds.py::test_the_seed_reaches_every_random_stream_a_strategy_keeps",
+            "tests/framework/runner/test_resume_and_seeds.py::test_the_same_seed_repeats_a_run_and_another_seed_reaches_its_stream",
+        ),
+    ),
+    Mutation(
+        "synthetic_acceptance_unseeded",
+        "the synthetic acceptance stream starts from seed 0 whatever --seed says",
+        "framework/session/session.py",
+        "        else SyntheticAcceptance(cfg.method.synthetic_acceptance, cfg.generation.seed),",
+        "        else SyntheticAcceptance(cfg.method.synthetic_acceptance, 0),",
+        (
+            "tests/framework/runner/test_resume_and_seeds.py::test_the_same_seed_repeats_a_run_and_another_seed_reaches_its_stream",
+        ),
+    ),
+    Mutation(
+        "torch_unseeded",
+        "the pipeline seeds Python's and NumPy's generators but not torch's",
+        "framework/runner/pipeline.py",
+        "    torch.manual_seed(seed)  # every device's generator",
+        "    pass",
+        (
+            "tests/framework/runner/test_resume_and_seeds.py::test_the_pipeline_seeds_python_numpy_and_torch_from_the_seed",
+        ),
+    ),
+    Mutation(
+        "prompt_split_drops_the_remainder",
+        "the prompts are split over ranks in equal blocks: the remainder is decoded by no rank",
+        "framework/runner/lightning.py",
+        "        return self.items[t.global_rank :: t.world_size]",
+        "        n = len(self.items) // t.world_size\n        return self.items[t.global_rank * n : (t.global_rank + 1) * n]",
+        (
+            "tests/framework/runner/test_resume_and_seeds.py::test_the_prompts_split_over_ranks_once_each_with_a_remainder",
+        ),
+    ),
     # ---- the selectors' rules ----------------------------------------------------------------
     Mutation(
         "clasp_argmin",
@@ -974,64 +1218,250 @@ MUTATIONS: tuple[Mutation, ...] = (
 #: Folders a copy leaves out when the tree is not a git checkout (else git's own ignore rules).
 _SKIP = {".git", ".venv", ".venv-ci", "runs", "site", "__pycache__", ".pytest_cache", ".ruff_cache"}
 
+#: What the warm interpreter imports once, before it forks a child per mutation (`WarmRunner`):
+#: the test suite's third-party dependencies, the costly part of a fresh interpreter's start.
+#: Never the project's own packages: each child imports those from the mutated copy. A module
+#: missing here (an optional one) is left out.
+WARM_IMPORTS = (
+    "torch",
+    "numpy",
+    "scipy.stats",
+    "yaml",
+    "safetensors.torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen3.modeling_qwen3",
+    "transformers.models.mistral.modeling_mistral",
+    "gpytorch",
+    "botorch",
+    "botorch.models",
+    "botorch.fit",
+    "botorch.acquisition",
+    "pytorch_lightning",
+    "datasets",
+    "llguidance",
+    "hypothesis",
+    "pytest",
+)
 
-def _tracked() -> list[str]:
+
+def tracked_files(root: Path = ROOT) -> list[str]:
     """The repository's files: git's tracked and untracked-not-ignored ones, or a walk of the tree
     without `_SKIP` where it is not a git checkout (a copied snapshot)."""
     proc = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True
     )
     if proc.returncode == 0:
         return proc.stdout.splitlines()
     out = []
-    for dirpath, dirnames, filenames in os.walk(ROOT):
+    for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in _SKIP and not d.endswith(".egg-info")]
-        out += [str(Path(dirpath, f).relative_to(ROOT)) for f in filenames]
+        out += [str(Path(dirpath, f).relative_to(root)) for f in filenames]
     return out
 
 
-def _copy_repo(dest: Path) -> None:
-    for rel in _tracked():
-        src = ROOT / rel
+def copy_repo(dest: Path, root: Path = ROOT) -> None:
+    """Copy the repository's files (`tracked_files`) into ``dest``."""
+    for rel in tracked_files(root):
+        src = root / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
 
 
-def run_mutation(m: Mutation, repo: Path, timeout: float) -> tuple[str, float, str]:
-    """``(status, seconds, detail)`` of one mutation applied in ``repo`` (restored afterwards)."""
-    path = repo / m.path
-    text = path.read_text()
-    if text.count(m.old) != 1:
-        return "error", 0.0, f"the text to mutate occurs {text.count(m.old)} times in {m.path}"
-    path.write_text(text.replace(m.old, m.new))
-    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1", SELFSPEC_DEBUG="")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:randomly",
+def _pytest_args(m: Mutation, basetemp: Path) -> list[str]:
+    """A mutation's pytest arguments: its tests, stop at the first failure, nothing cached."""
+    return [
+        *("-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", f"--basetemp={basetemp}"),
+        # the warm interpreter imported pytest's plugins already: they cannot be rewritten, and need not be
+        *("-W", "ignore::pytest.PytestAssertRewriteWarning"),
         *m.tests,
     ]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "error", time.perf_counter() - t0, f"tests ran over {timeout:.0f} s"
-    finally:
-        path.write_text(text)
-    seconds = time.perf_counter() - t0
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    if proc.returncode == 1:
+
+
+def _status(code: int | None, seconds: float, timeout: float, last: str) -> tuple[str, float, str]:
+    """``(status, seconds, detail)`` from the exit status of a mutation's tests."""
+    if code is None:
+        return "error", seconds, f"tests ran over {timeout:.0f} s"
+    if code == 1:
         return "killed", seconds, last
-    if proc.returncode == 0:
+    if code == 0:
         return "SURVIVED", seconds, last
-    return "error", seconds, f"pytest exit {proc.returncode}: {last or proc.stderr.strip()[-200:]}"
+    return "error", seconds, f"pytest exit {code}: {last}"
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
+
+
+class _Mutated:
+    """Apply ``m`` in ``repo`` for the ``with`` block, then restore the file (also on failure)."""
+
+    def __init__(self, m: Mutation, repo: Path) -> None:
+        self.path = repo / m.path
+        self.text = self.path.read_text()
+        self.count = self.text.count(m.old)
+        self.m = m
+
+    def __enter__(self) -> _Mutated:
+        if self.count == 1:
+            self.path.write_text(self.text.replace(self.m.old, self.m.new))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.write_text(self.text)
+
+
+def _env(repo: Path) -> dict[str, str]:
+    """The environment of a mutation's tests: the copy's packages first, no bytecode written (a
+    restored file must never be shadowed by the mutant's), no pytest or xdist state inherited."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTEST_XDIST"))}
+    env.update(PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1", SELFSPEC_DEBUG="")
+    return env
+
+
+def run_mutation(m: Mutation, repo: Path, timeout: float) -> tuple[str, float, str]:
+    """``(status, seconds, detail)`` of one mutation applied in ``repo`` (restored afterwards), its
+    tests run by a fresh interpreter (`WarmRunner` runs them in a fork of a warm one)."""
+    with tempfile.TemporaryDirectory(prefix="selfspec-mutation-") as tmp, _Mutated(m, repo) as mutated:
+        if mutated.count != 1:
+            return "error", 0.0, f"the text to mutate occurs {mutated.count} times in {m.path}"
+        cmd = [sys.executable, "-m", "pytest", *_pytest_args(m, Path(tmp) / "basetemp")]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd, cwd=repo, env=_env(repo), capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return _status(None, time.perf_counter() - t0, timeout, "")
+        last = _last_line(proc.stdout) or proc.stderr.strip()[-200:]
+        return _status(proc.returncode, time.perf_counter() - t0, timeout, last)
+
+
+# ------------------------------------------------------------------------------- the warm runner
+def _serve() -> None:
+    """The warm interpreter (``mutations.py --serve``, started by `WarmRunner` in the copy): import
+    `WARM_IMPORTS` once, then for each request on stdin (a JSON line: pytest arguments, a log file,
+    a timeout) fork a child that runs ``pytest.main`` on them in a session of its own, and answer
+    on stdout with its exit status (``null`` when it ran over the timeout and was killed with every
+    process it started)."""
+    import importlib
+    import json
+    import signal
+
+    for name in WARM_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    import torch
+
+    torch.set_num_threads(1)  # as the tests run; and no thread pool crosses a fork
+    answer = sys.stdout
+    sys.stdout = sys.stderr  # stray prints of the imports never reach the protocol
+    print(json.dumps({"ready": True}), file=answer, flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        t0 = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:  # the child: the mutated copy's tests, output to the log
+            code = 3
+            try:
+                os.setsid()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the requests are the server's alone
+                fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                sys.stdout = sys.__stdout__
+                sys.path.insert(0, os.getcwd())
+                import pytest
+
+                code = int(pytest.main(req["args"]))
+            except BaseException:  # noqa: B036 - the child reports whatever ended it
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        code = None
+        deadline = t0 + float(req["timeout"])
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.perf_counter() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.02)
+        try:  # whatever the child's tests started and left behind
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        print(json.dumps({"code": code, "seconds": time.perf_counter() - t0}), file=answer, flush=True)
+
+
+class WarmRunner:
+    """Runs mutations in one copy of the repository, each mutation's tests in a fork of a warm
+    interpreter that imported the test suite's dependencies once (`WARM_IMPORTS`): a mutation
+    costs its tests, not an interpreter's start. Results are those of `run_mutation` (a fresh
+    interpreter per mutation), which ``--cold`` runs instead.
+
+    Args:
+        repo: a copy of the repository (`copy_repo`) that this runner alone mutates.
+    """
+
+    def __init__(self, repo: Path) -> None:
+        import json
+
+        self.repo, self._json = Path(repo), json
+        self._logs = Path(tempfile.mkdtemp(prefix="selfspec-mutation-logs-"))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(self.repo / "experiments" / "mutations.py"), "--serve"],
+            cwd=self.repo,
+            env=_env(self.repo),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        ready = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not ready:
+            raise RuntimeError(f"the warm interpreter exited with {self.proc.wait()} before it was ready")
+
+    def run(self, m: Mutation, timeout: float = 600.0) -> tuple[str, float, str]:
+        """``(status, seconds, detail)`` of ``m`` (as `run_mutation`)."""
+        with _Mutated(m, self.repo) as mutated:
+            if mutated.count != 1:
+                return "error", 0.0, f"the text to mutate occurs {mutated.count} times in {m.path}"
+            log = self._logs / f"{m.name}.log"
+            req = {"args": _pytest_args(m, self._logs / m.name), "log": str(log), "timeout": timeout}
+            self.proc.stdin.write(self._json.dumps(req) + "\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"the warm interpreter exited with {self.proc.wait()}")
+        answer = self._json.loads(line)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return _status(answer["code"], answer["seconds"], timeout, _last_line(text))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self._logs, ignore_errors=True)
+
+    def __enter__(self) -> WarmRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1039,7 +1469,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated mutation names (default: all)")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per mutation's tests")
+    ap.add_argument(
+        "--cold", action="store_true", help="a fresh interpreter per mutation (default: forks of a warm one)"
+    )
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve:
+        _serve()
+        return 0
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only.split(",")]
     unknown = set(filter(None, args.only.split(","))) - {m.name for m in MUTATIONS}
     if unknown:
@@ -1052,11 +1489,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="selfspec-mutations-") as tmp:
         repo = Path(tmp)
-        _copy_repo(repo)
-        for m in chosen:
-            status, seconds, detail = run_mutation(m, repo, args.timeout)
-            rows.append((m, status, seconds, detail))
-            print(f"{m.name:<30} {status:<9} {seconds:6.1f} s  {detail}", flush=True)
+        copy_repo(repo)
+        runner = None if args.cold else WarmRunner(repo)
+        try:
+            for m in chosen:
+                if runner is None:
+                    status, seconds, detail = run_mutation(m, repo, args.timeout)
+                else:
+                    status, seconds, detail = runner.run(m, args.timeout)
+                rows.append((m, status, seconds, detail))
+                print(f"{m.name:<30} {status:<9} {seconds:6.1f} s  {detail}", flush=True)
+        finally:
+            if runner is not None:
+                runner.close()
     print("\n| mutation | what it plants | file | caught by | result |\n|---|---|---|---|---|")
     for m, status, _, _ in rows:
         print(f"| `{m.name}` | {m.why} | `{m.path}` | {', '.join(f'`{t}`' for t in m.tests)} | {status} |")

@@ -39,6 +39,7 @@ runs, and the cost model prices drafts with it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import weakref
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
@@ -225,10 +226,17 @@ class DraftHead:
         sets.append((weakref.ref(holder), bufs))
         return len(sets) - 1, bufs
 
+    @functools.cached_property
+    def digest(self) -> str:
+        """A digest of the token ids in their order (host): two heads of one size and name over
+        other tokens, or in another order, have other graph keys."""
+        return hashlib.blake2b(self.ids.cpu().numpy().tobytes(), digest_size=8).hexdigest()
+
     @property
     def graph_key(self) -> Hashable:
-        """What a graph holding `fixed` is keyed by."""
-        return (self.key, self.size)
+        """What a graph holding `fixed` is keyed by: which tokens its columns score (`digest`), not
+        only how many (a graph holds the rows it was recorded with)."""
+        return (self.key, self.size, self.digest)
 
     def coverage(self, tokens: torch.Tensor | Iterable[int]) -> float:
         """Share of ``tokens`` that the head can propose (0.0 for no tokens)."""
@@ -368,7 +376,9 @@ class LiveDraftHead(DraftHead):
 
     @property
     def graph_key(self) -> Hashable:
-        return (self.base.key, "room", self.capacity, self._slot) if self.context else self.base.graph_key
+        if not self.context:
+            return self.base.graph_key
+        return (*self.base.graph_key, "room", self.capacity, self._slot)
 
     def holds(self, token: int) -> bool:
         """Whether the head can propose ``token`` now."""

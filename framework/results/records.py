@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,10 +230,14 @@ def resume_state(
     methods: list[str],
     log: Callable[[str], None],
     meta_path: Path | None = None,
+    *,
+    repair: bool = True,
 ) -> set[tuple[int, str, str]]:
     """``(repeat, category, question_id)`` of the prompts already complete in ``out_path`` (every
     method recorded), after checking that the file was written by the same configuration (its
-    metadata: ``meta_path``, default ``<output>.meta.json``).
+    metadata: ``meta_path``, default ``<output>.meta.json``). With ``repair`` (one process of a
+    run: rank 0) the file loses a torn last line and the records of prompts that only some methods
+    recorded (a kill in the middle of a prompt's write), which are decoded again.
 
     Raises:
         ConfigError: no ``--output``, no metadata next to the file, or a different configuration.
@@ -259,8 +264,43 @@ def resume_state(
             f"a results file from the same configuration (it differs in {detail}); "
             "resume with the original flags or write to a new --output",
         )
-    repair_tail(out_path, log)
+    if repair:
+        repair_tail(out_path, log)
+    records = read_records(out_path)
     seen: dict[tuple[int, str, str], set[str]] = {}
-    for rec in read_records(out_path):
-        seen.setdefault((rec.get("repeat", 0), *prompt_key(rec)), set()).add(rec["method"])
-    return {k for k, got in seen.items() if set(methods) <= got}
+    for rec in records:
+        seen.setdefault(_item_key(rec), set()).add(rec["method"])
+    done = {k for k, got in seen.items() if set(methods) <= got}
+    partial = [rec for rec in records if _item_key(rec) not in done]
+    if partial and repair:  # decoded again with every method: their earlier records would count twice
+        drop_records(out_path, lambda rec: _item_key(rec) not in done)
+        log(
+            f"[selfspec] {out_path}: dropped {len(partial)} record(s) of "
+            f"{len({_item_key(r) for r in partial})} prompt(s) that only some methods recorded "
+            "(a run stopped mid-write); they are decoded again"
+        )
+    return done
+
+
+def _item_key(rec: dict[str, Any]) -> tuple[int, str, str]:
+    """``(repeat, category, question_id)``: one decoded item of a results file."""
+    return (rec.get("repeat", 0), *prompt_key(rec))
+
+
+def drop_records(path: Path, drop: Callable[[dict[str, Any]], bool]) -> None:
+    """Rewrite a results JSONL without the records ``drop`` names (the lines kept byte for byte;
+    the new file replaces the old one whole, so an interruption leaves one or the other)."""
+    path = Path(path)
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            kept.append(line)
+            continue
+        rec.setdefault("repeat", 0)
+        if not drop(rec):
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)

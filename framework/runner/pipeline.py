@@ -266,7 +266,11 @@ class _Run:
             cfg.runner.specbench_answers, labels, [layout.records], cfg.model.name_or_path, log
         )
         say = log if self.rank0 else (lambda _m: None)
-        done = resume_state(cfg, layout.records, labels, say, layout.meta) if cfg.runner.resume else set()
+        done = (
+            resume_state(cfg, layout.records, labels, say, layout.meta, repair=self.rank0)
+            if cfg.runner.resume
+            else set()
+        )
         self.resumed = bool(done)
         reps = cfg.compare.repeats
         self.items = [

@@ -49,10 +49,23 @@ class StrategySpec:
     name: str
     config: Any = None
 
-    def build(self, kind: str):
-        """A fresh instance of the strategy, from the ``kind`` registry."""
+    def build(self, kind: str, seed: int = 0):
+        """A fresh instance of the strategy, from the ``kind`` registry. ``seed`` (the run's
+        ``--seed``) offsets the config's own ``seed`` where it has one (a sampling verifier's
+        stream, a selector's search), so that ``--seed`` reaches every random stream of the run;
+        ``0`` leaves the strategy's own seed as it is."""
         cls = REGISTRIES[kind].get(self.name)
-        return cls(self.config if self.config is not None else cls.Config())
+        config = self.config if self.config is not None else cls.Config()
+        seeded = dataclasses.is_dataclass(config) and "seed" in {f.name for f in dataclasses.fields(config)}
+        if seed and seeded:
+            own = config.seed
+            try:
+                config = dataclasses.replace(config, seed=own + seed)
+            except ValueError as err:
+                raise ConfigError(
+                    "--seed", seed, f"a seed that {kind} {self.name}'s seed {own} admits ({err})"
+                ) from None
+        return cls(config)
 
     def describe(self) -> dict[str, Any]:
         cfg = dataclasses.asdict(self.config) if self.config is not None else {}

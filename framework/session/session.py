@@ -36,13 +36,27 @@ StrategyOverrides = Mapping[str, "Strategy | type[Strategy]"]
 
 def _strategy(kind: str, cfg: RunConfig, given: Any) -> Strategy:
     if given is None:
-        return getattr(cfg.method, kind).build(kind)
+        return getattr(cfg.method, kind).build(kind, cfg.generation.seed)
     base = REGISTRIES[kind].base_cls
     if isinstance(given, type) and issubclass(given, base):
         return given()
     if isinstance(given, base):
         return given
     raise ConfigError(f"strategies[{kind!r}]", given, f"a {base.__name__} instance or subclass")
+
+
+def build_strategies(cfg: RunConfig, strategies: StrategyOverrides | None = None) -> dict[str, Strategy]:
+    """The four strategies of ``cfg`` by kind, fresh (each strategy's own ``seed`` offset by
+    ``--seed``: `StrategySpec.build`), with ``strategies`` (see `build_decoder`) in their slots.
+
+    Raises:
+        ConfigError: an unknown kind, or an object that is not a strategy of its kind.
+    """
+    given = dict(strategies or {})
+    unknown = sorted(set(given) - set(REGISTRIES))
+    if unknown:
+        raise ConfigError("strategies", unknown, f"kinds among {', '.join(REGISTRIES)}")
+    return {kind: _strategy(kind, cfg, given.get(kind)) for kind in REGISTRIES}
 
 
 def build_decoder(
@@ -60,11 +74,7 @@ def build_decoder(
     Raises:
         ConfigError: an unknown kind, or an object that is not a strategy of its kind.
     """
-    given = dict(strategies or {})
-    unknown = sorted(set(given) - set(REGISTRIES))
-    if unknown:
-        raise ConfigError("strategies", unknown, f"kinds among {', '.join(REGISTRIES)}")
-    parts = {kind: _strategy(kind, cfg, given.get(kind)) for kind in REGISTRIES}
+    parts = build_strategies(cfg, strategies)
     return SpeculativeDecoder(
         adapter,
         parts["selector"],
@@ -186,7 +196,9 @@ class Session:
         if not self.cfg.method.baseline_only:
             self.spec.prepare(self.prepare_ctx)
         # The baseline gets its own verifier instance (its own RNG stream when sampling).
-        self.vanilla = VanillaDecoder(self.adapter, self.cfg.method.verifier.build("verifier"))
+        self.vanilla = VanillaDecoder(
+            self.adapter, self.cfg.method.verifier.build("verifier", self.cfg.generation.seed)
+        )
 
     def resolved(self) -> dict[str, Any]:
         """What the configuration left to the run, as the prepared drafter resolved it

@@ -56,6 +56,25 @@ CONTRACT_PARTNERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: The JSON schema of the drafters' grammar contract (`DrafterContract.grammar_generations`): its
+#: keys, quotes and separators are runs the grammar forces.
+CONTRACT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "size": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "size", "ok"],
+    "additionalProperties": False,
+}
+
+
+#: The prompt of the drafters' grammar contract: an answer to `CONTRACT_SCHEMA` (a drafter that
+#: copies from the context finds the keys there).
+CONTRACT_EXAMPLE = 'Answer as {"color": "green", "size": 7, "ok": false} does: '
+
+
 # --------------------------------------------------------------------------------------------
 # Contract mixins
 # --------------------------------------------------------------------------------------------
@@ -315,6 +334,64 @@ class DrafterContract(_Contract):
         assert draft.length == 1, (
             "should_continue returned False after the first token: that token is kept, no more"
         )
+
+    #: Generations of `test_drafts_stay_within_max_tokens_under_a_grammar`: (the fixed length
+    #: controller's k, max_new_tokens), so that both the controller's cap and the generation's
+    #: remaining budget bound some rounds.
+    grammar_runs: ClassVar[tuple[tuple[int, int], ...]] = ((8, 26), (2, 14))
+
+    def grammar_generations(self, runs: tuple[tuple[int, int], ...] | None = None) -> list[tuple]:
+        """Decode under `CONTRACT_SCHEMA`'s grammar (whose keys and punctuation force runs of
+        tokens) for each of ``runs`` (default `grammar_runs`), with the drafter's ``draft``
+        recorded. Returns ``(result, drafter, calls)`` per run, ``calls`` holding ``(max_tokens,
+        draft length, new tokens committed before the round, max_new_tokens)`` per round."""
+        import pytest
+
+        pytest.importorskip("llguidance")
+        from framework.engine.grammar import CompiledGrammar, Grammar
+        from framework.engine.processing import GenerationControls
+        from framework.testing.tiny import tiny_json_tokenizer
+
+        adapter = self.adapter()
+        tok = tiny_json_tokenizer()
+        compiled = CompiledGrammar(Grammar.json_schema(CONTRACT_SCHEMA), tok, adapter.arch.info().vocab_size)
+        eos = (int(tok.eos_token_id),)
+        out = []
+        for k, max_new in runs or self.grammar_runs:
+            s = self.strategies(self.make())
+            entry = REGISTRIES["length"].entry("fixed")
+            s["length"] = entry.cls(build_config(entry.config, {"k": k}))
+            dec = SpeculativeDecoder(adapter, s["selector"], s["length"], s["drafter"], s["verifier"])
+            dec.prepare(prepare_context(adapter))
+            drafter, calls = s["drafter"], []
+            draft = drafter.draft
+
+            def recorded(state, plan, length, max_tokens, draft=draft, calls=calls, max_new=max_new):
+                got = draft(state, plan, length, max_tokens)
+                calls.append((max_tokens, got.length, state.num_new, max_new))
+                return got
+
+            drafter.draft = recorded  # type: ignore[method-assign]
+            stop = StopCondition(
+                max_new, eos_token_ids=eos, controls=GenerationControls(eos_token_ids=eos, grammar=compiled)
+            )
+            prompt = torch.tensor([tok.encode(CONTRACT_EXAMPLE)])  # something to copy, for lookup
+            res = dec.generate(prompt, stop)
+            out.append((res, drafter, calls))
+        return out
+
+    def test_drafts_stay_within_max_tokens_under_a_grammar(self):
+        """No draft is longer than the ``max_tokens`` it was given (the length controller's cap,
+        within the generation's remaining budget), also where a grammar forces runs of tokens: a
+        drafter that drafts a forced run may not let it carry a round past either."""
+        for res, _, calls in self.grammar_generations():
+            assert calls, "no round drafted"
+            for max_tokens, length, done, max_new in calls:
+                assert length <= max_tokens, f"a draft of {length} tokens for max_tokens {max_tokens}"
+                assert done + length + 1 <= max_new, (
+                    f"a draft of {length} tokens after {done} of {max_new}: the round ends past the budget"
+                )
+            assert len(res.tokens) <= max(m for *_, m in calls)
 
     def test_committed_cache_untouched(self):
         adapter, s, state = self.prepared()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LogitsProcessor
 
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.processing import GenerationControls, LogitsProcessing
@@ -178,3 +179,133 @@ def test_a_criterion_is_checked_at_every_token_a_round_commits():
     assert stop_cut(at_length, prompt, [4, 5, 6, 7, 8], 0) == 3  # the third new token: 6 in all
     assert calls == [4, 5, 6]
     assert stop_cut(at_length, prompt, [4, 5, 6, 7, 8], 3) is None  # from the fourth on: none
+
+
+# ---- under speculation, against HF generate (issue 54, class 2) --------------------------------
+# Speculative and plain decoding share the code that hands a processor its prefix, so both can be
+# wrong in the same way; only a comparison with HF ``generate`` running the same processors sees
+# that: the prefix of the first new token (the whole prompt), the ``min_new_tokens`` boundary at
+# an end-of-sequence token, and the prefix of every verify and draft row.
+class PrefixWave(LogitsProcessor):
+    """A processor that reads the whole prefix: it adds a wave over the vocabulary whose phase is
+    set by every token of the prefix and its length, as large as the logits' spread, so a row
+    processed with any other prefix (one token short, the prompt without its last token) is
+    scored otherwise and most often chooses another token."""
+
+    def __call__(self, input_ids, scores):
+        phase = input_ids.double().sum(-1) * 0.11 + input_ids.shape[-1] * 1.3  # (B,)
+        wave = torch.sin(torch.arange(scores.shape[-1], dtype=torch.float64) * 0.37 + phase[:, None])
+        return scores + wave.to(scores.dtype)
+
+
+HF_SETTINGS = {
+    "repetition": dict(repetition_penalty=1.8),
+    "ngram": dict(no_repeat_ngram_size=2),
+    "prefix": dict(processors=(PrefixWave(),)),
+}
+HF_COMBOS = [
+    ("static", "fixed", "layer_skip", "greedy"),
+    ("static", "confidence", "layer_skip", "tree"),
+    ("del_tpl", "del_dynamic", "early_exit", "greedy"),
+    ("static", "confidence", "hybrid", "greedy"),
+]
+
+
+def _hf_with(model, prompt, settings, eos=EOS):
+    """HF ``generate`` with ``settings`` (a custom processor through ``logits_processor``)."""
+    from transformers import LogitsProcessorList
+
+    settings = dict(settings)
+    extra = settings.pop("processors", ())
+    new = _generate(
+        model, prompt, eos_token_id=list(eos), logits_processor=LogitsProcessorList(extra), **settings
+    )
+    return new[: new.index(eos[0]) + 1] if eos[0] in new else new
+
+
+def _hf_model(adapter):
+    return adapter.arch.model
+
+
+@pytest.mark.parametrize("combo", [None, *HF_COMBOS], ids=lambda c: "plain" if c is None else "-".join(c))
+@pytest.mark.parametrize("name", sorted(HF_SETTINGS))
+def test_speculative_decoding_with_processors_equals_hf_generate_with_them(combo, name, deep_adapters):
+    adapter = deep_adapters["llama"]
+    dec = VanillaDecoder(adapter) if combo is None else _spec(adapter, *combo)
+    drafted = 0
+    for seed in (0, 1):
+        prompt = random_prompt(9, 128, seed)
+        prompt = torch.cat([prompt, prompt[:, :4], prompt], dim=1)  # something to copy for lookup
+        got = dec.generate(prompt, _stop(HF_SETTINGS[name]))
+        assert got.tokens == _hf_with(_hf_model(adapter), prompt, HF_SETTINGS[name]), (combo, name, seed)
+        drafted += got.drafted
+    assert combo is None or drafted > 0
+
+
+@pytest.mark.parametrize("combo", [None, *HF_COMBOS[:3]], ids=lambda c: "plain" if c is None else "-".join(c))
+def test_min_new_tokens_holds_an_eos_back_up_to_the_boundary_generate_keeps(combo, deep_adapters):
+    """The end-of-sequence token is a token plain greedy decoding first gives at new position j:
+    with ``min_new_tokens`` j - 1 or j it ends the output there, with j + 1 it is held back once
+    (as ``generate`` holds it), whichever decoder."""
+    adapter = deep_adapters["llama"]
+    model = _hf_model(adapter)
+    dec = VanillaDecoder(adapter) if combo is None else _spec(adapter, *combo)
+    prompt = random_prompt(9, 128, 4)
+    plain = VanillaDecoder(adapter).generate(prompt, StopCondition(N)).tokens
+    j = next(i for i in range(3, N) if plain[i] not in plain[:i])
+    eos = (plain[j],)
+    lengths = []
+    for min_new in (j - 1, j, j + 1):
+        controls = GenerationControls(eos_token_ids=eos, min_new_tokens=min_new)
+        got = dec.generate(prompt, StopCondition(N, eos_token_ids=eos, controls=controls)).tokens
+        assert got == _hf_with(model, prompt, {"min_new_tokens": min_new}, eos), (combo, min_new)
+        lengths.append(len(got))
+    assert lengths[:2] == [j + 1, j + 1] and lengths[2] > j + 1  # the boundary is where generate has it
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["full-head", "reduced-head"])
+@pytest.mark.parametrize("name", sorted(HF_SETTINGS))
+def test_draft_rows_are_processed_so_the_target_as_its_own_draft_is_always_accepted(
+    name, head, deep_adapters, tmp_path, monkeypatch
+):
+    """A draft that runs every sub-layer proposes the target's own token, provided its rows are
+    processed as the verify rows are (with the tokens drafted before them, and through the reduced
+    draft head's scores too): every drafted token is accepted. A draft row left unprocessed
+    proposes the unprocessed argmax, and acceptance falls while the output stays lossless (so only
+    acceptance shows it). The reduced head holds every token but one that no output here
+    contains."""
+    import json
+
+    from framework import REGISTRIES
+    from framework.config_fields import build_config
+    from strategies.length.fixed import FixedLength, FixedLengthConfig
+    from strategies.selectors.static import StaticSelector, StaticSelectorConfig
+    from strategies.verifiers.greedy import GreedyVerifier
+
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    adapter = deep_adapters["llama"]
+    prompts = [random_prompt(9, 128, seed) for seed in (0, 1)]
+    wants = [_hf_with(_hf_model(adapter), p, HF_SETTINGS[name]) for p in prompts]
+    vocab = adapter.arch.info().vocab_size
+    options: dict = {}
+    if head:
+        seen = {t for p, w in zip(prompts, wants, strict=True) for t in (*p[0].tolist(), *w)}
+        left_out = next(t for t in range(vocab) if t not in seen and t not in EOS)
+        ranking = tmp_path / "ranking.json"
+        ranking.write_text(json.dumps([t for t in range(vocab) if t != left_out]))
+        options = {"draft_vocab": vocab - 1, "vocab_file": str(ranking)}
+    entry = REGISTRIES["drafter"].entry("layer_skip")
+    drafter = entry.cls(build_config(entry.config, options))
+    dec = SpeculativeDecoder(
+        adapter,
+        StaticSelector(StaticSelectorConfig(skip_ratio=0.0)),
+        FixedLength(FixedLengthConfig(k=3)),
+        drafter,
+        GreedyVerifier(),
+    )
+    dec.prepare(prepare_context(adapter))
+    assert (drafter.draft_head() is not None) == head
+    for prompt, want in zip(prompts, wants, strict=True):
+        res = dec.generate(prompt, _stop(HF_SETTINGS[name]))
+        assert res.tokens == want
+        assert res.drafted > 0 and res.accepted == res.drafted, (name, head, res.accepted, res.drafted)

@@ -65,3 +65,18 @@ def test_the_copy_estimate_restarts_with_every_generation_and_the_skip_estimate_
 def test_the_skip_gate_is_required():
     with pytest.raises(ValueError, match="skip_gate"):
         CascadeDrafterConfig(skip_gate=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Contract
+# --------------------------------------------------------------------------------------------
+from framework.testing import DrafterContract  # noqa: E402
+
+
+class TestCascadeContract(DrafterContract):
+    """A round whose best predicted source is a plain step drafts nothing."""
+
+    may_decline = True
+
+    def make(self):
+        return CascadeDrafter()
