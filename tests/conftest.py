@@ -53,6 +53,25 @@ def adapters(tiny_models) -> dict:
 
 
 @pytest.fixture(scope="session")
+def default_model():
+    """The real default model (SmolLM2-135M-Instruct, float32, CPU) and its tokenizer, loaded once
+    per test process (converted on the machine's first use, ~30 s): every test of the real model
+    shares it and only reads it."""
+    from framework.models.loading import load_model
+
+    return load_model(None, "float32", "cpu")
+
+
+@pytest.fixture(scope="session")
+def default_prepared():
+    """One `PreparedCache` for the sessions built on `default_model` (a token ranking, a cost
+    model measured once), as a benchmark's methods share one."""
+    from framework.engine.context import PreparedCache
+
+    return PreparedCache()
+
+
+@pytest.fixture(scope="session")
 def deep_adapters() -> dict:
     """{arch: adapter} over 6-layer models, where the default static selector skips a sub-layer
     (on 4 layers its default ratio 0.2 rounds down to skipping nothing)."""

@@ -104,6 +104,9 @@ class DraftHead:
         device = weight.device
         self.vocab_size = vocab
         self.context = context
+        #: the token ids in their order, digested on the host: two heads of one size and name over
+        #: other tokens (or in another order) have other graph keys
+        self.digest = hashlib.blake2b(ids_t.numpy().tobytes(), digest_size=8).hexdigest()
         self.name = name or f"{k} of {vocab} tokens"
         with torch.inference_mode(False), torch.no_grad():
             self.head_weight, self.head_bias = weight, bias  # the full head's (for context rows)
@@ -225,12 +228,6 @@ class DraftHead:
             )
         sets.append((weakref.ref(holder), bufs))
         return len(sets) - 1, bufs
-
-    @functools.cached_property
-    def digest(self) -> str:
-        """A digest of the token ids in their order (host): two heads of one size and name over
-        other tokens, or in another order, have other graph keys."""
-        return hashlib.blake2b(self.ids.cpu().numpy().tobytes(), digest_size=8).hexdigest()
 
     @property
     def graph_key(self) -> Hashable:

@@ -33,6 +33,8 @@ import torch
 from framework.config_fields import build_config
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.grammar import CompiledGrammar, Grammar
+from framework.engine.processing import GenerationControls
 from framework.engine.state import DecodeState
 from framework.interfaces import REGISTRIES, LengthController, Strategy
 from framework.testing.stubs import (
@@ -41,7 +43,7 @@ from framework.testing.stubs import (
     prepare_context,
     random_prompt,
 )
-from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_model
+from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_json_tokenizer, tiny_model
 from framework.types import Draft, LayerPlan, LengthHint, Verification
 from framework.view import RoundView
 
@@ -348,10 +350,6 @@ class DrafterContract(_Contract):
         import pytest
 
         pytest.importorskip("llguidance")
-        from framework.engine.grammar import CompiledGrammar, Grammar
-        from framework.engine.processing import GenerationControls
-        from framework.testing.tiny import tiny_json_tokenizer
-
         adapter = self.adapter()
         tok = tiny_json_tokenizer()
         compiled = CompiledGrammar(Grammar.json_schema(CONTRACT_SCHEMA), tok, adapter.arch.info().vocab_size)
@@ -366,7 +364,15 @@ class DrafterContract(_Contract):
             drafter, calls = s["drafter"], []
             draft = drafter.draft
 
-            def recorded(state, plan, length, max_tokens, draft=draft, calls=calls, max_new=max_new):
+            def recorded(
+                state: RoundView,
+                plan: LayerPlan,
+                length: LengthController,
+                max_tokens: int,
+                draft: Any = draft,
+                calls: list = calls,
+                max_new: int = max_new,
+            ) -> Draft:
                 got = draft(state, plan, length, max_tokens)
                 calls.append((max_tokens, got.length, state.num_new, max_new))
                 return got

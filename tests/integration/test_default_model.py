@@ -18,13 +18,6 @@ from framework.testing import plain_table
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def default_model():
-    from framework.models.loading import load_model
-
-    return load_model(None, "float32", "cpu")
-
-
 def test_default_model_is_smollm2_and_chat_template_applies(default_model):
     model, tok = default_model
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
@@ -172,7 +165,9 @@ def test_compressed_drafts_keep_the_acceptance_of_float32_drafts(default_model):
     assert all(v >= base - 0.1 for v in got.values()), (base, got)
 
 
-def test_processors_on_the_default_model_equal_hf_generate_over_the_built_in_suite(default_model):
+def test_processors_on_the_default_model_equal_hf_generate_over_the_built_in_suite(
+    default_model, default_prepared
+):
     """Issue 47, item 1: on the real default model, over the built-in suite's first prompt of
     each category, greedy decoding with a repetition penalty and no repeated 3-grams equals HF
     ``generate`` with the same settings, and the default preset's speculative decoding equals it
@@ -184,7 +179,7 @@ def test_processors_on_the_default_model_equal_hf_generate_over_the_built_in_sui
     model, tok = default_model
     settings = dict(repetition_penalty=1.3, no_repeat_ngram_size=3)
     cfg = RunConfig.from_preset("static_confidence", max_new_tokens=32, logger="none", **settings)
-    exp = Session(cfg, model, tok, log=lambda m: None)
+    exp = Session(cfg, model, tok, log=lambda m: None, prepared=default_prepared)
     drafted = 0
     for prompt in load_prompts(None, limit=1):
         ids = torch.tensor([exp.encode_messages([{"role": "user", "content": prompt.turns[0]}])])
@@ -203,7 +198,9 @@ def test_processors_on_the_default_model_equal_hf_generate_over_the_built_in_sui
     assert drafted > 0
 
 
-def test_grammars_on_the_default_model_equal_hf_generate_over_the_structured_set(default_model):
+def test_grammars_on_the_default_model_equal_hf_generate_over_the_structured_set(
+    default_model, default_prepared
+):
     """Issue 47, items 2-3: on the real default model, over the structured set's first prompt of
     each category (each with its own JSON schema), greedy constrained decoding equals HF
     ``generate`` with a logits processor applying the same grammar engine's mask, the answers
@@ -219,7 +216,13 @@ def test_grammars_on_the_default_model_equal_hf_generate_over_the_structured_set
     model, tok = default_model
     n = 96
     sessions = [
-        Session(RunConfig.from_preset(p, max_new_tokens=n, logger="none"), model, tok, log=lambda m: None)
+        Session(
+            RunConfig.from_preset(p, max_new_tokens=n, logger="none"),
+            model,
+            tok,
+            log=lambda m: None,
+            prepared=default_prepared,
+        )
         for p in ("hybrid_forced", "static_confidence_forced")
     ]
     exp = sessions[0]

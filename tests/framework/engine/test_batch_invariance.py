@@ -221,10 +221,8 @@ def test_greedy_speculative_equals_vanilla_on_ties(tie, verifier):
 
 
 @pytest.mark.slow
-def test_default_model_verify_block_is_bit_identical_to_single_steps():
-    from framework.models.loading import load_model
-
-    model, _ = load_model(None, "float32", "cpu")
+def test_default_model_verify_block_is_bit_identical_to_single_steps(default_model):
+    model, _ = default_model
     adapter = adapter_for(model, fast_kernels=True)
     assert adapter.fast_kernels
     p, n = 24, 6

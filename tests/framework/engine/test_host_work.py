@@ -207,11 +207,10 @@ def test_the_limits_hold_on_the_default_model(name, default_model_prompts):
 
 
 @pytest.fixture(scope="module")
-def default_model_prompts():
+def default_model_prompts(default_model):
     from framework.data.prompts import encode_chat
-    from framework.models.loading import load_model
 
-    model, tok = load_model(None, "float32", "cpu")
+    model, tok = default_model
     texts = ["Write a short poem about the sea.", "Explain what a hash table is in two sentences."]
     return model, [torch.tensor([encode_chat(tok, [{"role": "user", "content": t}])]) for t in texts]
 
