@@ -1317,7 +1317,7 @@ def _env(repo: Path) -> dict[str, str]:
     """The environment of a mutation's tests: the copy's packages first, no bytecode written (a
     restored file must never be shadowed by the mutant's), no pytest or xdist state inherited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTEST_XDIST"))}
-    env.update(PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1", SELFSPEC_DEBUG="")
+    env.update(PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1", SELFSPEC_DEBUG="", SELFSPEC_MUTANT="1")
     return env
 
 

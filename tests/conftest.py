@@ -10,14 +10,24 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Bytecode. Where the environment says not to write it (PYTHONDONTWRITEBYTECODE, set on this
+# project's CI hosts), every test process compiles the project's sources and pytest rewrites the
+# asserts of every test module again: a third of a worker's collection (15 s -> 10 s on the
+# development machine), and as much again in each test that starts a Python process. The suite
+# writes it (into __pycache__, which git ignores), except in a mutation runner's copy
+# (``SELFSPEC_MUTANT``), whose mutated sources must never leave bytecode behind.
+if not os.environ.get("SELFSPEC_MUTANT"):
+    sys.dont_write_bytecode = False
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # `pytest` as well as `python -m pytest` from the repo root
     sys.path.insert(0, str(_ROOT))
 
 from framework.engine.adapter import adapter_for  # noqa: E402
+from framework.engine.cost_model import CostModel  # noqa: E402
 from framework.testing import ARCHS, cached_tiny_model, tiny_model  # noqa: E402
 
 # The tiny models' matmuls are far too small to gain from intra-op threads; on a small or busy CPU
@@ -28,6 +38,55 @@ torch.set_num_threads(1)
 # automatic online/offline choice clear this themselves).
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+
+# ---- the cost model, measured once per model and test process ---------------------------------
+# A run (run.py, bench.py, `Decoder.benchmark`) measures its model's cost model when it ends: on
+# the tiny models a quarter of a second, more where the noise of two busy cores makes it measure
+# again, for numbers that only fill the report. The tests measure each model once per process:
+# the same model (architecture, config, weights, dtype, device, kernels) with the same settings
+# reuses that measurement. `tests/framework/engine/test_cost_model.py` and tests marked
+# ``measures_costs`` measure every time.
+_measured: dict[tuple, CostModel] = {}
+_measure = CostModel.measure.__func__
+
+
+def _model_key(adapter) -> tuple:
+    model = adapter.arch.model
+    params = list(model.parameters())
+    sums = tuple(float(p.detach().double().sum()) for p in (params[0], params[-1]))
+    place = getattr(adapter, "placement", None)
+    return (
+        type(model).__name__,
+        model.config.to_json_string(use_diff=False),
+        str(params[0].dtype),
+        str(params[0].device),
+        sums,
+        bool(getattr(adapter, "fast_kernels", False)),
+        bool(getattr(adapter, "exact", False)),
+        repr(place),
+    )
+
+
+def _measure_once_per_model(cls, adapter, **kwargs):
+    head, weights = kwargs.get("draft_head"), kwargs.get("draft_weights")
+    settings = {k: v for k, v in kwargs.items() if k not in ("draft_head", "draft_weights")}
+    key = (
+        _model_key(adapter),
+        None if head is None else head.graph_key,
+        None if weights is None else (type(weights).__name__, getattr(weights, "weights", None)),
+        tuple(sorted(settings.items())),
+    )
+    if key not in _measured:
+        _measured[key] = _measure(cls, adapter, **kwargs)
+    return _measured[key]
+
+
+@pytest.fixture(autouse=True)
+def _cost_models_measured_once(request, monkeypatch):
+    if request.node.get_closest_marker("measures_costs") or request.node.path.name == "test_cost_model.py":
+        return
+    monkeypatch.setattr(CostModel, "measure", classmethod(_measure_once_per_model))
 
 
 @pytest.fixture(scope="session")
