@@ -693,3 +693,28 @@ def test_the_draft_rule_draws_inside_from_the_verifiers_stream_what_sample_draws
     tok, q = sampler(device_ops(ver.random), logits)
     torch.testing.assert_close(q, ver.warp(logits))
     assert torch.equal(tok, sample(ver.warp(logits), torch.Generator().manual_seed(3)))
+
+
+def test_a_sampled_generation_depends_on_its_verifiers_seed_alone():
+    """Every draw of a sampled generation (each draft step's noise, acceptance, the replacement and
+    bonus tokens) comes from the verifier's stream: two decoders whose verifiers have one seed give
+    the same tokens whatever state torch's global generator is in, and another seed other tokens."""
+    adapter = adapter_for(_model())
+    prompt = random_prompt(5, V, seed=4)
+
+    def tokens(seed: int, global_seed: int) -> list[int]:
+        dec = SpeculativeDecoder(
+            adapter,
+            StaticSelector(SKIP),
+            FixedLength(FixedLengthConfig(k=3)),
+            LayerSkipDrafter(),
+            SamplingVerifier(SamplingVerifierConfig(temperature=1.0, seed=seed)),
+        )
+        torch.manual_seed(global_seed)
+        res = dec.generate(prompt, StopCondition(32))
+        assert res.drafted > 0
+        return res.tokens
+
+    first = tokens(7, global_seed=0)
+    assert tokens(7, global_seed=12345) == first
+    assert any(tokens(s, global_seed=0) != first for s in (8, 9))
