@@ -216,6 +216,16 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/framework/engine/execution/test_graph_keys.py::test_block_graphs_past_the_first_span_are_graphs_of_their_own",
         ),
     ),
+    Mutation(
+        "precapture_key_at_the_pools_span",
+        "the graphs recorded before timing are keyed at the pool's whole span, whatever span they read (each is recorded again while timed)",
+        "framework/engine/execution/forward_graph.py",
+        '                key = GraphKey(None, t, s, "all", hidden, is_tree, "model", rule=rkey)',
+        '                key = GraphKey(None, t, self.pool.capacity, "all", hidden, is_tree, "model", rule=rkey)',
+        (
+            "tests/framework/engine/execution/test_graph_keys.py::test_the_graphs_recorded_before_timing_are_those_the_forwards_of_every_span_replay",
+        ),
+    ),
     # ---- issue 54, class 2: what the logits processors see (against HF generate) ---------------
     Mutation(
         "first_token_processed_without_the_prompts_last_token",
@@ -1307,14 +1317,14 @@ def _last_line(text: str) -> str:
 class _Mutated:
     """Apply ``m`` in ``repo`` for the ``with`` block, then restore the file (also on failure)."""
 
-    def __init__(self, m: Mutation, repo: Path) -> None:
+    def __init__(self, m: Mutation, repo: Path, apply: bool = True) -> None:
         self.path = repo / m.path
         self.text = self.path.read_text()
         self.count = self.text.count(m.old)
-        self.m = m
+        self.m, self.apply = m, apply
 
     def __enter__(self) -> _Mutated:
-        if self.count == 1:
+        if self.count == 1 and self.apply:
             self.path.write_text(self.text.replace(self.m.old, self.m.new))
         return self
 
@@ -1481,9 +1491,10 @@ class WarmRunner:
         if not ready:
             raise RuntimeError(f"the warm interpreter exited with {self.proc.wait()} before it was ready")
 
-    def run(self, m: Mutation, timeout: float = 600.0) -> tuple[str, float, str]:
-        """``(status, seconds, detail)`` of ``m`` (as `run_mutation`)."""
-        with _Mutated(m, self.repo) as mutated:
+    def run(self, m: Mutation, timeout: float = 600.0, *, mutate: bool = True) -> tuple[str, float, str]:
+        """``(status, seconds, detail)`` of ``m`` (as `run_mutation`); ``mutate=False`` runs its
+        tests on the unchanged copy (the control: they must pass, so a kill is the bug's)."""
+        with _Mutated(m, self.repo, apply=mutate) as mutated:
             if mutated.count != 1:
                 return "error", 0.0, f"the text to mutate occurs {mutated.count} times in {m.path}"
             log = self._logs / f"{m.name}.log"
@@ -1521,6 +1532,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cold", action="store_true", help="a fresh interpreter per mutation (default: forks of a warm one)"
     )
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="run each mutation's tests on the unchanged copy instead: every one must pass (then a kill "
+        "is the planted bug's, not the runner's)",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
@@ -1539,10 +1556,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="selfspec-mutations-") as tmp:
         repo = Path(tmp)
         copy_repo(repo)
-        runner = None if args.cold else WarmRunner(repo)
+        runner = WarmRunner(repo) if args.control or not args.cold else None
         try:
             for m in chosen:
-                if runner is None:
+                if args.control:
+                    status, seconds, detail = runner.run(m, args.timeout, mutate=False)  # type: ignore[union-attr]
+                    status = {"SURVIVED": "passed", "killed": "FAILED"}.get(status, status)
+                elif runner is None:
                     status, seconds, detail = run_mutation(m, repo, args.timeout)
                 else:
                     status, seconds, detail = runner.run(m, args.timeout)
@@ -1551,6 +1571,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if runner is not None:
                 runner.close()
+    if args.control:
+        bad = [m.name for m, status, _, _ in rows if status != "passed"]
+        print(
+            f"\n{len(rows) - len(bad)} of {len(rows)} mutations' tests pass unmutated"
+            + (f"; not: {', '.join(bad)}" if bad else "")
+        )
+        return 0 if not bad else 1
     print("\n| mutation | what it plants | file | caught by | result |\n|---|---|---|---|---|")
     for m, status, _, _ in rows:
         print(f"| `{m.name}` | {m.why} | `{m.path}` | {', '.join(f'`{t}`' for t in m.tests)} | {status} |")

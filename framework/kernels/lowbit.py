@@ -192,6 +192,22 @@ def quantize_tokens_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
+#: The float32 value of each of the 256 float8 e4m3 codes, per device (`_fp8_values`).
+_FP8_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _fp8_values(q: torch.Tensor) -> torch.Tensor:
+    """``q`` (float8 e4m3) as float32, bit for bit what ``q.float()`` gives, through a table of the
+    256 codes: on a CPU, where the cast has no vectorised loop, three times faster (the reference
+    path de-quantises every weight at each call)."""
+    table = _FP8_TABLES.get(q.device)
+    if table is None:
+        with torch.inference_mode(False):
+            codes = torch.arange(256, dtype=torch.uint8, device=q.device)
+            table = _FP8_TABLES[q.device] = codes.view(torch.float8_e4m3fn).float()
+    return torch.take(table, q.view(torch.uint8).long())
+
+
 def reference_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, fmt: str
 ) -> torch.Tensor:
@@ -201,7 +217,7 @@ def reference_linear(
     x2 = x.reshape(-1, k)
     if fmt == "fp8":
         xq, xs = quantize_tokens_fp8(x2)
-        out = (xq.float() @ q.float().t()) * xs * scale[None, :]  # type: ignore[index]
+        out = (xq.float() @ _fp8_values(q).t()) * xs * scale[None, :]  # type: ignore[index]
     elif fmt == "int8":
         out = (x2.float() @ q.float().t()) * scale[None, :]  # type: ignore[index]
     elif fmt == "int4":

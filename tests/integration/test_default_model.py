@@ -18,6 +18,24 @@ from framework.testing import plain_table
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _runs_load_the_shared_model(default_model, monkeypatch):
+    """A run of the command line on the default model (float32, CPU) gets the model this test
+    process loaded once (`default_model`), instead of loading it again; anything else loads."""
+    import framework.session.session as session
+    from framework.models.loading import DEFAULT_MODEL
+
+    real = session.load_model
+
+    def load(name, dtype="float32", device="cpu", device_map=""):
+        if name in (None, DEFAULT_MODEL) and dtype in ("float32", "auto") and device == "cpu":
+            if not device_map:
+                return default_model
+        return real(name, dtype, device, device_map)
+
+    monkeypatch.setattr(session, "load_model", load)
+
+
 def test_default_model_is_smollm2_and_chat_template_applies(default_model):
     model, tok = default_model
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30

@@ -20,11 +20,11 @@ class _ForcedContract(DrafterContract):
     def make(self):
         return GrammarForcedDrafter(GrammarForcedDrafterConfig(then=self.then))
 
-    def test_forced_runs_are_drafted_within_the_bounds(self):
-        """Under a grammar some rounds draft forced tokens; ``max_forced`` 1 and a length of 1 keep
-        a run within one token a round."""
+    def test_forced_runs_are_drafted_and_never_refused_first(self):
+        """Under the grammar some rounds draft forced tokens (the bounds are the contract's own
+        test), and no verification refuses a forced token first (its row allows nothing else)."""
         forced = 0
-        for res, drafter, calls in self.grammar_generations():
+        for _, drafter, _ in self.grammar_generations():
             forced += drafter.summary()["forced"]
             assert drafter.summary()["forced_refused"] == 0
         assert forced > 0, "the grammar forced no token in any draft"
@@ -69,6 +69,6 @@ def test_a_forced_run_longer_than_the_round_is_cut_at_max_tokens():
     """``max_forced`` above every round's cap: each round's forced run is cut to the cap (and to
     the budget near the end of the generation), with each length controller cap from 1 to 3."""
     contract = TestGrammarForcedAloneContract()
-    for res, drafter, calls in contract.grammar_generations(((1, 12), (2, 9), (3, 30))):
+    for _, drafter, calls in contract.grammar_generations(((1, 12), (2, 9), (3, 30))):
         assert drafter.summary()["forced"] > 0
         assert all(length <= max_tokens for max_tokens, length, *_ in calls), calls

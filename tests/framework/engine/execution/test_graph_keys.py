@@ -17,6 +17,7 @@ values, its inputs' shapes, the draft head) and the block graphs of a DP (their 
 from __future__ import annotations
 
 import dataclasses
+import gc
 from functools import partial
 
 import pytest
@@ -331,3 +332,39 @@ def test_block_graphs_past_the_first_span_are_graphs_of_their_own():
                 _step(s)
     (kind0, work0, span0), (kind1, work1, span1) = keys
     assert kind0 == kind1 == "blocks" and work0 == work1 and (span0, span1) == (2048, 4096)
+
+
+# ---- the graphs recorded before timing (keys built by `ForwardGraphs.precapture`) ---------------
+def _timed_forwards(state) -> None:
+    """A plain step, a chain verification with and without the greedy rule, and a token tree."""
+    from strategies.verifiers.greedy import greedy_rule
+
+    _step(state)
+    _verify(state, [3, 4])()
+    _verify(state, [3, 4], rule=greedy_rule)()
+    n = int(state.cache.committed)
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    _verify(state, [3, 4, 5], position_ids=(n + mask.sum(1) - 1)[None], tree_mask=mask, rule=greedy_rule)()
+
+
+def test_the_graphs_recorded_before_timing_are_those_the_forwards_of_every_span_replay():
+    """`Executor.prepare_graphs` builds each key by hand, span by span: a timed forward of each
+    kind, near the start of the context and past the first span, records nothing more (a key it
+    built with a term missing or wrong would be recorded again while timed)."""
+    from strategies.verifiers.greedy import greedy_rule
+
+    adapter = _adapter()
+    store = adapter.executor.graphs.store
+    adapter.executor.graphs.pool.reserve(3000)  # spans of 2048 and 4096 slots
+    n, _ = adapter.executor.prepare_graphs(
+        3000, chain=(1, 3), tree=(4,), hidden=True, checked=(3,), rule=greedy_rule
+    )
+    assert n == store.captures == 4 * 2
+    for prompt_len in (6, 2100):
+        state = _state(adapter, prompt_len=prompt_len, capacity=2200)
+        state.capture_hidden = True
+        _timed_forwards(state)  # the greedy rule's first call is eager: it learns its draws
+        _timed_forwards(state)
+        assert store.captures == 8, (prompt_len, [k for k in store.keys("forward")][8:])
+        del state
+        gc.collect()
