@@ -352,7 +352,12 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = param(
         (), help="an extra string that ends a turn", flag="--stop", metavar="STRING", repeat=True
     )
-    seed: int = param(0, help="torch seed")
+    seed: int = param(
+        0,
+        help="seeds Python's, NumPy's and torch's generators at the start and the synthetic acceptance, "
+        "and is added to every strategy's own seed (a sampling verifier's stream, SWIFT's and "
+        "Self-SD's searches); 0 leaves those at their defaults",
+    )
     repetition_penalty: float = param(
         1.0, help="transformers' repetition penalty on every token already in the context (1.0: off); > 0"
     )
