@@ -22,20 +22,12 @@ from framework.testing import (  # noqa: E402
     random_prompt,
     tiny_json_tokenizer,
 )
+from framework.testing.contracts import CONTRACT_SCHEMA  # noqa: E402
 from strategies.drafters.grammar_forced import GrammarForcedDrafter, GrammarForcedDrafterConfig  # noqa: E402
 
 N = 40
 EOS = (2,)
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "size": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["color", "size", "ok"],
-    "additionalProperties": False,
-}
+SCHEMA = CONTRACT_SCHEMA  # color, size, ok: keys and punctuation the grammar forces
 
 
 @pytest.fixture(scope="module")

@@ -22,17 +22,6 @@ ROOT = Path(__file__).resolve().parents[3]
 VOCAB = 128
 
 
-@pytest.fixture
-def data(tmp_path):
-    rows = [
-        {"question_id": i, "category": cat, "turns": [f"w{i} w{i + 1} w{i + 2}"]}
-        for i, cat in zip(range(1, 6), ["qa", "qa", "rag", "rag", "qa"], strict=True)
-    ]
-    p = tmp_path / "q.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return p
-
-
 def cfg_for(data, out, **kw):
     base = dict(
         data=str(data),

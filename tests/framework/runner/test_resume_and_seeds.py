@@ -20,24 +20,12 @@ from framework.session.methods import specs as methods_of
 from framework.session.run_config import RunConfig
 from framework.session.session import Session
 from framework.testing import plain_table
-
-
-@pytest.fixture
-def data(tmp_path):
-    rows = [
-        {"question_id": i, "category": cat, "turns": [f"w{i} w{i + 1} w{i + 2}"]}
-        for i, cat in zip(range(1, 6), ["qa", "qa", "rag", "rag", "qa"], strict=True)
-    ]
-    p = tmp_path / "q.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return p
+from tests.framework.runner.test_lightning import cfg_for
 
 
 def _cfg(data, out, **kw):
-    base = dict(data=str(data), output=str(out), max_new_tokens=8, warmup=0, plots=False, logger="none")
-    base |= {"selector": "static", "selector.skip_ratio": 0.3, "length": "fixed", "length.k": 3}
-    base.update(kw)
-    return RunConfig.of(**base)
+    """`test_lightning.cfg_for` (static at 0.3, fixed k = 3, 8 new tokens, no warm-up)."""
+    return cfg_for(data, out, **kw)
 
 
 def _counts(records):
