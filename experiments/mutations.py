@@ -1231,6 +1231,136 @@ MUTATIONS: tuple[Mutation, ...] = (
             "tests/framework/engine/test_synthetic.py::test_each_round_ends_with_the_targets_token_after_what_it_committed",
         ),
     ),
+    # ---- issue 55: a first run that is bounded, host work at the author's line, HF habits ---------
+    Mutation(
+        "cost_model_remeasure_unbounded",
+        "the cost model's second measurement has no deadline (it ran 7, 14, 28 repetitions on a loaded machine)",
+        "framework/engine/cost_model.py",
+        "        model = cls._measure_once(*args, deadline=time.perf_counter() + took)",
+        "        model = cls._measure_once(*args)",
+        (
+            "tests/framework/engine/test_cost_model.py::test_a_cost_that_falls_with_the_context_is_measured_again_within_a_budget_then_marked",
+        ),
+    ),
+    Mutation(
+        "cost_model_inconsistency_unmarked",
+        "a cost model still inconsistent after its second measurement is not marked: its predictions print",
+        "framework/engine/cost_model.py",
+        "        return replace(monotone_in_context(model), inconsistent=problem)",
+        "        return monotone_in_context(model)",
+        (
+            "tests/framework/engine/test_cost_model.py::test_a_cost_that_falls_with_the_context_is_measured_again_within_a_budget_then_marked",
+        ),
+    ),
+    Mutation(
+        "threads_kept_on_a_busy_machine",
+        "a CPU run keeps every torch thread while another process holds a core (3.6x slower steps)",
+        "framework/benchmark/load.py",
+        "    return max(1, min(threads, round(cpu_count - other)))",
+        "    return threads",
+        (
+            "tests/framework/benchmark/test_bench_load.py::test_a_cpu_run_leaves_the_busy_cores_to_their_processes",
+        ),
+    ),
+    Mutation(
+        "site_only_inside_the_project",
+        "an operation is charged to the first frame inside the project root (an author's own folder is skipped)",
+        "framework/testing/syncs.py",
+        "        if _library(name) or name in _COUNTERS:",
+        "        if _library(name) or name in _COUNTERS or not name.startswith(_ROOT + os.sep):",
+        (
+            "tests/framework/engine/test_host_work.py::test_a_selector_in_the_authors_own_folder_is_charged_at_its_own_line",
+            "tests/framework/runner/test_host_work_report.py",
+        ),
+    ),
+    Mutation(
+        "site_at_the_engines_call",
+        "an operation is charged to the innermost framework frame (the engine's selector.plan(view) line)",
+        "framework/testing/syncs.py",
+        "        if first is None:\n            first = f\n        if name == _LOOP:",
+        "        if first is None:\n            first = f\n        if True:",
+        (
+            "tests/framework/engine/test_host_work.py::test_a_selector_in_the_authors_own_folder_is_charged_at_its_own_line",
+        ),
+    ),
+    Mutation(
+        "host_work_report_hides_the_authors_line",
+        "a method within the limits gets no line of its strategy in the report",
+        "framework/testing/host_work.py",
+        "        if sites:  # a strategy's lines always; the engine's only when over",
+        "        if sites and not self.within_limits:",
+        ("tests/framework/runner/test_host_work_report.py",),
+    ),
+    Mutation(
+        "dependency_check_skips_the_strategies",
+        "a strategy's own requirements (botorch for swift) are not checked before the model loads",
+        "framework/session/dependencies.py",
+        '                    yield f"--{kind}", name, module',
+        "                    pass",
+        (
+            "tests/framework/runner/test_cli.py::test_a_missing_dependency_is_one_line_and_exit_2_before_the_model_loads",
+        ),
+    ),
+    Mutation(
+        "batch_encoding_padding_kept",
+        "a padded row of what a tokenizer returns keeps its padding tokens",
+        "selfspec/decoder.py",
+        "            rows = [t for t, keep in zip(rows, mask, strict=True) if keep]  # padding left out",
+        "            pass",
+        ("tests/selfspec/test_decoder.py::test_what_apply_chat_template_returns_is_a_prompt",),
+    ),
+    Mutation(
+        "formatted_prompt_templated_twice",
+        "apply_chat_template's text goes through the chat template again",
+        "selfspec/decoder.py",
+        "            if _formatted(prompt, self.tokenizer):  # apply_chat_template(..., tokenize=False)",
+        "            if False:",
+        ("tests/selfspec/test_decoder.py::test_what_apply_chat_template_returns_is_a_prompt",),
+    ),
+    Mutation(
+        "compare_ignores_its_controls",
+        "compare times and checks vanilla and the method without the processors it was given",
+        "selfspec/decoder.py",
+        "            res = m.decoder.generate(ids, exp.stop(max_new_tokens, **keywords))",
+        "            res = m.decoder.generate(ids, exp.stop(max_new_tokens))",
+        (
+            "tests/selfspec/test_decoder.py::test_compare_takes_generates_controls_and_a_grammar_and_checks_losslessness_under_them",
+        ),
+    ),
+    Mutation(
+        "api_grammar_error_names_the_flag",
+        "a grammar error from the Python API names --json-schema",
+        "selfspec/decoder.py",
+        "                raise GrammarError(arg + text[len(flag) :]) from None",
+        "                raise",
+        ("tests/selfspec/test_decoder.py::test_api_errors_name_the_python_argument_not_the_flag",),
+    ),
+    Mutation(
+        "empty_stop_string_accepted",
+        "an empty stop string is accepted (it would end every turn at once)",
+        "framework/session/sections.py",
+        "        if not v:  # an empty stop string would end every turn at once; an empty word bans nothing",
+        "        if False:",
+        ("tests/framework/runner/test_cli.py::test_bad_flags_exit_2_with_a_clear_message",),
+    ),
+    Mutation(
+        "source_warning_every_time",
+        "the changed-source warning is given each time the configuration is read (twice a command)",
+        "framework/session/plugins.py",
+        "        if want and have and want != have and (name, want, have) not in _WARNED:",
+        "        if want and have and want != have:",
+        (
+            "tests/framework/session/test_plugins.py::test_a_changed_source_is_one_warning_line_once_on_the_command_line",
+        ),
+    ),
+    Mutation(
+        "full_model_drafts_unsaid",
+        "a run whose drafts skipped no sub-layer does not say so",
+        "framework/runner/pipeline.py",
+        "        if label != BASELINE and m is not None and m.skip_rounds and m.skip_ratio == 0.0 and m.drafted:",
+        "        if False:",
+        ("tests/framework/runner/test_host_work_report.py::test_a_skip_ratio_that_skips_nothing_is_said",),
+    ),
 )
 
 

@@ -112,6 +112,26 @@ def field_defaults(cfg_cls: type) -> dict[str, Any]:
     return out
 
 
+#: Other spellings of a choice, taken where the choice is one of a field's values (``--dtype
+#: bf16`` is ``--dtype bfloat16``, as torch and transformers users write it).
+LITERAL_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "fp64": "float64",
+    "double": "float64",
+}
+
+
+def literal_alias(value: Any, choices: tuple[Any, ...]) -> Any:
+    """``value``, or the choice it is another spelling of (`LITERAL_ALIASES`)."""
+    if isinstance(value, str) and value not in choices and LITERAL_ALIASES.get(value) in choices:
+        return LITERAL_ALIASES[value]
+    return value
+
+
 def _parse_value(text: str, tp: Any, flag: str) -> Any:
     """Convert a CLI/YAML string to the annotated type ``tp``."""
     origin = get_origin(tp)
@@ -124,6 +144,7 @@ def _parse_value(text: str, tp: Any, flag: str) -> Any:
         return _parse_value(text, args[0], flag)
     if origin is Literal:
         choices = get_args(tp)
+        text = literal_alias(text, choices)
         for c in choices:
             if str(c) == text:
                 return c

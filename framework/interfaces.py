@@ -71,6 +71,9 @@ class Strategy(ABC):
     #: costs device waits (CUDA): the strategy reads the timings itself (a draft gate that
     #: measures its costs). An instance may decide it (a property).
     needs_phase_timings: ClassVar[bool] = False
+    #: Import names of packages the strategy needs beyond the engine's (``("botorch",)``): the
+    #: runner checks them with the configuration, before the model loads.
+    requires: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Any | None = None) -> None:
         cfg_cls = getattr(type(self), "Config", None)

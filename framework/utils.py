@@ -15,6 +15,11 @@ class MissingDependencyError(ModuleNotFoundError):
     """An optional dependency is not installed; the message has the install command."""
 
 
+class FrameworkWarning(UserWarning):
+    """A warning of this framework meant for the person running it (the command-line tools print
+    it as one ``warning:`` line, once, instead of Python's file-and-line form)."""
+
+
 def require(module: str, package: str | None = None, extra: str | None = None) -> ModuleType:
     """Import ``module`` or fail with the exact command that installs it.
 

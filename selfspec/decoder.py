@@ -9,10 +9,12 @@ with the protocol that pipeline runs per prompt (`framework.results.compare`), w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import functools
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,8 @@ import torch
 from framework.config_fields import ConfigError
 from framework.data.prompts import encode_chat
 from framework.engine.decoding import GenerationResult
-from framework.engine.grammar import Grammar
+from framework.engine.grammar import FLAGS as GRAMMAR_FLAGS
+from framework.engine.grammar import Grammar, GrammarError
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
 from framework.runner.pipeline import run as run_pipeline
@@ -32,9 +35,10 @@ from framework.types import LayerPlan
 #: The `RunConfig` sections a `Decoder` takes.
 DECODER_SECTIONS = ("model", "method", "generation")
 
-#: What a prompt may be: a user message, a chat (a list of ``{"role", "content"}`` messages), or
-#: the token ids of an already formatted prompt.
-PromptLike = str | Sequence[Mapping[str, str]] | Sequence[int] | torch.Tensor
+#: What a prompt may be: a user message, a chat (a list of ``{"role", "content"}`` messages), the
+#: token ids of an already formatted prompt, or what a tokenizer's ``apply_chat_template`` returns
+#: (a ``BatchEncoding`` or a dict with ``input_ids``).
+PromptLike = str | Sequence[Mapping[str, str]] | Sequence[int] | torch.Tensor | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -316,13 +320,19 @@ class Decoder:
 
     def encode(self, prompt: PromptLike) -> torch.Tensor:
         """LongTensor (1, T) of prompt ids: a user message or a chat goes through the tokenizer's
-        chat template; token ids are taken as they are."""
+        chat template; token ids are taken as they are, and so is what ``apply_chat_template``
+        returns (a string of the formatted prompt, ids, a ``BatchEncoding`` or a dict with
+        ``input_ids``, of one row)."""
+        prompt = _input_ids(prompt)
         if isinstance(prompt, torch.Tensor):
             ids = prompt.reshape(1, -1).tolist()[0]
         elif isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt: an empty prompt has nothing to continue")
-            ids = encode_chat(self.tokenizer, [{"role": "user", "content": prompt}])
+            if _formatted(prompt, self.tokenizer):  # apply_chat_template(..., tokenize=False)
+                ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            else:
+                ids = encode_chat(self.tokenizer, [{"role": "user", "content": prompt}])
         elif prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)  # type: ignore[arg-type]
         elif prompt and all(isinstance(m, Mapping) for m in prompt):
@@ -421,7 +431,7 @@ class Decoder:
             logits_processor: a ``transformers.LogitsProcessorList`` applied after those.
             stopping_criteria: a ``transformers.StoppingCriteriaList``, checked token by token.
             json_schema: the output matches this JSON schema (a dict, or its JSON text), through the
-                grammar engine llguidance (``pip install "selfspec[grammar]"``); drafts and every
+                grammar engine llguidance (a base dependency); drafts and every
                 verified row are masked with their own prefix, so greedy output equals constrained
                 plain decoding (`framework.engine.grammar`).
             regex: the output matches this regular expression (llguidance).
@@ -448,20 +458,31 @@ class Decoder:
             stop_strings=stop_strings,
             logits_processor=logits_processor,
             stopping_criteria=stopping_criteria,
+            json_schema=json_schema,
+            regex=regex,
+            grammar=grammar,
         )
-        controls["grammar"] = _grammar(json_schema, regex, grammar)
         prompts = _as_batch(prompt)
         if prompts is not None and streamer is not None:
             raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
         self._use_sampling(opts.sampling, reseed=seed is not None)
         dec = self.experiment.decoder
-        if prompts is None:
-            return self._run(dec, self.encode(prompt), opts.max_new_tokens, streamer, controls)  # type: ignore[arg-type]
-        return [self._run(dec, self.encode(p), opts.max_new_tokens, None, controls) for p in prompts]
+        with python_names():
+            if prompts is None:
+                return self._run(dec, self.encode(prompt), opts.max_new_tokens, streamer, controls)  # type: ignore[arg-type]
+            return [self._run(dec, self.encode(p), opts.max_new_tokens, None, controls) for p in prompts]
 
     def _controls(self, generation_config: Any, **given: Any) -> dict[str, Any]:
-        """`Session.stop`'s keywords for `generate`'s processing and stopping arguments (a
+        """`Session.stop`'s keywords for `generate`'s processing, stopping and grammar arguments (a
         ``generation_config``'s where an argument is not given), each checked with its name."""
+        unknown = sorted(set(given) - set(CONTROLS))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], CONTROLS, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (it takes {', '.join(CONTROLS)})"
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}{hint}")
+        given = {key: given.get(key) for key in CONTROLS}
+        with python_names():
+            grammar = _grammar(given.pop("json_schema"), given.pop("regex"), given.pop("grammar"))
         for key in list(given):
             if given[key] is None and generation_config is not None and key in _GC_CONTROLS:
                 given[key] = getattr(generation_config, key, None)
@@ -500,11 +521,14 @@ class Decoder:
                 f"bad_words_ids must be non-empty lists of token ids, got {given['bad_words_ids']!r}"
             )
         processors = given["logits_processor"]
+        with python_names():
+            generation = dataclasses.replace(g, **fields) if fields else None
         return {
-            "generation": dataclasses.replace(g, **fields) if fields else None,
+            "generation": generation,
             "processors": tuple(processors) if processors is not None else (),
             "criteria": given["stopping_criteria"],
             "bad_words_ids": tuple(tuple(w) for w in bad),
+            "grammar": grammar,
         }
 
     def _use_sampling(self, sampling: dict[str, Any] | None, *, reseed: bool = False) -> None:
@@ -525,20 +549,41 @@ class Decoder:
         return self._run(self.experiment.vanilla, self.encode(prompt), max_new_tokens)
 
     def compare(
-        self, prompt: PromptLike, max_new_tokens: int | None = None, *, repeats: int = 1, warmup: bool = True
+        self,
+        prompt: PromptLike,
+        max_new_tokens: int | None = None,
+        *,
+        repeats: int = 1,
+        warmup: bool = True,
+        generation_config: Any = None,
+        **controls: Any,
     ) -> Comparison:
         """The same prompt through vanilla decoding and the method, interleaved (the order rotates
         every repeat), after a short warm-up: speedup, and whether the tokens are identical.
 
         Args:
-            prompt: a user message, a chat, or prompt token ids.
+            prompt: a user message, a chat, prompt token ids, or what ``apply_chat_template``
+                returns (as `generate` takes it).
             max_new_tokens: the budget (default: the config's).
             repeats: timed repeats (>= 1); the speedup is the ratio of mean tokens/s.
             warmup: decode a few tokens with both first (kernels compiled, caches sized).
+            generation_config: as in `generate` (its processors' settings apply to both).
+            **controls: `generate`'s processing, stopping and grammar arguments
+                (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``,
+                ``bad_words_ids``, ``suppress_tokens``, ``begin_suppress_tokens``,
+                ``eos_token_id``, ``stop_strings``, ``logits_processor``, ``stopping_criteria``,
+                ``json_schema``, ``regex``, ``grammar``), applied to vanilla decoding and to the
+                method alike, so that the lossless check holds under them.
+
+        Raises:
+            TypeError, ValueError: as `generate` (a keyword it does not take is named, with a
+                did-you-mean).
         """
-        if repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {repeats}")
-        ids = self.encode(prompt)
+        if not isinstance(repeats, numbers.Integral) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+        keywords = self._controls(generation_config, **controls)
+        with python_names():
+            ids = self.encode(prompt)
         exp = self.experiment
         greedy = exp.spec.verifier.lossless == "greedy"
         methods = [
@@ -546,15 +591,19 @@ class Decoder:
             Method("method", exp.decoder, "method", greedy),
         ]
         if warmup:
-            warm_up(methods, lambda m: self._run(m.decoder, ids, min(16, max_new_tokens or 16)))
+            warm_up(
+                methods, lambda m: self._run(m.decoder, ids, min(16, max_new_tokens or 16), None, keywords)
+            )
 
         def decode(m: Method, ids: torch.Tensor) -> list[tuple[GenerationResult, str]]:
-            res = m.decoder.generate(ids, exp.stop(max_new_tokens))
+            res = m.decoder.generate(ids, exp.stop(max_new_tokens, **keywords))
             return [(res, exp.text(res.tokens))]
 
         tok_s: dict[str, list[float]] = {"vanilla": [], "method": []}
         mismatch = None
-        for cmp in compare_methods(methods, [ids] * repeats, decode):
+        with python_names():
+            compared = list(compare_methods(methods, [ids] * repeats, decode))
+        for cmp in compared:
             for name, turns in cmp.results.items():
                 tok_s[name].append(turns[0][0].tokens_per_second)
             mismatch = mismatch or cmp.mismatches.get("method")
@@ -744,9 +793,52 @@ def sampling_method(method: MethodConfig, sampling: Mapping[str, Any]) -> Method
     return dataclasses.replace(method, verifier=RunConfig.of(verifier="sampling", **fields).method.verifier)
 
 
+def _formatted(text: str, tokenizer: Any) -> bool:
+    """``text`` is an already formatted prompt (``apply_chat_template(..., tokenize=False)``):
+    it holds the chat template's special tokens, which a user message does not."""
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", ()) if isinstance(t, str) and len(t) > 1]
+    return any(t in text for t in specials)
+
+
+def _input_ids(prompt: Any) -> Any:
+    """The token ids of what a tokenizer returns (a ``BatchEncoding`` or a dict with
+    ``input_ids``): one row (a batch of one is that row); anything else as it is."""
+    if not isinstance(prompt, Mapping) or "input_ids" not in prompt:
+        return prompt
+    ids = prompt["input_ids"]
+    rows = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+    if isinstance(rows, Sequence) and rows and isinstance(rows[0], Sequence):
+        if len(rows) != 1:
+            raise ValueError(
+                f"prompt: input_ids holds {len(rows)} rows; pass one row, or a list of prompts (a batch)"
+            )
+        rows = rows[0]
+    if not isinstance(rows, Sequence) or not rows or not all(isinstance(t, numbers.Integral) for t in rows):
+        raise ValueError(f"prompt: input_ids must be token ids, got {type(ids).__name__}")
+    mask = prompt.get("attention_mask")
+    if mask is not None:
+        mask = mask.tolist() if isinstance(mask, torch.Tensor) else mask
+        mask = mask[0] if mask and isinstance(mask[0], Sequence) else mask
+        if len(mask) == len(rows) and not all(mask):
+            rows = [t for t, keep in zip(rows, mask, strict=True) if keep]  # padding left out
+    return [int(t) for t in rows]
+
+
 def _as_batch(prompt: Any) -> list[Any] | None:
     """The prompts of a batch (a list of strings, chats or token-id lists, or a 2-D tensor of
     several rows), or ``None`` for one prompt."""
+    if isinstance(prompt, Mapping) and "input_ids" in prompt:
+        ids = prompt["input_ids"]
+        n = len(ids) if isinstance(ids, Sequence) and ids and isinstance(ids[0], Sequence) else 1
+        if isinstance(ids, torch.Tensor):
+            n = ids.shape[0] if ids.dim() == 2 else 1
+        if n <= 1:
+            return None
+        mask = prompt.get("attention_mask")
+        return [
+            {"input_ids": ids[i], **({"attention_mask": mask[i]} if mask is not None else {})}
+            for i in range(n)
+        ]
     if isinstance(prompt, torch.Tensor):
         return [row for row in prompt] if prompt.dim() == 2 and prompt.shape[0] > 1 else None
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
@@ -761,13 +853,64 @@ def _as_batch(prompt: Any) -> list[Any] | None:
     return None
 
 
+#: `generate`'s processing, stopping and grammar arguments (`Decoder.compare` takes them too).
+CONTROLS = (
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "min_new_tokens",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "eos_token_id",
+    "stop_strings",
+    "logits_processor",
+    "stopping_criteria",
+    "json_schema",
+    "regex",
+    "grammar",
+)
+
+
+@contextlib.contextmanager
+def python_names() -> Iterator[None]:
+    """Errors raised inside name the Python argument, not the command line's flag: a
+    `ConfigError` (`pythonic`) and a grammar's error (``--json-schema: ...`` becomes
+    ``json_schema: ...``)."""
+    try:
+        yield
+    except ConfigError as err:
+        raise pythonic(err) from None
+    except GrammarError as err:
+        text = str(err)
+        for kind, flag in GRAMMAR_FLAGS.items():
+            if text.startswith(flag):
+                arg = "grammar" if kind == "lark" else kind
+                raise GrammarError(arg + text[len(flag) :]) from None
+        raise
+
+
 def pythonic(err: ConfigError) -> ConfigError:
-    """``err`` named as a Python keyword (``max_new_tokens``, ``length.threshold``), not a flag."""
+    """``err`` named as a Python keyword (``max_new_tokens``, ``length.threshold``,
+    ``stop_strings`` for ``--stop``), not a flag."""
     name = err.field
     if name.startswith("--"):
-        name = name[2:]
+        name = _FLAG_FIELDS().get(name) or name[2:]
         name = name if "." in name else name.replace("-", "_")
     return ConfigError(name, err.value, err.allowed, err.hint)
+
+
+@functools.cache
+def _FLAG_FIELDS() -> dict[str, str]:  # noqa: N802 - a constant, computed once
+    """The Python name of each flag of a `Decoder`'s sections whose flag is not its field's name
+    (``--stop``: ``stop_strings``); `generate`'s own spellings where they differ."""
+    out = {}
+    for section in (ModelConfig, MethodConfig, GenerationConfig):
+        for f in dataclasses.fields(section):
+            flag = f.metadata.get("flag")
+            if flag and flag != "--model":  # from_preset takes model=
+                out[flag] = f.name
+    out["--eos-token-ids"] = "eos_token_id"
+    return out
 
 
 def decoder_options() -> list[str]:

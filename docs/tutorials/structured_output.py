@@ -4,7 +4,7 @@ The page ``docs/tutorials/structured_output.md`` includes this file section by s
 
     python docs/tutorials/structured_output.py
 
-It needs the grammar extra (``pip install "selfspec[grammar]"``: llguidance). Nothing is
+Its grammar engine, llguidance, is a base dependency. Nothing is
 downloaded: the model is a random Llama built in-process, with a byte-level tokenizer that spells
 JSON (the real model is a flag away: see the page). The text a random model writes means nothing;
 what the script checks holds for any model: the answer matches the schema, the grammar forced

@@ -84,6 +84,30 @@ class LoadMonitor:
         }
 
 
+#: Cores other processes must keep busy before a CPU run leaves them to those processes
+#: (`threads_for_load`).
+YIELD_CORES = 0.5
+
+
+def other_cores_now(seconds: float = 0.5, stat: Path = Path("/proc/stat")) -> float | None:
+    """Cores other processes keep busy, sampled over ``seconds`` while this process sleeps
+    (``None`` off Linux)."""
+    mon = LoadMonitor(stat).start()
+    time.sleep(seconds)
+    return mon.stop()["other_cores"]
+
+
+def threads_for_load(threads: int, cpu_count: int, other: float | None) -> int:
+    """The torch CPU threads a run should use when other processes keep ``other`` cores of
+    ``cpu_count`` busy: ``threads`` on an idle machine, else no more than the cores left free
+    (at least 1). On 2 cores with one kept busy, 2 threads made every step 3.6x slower (each
+    operation waits for the thread that shares the busy core); 1 thread on the free core loses
+    only what the second core added."""
+    if other is None or other < YIELD_CORES:
+        return threads
+    return max(1, min(threads, round(cpu_count - other)))
+
+
 def vanilla_spread(tokens_per_s_by_repeat: Sequence[float]) -> float | None:
     """max / min - 1 of the baseline's overall tokens/s over repeats (``None`` with one repeat)."""
     vals = [v for v in tokens_per_s_by_repeat if v and v > 0]

@@ -12,6 +12,7 @@ from typing import Any
 
 from framework.benchmark.load import load_line
 from framework.benchmark.story import what_happened
+from framework.engine.cost_model import LOADED
 from framework.results import plots
 from framework.results.compare import mismatch_note
 from framework.results.metrics import (
@@ -136,7 +137,9 @@ def summarize(records: list[dict[str, Any]], methods: Sequence[str], cost: Any =
         }
         kind = mine[0].get("kind") if mine else None
         mcost = cost.get(method) if isinstance(cost, Mapping) else cost
-        if mcost is not None and stats and stats.drafted and kind == "preset":
+        if getattr(mcost, "inconsistent", ""):  # no prediction from a loaded machine's costs
+            entry["cost_model_unavailable"] = LOADED
+        elif mcost is not None and stats and stats.drafted and kind == "preset":
             entry["cost_model"] = cost_model_prediction(
                 mcost, stats.acceptance_rate, stats.skip_ratio, stats.forwards_per_draft_token
             )
@@ -189,7 +192,7 @@ def results_markdown(summary: dict[str, Any]) -> str:
                 + (f" / {rounds:.3f}x" if rounds is not None else "")
             )
         else:
-            cells.append("n/a")
+            cells.append(e.get("cost_model_unavailable") or "n/a")
         rows.append(f"| {method} | " + " | ".join(cells) + " |")
     return align_markdown("\n".join(rows))
 
@@ -259,6 +262,10 @@ LEGEND = (
 )
 
 
+#: What the reports put before each method's `HostWorkReport.line`.
+HOST_WORK_HEAD = "host work (counted in the first warm-up decode, not timed):"
+
+
 def head_line(method: str, cost: Any) -> str:
     """What a method's own cost model (`framework.runner.pipeline.head_costs`) prices: its draft
     head (reduced, or the full LM head) and weights, and what a draft step costs before any layer."""
@@ -268,6 +275,18 @@ def head_line(method: str, cost: Any) -> str:
         f"- {method} drafts with {head}{weights}: its draft step costs {cost.base * 1e3:.2f} ms before any "
         f"sub-layer (final norm + head {cost.head * 1e3:.2f} ms, the full head {cost.full_head * 1e3:.2f} ms)"
     )
+
+
+def cost_lines(cost: Any, heads: Mapping[str, Any] | None) -> list[str]:
+    """The report header's lines on the cost model and each method's own draft head
+    (`head_line`); one line saying why there is no prediction when the costs were measured on a
+    loaded machine (`CostModel.inconsistent`)."""
+    if cost is None:
+        return []
+    if getattr(cost, "inconsistent", ""):
+        return [f"- cost model ({cost.device}): {LOADED} ({cost.inconsistent}); no prediction is reported"]
+    lines = [f"- cost model ({cost.device}, context {cost.context}): {cost.describe()}"]
+    return lines + [head_line(m, c) for m, c in (heads or {}).items() if not getattr(c, "inconsistent", "")]
 
 
 def render_report(
@@ -285,6 +304,7 @@ def render_report(
     run_notes: Mapping[str, list[str]] | None = None,
     load: Mapping[str, Any] | None = None,
     warnings: Sequence[str] = (),
+    host_work: Sequence[str] = (),
 ) -> str:
     """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
     reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
@@ -293,7 +313,9 @@ def render_report(
     recorded before timing and their seconds (the records say how many were recorded while timed).
     ``run_notes``: what each method cannot do as configured (`framework.session.notes`), listed
     under the story. ``load``: the machine's load while timed (`framework.benchmark.load`), a
-    header line; ``warnings``: why the timings may not be trusted, in the header and the story."""
+    header line; ``warnings``: why the timings may not be trusted, in the header and the story.
+    ``host_work``: each speculative method's host work a round (`HostWorkReport.line`), header
+    lines."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg
     lines = [
@@ -315,9 +337,8 @@ def render_report(
         lines.append("- HF methods: " + "; ".join(f"{k}: {v}" for k, v in hf.items()))
     if graphs is not None:
         lines.append(graphs_line(graphs, summary))
-    if cost is not None:
-        lines.append(f"- cost model ({cost.device}, context {cost.context}): {cost.describe()}")
-    lines += [head_line(method, mcost) for method, mcost in (heads or {}).items()]
+    lines += cost_lines(cost, heads)
+    lines += [f"- {HOST_WORK_HEAD} {line}" for line in host_work]
     lines += [
         "",
         LEGEND,

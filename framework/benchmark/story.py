@@ -145,7 +145,8 @@ def what_happened(summary: Mapping[str, Any], costs: Mapping[str, Any] | None = 
         summary: `framework.benchmark.report.summarize`'s result.
         costs: ``{method: CostModel}`` each method was priced with (``None``: no cost sentences).
     """
-    costs = costs or {}
+    # a cost model measured on a loaded machine predicts nothing (`CostModel.inconsistent`)
+    costs = {k: c for k, c in (costs or {}).items() if c is not None and not getattr(c, "inconsistent", "")}
     methods = summary["methods"]
     lines = []
     for label, e in methods.items():

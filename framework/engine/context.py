@@ -5,6 +5,7 @@ keep what they computed."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -125,6 +126,8 @@ class PrepareContext:
         draft_weights: the compressed weights the run's drafter drafts with
             (`framework.engine.adapter.ModelAdapter.draft_branches`), ``None`` for the model's
             own; set with ``draft_head``.
+        label: the method being prepared (``"static_confidence"``), named in progress lines;
+            ``""``: none.
     """
 
     adapter: ModelAdapter
@@ -138,6 +141,7 @@ class PrepareContext:
     load_prompts: Callable[[str, tuple[str, ...]], list[str]] | None = None
     draft_head: DraftHead | None = None
     draft_weights: DraftWeights | None = None
+    label: str = ""
 
     @property
     def info(self) -> ModelInfo:
@@ -215,7 +219,14 @@ class PrepareContext:
         elif full is not None and head is not None and not compressed:
             costs = full.with_head(self.adapter, head)
         else:
-            costs = CostModel.measure(self.adapter, draft_head=head, draft_weights=weights)
+            what = f"{head.size}-token draft head" if head is not None else "full LM head"
+            if compressed:
+                what += f", {weights.weights} draft weights"
+            who = f" for {self.label}" if self.label else ""
+            self.log(f"[selfspec] measuring the cost model{who} ({what}; about 15 s on 2 CPU cores) ...")
+            start = time.perf_counter()
+            costs = CostModel.measure(self.adapter, draft_head=head, draft_weights=weights, log=self.log)
+            self.log(f"[selfspec] cost model measured in {time.perf_counter() - start:.0f} s")
         self.prepared.put(CostModel, key, costs)
         return costs
 

@@ -37,7 +37,7 @@ import torch
 
 from framework.engine.state import DecodeState
 from framework.types import LayerPlan
-from framework.utils import device_sync
+from framework.utils import FrameworkWarning, device_sync
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
@@ -70,6 +70,10 @@ class CostModel:
             the costs are the same at every context).
         far_attn: ``attn`` at ``far_context``.
         far_verify_costs: ``verify_costs`` at ``far_context``.
+        inconsistent: what stayed inconsistent when the costs were measured (a cost that fell as
+            the context grew: the machine was loaded), ``""`` when nothing did. Such a model's
+            far costs were raised to the near ones so that it can still price a round, but the
+            reports print no prediction from it (`LOADED`).
     """
 
     num_layers: int
@@ -86,6 +90,7 @@ class CostModel:
     far_context: int = 0
     far_attn: float = 0.0
     far_verify_costs: tuple[float, ...] = ()
+    inconsistent: str = ""
 
     def __post_init__(self) -> None:
         if not self.verify_costs:
@@ -218,6 +223,8 @@ class CostModel:
             f"{self.attn * ms:.3f} ms per attention + {self.mlp * ms:.3f} ms per MLP sub-layer{weights}; verify of 4 "
             f"tokens {self.verify(4) / self.step:.2f} steps, of 8 tokens {self.verify(8) / self.step:.2f} steps"
         )
+        if self.inconsistent:
+            text += f" ({LOADED}: {self.inconsistent})"
         if self.far_context:
             far = self.at_context(self.far_context)
             text += (
@@ -288,7 +295,7 @@ class CostModel:
         reps: int = 7,
         draft_head: DraftHead | None = None,
         draft_weights: DraftWeights | None = None,
-        attempts: int = 3,
+        log: Callable[[str], None] | None = None,
     ) -> CostModel:
         """Time the model through ``adapter`` on a random prompt of ``context`` tokens, and the
         context-dependent costs (attention, verifications) again on one of ``far_context`` tokens
@@ -301,28 +308,38 @@ class CostModel:
 
         A cost that falls as the context grows (a step, a verification or an attention sub-layer
         cheaper at ``far_context`` than at ``context``: only a loaded machine measures that) is
-        measured again, with twice the repetitions, up to ``attempts`` times in all; if it stays,
-        the far costs are raised to the near ones (a cost never falls with the context) and a
-        `CostModelWarning` names what was inconsistent.
+        measured once more, within a budget of the first measurement's own time (repetitions stop
+        when it is spent); if it stays, the far costs are raised to the near ones (a cost never
+        falls with the context), the model says what stayed ``inconsistent`` (the reports then
+        print no prediction from it) and a `CostModelWarning` names it. ``log``: where a line
+        about the re-measurement goes (``None``: nowhere).
         """
         if max_tokens < 2 or context < 1 or reps < 1:
             raise ValueError("need max_tokens >= 2, context >= 1 and reps >= 1")
-        problem = ""
-        for attempt in range(max(1, attempts)):
-            model = cls._measure_once(
-                adapter, max_tokens, context, far_context, reps * 2**attempt, draft_head, draft_weights
+        args = (adapter, max_tokens, context, far_context, reps, draft_head, draft_weights)
+        start = time.perf_counter()
+        model = cls._measure_once(*args)
+        took = time.perf_counter() - start
+        problem = context_inconsistency(model)
+        if not problem:
+            return model
+        if log is not None:
+            log(
+                f"[selfspec] the cost model was inconsistent ({problem}); measuring again, at most {took:.0f} s"
             )
-            problem = context_inconsistency(model)
-            if not problem:
-                return model
+        model = cls._measure_once(*args, deadline=time.perf_counter() + took)
+        problem = context_inconsistency(model)
+        if not problem:
+            return model
         warnings.warn(
             CostModelWarning(
-                f"the cost model stayed inconsistent after {attempts} measurements ({problem}): the machine "
-                "is probably loaded; the far-context costs are raised to the near ones"
+                f"the cost model stayed inconsistent after a second measurement ({problem}): the machine "
+                "is probably loaded; the far-context costs are raised to the near ones and no prediction "
+                "is reported from it"
             ),
             stacklevel=2,
         )
-        return monotone_in_context(model)
+        return replace(monotone_in_context(model), inconsistent=problem)
 
     @classmethod
     def _measure_once(
@@ -334,8 +351,10 @@ class CostModel:
         reps: int,
         draft_head: DraftHead | None,
         draft_weights: DraftWeights | None,
+        deadline: float | None = None,
     ) -> CostModel:
-        """One interleaved measurement (see `measure`)."""
+        """One interleaved measurement (see `measure`); past ``deadline`` (a `time.perf_counter`
+        value) no further repetition starts, one at least is always timed."""
         info = adapter.arch.info()
         n = info.num_layers
         context = min(context, info.max_context - max_tokens - 2)
@@ -357,6 +376,8 @@ class CostModel:
                 t = _timed(adapter.arch.device, fn)
                 if rep:
                     samples[key].append(t)
+            if rep and deadline is not None and time.perf_counter() > deadline:
+                break
         for probe in (near, far):
             if probe is not None:
                 probe.close()
@@ -386,7 +407,11 @@ class CostModel:
         )
 
 
-class CostModelWarning(UserWarning):
+#: What the reports print in place of a prediction from an `CostModel.inconsistent` cost model.
+LOADED = "n/a: the machine was loaded while the costs were measured"
+
+
+class CostModelWarning(FrameworkWarning):
     """A cost model measured on a loaded machine stayed inconsistent (see `CostModel.measure`)."""
 
 

@@ -1,7 +1,7 @@
 """Grammars under speculation: a JSON schema, a regex or a Lark (EBNF) grammar, through llguidance.
 
-The grammar engine is `llguidance <https://github.com/guidance-ai/llguidance>`_ (an optional
-extra: ``pip install "selfspec[grammar]"``), chosen because its matcher rolls back tokens it has
+The grammar engine is `llguidance <https://github.com/guidance-ai/llguidance>`_ (a base
+dependency), chosen because its matcher rolls back tokens it has
 accepted, which is what speculation needs, and because it is a 3 MB wheel with no dependencies
 (``xgrammar`` would serve too, but it pulls in ``triton``, which a CPU install should not pay for).
 
@@ -50,15 +50,17 @@ class GrammarError(ValueError):
     """A grammar that does not compile, or that no token of the tokenizer can start."""
 
 
+#: How to install the grammar engine when it is missing (a base dependency: an environment
+#: installed before it was one lacks it).
+INSTALL = "pip install llguidance (a base dependency since issue 55: pip install -e . installs it)"
+
+
 def require_llguidance() -> Any:
     """The ``llguidance`` module, or one line saying how to install it."""
     try:
         import llguidance
     except ImportError:
-        raise ImportError(
-            "grammars (--json-schema, --regex, --grammar) need the optional grammar engine llguidance: "
-            'pip install "selfspec[grammar]" (or pip install llguidance)'
-        ) from None
+        raise ImportError(f"grammars need the grammar engine llguidance: {INSTALL}") from None
     return llguidance
 
 
@@ -85,7 +87,9 @@ class Grammar:
             try:
                 schema = json.loads(self.source)
             except json.JSONDecodeError as err:
-                raise GrammarError(f"--json-schema: not JSON ({err.msg} at column {err.colno})") from None
+                raise GrammarError(
+                    f"--json-schema: not JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+                ) from None
             if not isinstance(schema, dict):
                 raise GrammarError(f"--json-schema: a schema is a JSON object, got {type(schema).__name__}")
 

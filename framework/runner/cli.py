@@ -97,6 +97,7 @@ BENCH_ONLY = (
     "max_matching_ngram_size",
     "early_exit_layer",
     "hf_kernels",
+    "synthetic",
 )
 
 
@@ -171,12 +172,19 @@ def build_parser(bench: bool = False) -> argparse.ArgumentParser:
         "  python experiments/run.py --selector clasp_dp --length fixed --length.k 4\n"
         "  python experiments/run.py --list                         # every strategy, flag and preset",
     )
-    p.add_argument(
-        "--list", action="store_true", help="list every registered strategy with its config fields and exit"
-    )
+    _add_list(p)
     _add_source(p)
     add_config_flags(p, RunConfig, groups=GROUPS, exclude=(*BENCH_ONLY, "command"))
     return p
+
+
+def _add_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-l",
+        "--list",
+        action="store_true",
+        help="list every registered strategy with its config fields, the presets and the models, and exit",
+    )
 
 
 def _add_source(p: argparse.ArgumentParser, method: bool = True) -> None:
@@ -224,6 +232,7 @@ def _bench_parser() -> argparse.ArgumentParser:
         "  python experiments/bench.py --data ../shared/data/spec_bench/question.jsonl --limit 1 "
         "--model qwen2.5-coder-0.5b",
     )
+    _add_list(p)
     _add_source(p, method=False)
     groups = {f: "benchmark" for f in (*BENCH_ONLY, "repeats", "cost_model")}
     add_config_flags(p, RunConfig, exclude=("method", "preset_args", "command"), groups=groups)

@@ -36,12 +36,14 @@ from framework.benchmark.hf import HFGenerateDecoder
 from framework.benchmark.load import LoadMonitor
 from framework.data.prompts import Prompt
 from framework.engine.context import PreparedCache
+from framework.engine.decoding import SpeculativeDecoder
 from framework.interfaces import REGISTRIES
-from framework.models.loading import dtype_name, load_model, resolve_dtype
+from framework.models.loading import DEFAULT_MODEL, dtype_name, load_model, resolve_dtype
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
 from framework.session.methods import BASELINE, MethodSpec, preset_run_config
 from framework.session.run_config import RunConfig
 from framework.session.session import Session
+from framework.testing.host_work import HostWorkReport, counted
 
 #: Warm-up generations are this many tokens long (at most ``max_new_tokens``).
 WARMUP_TOKENS = 16
@@ -78,6 +80,9 @@ class Methods:
         ``stem(label)``: where a method keeps its artefacts (a search's skip set)."""
         if model is None:
             m = cfg.model
+            log(
+                f"[selfspec] loading {m.name_or_path or DEFAULT_MODEL} (dtype {m.dtype}, device {m.device}) ..."
+            )
             model, tokenizer = load_model(m.name_or_path, m.dtype, m.device, m.device_map)
         prepared = PreparedCache()
         alone = not cfg.compare.methods  # run.py: the method's session decodes vanilla too
@@ -214,6 +219,8 @@ class DecodeModule(pl.LightningModule):
         self.reported: set[str] = set()  # the failed HF methods whose error is recorded
         self.graphs: tuple[int, float] | None = None
         self.elapsed = 0.0
+        #: each speculative method's host work a round, counted in its first warm-up decode
+        self.host_work: dict[str, HostWorkReport] = {}
 
     @property
     def prompts(self) -> list[Prompt]:
@@ -275,9 +282,31 @@ class DecodeModule(pl.LightningModule):
                 f"[selfspec] CUDA graphs: {self.graphs[0]} recorded before timing ({self.graphs[1]:.1f} s)"
             )
         short = min(WARMUP_TOKENS, self.cfg.generation.max_new_tokens)
-        warm_up(ms.specs, lambda s: ms.decode(s, prompts[0], short), self.cfg.runner.warmup)
+        if self.cfg.runner.warmup:
+            self.log_fn(
+                f"[selfspec] warming up {len(ms.specs)} method(s): {self.cfg.runner.warmup} generation(s) of "
+                f"{short} tokens each, not timed ..."
+            )
+        warm_up(
+            ms.specs, self._counted_once(lambda s: ms.decode(s, prompts[0], short)), self.cfg.runner.warmup
+        )
+        self.log_fn(f"[selfspec] decoding {len(self.shard())} prompt(s), timed; a line per prompt ...")
         self.monitor = LoadMonitor().start()  # what other processes did to the machine while timed
         self.t_start = time.perf_counter()
+
+    def _counted_once(self, decode: Callable[[MethodSpec], Any]) -> Callable[[MethodSpec], Any]:
+        """``decode``, with the host work of each speculative method's first warm-up decode counted
+        into `host_work` (the counting slows what it counts, so nothing timed is counted)."""
+
+        def call(s: MethodSpec) -> Any:
+            if s.label in self.host_work or not isinstance(
+                self.methods.decoders[s.label], SpeculativeDecoder
+            ):
+                return decode(s)
+            out, self.host_work[s.label] = counted(lambda: decode(s))
+            return out
+
+        return call
 
     def on_predict_end(self) -> None:
         if self.items:

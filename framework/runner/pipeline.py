@@ -38,9 +38,9 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from framework.benchmark.load import vanilla_spread
+from framework.benchmark.load import other_cores_now, threads_for_load, vanilla_spread
 from framework.benchmark.load import warnings as load_warnings
-from framework.benchmark.report import make_plots, render_report, summarize
+from framework.benchmark.report import HOST_WORK_HEAD, make_plots, render_report, summarize
 from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.data.specbench import check_answer_dir, write_answer_files
@@ -48,6 +48,7 @@ from framework.engine.cost_model import CostModel
 from framework.models.loading import dtype_name, model_name
 from framework.models.provenance import environment
 from framework.results.metrics import (
+    aggregate,
     gate_lines,
     mismatch_lines,
     results_table,
@@ -57,8 +58,9 @@ from framework.results.metrics import (
 from framework.results.records import read_records, resume_state
 from framework.runner.lightning import DecodeModule, Methods, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, log_summary, summary_metrics
+from framework.session.dependencies import check_dependencies
 from framework.session.loggers import close_logger, make_logger
-from framework.session.methods import BASELINE, MethodSpec
+from framework.session.methods import BASELINE, MethodSpec, preset_run_config
 from framework.session.methods import specs as methods_of
 from framework.session.run_config import RunConfig
 from framework.session.session import provenance
@@ -243,9 +245,15 @@ class _Run:
         seed_everything(cfg.generation.seed)
         if cfg.runner.threads:
             torch.set_num_threads(cfg.runner.threads)
+        elif _on_cpu(cfg):
+            _yield_busy_cores(log)
         self.cfg, self.log, d = cfg, log, cfg.data
         self.prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
         self.specs = methods_of(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
+        presets = [
+            preset_run_config(s, cfg).method for s in self.specs if s.kind == "preset" and cfg.compare.methods
+        ]
+        check_dependencies(cfg, presets, self.prompts)  # before any model loads
         labels = self.labels = [s.label for s in self.specs]
         if len(set(labels)) != len(labels):
             raise ConfigError(
@@ -353,18 +361,25 @@ class _Run:
         if cfg.compare.cost_model == "measure":
             cost = ms.prepared.cost_model()
             if cost is None:
-                self.log("[selfspec] measuring the cost model (draft and verification costs) ...")
-                cost = CostModel.measure(ms.base.adapter)
+                self.log("[selfspec] measuring the cost model (draft and verification costs; about 15 s) ...")
+                start = time.perf_counter()
+                cost = CostModel.measure(ms.base.adapter, log=self.log)
+                self.log(f"[selfspec] cost model measured in {time.perf_counter() - start:.0f} s")
             layout.run_dir.mkdir(parents=True, exist_ok=True)
             write_json(layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()})  # --cost-model
         spread = _spread(records)
+        host_lines = [w.line(label) for label, w in module.host_work.items()]
+        full = full_model_drafts(records, labels)
+        for label, note in full.items():
+            self.log(f"note: {label}: {note}")
         load, said = module.load, load_warnings(module.load, spread)
         if layout.meta.exists():
             meta = json.loads(layout.meta.read_text())
             write_json(
                 layout.meta,
-                {**meta, "load": load, "vanilla_repeat_spread": spread, "warnings": said},
-            )
+                {**meta, "load": load, "vanilla_repeat_spread": spread, "warnings": said,
+                 "host_work": {label: w.summary() for label, w in module.host_work.items()}},
+            )  # fmt: skip
         heads = head_costs(cost, specs, ms.decoders, ms.base.adapter) if cost is not None else {}
         method_costs = {s.label: heads.get(s.label, cost) for s in specs}
         summary = summarize(records, labels, method_costs)
@@ -377,12 +392,18 @@ class _Run:
             hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
             report = render_report(
                 cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
-                heads, method_costs, graphs=module.graphs, run_notes=self.meta["notes"], load=load, warnings=said,
+                heads, method_costs, graphs=module.graphs, load=load, warnings=said,
+                run_notes={k: [*self.meta["notes"].get(k, []), *([full[k]] if k in full else [])]
+                           for k in {*self.meta["notes"], *full}},
+                host_work=host_lines,
             )  # fmt: skip
         else:
             undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
             progress = (len(self.items), undone, self.resumed, module.elapsed)
-            table, breakdown, report = _run_report(cfg, records, labels, layout, plots, progress)
+            notes = [f"note: {note}" for note in full.values()]
+            table, breakdown, report = _run_report(
+                cfg, records, labels, layout, plots, progress, [*host_lines, *notes]
+            )
         layout.report.write_text(report)
         self.log("\n" + report)
         if logger is not None:
@@ -400,6 +421,28 @@ class _Run:
             "plots": plots if layout.folder else list(plots.values()),
             "specbench_answers": [str(p) for p in written.values()],
         }
+
+
+def _on_cpu(cfg: RunConfig) -> bool:
+    """The run decodes on this machine's CPU in one process."""
+    m, r = cfg.model, cfg.runner
+    on_cpu = m.device == "cpu" or (m.device == "auto" and not m.device_map and not torch.cuda.is_available())
+    return on_cpu and r.devices * r.num_nodes == 1
+
+
+def _yield_busy_cores(log: Callable[[str], None]) -> None:
+    """Fewer torch threads when other processes keep cores busy (`threads_for_load`), said."""
+    cores, threads = os.cpu_count() or 1, torch.get_num_threads()
+    if threads <= 1:
+        return  # nothing to give up (and no half second spent looking)
+    other = other_cores_now()
+    use = threads_for_load(threads, cores, other)
+    if use < threads:
+        torch.set_num_threads(use)
+        log(
+            f"[selfspec] other processes keep {other:.2f} of {cores} cores busy: torch runs {use} thread(s), "
+            f"not {threads}, on the cores left free (--threads N sets it)"
+        )
 
 
 def _check_layers(cfg: RunConfig, methods: Methods, cost: CostModel | None) -> None:
@@ -463,6 +506,23 @@ def load_cost_model(path: str) -> CostModel:
         ) from None
 
 
+def full_model_drafts(records: list[dict[str, Any]], labels: Sequence[str]) -> dict[str, str]:
+    """``{method: a sentence}`` for each method whose drafts ran with plans that skipped nothing
+    (a skip ratio that rounds to zero sub-layers of the model): its draft was the full model, so
+    every draft token was accepted and no round could be cheaper than plain decoding."""
+    stats = aggregate([r for r in records if not r.get("error")]).get("overall", {})
+    out = {}
+    for label in labels:
+        m = stats.get(label)
+        if label != BASELINE and m is not None and m.skip_rounds and m.skip_ratio == 0.0 and m.drafted:
+            out[label] = (
+                "its drafts skipped no sub-layer in any round (the skip ratio rounds to zero of this model's "
+                "sub-layers): the draft is the full model, so alpha is 1 by construction and drafting only "
+                "costs time; raise --selector.skip_ratio or use a larger model"
+            )
+    return out
+
+
 def _run_report(
     cfg: RunConfig,
     records: list[dict[str, Any]],
@@ -470,9 +530,11 @@ def _run_report(
     layout: Layout,
     plots: Mapping[str, str],
     progress: tuple[int, int, bool, float],
+    host_work: Sequence[str] = (),
 ) -> tuple[str, str, str]:
-    """One method's report: the results table with its notes, where the time goes, what was
-    decoded (``progress``: prompts decoded now, resumed from the file, whether it resumed, seconds)."""
+    """One method's report: the results table with its notes, where the time goes, the host work
+    a round (`framework.testing.host_work.HostWorkReport.line`), what was decoded (``progress``:
+    prompts decoded now, resumed from the file, whether it resumed, seconds)."""
     decoded, resumed, did_resume, seconds = progress
     method = labels[-1]
     table = results_table(records, method)
@@ -483,7 +545,8 @@ def _run_report(
     title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
     report = (
         f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
-        f"{decoded} prompts decoded in {seconds:.0f} s"
+        + "".join(f"{HOST_WORK_HEAD} {line}\n\n" for line in host_work)
+        + f"{decoded} prompts decoded in {seconds:.0f} s"
         + (f" ({resumed} resumed from the file)" if did_resume else "")
         + f"; results: {layout.records}\n"
         + (f"plots: {layout.plots}\n" if plots else "")
@@ -521,8 +584,17 @@ def resolve_output(cfg: RunConfig, folder: bool | None = None) -> Path:
         ConfigError: several processes started by an external launcher (torchrun, srun) and no
             ``--output``: each would pick its own timestamped file.
     """
+    folder = bool(cfg.compare.methods) if folder is None else folder
     if cfg.runner.output:
-        return Path(cfg.runner.output)
+        given = Path(cfg.runner.output)
+        if not folder and given.is_dir():  # it read as "holds an earlier run's records"
+            raise ConfigError(
+                "--output",
+                str(given),
+                f"a results file for run.py, not a folder (bench.py writes a folder): e.g. "
+                f"{given / stamped(cfg.method.label, '.jsonl').name}",
+            )
+        return given
     several = cfg.runner.devices * cfg.runner.num_nodes > 1
     if several and _external_launcher():
         raise ConfigError(
@@ -531,7 +603,6 @@ def resolve_output(cfg: RunConfig, folder: bool | None = None) -> Path:
     inherited = os.environ.get("SELFSPEC_RUN_OUTPUT")
     if inherited and launch_rank(cfg) > 0:
         return Path(inherited)
-    folder = bool(cfg.compare.methods) if folder is None else folder
     path = stamped("bench") if folder else stamped(cfg.method.label, ".jsonl")
     if several:
         os.environ["SELFSPEC_RUN_OUTPUT"] = str(path)

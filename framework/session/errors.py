@@ -9,12 +9,14 @@ tool's command line can import it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -22,7 +24,7 @@ from framework.config_fields import ConfigError
 from framework.data.prompts import DataError
 from framework.models.loading import ModelLoadError
 from framework.registry import UnknownNameError
-from framework.utils import MissingDependencyError
+from framework.utils import FrameworkWarning, MissingDependencyError
 
 USER_ERRORS = (ConfigError, UnknownNameError, DataError, ModelLoadError, MissingDependencyError)
 
@@ -58,7 +60,8 @@ def guarded(
     """
     debug = os.environ.get("SELFSPEC_DEBUG", "") not in ("", "0") if debug is None else debug
     try:
-        return body()
+        with one_line_warnings():
+            return body()
     except (*USER_ERRORS, *errors) as err:
         if debug:
             raise
@@ -82,6 +85,29 @@ def guarded(
         if hint:
             print(hint, file=sys.stderr)
         return 1
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """A `framework.utils.FrameworkWarning` raised inside prints as one ``warning:`` line on
+    stderr, once per message; other warnings as Python prints them."""
+    shown = warnings.showwarning
+    said: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if isinstance(category, type) and issubclass(category, FrameworkWarning):
+            text = str(message)
+            if text not in said:
+                said.add(text)
+                print(f"warning: {text}", file=sys.stderr)
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def is_user_file(filename: str) -> bool:

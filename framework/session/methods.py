@@ -185,6 +185,8 @@ def preset_run_config(spec: MethodSpec, run: Any) -> Any:
     if not cmp.methods:
         return run
     method = dataclasses.replace(method_section(spec.source), name=spec.label)
+    if cmp.synthetic is not None:  # bench.py --synthetic-acceptance: every preset at one acceptance
+        method = dataclasses.replace(method, synthetic_acceptance=cmp.synthetic)
     if spec.raw:
         method = dataclasses.replace(method, gate=dataclasses.replace(method.gate, enabled=False))
     overrides: dict[str, Any] = {}

@@ -45,12 +45,14 @@ def _flat_keys() -> dict[str, tuple[str, str]]:
 #: ``{flat key: (section, field)}``: the override keys of plain fields (`RunConfig.describe` uses
 #: them as its keys).
 FLAT_KEYS = _flat_keys()
-#: Further spellings of flat keys: each field's flag without dashes (``stop`` for ``stop_strings``).
+#: Further spellings of flat keys: each field's flag without dashes (``stop`` for ``stop_strings``),
+#: where that is not another field's own key (``synthetic_acceptance`` is the method's; bench.py's
+#: ``--synthetic-acceptance`` for every preset is ``compare.synthetic``).
 _ALIASES = {
     flag_name(f).lstrip("-").replace("-", "_"): key
     for key, (section, name) in FLAT_KEYS.items()
     for f in dataclasses.fields(SECTIONS[section])
-    if f.name == name
+    if f.name == name and flag_name(f).lstrip("-").replace("-", "_") not in FLAT_KEYS
 }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from framework.config_fields import ConfigError
+from framework.utils import FrameworkWarning
 
 
 def import_user_modules(modules: Iterable[str], flag: str = "--import") -> None:
@@ -49,6 +50,14 @@ def recorded_imports(modules: Iterable[str]) -> list[dict[str, Any]]:
     return [{"module": m, "sha256": source_hash(m)} for m in modules]
 
 
+class SourceChangedWarning(FrameworkWarning):
+    """An ``--import`` module's source differs from the one a saved configuration recorded."""
+
+
+#: ``(module, sha256 then, sha256 now)`` already warned about in this process.
+_WARNED: set[tuple[str, str, str]] = set()
+
+
 def import_recorded(entries: Any, flag: str = "--import") -> tuple[str, ...]:
     """Import the ``--import`` modules of a configuration (names, or `recorded_imports` records as
     a saved configuration holds them) and return their names. A module whose source changed since
@@ -78,10 +87,13 @@ def import_recorded(entries: Any, flag: str = "--import") -> tuple[str, ...]:
             ) from None
         want = entry.get("sha256") if isinstance(entry, Mapping) else None
         have = source_hash(name)
-        if want and have and want != have:
+        if want and have and want != have and (name, want, have) not in _WARNED:
+            _WARNED.add((name, want, have))  # once: a command reads its configuration twice
             warnings.warn(
-                f"--import {name}: its source changed since the configuration was saved "
-                f"(sha256 {want} then, {have} now); the run may not repeat",
+                SourceChangedWarning(
+                    f"--import {name}: its source changed since the configuration was saved "
+                    f"(sha256 {want} then, {have} now); the run may not repeat"
+                ),
                 stacklevel=2,
             )
         names.append(name)

@@ -28,7 +28,9 @@ from framework.config_fields import ConfigError
 from framework.interfaces import REGISTRIES
 
 PRESET_DIR = Path(__file__).resolve().parent / "assets" / "presets"
-_KEYS = {"description", "baseline_only", "gate", *REGISTRIES}
+#: A preset's keys; ``name`` (the method's label, default: the file's stem) as a saved
+#: configuration's method section carries it.
+_KEYS = {"name", "description", "baseline_only", "gate", *REGISTRIES}
 
 
 class MissingStrategyError(ConfigError):
@@ -36,10 +38,13 @@ class MissingStrategyError(ConfigError):
 
     def __init__(self, preset: str, kind: str, name: str, registered: list[str]) -> None:
         self.kind, self.strategy = kind, name
+        close = difflib.get_close_matches(str(name), registered, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         ValueError.__init__(
             self,
-            f"--method {preset}: the preset needs {kind} {name!r}, which is not implemented yet "
-            f"(registered {kind}s: {', '.join(registered)}; out-of-tree strategies load with --import)",
+            f"--method {preset}: the preset needs {kind} {name!r}, which is not registered.{hint} "
+            f"(registered {kind}s: {', '.join(registered)}; a strategy not implemented yet is not there, and "
+            "out-of-tree strategies load with --import)",
         )
         self.field, self.value, self.allowed = "--method", preset, f"a preset whose {kind} is registered"
 
@@ -110,8 +115,11 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     unknown = sorted(set(data) - _KEYS)
     if unknown:
         raise ConfigError(f"--method {path.name}", unknown, f"keys among {', '.join(sorted(_KEYS))}")
+    label = data.get("name", path.stem)
+    if not isinstance(label, str) or not label.strip():
+        raise ConfigError(f"--method {path.name}: name", label, "a method's name (a non-empty string)")
     out: dict[str, Any] = {
-        "name": path.stem,
+        "name": label.strip(),
         "description": str(data.get("description", "")).strip(),
         "baseline_only": bool(data.get("baseline_only", False)),
     }

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from framework.config_fields import ConfigError, check_range, param
+from framework.config_fields import ConfigError, check_range, literal_alias, param
 from framework.drafting.gate import GateConfig
 from framework.engine.grammar import Grammar
 from framework.engine.placement import BlockPlacement
@@ -121,6 +121,9 @@ def _check_bools(pairs: tuple[tuple[str, Any], ...]) -> None:
 def _check_strings(flag: str, value: Any) -> None:
     if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
         raise ConfigError(flag, value, "a tuple of strings")
+    for v in value:
+        if not v:  # an empty stop string would end every turn at once; an empty word bans nothing
+            raise ConfigError(flag, v, "a non-empty string")
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class ModelConfig:
     dtype: Literal["float32", "float16", "bfloat16", "float64", "auto"] = param(
         "auto",
         help="auto (bfloat16 on CUDA, where greedy outputs may differ from plain decoding at near-ties; "
-        "float32 on CPU, exact), float32, float16, bfloat16 or float64",
+        "float32 on CPU, exact), float32, float16, bfloat16 or float64 (bf16, fp16, fp32, fp64 too)",
     )
     device: str = param("auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     device_map: str = param(
@@ -185,6 +188,7 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", literal_alias(self.dtype, DTYPE_NAMES))  # bf16: bfloat16
         if self.dtype not in DTYPE_NAMES:
             raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
         if self.phase_timing not in PHASE_TIMING:
@@ -383,8 +387,8 @@ class GenerationConfig:
     )
     json_schema: str | None = param(
         None,
-        help="answers match this JSON schema (a file), through the grammar engine llguidance (the "
-        "'grammar' extra); a prompt's own json_schema wins",
+        help="answers match this JSON schema (a file), through the grammar engine llguidance; a "
+        "prompt's own json_schema wins",
         metavar="FILE",
     )
     regex: str | None = param(
@@ -449,7 +453,11 @@ class RunnerConfig:
         metavar="DIR",
     )
     warmup: int = param(1, help="warm-up generations per method before timing")
-    threads: int | None = param(None, help="torch CPU threads (default: torch's choice)")
+    threads: int | None = param(
+        None,
+        help="torch CPU threads (default: torch's choice, fewer when other processes keep cores busy: one "
+        "thread per free core)",
+    )
     logger: Literal["wandb", "csv", "none"] = param(
         "wandb", help="wandb (offline without an API key; upload later with `wandb sync`), csv or none"
     )
@@ -535,10 +543,20 @@ class CompareConfig:
         help="run the HF methods with this framework's CPU kernels too (default: stock PyTorch, as users "
         "run them)",
     )
+    synthetic: float | None = param(
+        None,
+        flag="--synthetic-acceptance",
+        metavar="P",
+        help="every preset method accepts each drafted token with probability P instead of the model's "
+        "(run.py's --synthetic-acceptance, for all of them: their speed at one forced acceptance; their "
+        "outputs are not the model's, so no equality check)",
+    )
     command: str = param("", help="the command line, for the report")
 
     def __post_init__(self) -> None:
         check_range("--repeats", self.repeats, 1, integer=True)
+        if self.synthetic is not None:
+            check_range("--synthetic-acceptance", self.synthetic, 0.0, 1.0)
         check_range("--prompt-lookup-num-tokens", self.prompt_lookup_num_tokens, 1, integer=True)
         for flag, val in (
             ("--max-matching-ngram-size", self.max_matching_ngram_size),

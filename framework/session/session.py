@@ -175,6 +175,7 @@ class Session:
             dtype=dtype_name(self.adapter.arch.dtype) if cfg.model.dtype == "auto" else cfg.model.dtype,
             load_prompts=calibration_texts,
             prepared=PreparedCache() if prepared is None else prepared,
+            label=cfg.method.label,
         )
         self.compiled(cfg.generation.grammar_spec())  # a bad grammar fails before any decoding
         if prompts is not None:  # before any (possibly long) preparation

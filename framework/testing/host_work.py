@@ -30,9 +30,9 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -46,6 +46,8 @@ from framework.testing.stubs import default_strategy_instance, prepare_context, 
 from framework.testing.syncs import HostReads, _site, count_host_reads
 from framework.testing.tiny import tiny_model
 from framework.types import RandomStream
+
+T = TypeVar("T")
 
 #: ATen operators that launch no kernel (views and metadata): not counted as work.
 FREE = frozenset(
@@ -299,6 +301,61 @@ class HostWorkReport:
         lines += [f"  eager: {w}" for w in self.eager]
         return "\n".join(lines)
 
+    def busiest_sites(self, top: int = 3) -> list[tuple[str, float, str]]:
+        """``[(site, per round, what), ...]``: the ``top`` lines doing the most work a round,
+        operations and reads apart, lines outside ``framework/`` (a strategy's) first."""
+        rounds = max(1, self.rounds)
+        sites = [(site, n / rounds, "operations") for site, n in self.work.by_site.items()]
+        sites += [
+            (site, n / rounds, f"reads ({how})") for (how, site), n in self.work.host_reads.by_site.items()
+        ]
+        sites.sort(key=lambda t: (t[0].startswith("framework/"), -t[1], t[0]))
+        return sites[:top]
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers for a run's metadata (JSON)."""
+        return {
+            "rounds": self.rounds,
+            "ops": round(self.ops, 2),
+            "reads": round(self.reads_outside_steps, 3),
+            "within_limits": self.within_limits,
+            "sites": [{"site": s, "per_round": round(n, 3), "what": w} for s, n, w in self.busiest_sites()],
+            "eager": self.eager,
+        }
+
+    def line(self, label: str) -> str:
+        """One line of a run's report for method ``label``: its work a round against the
+        limits, and the lines of its strategies that did the most (over the limits, the busiest
+        lines, the engine's included)."""
+        text = (
+            f"{label}: {self.ops:.1f} operations and {self.reads_outside_steps:.2f} host reads a round "
+            f"outside the forwards ({self.rounds} rounds)"
+        )
+        text += (
+            ": within the limits"
+            if self.within_limits
+            else f": OVER the limits ({ROUND_OPS_LIMIT} operations, {ROUND_READS_LIMIT:g} read)"
+        )
+        sites = [
+            t for t in self.busiest_sites() if not self.within_limits or not t[0].startswith("framework/")
+        ]
+        if sites:  # a strategy's lines always; the engine's only when over
+            text += "; most at " + ", ".join(f"{s} ({n:.2f} {w} a round)" for s, n, w in sites)
+        if self.eager:
+            text += f"; device work left eager: {self.eager[0]}"
+        return text
+
+
+def counted(decode: Callable[[], T]) -> tuple[T, HostWorkReport]:
+    """``decode()``'s result and the host work of its rounds (`count_host_work`, under
+    ``torch.inference_mode``), as a `HostWorkReport`."""
+    before = collections.Counter(EAGER_RUNS)
+    with torch.inference_mode(), count_host_work() as work:
+        out = decode()
+    ops, reads = work.per_round()
+    eager = sorted(EAGER_RUNS - before)
+    return out, HostWorkReport(work.rounds, ops, reads, work.per_round_outside_steps()[1], eager, work)
+
 
 def measure_host_work(
     selector: Any = "static",
@@ -343,10 +400,5 @@ def measure_host_work(
         instance("verifier", verifier),
     )
     dec.prepare(prepare_context(adapter))
-    before = collections.Counter(EAGER_RUNS)
-    with torch.inference_mode(), count_host_work() as work:
-        for prompt in prompts:
-            dec.generate(prompt, StopCondition(max_new_tokens))
-    ops, reads = work.per_round()
-    eager = sorted(EAGER_RUNS - before)
-    return HostWorkReport(work.rounds, ops, reads, work.per_round_outside_steps()[1], eager, work)
+    _, report = counted(lambda: [dec.generate(prompt, StopCondition(max_new_tokens)) for prompt in prompts])
+    return report

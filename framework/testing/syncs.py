@@ -18,7 +18,9 @@ call site.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import sysconfig
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,8 +35,9 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 
 @dataclass
 class HostReads:
-    """What `count_host_reads` saw: ``by_site[(method, "path:line")]`` counts, paths relative to the
-    project root (the first project frame outside installed packages on the call stack)."""
+    """What `count_host_reads` saw: ``by_site[(method, "path:line")]`` counts at the line each read
+    is charged to (`_site`: the first frame outside ``framework/``, a path relative to the
+    project root when the file is inside it)."""
 
     by_site: Counter = field(default_factory=Counter)
     #: ``torch.tensor(..., device=...)`` / ``torch.as_tensor(..., device=...)`` calls by site: a
@@ -58,14 +61,59 @@ class HostReads:
         )
 
 
+#: Where the framework's own code lives; a frame outside it is an author's (a strategy, a test).
+_FRAMEWORK = str(Path(__file__).resolve().parents[1]) + os.sep
+#: The engine's decode loop: an operation reached from it through framework code alone is the
+#: engine's own, reported at its innermost framework line.
+_LOOP = str(Path(__file__).resolve().parents[1] / "engine" / "decoding.py")
+#: The counting modules themselves (never a site).
+_COUNTERS = (str(Path(__file__).resolve()), str(Path(__file__).resolve().with_name("host_work.py")))
+_LIBRARIES = tuple(
+    {
+        str(Path(p).resolve()) + os.sep
+        for p in (sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+    }
+)
+
+
+def _library(name: str) -> bool:
+    """An installed package's file, the standard library's, or frozen import machinery."""
+    return (
+        name.startswith(_LIBRARIES)
+        or "site-packages" in name
+        or "dist-packages" in name
+        or name.startswith("<frozen")
+    )
+
+
+def _where(name: str, line: int) -> str:
+    """``path:line``, the path relative to the project root when the file is inside it."""
+    if name.startswith(_ROOT + os.sep):
+        name = name[len(_ROOT) + 1 :]
+    return f"{name}:{line}"
+
+
 def _site() -> str | None:
+    """The line an operation or a read is charged to: the first frame outside ``framework/`` on
+    the call stack (a strategy's line, wherever its file lives: the project's ``strategies/``,
+    an author's own folder, a test), installed packages and the standard library skipped. Work
+    the engine does of its own accord (reached from the decode loop through framework code
+    alone) is charged to its innermost framework line. ``None``: no such frame."""
     f = sys._getframe(2)
+    first = None
     while f is not None:
         name = f.f_code.co_filename
-        if name.startswith(_ROOT) and "site-packages" not in name and not name.endswith("syncs.py"):
-            return f"{name[len(_ROOT) + 1 :]}:{f.f_lineno}"
+        if _library(name) or name in _COUNTERS:
+            f = f.f_back
+            continue
+        if not name.startswith(_FRAMEWORK):
+            return _where(name, f.f_lineno)
+        if first is None:
+            first = f
+        if name == _LOOP:
+            break
         f = f.f_back
-    return None
+    return None if first is None else _where(first.f_code.co_filename, first.f_lineno)
 
 
 @contextlib.contextmanager

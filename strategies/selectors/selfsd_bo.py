@@ -138,6 +138,8 @@ class SelfSDSelector(LayerSelector):
     """Draft & Verify (Self-SD): one skip set for the whole run, searched offline by GP-UCB Bayesian
     optimisation over the 2L attention/MLP bits (free cardinality), scored by decoding speed."""
 
+    requires = ("botorch", "gpytorch")  # its Gaussian-process Bayesian optimisation
+
     def __init__(self, config: SelfSDConfig | None = None) -> None:
         super().__init__(config)
         self._result: _SearchResult | None = None

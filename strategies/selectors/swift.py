@@ -158,6 +158,8 @@ class SwiftSelector(BudgetedWork, LayerSelector):
     """SWIFT: optimise the skip set on the fly by matchness, random search plus GP-UCB every
     ``bo_interval`` steps; draft with the best set so far."""
 
+    requires = ("botorch", "gpytorch")  # its Gaussian-process Bayesian optimisation
+
     def setup(self, info: ModelInfo) -> None:
         c, n = self.config, info.num_layers
         blocks = list(range(1, n - 1)) if c.keep_first_last and n > 2 else list(range(n))

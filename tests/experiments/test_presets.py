@@ -41,7 +41,7 @@ def test_every_preset_parses_or_names_what_is_missing(name, capsys):
     if missing:
         kind, strategy = missing[0]
         assert code == 2
-        assert f"the preset needs {kind} '{strategy}', which is not implemented yet" in err
+        assert f"the preset needs {kind} '{strategy}', which is not registered" in err
         with pytest.raises(ConfigError):
             load_preset(name)
         return
@@ -190,3 +190,22 @@ def test_safe_variants_add_only_the_gate_the_cap_and_the_head(name):
         assert safe.method.selector.config.work_budget > 0
     # The description says which is which.
     assert f"as published - {name}" in load_preset(name + "_safe")["description"]
+
+
+def test_a_misspelt_strategy_in_a_preset_gets_a_did_you_mean_and_name_is_a_key(tmp_path, capsys):
+    """Issue 55, item 5: ``selector: {name: statik}`` said "not implemented yet" with no
+    did-you-mean, and a ``name:`` key (a saved configuration's method carries one) was refused."""
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("selector: {name: statik, skip_ratio: 0.3}\n")
+    assert main(["--method", str(typo), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "the preset needs selector 'statik', which is not registered. Did you mean 'static'?" in err
+    named = tmp_path / "named.yaml"
+    named.write_text("name: my_method\nselector: {name: static, skip_ratio: 0.3}\nlength: fixed\n")
+    assert main(["--method", str(named), "--print-config"]) == 0, capsys.readouterr().err
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["method"]["name"] == "my_method"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: 3\nselector: static\n")
+    assert main(["--method", str(bad), "--print-config"]) == 2
+    assert "name must be a method's name" in capsys.readouterr().err

@@ -160,7 +160,7 @@ def test_bad_input_is_named(model_and_tokenizer):
     dec = selfspec.Decoder.from_preset("static_confidence", model=model, tokenizer=tok, **quiet())
     with pytest.raises(ValueError, match="empty prompt"):
         dec.generate("  ")
-    with pytest.raises(ValueError, match="repeats must be >= 1"):
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         dec.compare(PROMPT, repeats=0)
 
 
@@ -347,3 +347,88 @@ def test_benchmark_runs_the_pipeline_of_run_and_bench_with_the_decoder_itself(de
     assert "static_confidence" in res["summary"]["methods"]
     with pytest.raises(ConfigError, match="--limit"):
         dec.benchmark(output=str(tmp_path / "c"), limit=0)
+
+
+# ---- HF habits (issue 55, item 4) -----------------------------------------------------------------
+
+
+def test_what_apply_chat_template_returns_is_a_prompt(dec):
+    """transformers 5's ``apply_chat_template(..., add_generation_prompt=True)`` returns a
+    ``BatchEncoding``; ``generate`` and ``compare`` take it, its text form (``tokenize=False``), a
+    dict with ``input_ids`` (a row or a batch of one, list or tensor) and a padded batch."""
+    tok = dec.tokenizer
+    msgs = [{"role": "user", "content": PROMPT}]
+    want = dec.generate(PROMPT, 8).tokens
+    ids = dec.encode(PROMPT)[0].tolist()
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    assert enc["input_ids"] == ids or enc["input_ids"] == [ids]
+    assert dec.generate(enc, 8).tokens == want
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert isinstance(text, str) and dec.encode(text)[0].tolist() == ids  # formatted once, not twice
+    assert dec.generate(text, 8).tokens == want
+    pt = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert dec.generate(pt, 8).tokens == want
+    assert dec.generate({"input_ids": [ids]}, 8).tokens == want
+    assert dec.generate({"input_ids": torch.tensor(ids)}, 8).tokens == want
+    # a padded batch of two: each row without its padding, in order
+    tok.pad_token = "<unk>"
+    other = dec.encode("w3 w4")[0].tolist()
+    padded = {
+        "input_ids": [ids, [0] * (len(ids) - len(other)) + other],
+        "attention_mask": [[1] * len(ids), [0] * (len(ids) - len(other)) + [1] * len(other)],
+    }
+    assert [g.tokens for g in dec.generate(padded, 6)] == [dec.generate(i, 6).tokens for i in (ids, other)]
+    assert dec.compare(enc, 8, warmup=False).lossless
+    with pytest.raises(ValueError, match="input_ids must be token ids"):
+        dec.generate({"input_ids": "w1 w2"})
+
+
+def test_compare_takes_generates_controls_and_a_grammar_and_checks_losslessness_under_them(
+    model_and_tokenizer,
+):
+    """``compare(..., repetition_penalty=1.3, json_schema=...)`` applies both to vanilla decoding
+    and to the method and runs its lossless check under them."""
+    import json
+
+    from framework.testing import tiny_json_tokenizer
+    from framework.testing.contracts import CONTRACT_SCHEMA
+
+    model, _ = model_and_tokenizer
+    dec = selfspec.Decoder.from_preset(
+        "static_confidence", model=model, tokenizer=tiny_json_tokenizer(), max_new_tokens=40, **quiet()
+    )
+    ids = dec.encode("w1")[0].tolist()
+    plain = dec.compare(ids, 24, warmup=False)
+    penalised = dec.compare(ids, 24, warmup=False, repetition_penalty=1.3)
+    assert plain.lossless and penalised.lossless
+    assert penalised.method.tokens == dec.generate(ids, 24, repetition_penalty=1.3).tokens
+    assert penalised.method.tokens != plain.method.tokens  # the penalty reached both decodes
+    both = dec.compare(ids, 40, repeats=2, repetition_penalty=1.3, json_schema=CONTRACT_SCHEMA)
+    assert both.lossless and both.vanilla.tokens == both.method.tokens
+    assert set(json.loads(both.method.text)) == {"color", "size", "ok"}
+    with pytest.raises(TypeError, match="'repetition_penalty'"):
+        dec.compare(ids, 4, repetition_penaltys=1.3)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        dec.compare(ids, repeats=0)
+
+
+def test_api_errors_name_the_python_argument_not_the_flag(dec, model_and_tokenizer):
+    """The CLI names ``--json-schema``; the Python API names ``json_schema``."""
+    from framework.engine.grammar import GrammarError
+    from framework.testing import tiny_json_tokenizer
+
+    model, _ = model_and_tokenizer
+    json_dec = selfspec.Decoder.from_preset(
+        "static_confidence", model=model, tokenizer=tiny_json_tokenizer(), max_new_tokens=8, **quiet()
+    )
+    with pytest.raises(GrammarError, match=r"^json_schema: not JSON \(Expecting value at line 2, column 8\)"):
+        json_dec.generate([7, 8], 4, json_schema='{"a": 1,\n  "b": }')
+
+    with pytest.raises(GrammarError, match=r"^json_schema: does not compile") as err:
+        json_dec.generate([7, 8], 4, json_schema={"type": "no-such-type"})
+    assert "--" not in str(err.value).split(":")[0]
+    with pytest.raises(GrammarError, match=r"^regex: "):
+        json_dec.generate([7, 8], 4, regex="(")
+    with pytest.raises(ConfigError, match=r"^stop_strings must") as err:
+        dec.generate(PROMPT, 4, stop_strings=[""])
+    assert "--stop" not in str(err.value)

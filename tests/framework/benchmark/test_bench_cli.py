@@ -112,3 +112,28 @@ def test_cost_model_of_another_model_is_refused(tiny, data, tmp_path, capsys):
     argv = ["--data", str(data), "--out", str(tmp_path / "o"), "--methods", "vanilla,hf_generate"]
     assert main(argv + ["--cost-model", str(cm)], model=model, tokenizer=tok) == 2
     assert "a cost model of a 4-layer model, not 10" in capsys.readouterr().err
+
+
+def test_synthetic_acceptance_forces_every_preset_and_lists_with_l(tiny, data, tmp_path, capsys):
+    """Issue 55, item 5: ``bench.py --synthetic-acceptance P`` runs every preset at one forced
+    acceptance (run.py's flag, for all of them); ``-l`` is ``--list``."""
+    from framework.session.methods import preset_run_config
+    from framework.session.methods import specs as methods_of
+
+    cfg = _config(["--methods", "vanilla,static_confidence,hybrid", "--synthetic-acceptance", "0.7"])
+    assert cfg.compare.synthetic == 0.7 and cfg.method.synthetic_acceptance is None
+    presets = [preset_run_config(s, cfg).method for s in methods_of(cfg) if s.kind == "preset"]
+    assert [m.synthetic_acceptance for m in presets] == [0.7, 0.7]
+    model, tok = tiny
+    out = tmp_path / "b"
+    argv = ["--data", str(data), "--limit", "1", "--categories", "qa", "--max-new-tokens", "4", "--dtype",
+            "float64", "--methods", "vanilla,static_confidence", "--synthetic-acceptance", "0.7",
+            "--output", str(out), "--logger", "none", "--no-plots", "--cost-model", "none"]  # fmt: skip
+    assert main(argv, model=model, tokenizer=tok) == 0
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    forced = [r for r in recs if r["method"] == "static_confidence"]
+    assert forced and all(r["synthetic_acceptance"] == 0.7 and r["lossless"] is None for r in forced)
+    capsys.readouterr()
+    assert main(["-l"]) == 0 and "selectors (--selector):" in capsys.readouterr().out
+    code = main(["--synthetic-acceptance", "1.5", "--print-config"])
+    assert code == 2 and "--synthetic-acceptance must be in [0, 1]" in capsys.readouterr().err

@@ -90,3 +90,39 @@ def test_the_report_and_meta_say_when_timings_cannot_be_trusted(tmp_path, monkey
     assert "- **These timings may not be trustworthy**: other processes kept 1.20" in report
     meta = (out / "meta.json").read_text()
     assert '"other_cores": 1.2' in meta and '"warnings": [' in meta
+
+
+def test_a_cpu_run_leaves_the_busy_cores_to_their_processes(monkeypatch):
+    """Issue 55, item 1: with one of 2 cores kept busy, 2 torch threads made every step 3.6x
+    slower; a CPU run without --threads then runs one thread per free core, and says so."""
+    import torch
+
+    import framework.runner.pipeline as pipeline
+
+    assert load.threads_for_load(2, 2, None) == 2  # off Linux: unchanged
+    assert load.threads_for_load(2, 2, 0.3) == 2  # a light neighbour: unchanged
+    assert load.threads_for_load(2, 2, 0.98) == 1
+    assert load.threads_for_load(2, 2, 1.9) == 1  # never below one thread
+    assert load.threads_for_load(8, 16, 4.2) == 8  # enough free cores: unchanged
+    assert load.threads_for_load(16, 16, 4.2) == 12
+    saved = torch.get_num_threads()
+    said: list[str] = []
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(pipeline, "other_cores_now", lambda: 0.98)
+        pipeline._yield_busy_cores(said.append)
+        assert torch.get_num_threads() == 1
+        assert said and "keep 0.98 of" in said[0] and "torch runs 1 thread(s), not 2" in said[0]
+        assert "--threads N" in said[0]
+        said.clear()
+        torch.set_num_threads(2)
+        monkeypatch.setattr(pipeline, "other_cores_now", lambda: 0.1)
+        pipeline._yield_busy_cores(said.append)
+        assert torch.get_num_threads() == 2 and said == []
+    finally:
+        torch.set_num_threads(saved)
+    # Only a one-process CPU run yields cores (a GPU run's threads do not compute the model).
+    from framework.session.run_config import RunConfig
+
+    assert pipeline._on_cpu(RunConfig.of(device="cpu"))
+    assert not pipeline._on_cpu(RunConfig.of(device="cuda"))

@@ -448,3 +448,36 @@ def test_the_report_names_the_head_a_method_drafts_with():
     assert full.startswith("- m drafts with the full LM head and int8 weights: its draft step costs")
     reduced = head_line("m", dataclasses.replace(base, draft_vocab=32))
     assert reduced.startswith("- m drafts with a 32-token head: ") and "0-token" not in full
+
+
+def test_every_long_stage_says_when_it_starts_and_for_which_method(tiny, data, tmp_path):
+    """Issue 55, item 1: a first run is never silent: preparing each method, measuring its cost
+    model (named for the method), the warm-up and the timed decoding each print a line when they
+    start, in that order, and every prompt its own line."""
+    model, tok = tiny
+    cfg = RunConfig.of(
+        methods=("vanilla", "static_confidence"),
+        data=str(data),
+        categories="qa",
+        max_new_tokens=4,
+        output=str(tmp_path),
+        cost_model="measure",
+        plots=False,
+        dtype="float64",
+    )
+    logs: list[str] = []
+    run(cfg, model=model, tokenizer=tok, log=logs.append)
+
+    def at(fragment: str) -> int:
+        return next(i for i, line in enumerate(logs) if fragment in line)
+
+    order = [
+        at("[selfspec] preparing static_confidence ..."),
+        at("[selfspec] measuring the cost model for static_confidence ("),
+        at("[selfspec] cost model measured in"),
+        at("[selfspec] warming up 2 method(s): 1 generation(s) of 4 tokens each"),
+        at("[selfspec] decoding "),
+        at("[1/"),
+    ]
+    assert order == sorted(order), logs
+    assert "prompt(s), timed; a line per prompt" in logs[order[4]]

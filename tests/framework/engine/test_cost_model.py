@@ -270,12 +270,16 @@ def test_measure_prices_a_far_context_too():
     assert filled == pytest.approx((2.0, 2.2, 1.2 + (1.1 + 1.7) / 2, 3.0))
 
 
-def test_a_cost_that_falls_with_the_context_is_measured_again_then_clamped_with_a_warning(monkeypatch):
-    """Issue 48, item 5: on a loaded machine a step measured at context 1024 came out cheaper than
-    at 128; `CostModel.measure` measures again with more repetitions, and if the inconsistency
-    stays, raises the far costs to the near ones and warns."""
+def test_a_cost_that_falls_with_the_context_is_measured_again_within_a_budget_then_marked(monkeypatch):
+    """Issue 48, item 5, and issue 55, item 1: on a loaded machine a step measured at context 1024
+    came out cheaper than at 128; `CostModel.measure` measures once more, within the first
+    measurement's own time (a deadline), and if the inconsistency stays, raises the far costs to
+    the near ones, marks the model ``inconsistent`` and warns; the reports then print no
+    prediction from it."""
+    import time
     import warnings
 
+    from framework.benchmark.report import results_markdown, summarize
     from framework.engine import cost_model as cm
 
     good = CostModel(4, 0.2, 0.02, 0.06, (1.0, 1.1, 1.2), context=128, far_context=1024, far_attn=0.03,
@@ -285,21 +289,44 @@ def test_a_cost_that_falls_with_the_context_is_measured_again_then_clamped_with_
     assert cm.context_inconsistency(good) == ""
     problem = cm.context_inconsistency(bad)
     assert "context 1024" in problem and "attention" in problem
-    calls = []
+    calls: list[tuple[int, float | None]] = []
 
-    def once(cls, adapter, max_tokens, context, far_context, reps, head, weights):
-        calls.append(reps)
-        return bad if len(calls) < 2 else good
+    def once(results):
+        def measure(cls, adapter, max_tokens, context, far_context, reps, head, weights, deadline=None):
+            calls.append((reps, deadline))
+            time.sleep(0.05)  # the first measurement's time is the budget of the second
+            return results[min(len(calls), len(results)) - 1]
 
-    monkeypatch.setattr(CostModel, "_measure_once", classmethod(once))
+        return classmethod(measure)
+
+    monkeypatch.setattr(CostModel, "_measure_once", once([bad, good]))
+    said: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert CostModel.measure(object(), reps=5) is good  # the second measurement was consistent
-    assert calls == [5, 10]
+        before = time.perf_counter()
+        assert CostModel.measure(object(), reps=5, log=said.append) is good  # the second one was consistent
+    assert [r for r, _ in calls] == [5, 5] and calls[0][1] is None
+    budget = calls[1][1] - before  # the deadline: the first measurement's time again, no more
+    assert 0.05 <= budget <= 0.05 + 0.05 + 0.5
+    assert len(said) == 1 and "measuring again, at most" in said[0]
     calls.clear()
-    monkeypatch.setattr(CostModel, "_measure_once", classmethod(lambda cls, *a: calls.append(a[4]) or bad))
-    with pytest.warns(cm.CostModelWarning, match="stayed inconsistent after 3 measurements"):
+    monkeypatch.setattr(CostModel, "_measure_once", once([bad]))
+    with pytest.warns(cm.CostModelWarning, match="stayed inconsistent after a second measurement"):
         fixed = CostModel.measure(object(), reps=5)
-    assert calls == [5, 10, 20]
+    assert len(calls) == 2  # twice in all: bounded
     assert fixed.far_verify_costs == (1.0, 1.3, 1.4) and fixed.far_attn == 0.02
-    assert cm.context_inconsistency(fixed) == ""
+    assert cm.context_inconsistency(fixed) == "" and fixed.inconsistent == problem
+    assert CostModel.from_dict(fixed.to_dict()) == fixed
+    # The reports print no prediction from it: the table says why, the story says nothing.
+    rec = {"method": "m", "repeat": 0, "question_id": 1, "category": "qa", "new_tokens": 10, "wall_time": 1.0,
+           "kind": "preset", "lossless": True, "accept_lengths": [2, 3], "turns": [{"draft_lengths": [2, 2],
+           "accept_lengths": [2, 3], "skip_ratio": 0.2}], "drafted": 4, "accepted": 3}  # fmt: skip
+    van = {**rec, "method": "vanilla", "kind": "baseline", "accept_lengths": [1] * 5, "drafted": 0,
+           "accepted": 0, "turns": []}  # fmt: skip
+    for costs in (fixed, {"m": fixed, "vanilla": fixed}):
+        summary = summarize([van, rec], ["vanilla", "m"], costs)
+        assert summary["methods"]["m"]["cost_model"] is None
+        assert cm.LOADED in results_markdown(summary)
+    assert summarize([van, rec], ["vanilla", "m"], good)["methods"]["m"]["cost_model"] is not None
+    assert cm.LOADED in fixed.describe()
+    assert good.inconsistent == "" and cm.LOADED not in good.describe()

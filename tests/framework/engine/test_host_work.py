@@ -268,3 +268,55 @@ def test_the_count_leaves_out_what_launches_no_kernel_and_tells_draft_steps_apar
     assert draft.host_top1 == tuple(draft.confidences[0].tolist())
     builder.drop_last()
     assert builder.build(None).host_top1 == draft.host_top1[:2]
+
+
+AUTHOR_SELECTOR = """
+from dataclasses import dataclass
+
+import torch
+
+from framework import LayerPlan, LayerSelector
+from framework.utils import upload
+
+
+class ReadingSelector(LayerSelector):
+    @dataclass(frozen=True)
+    class Config:
+        pass
+
+    def __init__(self):
+        super().__init__(self.Config())
+
+    def plan(self, state):
+        n = state.info.num_layers
+        skip = torch.arange(1, n - 1, 2).tolist()  # READ: a host read in the author's own file
+        upload(skip, "cpu")  # UPLOAD: the framework's helper does the work, the author's line asked
+        return LayerPlan.from_indices(n, attn=skip, mlp=skip)
+"""
+
+
+def test_a_selector_in_the_authors_own_folder_is_charged_at_its_own_line(tmp_path):
+    """Issue 55, item 2: the site of an operation or a read is the first frame outside
+    ``framework/`` wherever that file lives, not the engine's ``selector.plan(view)`` line."""
+    import importlib.util
+
+    from framework.testing.host_work import measure_host_work
+
+    path = tmp_path / "elsewhere" / "my_selector.py"
+    path.parent.mkdir()
+    path.write_text(AUTHOR_SELECTOR)
+    line = next(i for i, text in enumerate(AUTHOR_SELECTOR.splitlines(), 1) if "# READ" in text)
+    spec = importlib.util.spec_from_file_location("my_selector_elsewhere", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = measure_host_work(module.ReadingSelector(), "fixed", "layer_skip", "greedy", max_new_tokens=12)
+    site = f"{path.resolve()}:{line}"
+    reads = {where: n for (_, where), n in report.work.host_reads.by_site.items()}
+    assert reads.get(site, 0) >= report.rounds > 0, reads  # one tolist a round, at the author's line
+    assert report.work.by_site[site] >= report.rounds  # and its arange, an operation
+    assert not any("framework/engine/decoding.py" in where for where in reads)
+    assert f"reads: 1.00 a round at {site} (tolist)" in report.describe()
+    # work a framework helper did for the author's line is charged to the author's line
+    helper = next(i for i, text in enumerate(AUTHOR_SELECTOR.splitlines(), 1) if "# UPLOAD" in text)
+    assert report.work.by_site[f"{path.resolve()}:{helper}"] >= report.rounds
+    assert not any(where.startswith("framework/utils.py") for where in report.work.by_site)

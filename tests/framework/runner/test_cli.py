@@ -149,6 +149,8 @@ def test_print_config_file_then_config_file_reproduces_the_config(capsys, tmp_pa
         (["--gate.enabled", "maybe"], "--gate.enabled must be a boolean (true/false), got 'maybe'"),
         (["--limit", "0"], "--limit must be an integer >= 1, got 0"),
         (["--import", "no_such_module_xyz"], "--import must be an importable module"),
+        (["--stop", ""], "--stop must be a non-empty string, got ''"),
+        (["--bad-word", ""], "--bad-word must be a non-empty string, got ''"),
     ],
 )
 def test_bad_flags_exit_2_with_a_clear_message(capsys, argv, message):
@@ -192,3 +194,49 @@ def test_missing_optional_dependency_names_the_install_command():
         require("no_such_pkg_xyz", "no-such-pkg")
     with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[experiments\]'"):
         require("no_such_pkg_xyz", extra="experiments")
+
+
+@pytest.mark.parametrize(
+    "argv, module, flag",
+    [
+        (["--regex", "[ab]+"], "llguidance", "--regex must be used with llguidance installed"),
+        (["--selector", "swift"], "botorch", "--selector must be used with botorch installed"),
+        (["--logger", "wandb"], "wandb", "--logger must be used with wandb installed"),
+    ],
+)
+def test_a_missing_dependency_is_one_line_and_exit_2_before_the_model_loads(
+    capsys, monkeypatch, tmp_path, argv, module, flag
+):
+    """Issue 55, item 3: a package the configuration needs and the environment lacks is found
+    when the configuration is checked: one line with the install command, exit 2, no model loaded."""
+    import framework.runner.lightning as lightning
+    import framework.session.dependencies as deps
+    import framework.session.session as session
+
+    real = deps.installed
+    monkeypatch.setattr(deps, "installed", lambda m: m != module and real(m))
+    for where in (lightning, session):
+        monkeypatch.setattr(where, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    code, _, err = run_cli(capsys, *argv, "--limit", "1", "--output", str(tmp_path / "o.jsonl"))
+    assert code == 2, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and flag in lines[0] and f"pip install {module}" in lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "o.jsonl").exists()
+
+
+def test_dtype_takes_the_short_spellings_torch_users_write(capsys):
+    """Issue 55, item 5: ``--dtype bf16`` is ``--dtype bfloat16`` (and fp16, fp32, fp64)."""
+    for short, name in (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"), ("fp64", "float64")):
+        code, out, err = run_cli(capsys, "--dtype", short, "--print-config")
+        assert code == 0, err
+        assert yaml.safe_load(out)["model"]["dtype"] == name
+    from framework.session.run_config import RunConfig
+
+    assert RunConfig.of(dtype="bf16").model.dtype == "bfloat16"  # the Python API too
+
+
+def test_run_py_output_that_is_a_folder_is_refused_as_a_folder(capsys, tmp_path):
+    """Issue 55, item 5: ``--output DIR`` was refused as "holds an earlier run's records"."""
+    code, _, err = run_cli(capsys, "--model", "tiny-random", "--limit", "1", "--output", str(tmp_path))
+    assert code == 2 and "--output must be a results file for run.py, not a folder" in err
+    assert "earlier run" not in err and f"e.g. {tmp_path}/" in err

@@ -128,7 +128,8 @@ def test_dtype_auto_is_bfloat16_on_cuda_and_float32_on_cpu():
     with pytest.raises(ValueError, match="--dtype must be one of"):
         resolve_dtype("half", "cpu")
     with pytest.raises(ConfigError, match="--dtype"):
-        RunConfig.of(dtype="half")
+        RunConfig.of(dtype="float8")
+    assert RunConfig.of(dtype="half").model.dtype == "float16"  # torch's other name (issue 55)
 
 
 def test_load_model_resolves_auto_on_cpu():

@@ -112,3 +112,31 @@ def test_run_py_config_reimports_the_recorded_module(plugin, tmp_path, capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["method"]["selector"]["name"] == "plugin_every_third"
     assert printed["method"]["imports"][0]["module"] == MODULE
+
+
+def test_a_changed_source_is_one_warning_line_once_on_the_command_line(plugin, tmp_path, capsys):
+    """Issue 55, item 5: the command line reads a saved configuration twice (its --import modules
+    are imported before the parser is built); the warning printed twice, as a raw Python warning."""
+    from framework.runner.cli import main
+    from framework.session import plugins
+
+    saved = RunConfig.from_preset(None, imports=(MODULE,), selector="plugin_every_third").save(
+        tmp_path / "c.yaml"
+    )
+    _forget()
+    plugins._WARNED.clear()
+    plugin.write_text(SOURCE + "\n# edited again\n", encoding="utf-8")
+    assert main(["--config", str(saved), "--print-config"]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "its source changed" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: --import {MODULE}: its source changed"), err
+    assert "UserWarning" not in err and "warnings.warn" not in err
+    # from Python too: the same change is warned about once however often it is read
+    _forget()
+    plugins._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RunConfig.load(saved)
+        _forget()
+        RunConfig.load(saved)
+    assert [type(w.message) for w in caught] == [plugins.SourceChangedWarning]
