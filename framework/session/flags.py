@@ -65,14 +65,6 @@ def flag_name(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def flag_of(cfg_cls: type, name: str) -> str:
-    """`flag_name` of the field ``name`` of ``cfg_cls`` (``--<name>`` when there is no such field)."""
-    for f in dataclasses.fields(cfg_cls):
-        if f.name == name:
-            return flag_name(f)
-    return "--" + name.replace("_", "-")
-
-
 def _choices(tp: Any) -> tuple[Any, ...] | None:
     """The values of a ``Literal`` annotation (inside an ``Optional`` too), else ``None``."""
     if get_origin(tp) in (Union, types.UnionType):
@@ -261,5 +253,4 @@ __all__ = [
     "add_config_flags",
     "config_overrides_from_args",
     "flag_name",
-    "flag_of",
 ]

@@ -81,47 +81,28 @@ def sample_with_noise(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)
 
 
-def acceptance_noise(
-    batch: int, k: int, vocab: int, dtype: torch.dtype, device: torch.device, generator: torch.Generator
-) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The random draws of one `accept_prefix`, in its order: the K acceptance uniforms (B, K)
-    (``None`` when K = 0), then the Exp(1) noise (B, V) of the token it samples."""
-    u = torch.rand(batch, k, generator=generator, device=device, dtype=dtype) if k else None
-    e = torch.empty(batch, vocab, dtype=dtype, device=device).exponential_(1, generator=generator)
-    return u, e
-
-
-def accept_prefix(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator
+def accept_with_noise(
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor | None, e: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The speculative-sampling acceptance rule (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
+    """The speculative-sampling acceptance rule (Leviathan et al. 2023, Alg. 1; Chen et al. 2023),
+    given its draws: no generator, no host read (a static function of device tensors).
 
-    Draft token ``d_j`` is accepted with probability ``min(1, p_j(d_j) / q_j(d_j))``, in order; at the
-    first rejection the replacement is sampled from ``norm(max(0, p_j - q_j))`` (from ``p_j`` if that
-    residual is numerically empty) and drafting stops; if all K are accepted the bonus token is
-    sampled from ``p_{K+1}``. The K uniforms are drawn at once (equivalent to drawing them one by
-    one and stopping at the first rejection), then one token (`acceptance_noise`, then
-    `accept_with_noise`).
+    Draft token ``d_j`` is accepted with probability ``min(1, p_j(d_j) / q_j(d_j))``, in order
+    (``u_j * q_j(d_j) < p_j(d_j)``); at the first rejection the replacement is sampled from
+    ``norm(max(0, p_j - q_j))`` (from ``p_j`` if that residual is numerically empty) and drafting
+    stops; if all K are accepted the bonus token is sampled from ``p_{K+1}``; the token is the
+    exponential race over ``e`` (`sample_with_noise`).
 
     Args:
-        draft_tokens: LongTensor (B, K), K >= 0.
+        draft_tokens: LongTensor (B, K), K >= 0 (-1: a token the verify forward's rows did not see).
         q: FloatTensor (B, K, V), the (warped) draft distributions the tokens were sampled from.
         p: FloatTensor (B, K+1, V), the (warped) target distributions after each verified input.
-        generator: the random stream (on ``p``'s device).
+        u: the K acceptance uniforms (B, K) (``None`` when K = 0), drawn first.
+        e: the Exp(1) noise (B, V) of the token, drawn after ``u``.
 
     Returns:
         ``(num_accepted (B,), next_token (B,))``: m per row and the correction or bonus token.
     """
-    b, k = draft_tokens.shape
-    u, e = acceptance_noise(b, k, p.shape[-1], p.dtype, p.device, generator)
-    return accept_with_noise(draft_tokens, q, p, u, e)
-
-
-def accept_with_noise(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor | None, e: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`accept_prefix` given its draws (`acceptance_noise`): no generator, no host read (a static
-    function of device tensors)."""
     b, k = draft_tokens.shape
     if not k:
         return torch.zeros(b, dtype=torch.long, device=p.device), sample_with_noise(p[:, 0], e)
@@ -153,7 +134,7 @@ class SamplingVerifier(Verifier):
     draft logits (through `draft_sampler`, so drafters sample from q and keep it in
     ``Draft.probs``), to the target logits in `verify` and in `choose` (prefill, declined rounds
     and the vanilla baseline), so speculative and vanilla sampling target the same distribution.
-    `verify` runs one full forward over ``[pending, d_1..d_K]`` and applies `accept_prefix`.
+    `verify` runs one full forward over ``[pending, d_1..d_K]`` and applies `accept_with_noise`.
 
     Randomness: one stream (`random`, a generator per device seeded from ``config.seed`` when
     first used and never re-seeded: ``reset`` keeps it), so successive generations differ but a
@@ -240,9 +221,9 @@ def accept_rule(
 ) -> dict[str, torch.Tensor]:
     """The sampling verification (a verifier's acceptance rule: `framework.types.AcceptanceRule`)
     of the verified block ``ids`` = ``[pending, d_1..d_K]`` (B, K+1), its drafts drawn from ``q``
-    (B, K, V), against the target ``logits`` (B, K+1, V): warp them into p, draw what
-    `accept_prefix` draws (the K uniforms, then the token's Exp(1) noise) and apply
-    `accept_with_noise`. Returns m, the correction or bonus token ``next`` and the target's argmax
+    (B, K, V), against the target ``logits`` (B, K+1, V): warp them into p, draw the
+    rule's random numbers from the engine (``ops.uniform``: the K uniforms, then
+    ``ops.exponential``: the token's Exp(1) noise) and apply `accept_with_noise`. Returns m, the correction or bonus token ``next`` and the target's argmax
     ``target``."""
     p = warp(logits, temperature, top_k, top_p)  # (B, K+1, V)
     tokens = ids[:, 1:]

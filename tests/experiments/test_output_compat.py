@@ -26,6 +26,12 @@ tracker's ``prompt/question_id`` and ``prompt/category`` columns. Migration: non
 results file resumes (its missing keys read as their neutral values) and an older saved
 configuration loads (its missing keys keep their defaults).
 
+Added by issue 55 (shapes regenerated, the resume fixture kept as the earlier version wrote it):
+the compare section's ``synthetic`` (null: ``bench.py --synthetic-acceptance`` for every preset),
+``cost_model.json``'s ``inconsistent`` (``""``: what stayed inconsistent on a loaded machine) and the
+metadata's ``host_work`` (each speculative method's host work a round, counted in its first warm-up
+decode). Nothing renamed or removed.
+
 Changed on purpose by the one pipeline (issue 48; shapes regenerated then, the resume fixture kept
 as the earlier version wrote it):
 

@@ -82,10 +82,15 @@ class ForwardGraphs:
             for s in spans(self.pool.capacity):
                 pos.copy_(torch.arange(s - t, s, device=self.pool.device)[None])
                 self._first.fill_(s - t)
+                mask = None
                 if is_tree:
-                    self.branches.tree_buffer(t).copy_(torch.ones(t, t, dtype=torch.bool).tril())
+                    mask = self.branches.tree_buffer(t)
+                    mask.copy_(torch.ones(t, t, dtype=torch.bool).tril())
                 fn, rkey = rule if ruled and rule is not None else (None, None)
-                key = GraphKey(None, t, s, "all", hidden, is_tree, "model", rule=rkey)
+                # the verification's own description, keyed as every forward is (never by hand)
+                key = ForwardSpec(None, capture_hidden=hidden, tree_mask=mask).graph_key(
+                    t, s, "model", rule=rkey
+                )
                 self.store.run(("forward", key), lambda key=key, fn=fn: self._forward(key, fn, (), ()))
 
     def run(

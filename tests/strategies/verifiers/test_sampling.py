@@ -27,12 +27,8 @@ from strategies.length.confidence import ConfidenceLength, ConfidenceLengthConfi
 from strategies.length.fixed import FixedLength, FixedLengthConfig
 from strategies.selectors.clasp_dp import ClaspDPConfig, ClaspDPSelector
 from strategies.selectors.static import StaticSelector, StaticSelectorConfig
-from strategies.verifiers.sampling import (
-    SamplingVerifier,
-    SamplingVerifierConfig,
-    accept_prefix,
-    warp,
-)
+from strategies.verifiers.sampling import SamplingVerifier, SamplingVerifierConfig, warp
+from tests.strategies.verifiers.rule import accept_prefix
 
 V = 16  # vocabulary of the statistical tests' model: small enough to sample every cell well
 

@@ -61,7 +61,8 @@ import torch
 
 from framework import Draft, LayerPlan
 from framework.testing import device_ops
-from strategies.verifiers.sampling import SamplingVerifier, SamplingVerifierConfig, accept_prefix, sample
+from strategies.verifiers.sampling import SamplingVerifier, SamplingVerifierConfig, sample
+from tests.strategies.verifiers.rule import accept_prefix
 
 V = 5  # small enough to enumerate V^K drafts and fill V + .. + V^(K+1) outcome cells
 N = 1_000_000  # rows of a Monte-Carlo run of the real rule, sampled in one vectorised call
