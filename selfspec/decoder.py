@@ -681,15 +681,28 @@ _GC_UNSUPPORTED = {
     "num_beam_groups": 1,
     "penalty_alpha": None,
 }
-#: The processing and stopping settings `Decoder.generate` takes from a ``GenerationConfig``.
-_GC_CONTROLS = (
+#: `generate`'s processing, stopping and grammar arguments (`Decoder.compare` takes them too).
+CONTROLS = (
     "repetition_penalty",
     "no_repeat_ngram_size",
     "min_new_tokens",
     "bad_words_ids",
     "suppress_tokens",
     "begin_suppress_tokens",
+    "eos_token_id",
     "stop_strings",
+    "logits_processor",
+    "stopping_criteria",
+    "json_schema",
+    "regex",
+    "grammar",
+)
+#: The processing and stopping settings `Decoder.generate` takes from a ``GenerationConfig`` (its
+#: own ``eos_token_id`` is the model's, and it holds no processors, criteria or grammars).
+_GC_CONTROLS = tuple(
+    c
+    for c in CONTROLS
+    if c not in ("eos_token_id", "logits_processor", "stopping_criteria", "json_schema", "regex", "grammar")
 )
 
 
@@ -851,24 +864,6 @@ def _as_batch(prompt: Any) -> list[Any] | None:
     ):
         return list(prompt)  # messages, chats and token-id lists, in any mix
     return None
-
-
-#: `generate`'s processing, stopping and grammar arguments (`Decoder.compare` takes them too).
-CONTROLS = (
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "min_new_tokens",
-    "bad_words_ids",
-    "suppress_tokens",
-    "begin_suppress_tokens",
-    "eos_token_id",
-    "stop_strings",
-    "logits_processor",
-    "stopping_criteria",
-    "json_schema",
-    "regex",
-    "grammar",
-)
 
 
 @contextlib.contextmanager
