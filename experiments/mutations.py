@@ -220,8 +220,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "precapture_key_at_the_pools_span",
         "the graphs recorded before timing are keyed at the pool's whole span, whatever span they read (each is recorded again while timed)",
         "framework/engine/execution/forward_graph.py",
-        '                key = GraphKey(None, t, s, "all", hidden, is_tree, "model", rule=rkey)',
-        '                key = GraphKey(None, t, self.pool.capacity, "all", hidden, is_tree, "model", rule=rkey)',
+        '                    t, s, "model", rule=rkey\n                )',
+        '                    t, self.pool.capacity, "model", rule=rkey\n                )',
         (
             "tests/framework/engine/execution/test_graph_keys.py::test_the_graphs_recorded_before_timing_are_those_the_forwards_of_every_span_replay",
         ),
