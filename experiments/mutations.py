@@ -250,9 +250,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "head_draft_rows_unprocessed",
         "draft rows scored through a reduced draft head skip the processors (lossless, but acceptance falls)",
-        "framework/engine/state.py",
-        "        if out.logits is None or self.processing is None:\n            return out\n        fed = ",
-        "        if out.logits is None or self.processing is None or out.head is not None:\n            return out\n        fed = ",
+        "framework/engine/processing.py",
+        "        if out.logits is None:\n            return out\n        fed = ",
+        "        if out.logits is None or out.head is not None:\n            return out\n        fed = ",
         (
             "tests/framework/engine/test_processing.py::test_draft_rows_are_processed_so_the_target_as_its_own_draft_is_always_accepted",
         ),
@@ -663,23 +663,97 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ---- host work per round (issue 38, item 3) -------------------------------------------------
     Mutation(
         "tree_reads_the_draft_again",
-        "the tree verifier reads the draft's confidences although the stop rule read them",
+        "the tree verifier reads the draft's confidences from the device although the stop rule "
+        "read them (past the engine's host copy)",
         "strategies/verifiers/tree.py",
-        "self.widths(draft, draft.host_top1)",
-        "self.widths(draft)",
+        'self.widths(state.read(top1=conf[0])["top1"])',
+        "self.widths(conf[0].tolist())",
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget[swift]",
         ),
     ),
     Mutation(
         "tree_commit_checks_on_the_device",
-        "the tree verifier leaves out the kept offsets' host copy, so the commit reads them back",
+        "the tree verifier builds its commit with torch.tensor, which the engine does not know on "
+        "the host, so the commit reads the tokens and offsets back",
         "strategies/verifiers/tree.py",
-        "            kv_keep_host=tuple(path),\n",
-        "",
+        "        up = state.tensor([m, *(tokens[i - 1] for i in path[1:]), want[node], *path])",
+        "        up = torch.tensor([m, *(tokens[i - 1] for i in path[1:]), want[node], *path])",
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget[swift]",
         ),
+    ),
+    Mutation(
+        "stop_rule_reads_forgotten",
+        "the draft steps keep no host copy of the confidences the stop rule read, so a strategy "
+        "that needs them reads them again",
+        "framework/engine/draft_steps.py",
+        "            self._state.host_values.remember(draft.confidences[0], self.read_top1)",
+        "            pass",
+        (
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget[del]",
+            "tests/framework/engine/test_host_work.py::test_the_count_leaves_out_what_launches_no_kernel_and_tells_draft_steps_apart",
+        ),
+    ),
+    Mutation(
+        "host_values_see_no_views",
+        "the engine finds the host values of a tensor it read but not of a slice of it (a greedy "
+        "commit's tokens), so the commit reads again",
+        "framework/engine/host_values.py",
+        "        if entry is None or entry.tensor.dtype != t.dtype:",
+        "        if entry is None or entry.tensor.dtype != t.dtype or entry.tensor.shape != t.shape:",
+        (
+            "tests/framework/engine/test_host_values.py",
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
+    Mutation(
+        "host_values_ignore_the_offset",
+        "the engine maps a view's elements from the start of the storage, not from the view's own "
+        "offset (a slice's host values are the storage's first ones)",
+        "framework/engine/host_values.py",
+        "    base = t.storage_offset()\n",
+        "    base = 0\n",
+        ("tests/framework/engine/test_host_values.py",),
+    ),
+    Mutation(
+        "commit_reads_what_it_knows",
+        "the commit reads the committed tokens from the device although a read or an upload "
+        "brought them to the host",
+        "framework/engine/state.py",
+        "            host = known.of(new[0])\n",
+        "            host = None\n",
+        (
+            "tests/framework/engine/test_host_values.py",
+            "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
+        ),
+    ),
+    Mutation(
+        "sampling_commits_a_draft_in_place_of_the_correction",
+        "the sampling rule's committed tokens keep the draft token at position m instead of the "
+        "correction (or bonus) token",
+        "strategies/verifiers/sampling.py",
+        "    committed = torch.cat([tokens, nxt[:, None]], dim=1).scatter(1, m[:, None], nxt[:, None])",
+        "    committed = torch.cat([tokens, nxt[:, None]], dim=1)",
+        ("tests/strategies/verifiers/test_sampling.py",),
+    ),
+    Mutation(
+        "graph_trees_one_candidate_wide",
+        "the engine records trees of one candidate per depth before timing, not as wide as the "
+        "verifier's candidates",
+        "framework/engine/execution/sizes.py",
+        "set(range(2, 2 + max_draft * max(tree_width, 1)))",
+        "set(range(2, 2 + max_draft))",
+        ("tests/framework/engine/execution/test_branches.py",),
+    ),
+    Mutation(
+        "graph_chains_only_as_seen",
+        "the engine records before timing only the chain sizes the warm-up ran, not every draft "
+        "length up to the cap",
+        "framework/engine/execution/sizes.py",
+        "        chain = set(range(1, max_draft + 2)) | self.chain\n",
+        "        chain = set(self.chain)\n",
+        ("tests/framework/engine/execution/test_branches.py",),
     ),
     Mutation(
         "pick_the_least_likely_token",
@@ -687,15 +761,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         "framework/types.py",
         "        tok = logits.argmax(dim=-1)\n        return Picked(tok if head is None else head.tokens(tok))",
         "        tok = logits.argmin(dim=-1)\n        return Picked(tok if head is None else head.tokens(tok))",
-        ("tests/framework/drafting/test_builder.py",),
+        ("tests/framework/engine/test_draft_steps.py",),
     ),
     Mutation(
         "draft_token_chosen_after_the_forward",
-        "the layer-skip drafter asks its forward for no pick: each draft token is chosen by eager "
+        "the engine's draft steps ask the forward for no pick: each draft token is chosen by eager "
         "operations after it",
-        "strategies/drafters/layer_skip.py",
-        'logits_at="last", pick=out.pick)',
-        'logits_at="last", pick=None)',
+        "framework/engine/draft_steps.py",
+        "reusable=reusable, pick=self.pick)",
+        "reusable=reusable, pick=None)",
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
         ),
@@ -738,8 +812,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "greedy_verify_reads_twice",
         "the greedy verifier reads the accepted count and the target's tokens in two host reads",
         "strategies/verifiers/greedy.py",
-        "        got = state.read(accepted=m[:1], target=target[0])",
-        '        got = {"accepted": m[:1].tolist(), "target": target[0].tolist()}',
+        '        k = state.read(accepted=m[:1], target=target[0])["accepted"][0]',
+        "        k = m[:1].tolist()[0] + 0 * len(target[0].tolist())",
         (
             "tests/framework/engine/test_host_work.py::test_host_work_per_round_stays_within_the_presets_budget",
         ),
@@ -792,7 +866,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "read_under_the_wrong_name",
         "a strategy's values reach it under each other's names",
-        "framework/engine/state.py",
+        "framework/engine/reads.py",
         '            self._values[strategy] = {k: out.pop(f"{i}.{k}") for k in vals}',
         '            self._values[strategy] = dict(zip(vals, [out.pop(f"{i}.{k}") for k in reversed(list(vals))]))',
         (
@@ -887,9 +961,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "draft_rows_processed_without_the_drafted_tokens",
         "a draft row is processed with the committed tokens only, not the tokens drafted before it",
-        "framework/engine/state.py",
-        "            out, logits=self.processing.rows(committed, fed, logits, rows=rows), head=None, picked=None",
-        "            out, logits=self.processing.rows(committed, fed[:, :1], logits[:, -1:], rows=[0]), head=None, picked=None",
+        "framework/engine/processing.py",
+        "        return replace(out, logits=self.rows(committed, fed, logits, rows=rows), head=None, picked=None)",
+        "        return replace(out, logits=self.rows(committed, fed[:, :1], logits[:, -1:], rows=[0]), head=None, picked=None)",
         (
             "tests/framework/engine/test_processing.py::test_each_draft_row_is_processed_with_the_tokens_drafted_before_it",
         ),
@@ -936,8 +1010,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "del_exit_row_from_layer_one",
         "DEL's chain statistics index the exit layer's row as if the candidates started at layer 1",
         "strategies/selectors/del_tpl.py",
-        "            exit_row = self._rows_of((layers.index(e),), h.device)",
-        "            exit_row = self._rows_of((e - 1,), h.device)",
+        "            rows, exit_row = state.constant(list(layers)), state.constant([layers.index(e)])",
+        "            rows, exit_row = state.constant(list(layers)), state.constant([e - 1])",
         (
             "tests/strategies/selectors/test_del_tpl.py::test_a_rounds_statistics_in_one_read_or_two_with_the_same_result",
             "tests/strategies/selectors/test_del_tpl.py::test_the_chain_and_window_ways_decide_alike_over_a_generation_with_strided_exits",
@@ -1031,9 +1105,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
+        "reuse_keeps_the_exit_block",
+        "a verification that keeps an early-exit draft keeps the draft's KV of block E too, which "
+        "the draft never ran",
+        "framework/engine/execution/reuse.py",
+        "        state.cache.keep_draft(n, range(e))",
+        "        state.cache.keep_draft(n, range(e + 1))",
+        ("tests/framework/engine/test_kv_cache.py::test_reuse_verification_equals_full_verification",),
+    ),
+    Mutation(
+        "reuse_without_the_check",
+        "a verification without a rule keeps an early-exit draft whose inputs it never compared "
+        "with its block",
+        "framework/engine/execution/reuse.py",
+        "        if torch.equal(input_ids[:, :n], fed):  # one read: a caller that checks itself",
+        "        if True:  # one read: a caller that checks itself",
+        ("tests/framework/engine/test_kv_cache.py::test_reuse_falls_back_to_recompute",),
+    ),
+    Mutation(
         "read_values_shifted",
         "the round's one read splits its values one place late (each name gets its neighbour's first number)",
-        "framework/engine/state.py",
+        "framework/engine/reads.py",
         "        part = host[at : at + n]\n",
         "        part = host[at + 1 : at + n + 1]\n",
         (
@@ -1043,7 +1135,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "reads_outlive_their_round",
         "a strategy that asks for nothing this round still finds the values of an earlier round",
-        "framework/engine/state.py",
+        "framework/engine/reads.py",
         "            self._values[strategy] = {}\n",
         "",
         (
@@ -1054,8 +1146,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "reads_on_a_tree",
         "the strategies' reads run on a token tree's hidden states, whose path is known only after the read",
         "framework/engine/state.py",
-        "        self._verified_chain, self._served = (out.hidden_states if chain else None), False",
-        "        self._verified_chain, self._served = out.hidden_states, False",
+        "        self._reads.verified(out.hidden_states if chain else None)",
+        "        self._reads.verified(out.hidden_states)",
         (
             "tests/framework/engine/test_host_reads.py::test_a_tree_or_a_verifier_reading_by_itself_gets_its_readers_served_at_the_commit",
         ),

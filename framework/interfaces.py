@@ -40,7 +40,6 @@ from framework.types import (
     CostPrices,
     Draft,
     DraftWeights,
-    ForwardSizes,
     LayerPlan,
     LengthHint,
     ModelInfo,
@@ -134,11 +133,6 @@ class LayerSelector(Strategy):
     def plan(self, state: RoundView) -> LayerPlan:
         """The LayerPlan for the next draft round."""
 
-    def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
-        """The token counts of the forwards this selector runs itself (scratch passes, block
-        evaluations): default none. ``--cuda-graphs`` records their graphs before timing."""
-        return ForwardSizes()
-
     def length_hint(self, state: RoundView) -> LengthHint | None:
         """A suggestion for this round's draft length and stopping threshold, asked right after
         `plan` and passed to ``LengthController.max_length``; ``None`` (the default): none."""
@@ -207,17 +201,13 @@ class Drafter(Strategy):
         strategies' preparation (``PrepareView.draft_weights``), as `draft_head`."""
         return None
 
-    def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        """The token counts of the draft forwards of a round of at most ``max_draft`` tokens:
-        default one token per step. A drafter that runs no forward (copying) returns none."""
-        return ForwardSizes.of(chain=(1,))
-
     @abstractmethod
     def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         """Draft at most ``max_tokens`` (>= 1) tokens after ``state.pending``.
 
-        Implementations run forwards through ``state.forward_draft`` (which owns the KV-cache
-        bookkeeping) and call ``length.should_continue`` after each token.
+        Implementations ask the engine for each token (``state.draft_step``, which owns the
+        forward, the KV-cache bookkeeping and the extras the other strategies asked for), call
+        ``length.should_continue`` after each token, and return ``state.drafted(plan)``.
         """
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:  # noqa: B027
@@ -257,11 +247,6 @@ class Verifier(Strategy):
         0 (the default) keeps none; tree verification asks for its widest band.
         """
         return 0
-
-    def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        """The token counts of the verifications of drafts of at most ``max_draft`` tokens:
-        default a chain, ``pending`` and 0..``max_draft`` drafts."""
-        return ForwardSizes.of(chain=range(1, max_draft + 2))
 
     @abstractmethod
     def verify(self, state: RoundView, draft: Draft) -> Verification:

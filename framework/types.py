@@ -179,9 +179,6 @@ class Draft:
         top_tokens: LongTensor (B, K, k), each step's k most probable draft tokens (only when
             the verifier's ``draft_top_k()`` is k > 0; tree verification).
         top_probs: FloatTensor (B, K, k), their draft probabilities.
-        host_top1: batch row 0's top-1 draft probabilities as Python floats, when a stop rule read
-            them step by step anyway (`DraftBuilder.add`); ``None`` otherwise. A strategy that needs
-            them on the host reads them here instead of from the device again.
         source: what produced the draft, named by the drafter for its own bookkeeping and the
             logs: ``"lookup"`` (copied from the context; no forward ran), ``"layer_skip"`` or
             ``"declined"`` (`hybrid`); ``""``: not named.
@@ -194,7 +191,6 @@ class Draft:
     top_tokens: torch.Tensor | None = None
     top_probs: torch.Tensor | None = None
     source: str = ""
-    host_top1: tuple[float, ...] | None = None
 
     @property
     def length(self) -> int:
@@ -217,16 +213,14 @@ class Verification:
         kv_keep: LongTensor (m+1,) or ``None``; set by a verifier whose block is not a chain (tree
             verification): offsets, within the verified block, of the positions whose KV is
             kept. ``None`` keeps the first m+1. Strategies read `kept_offsets` instead.
-        kv_keep_host: ``kv_keep`` as Python ints, or ``None``; a verifier that built the offsets on
-            the host sets it, so that the commit checks them without a device read.
         target_tokens: LongTensor (B, T), the target's choice after every verified position.
         hidden_states: FloatTensor (L+1, B, T, d) of pre-norm residuals from the verify pass, only
             when the selector set ``needs_hidden_states`` (the verifier passes them on; otherwise
             ``DecodeState.commit`` fills them in); index 0 is the embedding.
-        host_tokens: batch row 0 of ``new_tokens`` as Python ints, or ``None``. A verifier that
-            read them from the device anyway sets it; otherwise `committed_host` reads them once.
-            Every observer's `accepted` and the decode loop's stop check use it, so a round costs
-            no further device-to-host synchronisation.
+
+    The engine knows what it read or uploaded: a verifier that read its tokens (``state.read``) or
+    built them on the host (``state.tensor``) hands the device tensors on, and the commit reads
+    nothing more.
     """
 
     num_accepted: torch.Tensor
@@ -234,22 +228,13 @@ class Verification:
     kv_keep: torch.Tensor | None = None
     target_tokens: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
-    host_tokens: tuple[int, ...] | None = None
-    kv_keep_host: tuple[int, ...] | None = None
 
     @property
     def accepted(self) -> int:
-        """m for batch size 1 (``len(committed_host()) - 1``: no device read after the first)."""
+        """m for batch size 1: ``new_tokens``' length less one (its shape: no device read)."""
         if self.num_accepted.numel() != 1:
             raise ValueError("Verification.accepted is defined for batch size 1; use num_accepted")
-        return len(self.committed_host()) - 1
-
-    def committed_host(self) -> tuple[int, ...]:
-        """Batch row 0 of ``new_tokens`` as Python ints: `host_tokens`, read from the device on
-        first use when the verifier did not set it."""
-        if self.host_tokens is None:
-            self.host_tokens = tuple(int(x) for x in self.new_tokens[0].tolist())
-        return self.host_tokens
+        return int(self.new_tokens.shape[1]) - 1
 
     @property
     def kept_offsets(self) -> torch.Tensor:
@@ -280,8 +265,7 @@ class Verification:
             return None
         if self.kv_keep is None:
             return hs[:, :, self.accepted]
-        last = self.kv_keep_host[-1] if self.kv_keep_host is not None else int(self.kv_keep[-1])
-        return hs[:, :, last]
+        return hs.index_select(2, self.kv_keep[-1:].to(hs.device))[:, :, 0]  # no device read
 
 
 @dataclass
@@ -413,51 +397,6 @@ class AcceptanceRule(Protocol):
 
 
 @dataclass(frozen=True)
-class ForwardSizes:
-    """The token counts T of the forwards a method runs after the prefill, as its strategies
-    declare them (``forward_sizes``): what ``--cuda-graphs`` records before timing, so that no
-    timed generation records a graph.
-
-    Attributes:
-        chain: causal forwards (draft steps, plain steps, chain verifications).
-        tree: token-tree verifications.
-        scratch: forwards whose attention hides part of the prefix (teacher-forced scratch passes,
-            CLaSp's block evaluations): only their MLP branches take the graphs.
-        checked: chain verifications with the verifier's acceptance ``rule`` inside the forward
-            (``forward_verify(..., rule=rule)``: a graph of its own); the ``tree`` verifications
-            hold it too when there is one.
-        rule: that rule (an `AcceptanceRule` without inputs: one the engine can record before
-            timing), or ``None``.
-    """
-
-    chain: frozenset[int] = frozenset()
-    tree: frozenset[int] = frozenset()
-    scratch: frozenset[int] = frozenset()
-    checked: frozenset[int] = frozenset()
-    rule: AcceptanceRule | None = None
-
-    @classmethod
-    def of(
-        cls,
-        chain: Iterable[int] = (),
-        tree: Iterable[int] = (),
-        scratch: Iterable[int] = (),
-        checked: Iterable[int] = (),
-        rule: AcceptanceRule | None = None,
-    ) -> ForwardSizes:
-        return cls(frozenset(chain), frozenset(tree), frozenset(scratch), frozenset(checked), rule)
-
-    def __or__(self, other: ForwardSizes) -> ForwardSizes:
-        return ForwardSizes(
-            self.chain | other.chain,
-            self.tree | other.tree,
-            self.scratch | other.scratch,
-            self.checked | other.checked,
-            self.rule if self.rule is not None else other.rule,
-        )
-
-
-@dataclass(frozen=True)
 class TokenPick:
     """What a draft step's forward chooses from its last row's logits (issue 38, item 3).
 
@@ -516,7 +455,7 @@ def pick_tokens(logits: torch.Tensor, pick: TokenPick, head: ReducedHead | None 
     with its probability (and the distribution, and its top k). With ``head``, the logits (B, K)
     are a reduced draft head's: the tokens come back as vocabulary ids and the distribution over
     the vocabulary (0 outside the head). The one rule of the forward that picks inside it
-    (`ForwardSpec.pick`) and of `framework.drafting.builder.DraftBuilder`."""
+    (`ForwardSpec.pick`) and of `framework.engine.draft_steps.DraftSteps`."""
     if not pick.softmax:
         tok = logits.argmax(dim=-1)
         return Picked(tok if head is None else head.tokens(tok))
@@ -544,6 +483,16 @@ class DraftWeights(Protocol):
     @property
     def nbytes(self) -> int:
         """Bytes of the weights (and scales) a draft reads."""
+
+
+def weights_key(weights: DraftWeights | None) -> str:
+    """Names a draft's weights in cache keys and records: the format (``"float32"`` for ``None``),
+    and the format a compressed fused copy scores the reduced draft head in
+    (`framework.kernels.fused.FusedBlocks.head`), e.g. ``"int4, head int8"``."""
+    if weights is None:
+        return "float32"
+    head = getattr(weights, "head", None)
+    return weights.weights if head is None else f"{weights.weights}, head {head}"
 
 
 class ReducedHead(Protocol):

@@ -27,11 +27,11 @@ import torch
 from framework.types import (
     AcceptanceRule,
     DecodeStats,
+    Draft,
     ForwardOutput,
     LayerPlan,
     ModelInfo,
     ReducedHead,
-    TokenPick,
 )
 
 
@@ -50,13 +50,6 @@ class RoundView(Protocol):
         num_tokens: N, the prompt and every committed new token (`pending` included).
         num_new: N - P.
         pending_position: the position of `pending`: the first KV slot not committed.
-        need_confidence: drafters compute each step's top-1 probability (some length controller
-            asked for it).
-        need_draft_probs: drafters keep their full distributions (the verifier asked).
-        draft_top_k: top candidates per draft step the drafter keeps (0: none).
-        draft_sampler: how drafters pick a token (``None``: argmax; else the verifier's device
-            rule ``(ops, logits (B, V)) -> (tokens (B,), q (B, V))``, run through `compute`).
-        capture_hidden: verifications return every layer's hidden states (the selector asked).
         compressed_drafts: draft passes run a compressed copy of the weights (no early-exit KV
             reuse then).
         draft_head: the generation's reduced draft head (``None``: the full LM head).
@@ -76,11 +69,6 @@ class RoundView(Protocol):
     num_tokens: int
     num_new: int
     pending_position: int
-    need_confidence: bool
-    need_draft_probs: bool
-    draft_top_k: int
-    draft_sampler: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None
-    capture_hidden: bool
     compressed_drafts: bool
     draft_head: ReducedHead | None
     last_hidden_states: torch.Tensor | None
@@ -100,12 +88,33 @@ class RoundView(Protocol):
     def pending(self) -> torch.Tensor:
         """LongTensor (B, 1): the last committed token, whose KV is not cached yet."""
 
-    def host_tokens(self) -> Sequence[int]:
+    def token_ids(self) -> Sequence[int]:
         """Batch row 0's committed tokens as Python ints (no device read for what commits already
         brought to the host). Read-only."""
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
         """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
+
+    def draft_step(
+        self, input_ids: torch.Tensor, plan: LayerPlan | None, *, reusable: bool = False
+    ) -> tuple[torch.Tensor, float | None]:
+        """Feed the next draft input(s) (B, T) through the draft ``plan`` and let the engine
+        choose the next token from the last row, as the verifier wants it (sampled, or the
+        argmax), keeping what the other strategies asked for. ``reusable``: ``plan`` is a pure
+        prefix whose blocks the verification may keep (early exit). Returns ``(token (B,),
+        confidence)``: row 0's top-1 draft probability, ``None`` unless a length controller asked
+        for it."""
+
+    def drop_draft_step(self, confidence: float | None = None) -> None:
+        """Forget the last draft token (a drafter that stops before keeping it, as DEL does);
+        ``confidence``: what `draft_step` returned for it."""
+
+    def drafted(self, plan: LayerPlan) -> Draft:
+        """The round's `Draft` of the tokens `draft_step` chose (possibly none), with ``plan``."""
+
+    def copied_draft(self, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
+        """A draft of ``tokens`` copied from the context (no forward), each with ``confidence``,
+        with the extras the other strategies asked for (a one-hot draft distribution)."""
 
     def forward_draft(
         self,
@@ -114,11 +123,10 @@ class RoundView(Protocol):
         *,
         logits_at: str | torch.Tensor | None = "last",
         reusable: bool = False,
-        pick: TokenPick | None = None,
     ) -> ForwardOutput:
-        """Feed the next draft token(s) (B, T) through the draft ``plan`` (see
-        `framework.engine.state.DecodeState.forward_draft`); ``pick``: choose the next token inside
-        the forward (``ForwardOutput.picked``; `framework.drafting.builder.DraftBuilder.pick`)."""
+        """Feed draft token(s) (B, T) through the draft ``plan`` and return its logits, for a
+        drafter that chooses tokens its own way (`draft_step` chooses them for you; see
+        `framework.engine.state.DecodeState.forward_draft`)."""
 
     def forward_verify(
         self,
@@ -182,7 +190,18 @@ class RoundView(Protocol):
     def read(self, **values: torch.Tensor) -> dict[str, list[Any]]:
         """The round's one device-to-host read, for verifiers: each value by name, flattened into
         Python numbers (ints for an integer tensor). What the strategies' ``reads`` asked for
-        travels in the same transfer."""
+        travels in the same transfer; what the engine already knows on the host (a stop rule's
+        confidences, what was read or uploaded this round, views of them) is not read again."""
+
+    def tensor(self, values: Sequence[Any], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """Host ``values`` (numbers, or equal-length lists of them) on the device, without waiting
+        for it; the engine knows them on the host (a verifier's committed tokens built on the host
+        cost the commit no read)."""
+
+    def constant(self, values: Any, dtype: torch.dtype = torch.long, *, key: Any = None) -> torch.Tensor:
+        """``values`` on the device once per model, shared (index tables, tree shapes, masks);
+        ``key`` names them instead of their values, and ``values`` may then be a function called
+        the first time only. Do not modify the tensor."""
 
     def values_for(self, strategy: Any) -> Mapping[str, list[Any]]:
         """What ``strategy.reads`` asked for, read by name: the prompt's until the first round

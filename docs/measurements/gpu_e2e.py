@@ -178,7 +178,6 @@ class ReplayVerifier(GreedyVerifier):
             new_tokens=new,
             target_tokens=target,
             hidden_states=out.hidden_states,
-            host_tokens=tuple(new[0].tolist()),
         )
 
 
@@ -194,12 +193,13 @@ def replay(adapter, trace: Trace, args, prompts: list[torch.Tensor]) -> dict:
     )
     turns = range(min(len(trace.turns), args.trace_turns or len(trace.turns)))
     budgets = [trace.start(t) for t in turns]
-    sizes = vanilla.forward_sizes() | spec.forward_sizes()
     capacity = prompts[0].shape[1] + max(budgets) + spec.max_draft + 8
-    adapter.executor.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
-    trace.start(0)  # warm-up
+    adapter.executor.prepare_graphs(capacity)  # the pool first
+    trace.start(0)  # warm-up: the engine sees the forwards the method runs
     vanilla.generate(prompts[0], StopCondition(budgets[0]))
     spec.generate(prompts[0], StopCondition(budgets[0]))
+    sizes = spec.graph_sizes(adapter.executor.seen)
+    adapter.executor.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
     walls: dict[str, list[float]] = {"vanilla": [], "spec": []}
     rounds = []
     captures = 0

@@ -8,7 +8,6 @@ import itertools
 import random
 import statistics
 import time
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,7 @@ def c_cl_bruteforce(ctx: Ctx) -> dict[str, Any]:
     pts = dp_positions(ctx, 2 if ctx.smoke else 3, 2 if ctx.smoke else (4 if ctx.mode == "quick" else 7))
     rows = []
     for i, state, x, pos in pts:
-        res = clasp_dp(x, partial(state.compute_at, pos), m, protected=protected)
+        res = clasp_dp(x, state, pos, m, protected=protected)
         every = [dp_cosine(state, x, pos, s) for s in itertools.combinations(window, m)]
         rows.append(
             {
@@ -90,8 +89,8 @@ def c_cl_dp_vs_random(ctx: Ctx) -> dict[str, Any]:
         if i not in first_set:  # the set of LOI = infinity: the DP on the prompt's last token
             p = state.prompt_len - 1
             hs_prompt = _prompt_hidden(ctx, i)
-            first_set[i] = clasp_dp(hs_prompt, partial(state.compute_at, p), m).skip
-        res = clasp_dp(x, partial(state.compute_at, pos), m)
+            first_set[i] = clasp_dp(hs_prompt, state, p, m).skip
+        res = clasp_dp(x, state, pos, m)
         cos_dp.append(res.cosine)
         cos_prompt.append(dp_cosine(state, x, pos, first_set[i]))
         cos_rand.append(statistics.mean(dp_cosine(state, x, pos, rng.sample(range(L), m)) for _ in range(4)))
@@ -157,20 +156,19 @@ def _parallel_runs(ctx: Ctx) -> dict[str, Any]:
         return ctx.memo["cl_parallel"]
     m = max(1, ctx.L // 2)
     (i, state, x, pos) = dp_positions(ctx, 1, 1)[0]
-    run = partial(state.compute_at, pos)
     full = LayerPlan.full(ctx.L)
     start = max(0, state.num_tokens - 1 - 4)
     tp, tv, ts = [], [], []
     for _ in range(7):
         t0 = time.perf_counter()
-        par = clasp_dp(x, run, m)
+        par = clasp_dp(x, state, pos, m)
         tp.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         state.forward_scratch(start, full, end=start + 4, logits_at="all")
         tv.append(time.perf_counter() - t0)
     for _ in range(3):
         t0 = time.perf_counter()
-        seq = clasp_dp(x, run, m, sequence_parallel=False)
+        seq = clasp_dp(x, state, pos, m, sequence_parallel=False)
         ts.append(time.perf_counter() - t0)
     out = {
         "M": m,
@@ -262,7 +260,7 @@ def c_cl_persistence(ctx: Ctx) -> dict[str, Any]:
         if hs is None:
             continue
         sets = [
-            set(clasp_dp(hs[:, j], partial(state.compute_at, state.prompt_len + j), m).skip)
+            set(clasp_dp(hs[:, j], state, state.prompt_len + j, m).skip)
             for j in range(hs.shape[1])
         ]
         jac = {

@@ -6,9 +6,8 @@ A drafter offers the option by deriving its config from `DraftVocabConfig` (the 
 which builds the head in ``prepare`` (`framework.engine.draft_head.draft_head_for`: once per
 experiment, the token ranking once per model), returns it from ``draft_head()`` so that the decoder
 hands it to the decode state and to the other strategies, and reports how many committed tokens the
-head could have proposed (``summary()["vocab_coverage"]``). The drafter itself only passes the
-``head`` (and what the forward picked: ``pick=builder.pick``) of each forward to
-`framework.drafting.builder.DraftBuilder.add`::
+head could have proposed (``summary()["vocab_coverage"]``). The drafter itself changes nothing:
+the engine scores every draft step (``state.draft_step``) with the generation's head::
 
     @dataclass(frozen=True)
     class MyDrafterConfig(DraftVocabConfig):
@@ -16,8 +15,8 @@ head could have proposed (``summary()["vocab_coverage"]``). The drafter itself o
 
     class MyDrafter(DraftVocab, Drafter):
         def draft(self, state: RoundView, plan, length, max_tokens):
-            out = state.forward_draft(x, plan, logits_at="last", pick=builder.pick)
-            tok, conf = builder.add(out.logits[:, -1], out.head, out.picked)
+            tok, conf = state.draft_step(state.pending, plan)
+            ...
 
 The same mixin offers ``draft_weights`` ("bfloat16", "int8", "int4", "fp8" or "auto"): draft passes run a
 compressed copy of the model's weights (`framework.engine.adapter.ModelAdapter.draft_branches`: the

@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 from framework.engine.adapter import ModelAdapter
+from framework.engine.execution.sizes import ForwardSizes
 from framework.engine.processing import GenerationControls, LogitsProcessing, stop_cut
 from framework.engine.state import DecodeState
 from framework.engine.synthetic import SyntheticAcceptance
 from framework.interfaces import Drafter, LayerSelector, LengthController, PrepareView, Verifier
-from framework.types import Draft, ForwardSizes, LayerPlan, RoundRecord, Verification
+from framework.types import Draft, LayerPlan, RoundRecord, Verification
 from framework.utils import PhaseTimer, synced_clock
 from framework.view import RoundView
 
@@ -322,10 +323,6 @@ class VanillaDecoder:
 
     name = "vanilla"
 
-    def forward_sizes(self) -> ForwardSizes:
-        """One token per step after the prefill."""
-        return ForwardSizes.of(chain=(1,))
-
     def __init__(self, adapter: ModelAdapter, verifier: Verifier | None = None) -> None:
         self.adapter = adapter
         if verifier is not None:
@@ -423,15 +420,13 @@ class SpeculativeDecoder:
             return True
         return self.phase_timing if self.phase_timing is not None else self.adapter.arch.device.type == "cpu"
 
-    def forward_sizes(self) -> ForwardSizes:
-        """The token counts of every forward this decoder runs after the prefill, as its strategies
-        declare them: draft steps, verifications of up to the length controller's cap (at most
-        ``max_draft``), token trees, the selector's own passes, and ``pending`` alone (a declined
-        round)."""
+    def graph_sizes(self, seen: ForwardSizes) -> ForwardSizes:
+        """The token counts of the forwards this decoder can run after the prefill, from what it
+        ran (``seen``, the executor's record of a warm-up decode): chains of up to the length
+        controller's cap (at most ``max_draft``) plus ``pending``, trees as wide as the verifier's
+        candidates, and the selector's own passes (`ForwardSizes.filled`)."""
         k = min(self.max_draft, self.length.max_draft_length() or self.max_draft)
-        info = self.adapter.arch.info()
-        sizes = ForwardSizes.of(chain=(1,)) | self.drafter.forward_sizes(k) | self.verifier.forward_sizes(k)
-        return sizes | self.selector.forward_sizes(info)
+        return seen.filled(k, self.verifier.draft_top_k())
 
     def strategies(self) -> dict[str, Any]:
         return {
@@ -466,7 +461,7 @@ class SpeculativeDecoder:
             draft, result = self._round(state, stop.max_new_tokens - len(new) - 1, timer)
             state.stats.rounds.append(_record(draft, result, codes))
             start = len(new)
-            new.extend(result.committed_host())  # the tokens committed, read once per round
+            new.extend(state.last_committed)  # the tokens committed, on the host since the commit
             cut = stop.find_cut(new, start)
         strategies = self.strategies()
 

@@ -24,12 +24,13 @@ picks right after the forwards, and its host work per round grows with the rows 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from framework.engine.grammar import GrammarProcessor
+from framework.types import ForwardOutput
 
 #: The settings `GenerationControls` builds transformers processors for, and their neutral values.
 NEUTRAL = {
@@ -150,6 +151,49 @@ class LogitsProcessing:
             if isinstance(processors, (list, tuple))
             else None
         )
+
+    def draft(
+        self,
+        committed: torch.Tensor,
+        input_ids: torch.Tensor,
+        out: ForwardOutput,
+        logits_at: str | torch.Tensor | None,
+        first: bool,
+    ) -> ForwardOutput:
+        """A draft forward's rows processed, each with its own prefix (the ``committed`` tokens,
+        then this round's draft inputs after the pending token; ``first``: the round's first
+        step), over the whole vocabulary (a reduced head's scores expanded, ``-inf`` outside it);
+        the caller then chooses the token (nothing is picked inside such a forward)."""
+        if first:
+            self._fed: list[torch.Tensor] = []
+        self._fed.append(input_ids)
+        if out.logits is None:
+            return out
+        fed = torch.cat(self._fed, dim=1)  # [pending, drafted inputs ...]
+        t, n = input_ids.shape[1], fed.shape[1]
+        rows = list(range(n - t, n)) if not isinstance(logits_at, str) or logits_at == "all" else [n - 1]
+        if isinstance(logits_at, torch.Tensor):
+            rows = [n - t + int(r) for r in logits_at.tolist()]
+        logits = out.logits if out.head is None else out.head.expand(out.logits)
+        return replace(out, logits=self.rows(committed, fed, logits, rows=rows), head=None, picked=None)
+
+    def verification(
+        self,
+        committed: torch.Tensor,
+        input_ids: torch.Tensor,
+        logits: torch.Tensor,
+        logits_at: str | torch.Tensor | None,
+        tree_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """A verify forward's ``logits`` processed, each row with its own prefix (the
+        ``committed`` tokens, then the block's tokens before the row: a tree row's ancestors)."""
+        t = input_ids.shape[1]
+        rows: list[int] = list(range(t))
+        if isinstance(logits_at, torch.Tensor):
+            rows = [int(r) for r in logits_at.tolist()]
+        elif logits_at == "last":
+            rows = [t - 1]
+        return self.rows(committed, input_ids, logits, tree_mask=tree_mask, rows=rows)
 
     def next(self, prefix: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The scores (B, V) of the token after ``prefix`` (B, N), processed, in float32."""

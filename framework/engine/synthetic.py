@@ -76,18 +76,16 @@ class SyntheticAcceptance:
                 "synthetic acceptance needs the verifier's target tokens (Verification.target_tokens)"
             )
         m = self.accepted(k)
-        real = result.committed_host()  # the verifier's committed tokens, on the host already
-        if m == len(real) - 1:
+        real = result.accepted  # the verifier's own m (the committed tokens' count, less one)
+        if m == real:
             return result
-        if m < len(real) - 1:  # a prefix of the real commit: draft tokens, then the next one
-            new, host = result.new_tokens[:, : m + 1], tuple(real[: m + 1])
-        else:  # draft tokens the target refused, then the target's token after them (one read)
+        if m < real:  # a prefix of the real commit: draft tokens, then the next one (a view)
+            new = result.new_tokens[:, : m + 1]
+        else:  # draft tokens the target refused, then the target's token after them (read at the commit)
             new = torch.cat([draft.tokens[:, :m], result.target_tokens[:, m : m + 1]], dim=1)
-            host = tuple(int(t) for t in new[0].tolist())
         return Verification(
             num_accepted=torch.full_like(result.num_accepted, m),
             new_tokens=new,
             target_tokens=result.target_tokens,
             hidden_states=result.hidden_states,
-            host_tokens=host,
         )

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from framework.types import DraftWeights  # the API's (a draft's weights, as strategies see them)
+from framework.types import DraftWeights, weights_key  # noqa: F401  (the API's: a draft's weights as strategies see them)
 
 __all__ = ["DraftWeights", "weights_key"]
 
@@ -109,13 +109,3 @@ class BranchModel(Protocol):
 
     def new_cache(self, capacity: int, batch: int = 1) -> CacheSlots:
         """A fresh KV cache of ``capacity`` slots."""
-
-
-def weights_key(weights: DraftWeights | None) -> str:
-    """Names a draft's weights in cache keys and records: the format (``"float32"`` for ``None``),
-    and the format a compressed fused copy scores the reduced draft head in
-    (`framework.kernels.fused.FusedBlocks.head`), e.g. ``"int4, head int8"``."""
-    if weights is None:
-        return "float32"
-    head = getattr(weights, "head", None)
-    return weights.weights if head is None else f"{weights.weights}, head {head}"

@@ -284,14 +284,17 @@ class Session:
 
     def prepare_graphs(self, prompts: list[Prompt], max_new_tokens: int | None = None) -> tuple[int, float]:
         """With ``--cuda-graphs``, before anything is timed: size the graphs' KV pool for the
-        longest of ``prompts`` (every turn, each answer ``max_new_tokens`` long) and record every
-        graph the decoders can use (`Executor.prepare_graphs` with the decoders'
-        ``forward_sizes``), so that timed generations record none (their ``graph_captures``).
+        longest of ``prompts`` (every turn, each answer ``max_new_tokens`` long), decode the first
+        prompt briefly with each decoder (untimed, a warm-up: the runner starts the timed
+        prompts from fresh strategies) so that the engine sees which forwards the method runs, and record every graph they can use (`Executor.prepare_graphs` with
+        `SpeculativeDecoder.graph_sizes`), so that timed generations record none (their
+        ``graph_captures``). No strategy declares its sizes.
 
         Returns:
             ``(graphs recorded, seconds)``; ``(0, 0.0)`` without graphs.
         """
-        if self.adapter.executor.graphs is None:
+        executor = self.adapter.executor
+        if executor.graphs is None:
             return 0, 0.0
         budget = max_new_tokens or self.cfg.generation.max_new_tokens
         longest = 0
@@ -300,10 +303,19 @@ class Session:
             for turn in p.turns:
                 messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": ""}]
             longest = max(longest, len(self.encode_messages(messages[:-1])) + len(p.turns) * (budget + 8))
-        sizes = self.vanilla.forward_sizes() | self.spec.forward_sizes()
         capacity = longest + self.spec.max_draft + 8
+        n, seconds = executor.prepare_graphs(capacity)  # the pool first: what the decode records stays
+        if prompts:
+            n0, s0 = executor.graph_counts()
+            decoders = [self.vanilla] if self.cfg.method.baseline_only else [self.vanilla, self.spec]
+            first = Prompt(prompts[0].question_id, "", "", prompts[0].turns[:1])
+            for decoder in decoders:  # a warm-up: the runner rebuilds the strategies before timing
+                self.decode_prompt(decoder, first, 16)
+            n1, s1 = executor.graph_counts()
+            n, seconds = n + n1 - n0, seconds + s1 - s0
+        sizes = self.spec.graph_sizes(executor.seen)
         hidden = not self.cfg.method.baseline_only and self.spec.selector.needs_hidden_states
-        n, seconds = self.adapter.executor.prepare_graphs(
+        more = executor.prepare_graphs(
             capacity,
             chain=sizes.chain,
             tree=sizes.tree,
@@ -312,11 +324,10 @@ class Session:
             checked=sizes.checked,
             rule=sizes.rule,
         )
+        n, seconds = n + more[0], seconds + more[1]
         weights = self.spec.drafter.draft_weights() if not self.cfg.method.baseline_only else None
         if weights is not None and weights.weights != "float32":  # a draft's own graphs (low-bit)
-            more = self.adapter.executor.prepare_graphs(
-                capacity, chain=sizes.chain, mlp=sizes.scratch, weights=weights
-            )
+            more = executor.prepare_graphs(capacity, chain=sizes.chain, mlp=sizes.scratch, weights=weights)
             n, seconds = n + more[0], seconds + more[1]
         return n, seconds
 

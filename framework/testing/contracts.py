@@ -438,14 +438,6 @@ class VerifierContract(_Contract):
             assert last in allowed, "accepted tokens must be the draft's (or its top-k alternatives)"
         assert 0 <= int(result.new_tokens.min()) and int(result.new_tokens.max()) < state.info.vocab_size
         assert result.kept_offsets.shape == (m + 1,)
-        if result.host_tokens is not None:
-            assert list(result.host_tokens) == result.new_tokens[0].tolist(), (
-                "Verification.host_tokens must be row 0 of new_tokens"
-            )
-        if result.kv_keep_host is not None:
-            assert list(result.kv_keep_host) == result.kept_offsets.tolist(), (
-                "Verification.kv_keep_host must be kv_keep as ints"
-            )
         return m
 
     def test_verify_bounds_and_commit(self):

@@ -37,9 +37,9 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from framework.drafting.builder import DraftBuilder
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition
+from framework.engine.draft_steps import DraftSteps
 from framework.engine.execution.executor import Executor
 from framework.engine.execution.work import EAGER_RUNS, DeviceWork
 from framework.testing.stubs import default_strategy_instance, prepare_context, random_prompt
@@ -110,7 +110,7 @@ class HostWork:
         rounds: speculative rounds run (``SpeculativeDecoder._round`` calls).
         round_ops: operations dispatched inside those rounds.
         round_reads: host reads made inside those rounds.
-        draft_steps: tokens drafted step by step (`DraftBuilder.add` calls).
+        draft_steps: tokens drafted step by step (`DraftSteps.add` calls).
         step_ops: operations inside those steps (choosing each draft token: argmax, or softmax and
             top-1 and top-k, or the sampler's warping), part of ``round_ops``.
         step_reads: host reads inside them (a stop rule's read of each step's confidence), part
@@ -146,7 +146,7 @@ class HostWork:
         return self.round_ops / n, self.round_reads / n
 
     def per_round_outside_steps(self) -> tuple[float, float]:
-        """``(operations, host reads)`` per round outside the draft steps (`DraftBuilder.add`):
+        """``(operations, host reads)`` per round outside the draft steps (`DraftSteps.add`):
         the round's own work, whatever its draft length."""
         n = max(1, self.rounds)
         return (self.round_ops - self.step_ops) / n, (self.round_reads - self.step_reads) / n
@@ -194,7 +194,7 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
     work = HostWork()
     inside = [0]
     saved = {(cls, name): getattr(cls, name) for cls, name in FORWARDS}
-    round_fn, add_fn, fill_fn = SpeculativeDecoder._round, DraftBuilder.add, RandomStream.fill
+    round_fn, add_fn, fill_fn = SpeculativeDecoder._round, DraftSteps.add, RandomStream.fill
 
     def tallied(original, count, ops_field: str, reads_field: str):
         """``original`` with the work done inside each call added to two of ``work``'s fields."""
@@ -237,7 +237,7 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
         for (cls, name), original in saved.items():
             setattr(cls, name, excluded(original))
         SpeculativeDecoder._round = tallied(round_fn, "rounds", "round_ops", "round_reads")  # type: ignore[method-assign]
-        DraftBuilder.add = tallied(add_fn, "draft_steps", "step_ops", "step_reads")  # type: ignore[method-assign]
+        DraftSteps.add = tallied(add_fn, "draft_steps", "step_ops", "step_reads")  # type: ignore[method-assign]
         RandomStream.fill = included(fill_fn)  # type: ignore[method-assign]
         with count_host_reads(device_type, skip=lambda: inside[0] > 0) as reads, _Counting(work, inside):
             work.host_reads = reads  # reads made inside the forwards are the executor's: not counted
@@ -246,7 +246,7 @@ def count_host_work(device_type: str | None = None) -> Iterator[HostWork]:
         for (cls, name), original in saved.items():
             setattr(cls, name, original)
         SpeculativeDecoder._round = round_fn  # type: ignore[method-assign]
-        DraftBuilder.add = add_fn  # type: ignore[method-assign]
+        DraftSteps.add = add_fn  # type: ignore[method-assign]
         RandomStream.fill = fill_fn  # type: ignore[method-assign]
 
 

@@ -18,7 +18,6 @@ from framework import (
     register_drafter,
 )
 from framework.config_fields import ConfigError, check_choice, check_range, param
-from framework.drafting.builder import DraftBuilder
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
 
@@ -175,25 +174,22 @@ class EarlyExitDrafter(DraftVocab, Drafter):
         e = self.exit_layer(plan)
         prefix = state.prefix_plan(e)
         reuse = self.config.reuse_kv and not state.compressed_drafts  # int8 blocks are not the target's
-        out = DraftBuilder(state)
         self._counts["rounds"] += 1
         x = state.pending
         for step in range(max_tokens):
-            fwd = state.forward_draft(x, prefix, logits_at="last", reusable=reuse, pick=out.pick)
+            tok, conf = state.draft_step(x, prefix, reusable=reuse)  # the engine chooses the token (B,)
             self._counts["draft_steps"] += 1
-            # logits (B, V), or (B, K) over the head; picked: chosen inside the forward
-            tok, conf = out.add(fwd.logits[:, -1], fwd.head, fwd.picked)
             if step + 1 >= max_tokens:
                 break
             if not length.should_continue(step + 1, conf):
                 if self.config.on_stop == "drop":
                     # DEL: break before appending. The step's blocks < E ran on the last kept
                     # token, so the verification still reuses them for that position.
-                    out.drop_last(conf)  # raises for a sampled token dropped by its own probability
+                    state.drop_draft_step(conf)  # raises for a sampled token dropped by its own probability
                     self._counts["dropped"] += 1
                 break
             x = tok[:, None]
-        return out.build(prefix)
+        return state.drafted(prefix)
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.follow_head(state)

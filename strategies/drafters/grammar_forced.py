@@ -12,7 +12,6 @@ from framework import (
     REGISTRIES,
     Draft,
     Drafter,
-    ForwardSizes,
     LayerPlan,
     LengthController,
     ModelInfo,
@@ -24,7 +23,6 @@ from framework import (
 from framework.config_fields import ConfigError, build_config, check_range, param
 from framework.registry import UnknownNameError
 from framework.types import DraftWeights, ReducedHead
-from framework.utils import upload
 
 NONE = "none"
 
@@ -86,7 +84,7 @@ class GrammarForcedDrafterConfig:
 def _ids(state: RoundView, tokens: list[int]) -> torch.Tensor:
     """LongTensor (B, len(tokens)): ``tokens`` on the state's device for every batch row (no wait)."""
     b = state.pending.shape[0]
-    return upload([tokens] * b, state.device, torch.long).reshape(b, len(tokens))
+    return state.tensor([tokens] * b).reshape(b, len(tokens))
 
 
 class _Forcing:
@@ -133,10 +131,10 @@ class _Forcing:
         t = self._state.new_tokens
         return t if self._lead_ids is None else torch.cat([t, self._lead_ids], dim=1)
 
-    def host_tokens(self) -> list[int]:
-        return [*self._state.host_tokens(), *self.lead]
+    def token_ids(self) -> list[int]:
+        return [*self._state.token_ids(), *self.lead]
 
-    def forward_draft(self, input_ids: torch.Tensor, plan: LayerPlan | None, **kw: Any) -> Any:
+    def draft_step(self, input_ids: torch.Tensor, plan: LayerPlan | None, **kw: Any) -> Any:
         if not self._started:  # the first input is `pending`: the lead's inputs go first
             self._started = True
             if self._lead_ids is not None:
@@ -150,7 +148,7 @@ class _Forcing:
                 self.inserted.append((self._drafted, run))
                 self.seq.extend(run)
                 input_ids = torch.cat([input_ids, _ids(self._state, run)], dim=1)
-        return self._state.forward_draft(input_ids, plan, **kw)
+        return self._state.draft_step(input_ids, plan, **kw)
 
     def full(self) -> bool:
         """The round holds ``cap`` tokens, with the one the ``then`` drafter just drafted."""
@@ -225,12 +223,6 @@ class GrammarForcedDrafter(Drafter):
     def draft_weights(self) -> DraftWeights | None:
         return None if self.then is None else self.then.draft_weights()
 
-    def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        if self.then is None:
-            return ForwardSizes()
-        # a forced run of f tokens makes the first step a forward of f + 1 tokens
-        return self.then.forward_sizes(max_draft) | ForwardSizes.of(chain=range(2, max_draft + 1))
-
     def run_notes(self, max_new_tokens: int) -> list[str]:
         return [] if self.then is None else self.then.run_notes(max_new_tokens)
 
@@ -255,7 +247,7 @@ class GrammarForcedDrafter(Drafter):
             if self.then is None:
                 return Draft.empty(state.pending.shape[0], plan, state.device)
             return self.then.draft(state, plan, length, max_tokens)
-        generated = list(state.host_tokens())[state.prompt_len :]
+        generated = list(state.token_ids())[state.prompt_len :]
         lead = grammar.forced(generated, min(max_tokens, self.config.max_forced))
         rest, inserted = None, []
         if self.then is not None and max_tokens > len(lead):
@@ -318,35 +310,27 @@ def _join(
         pieces.append((False, (at, drafted)))
     if not any(forced for forced, _ in pieces):  # nothing forced: the drafter's own draft
         return (rest if rest is not None else Draft.empty(batch, plan, dev)), []
-    want_conf = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
-    tokens, confs, probs, top1, forced_at, n = [], [], [], [], [], 0
+    parts: list[Draft] = []
+    forced_at, n = [], 0
     for forced, part in pieces:
-        if forced:
-            ids = _ids(state, part)
-            tokens.append(ids)
-            confs.append(torch.ones(batch, len(part), device=dev))
-            if state.need_draft_probs:
-                one_hot = torch.zeros(batch, len(part), state.info.vocab_size, device=dev)
-                probs.append(one_hot.scatter_(-1, ids[..., None], 1.0))
-            top1.extend([1.0] * len(part))
+        if forced:  # a copied draft's extras: confidence 1, a one-hot q
+            parts.append(state.copied_draft(part, plan, 1.0))
             forced_at.extend(range(n, n + len(part)))
             n += len(part)
         else:
             a, b = part
-            tokens.append(rest.tokens[:, a:b])  # type: ignore[union-attr]
-            if rest.confidences is not None:  # type: ignore[union-attr]
-                confs.append(rest.confidences[:, a:b].float())  # type: ignore[union-attr]
-            if rest.probs is not None:  # type: ignore[union-attr]
-                probs.append(rest.probs[:, a:b].float())  # type: ignore[union-attr]
-            if rest.host_top1 is not None:  # type: ignore[union-attr]
-                top1.extend(rest.host_top1[a:b])  # type: ignore[union-attr]
+            parts.append(_slice(rest, a, b))  # type: ignore[arg-type]
             n += b - a
     sources = "forced" if not drafted else f"forced+{rest.source or 'then'}"  # type: ignore[union-attr]
-    out = Draft(tokens=torch.cat(tokens, dim=1), plan=plan, source=sources)
-    if want_conf and (not drafted or rest.confidences is not None):  # type: ignore[union-attr]
-        out.confidences = torch.cat(confs, dim=1)
-    if state.need_draft_probs and (not drafted or rest.probs is not None):  # type: ignore[union-attr]
-        out.probs = torch.cat(probs, dim=1)
-    if drafted and rest.host_top1 is not None:  # type: ignore[union-attr]
-        out.host_top1 = tuple(top1)
+    out = Draft(tokens=torch.cat([d.tokens for d in parts], dim=1), plan=plan, source=sources)
+    for name in ("confidences", "probs"):
+        got = [getattr(d, name) for d in parts]
+        if all(g is not None for g in got):
+            setattr(out, name, torch.cat([g.float() for g in got], dim=1))
     return out, forced_at
+
+
+def _slice(draft: Draft, a: int, b: int) -> Draft:
+    """Draft tokens ``a .. b-1`` of ``draft``, with their confidences and distributions."""
+    cut = lambda t: None if t is None else t[:, a:b]  # noqa: E731
+    return Draft(draft.tokens[:, a:b], draft.plan, cut(draft.confidences), cut(draft.probs))

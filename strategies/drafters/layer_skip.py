@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, Verification, register_drafter
 from framework.config_fields import check_choice, param
-from framework.drafting.builder import DraftBuilder
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
 
@@ -50,24 +49,18 @@ class LayerSkipDrafter(DraftVocab, Drafter):
         self._dropped = 0
 
     def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
-        out = DraftBuilder(state)
         x = state.pending
         for step in range(max_tokens):
-            fwd = state.forward_draft(x, plan, logits_at="last", pick=out.pick)
-            # logits (B, V), or (B, K) over the head; picked: chosen inside the forward
-            tok, conf = out.add(fwd.logits[:, -1], fwd.head, fwd.picked)
+            tok, conf = state.draft_step(x, plan)  # the engine chooses the token (B,)
             if step + 1 >= max_tokens:
                 break
             if not length.should_continue(step + 1, conf):
                 if self.config.on_stop == "drop":
-                    self._drop(state, out, conf)
+                    state.drop_draft_step(conf)  # raises for a sampled token dropped by its own probability
+                    self._dropped += 1
                 break
             x = tok[:, None]
-        return out.build(plan)
-
-    def _drop(self, state: RoundView, out: DraftBuilder, conf) -> None:
-        out.drop_last(conf)  # raises for a sampled token dropped by its own probability
-        self._dropped += 1
+        return state.drafted(plan)
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
         self.follow_head(state)

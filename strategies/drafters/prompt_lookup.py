@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, Drafter, ForwardSizes, LayerPlan, LengthController, RoundView, register_drafter
+from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, register_drafter
 from framework.config_fields import check_range, param
-from framework.drafting.builder import NgramIndex, copy_draft
+from framework.drafting.copying import NgramIndex, copy_draft
 
 #: Longest n-gram the config accepts (the index holds max_ngram - min_ngram + 1 keys per token).
 MAX_NGRAM = 32
@@ -55,7 +55,7 @@ class PromptLookupDrafter(Drafter):
     sentence, code being edited); (2) a continuation that runs into the query is continued from
     its own output (an overlapping copy: an occurrence d tokens back proposes the last d tokens
     repeated), so a short loop still fills the draft; (3) the search is an incremental index
-    (`framework.drafting.builder.NgramIndex`, O(new tokens) per round) instead of a scan of the context.
+    (`framework.drafting.copying.NgramIndex`, O(new tokens) per round) instead of a scan of the context.
     Copied tokens report the fixed ``confidence``; for speculative sampling their draft
     distribution is one-hot, for which the acceptance test stays exact.
     """
@@ -74,7 +74,7 @@ class PromptLookupDrafter(Drafter):
         """``(n, candidates)``: the matched n-gram length (0: no match) and the tokens that followed
         its most recent earlier occurrence (``max_tokens`` of them, or none)."""
         t0 = time.perf_counter()
-        n, cont = self._index.follow(state.host_tokens()).lookup(max_tokens)
+        n, cont = self._index.follow(state.token_ids()).lookup(max_tokens)
         self._seconds += time.perf_counter() - t0
         self._counts["rounds"] += 1
         if n:
@@ -83,9 +83,6 @@ class PromptLookupDrafter(Drafter):
         else:
             self._counts["no_match"] += 1
         return n, cont
-
-    def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        return ForwardSizes()  # copies: no forward
 
     def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         n, cont = self.lookup(state, max_tokens)

@@ -122,8 +122,8 @@ class DelDynamicLength(LengthController):
             return
         w = self.config.decay
         m = result.accepted
-        # what the stop rule read while drafting (no read here), else one read of row 0
-        conf = draft.host_top1 if draft.host_top1 is not None else draft.confidences[0].tolist()
+        # what the stop rule read while drafting costs no read here, else one read of row 0
+        conf = state.read(conf=draft.confidences[0])["conf"]
         # matched: the accepted drafts; mismatched: the first rejected one (if any was rejected)
         tcs = sum(conf[:m])
         fcs = conf[m] if m < k else 0.0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, Literal
 
 import torch
@@ -13,7 +13,6 @@ import torch
 from framework import (
     DeviceOps,
     Draft,
-    ForwardSizes,
     LayerPlan,
     LayerSelector,
     ModelInfo,
@@ -23,7 +22,6 @@ from framework import (
 )
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
-from framework.utils import upload
 from strategies.selectors.static import spread
 
 
@@ -105,11 +103,6 @@ class DPResult:
     cosine: float
     block_calls: int
     evaluations: int
-
-
-#: How the DP's device work runs: ``partial(state.compute_at, p)`` for the token at committed
-#: position p (`RoundView.compute_at`: ``run(fn, *inputs, **params)``, ``ops.block`` at p).
-RunWork = Callable[..., torch.Tensor]
 
 
 def _units(x: torch.Tensor) -> torch.Tensor:
@@ -212,7 +205,8 @@ def backtrack(read: Sequence[float], n_layers: int, m: int) -> tuple[tuple[int, 
 
 def clasp_dp(
     x: torch.Tensor,
-    run: RunWork,
+    state: RoundView,
+    position: int,
     num_skip: int,
     *,
     protected: Collection[int] = (),
@@ -233,8 +227,9 @@ def clasp_dp(
 
     Args:
         x: (L+1, d) the full model's pre-norm residuals of one token (index 0: its embedding).
-        run: how the device work runs at that token's committed position p:
-            ``partial(state.compute_at, p)``.
+        state: the round (its device work runs at that token's committed ``position``:
+            ``state.compute_at``).
+        position: that token's committed position.
         num_skip: M.
         protected: blocks that may not be skipped.
         objective: ``"max_cosine"`` (the DP) or ``"min_cosine"`` (Eq. 1's typo, for ablation).
@@ -247,9 +242,11 @@ def clasp_dp(
     if not 0 <= num_skip <= n_layers - len(prot):
         raise ValueError(f"cannot skip {num_skip} of {n_layers} blocks with {len(prot)} protected")
     _, _, has_run, both = _dp_tables(n_layers, num_skip, prot)
-    tables = upload([has_run, both], x.device, torch.bool)
+    tables = state.constant([has_run, both], torch.bool, key=("clasp_dp", n_layers, num_skip, prot))
     options = {"protected": prot, "objective": objective, "sequence_parallel": sequence_parallel}
-    read = run(dp_choices, x, tables, num_skip=num_skip, **options).tolist()  # one read
+    read = state.compute_at(
+        position, dp_choices, x, tables, num_skip=num_skip, **options
+    ).tolist()  # one read
     skip, cosine = backtrack(read, n_layers, num_skip)
     bands = [z - a + 1 for a, z in _dp_tables(n_layers, num_skip, prot)[0] if z >= a]  # rows run per block
     return DPResult(skip, cosine, len(bands) if sequence_parallel else sum(bands), sum(bands))
@@ -319,10 +316,10 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
         One unit of the work budget: timed by it, whether or not `WorkBudget.allows` was asked
         (the caller decides; the prompt's DP, the generation's first unit, is always allowed).
         """
-        c, run = self.config, partial(state.compute_at, position)
+        c = self.config
         with self.budget.unit() as unit:
             options = {"objective": c.objective, "sequence_parallel": c.sequence_parallel}
-            res = clasp_dp(hidden, run, self._m, protected=self._protected, **options)
+            res = clasp_dp(hidden, state, position, self._m, protected=self._protected, **options)
         self._set_plan(res.skip)
         self._dp_seconds.append(unit.seconds)
         self._calls, self._evals = self._calls + res.block_calls, self._evals + res.evaluations
@@ -331,14 +328,6 @@ class ClaspDPSelector(BudgetedWork, LayerSelector):
             {"round": self._rounds, "position": position, "skip": list(res.skip), "cosine": cos}
         )
         return res
-
-    def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
-        """Its DP's block evaluations: up to M + 1 candidate states at once (one with
-        ``sequence_parallel`` off)."""
-        c = self.config
-        return ForwardSizes.of(
-            scratch=range(1, (c.skip_count(info.num_layers) + 2) if c.sequence_parallel else 2)
-        )
 
     def plan(self, state: RoundView) -> LayerPlan:
         if not self._L:

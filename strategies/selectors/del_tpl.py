@@ -21,7 +21,6 @@ from framework import (
 )
 from framework.config_fields import ConfigError, check_choice, check_range, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
-from framework.utils import upload
 
 
 @dataclass(frozen=True)
@@ -155,6 +154,30 @@ def prefix_sums(match: torch.Tensor, conf: torch.Tensor, valid: torch.Tensor | N
     return torch.cat([hit, conf * hit, conf * (w - hit), w[None]]).cumsum(dim=1)
 
 
+@dataclass(frozen=True)
+class RoundSums:
+    """One round's sums over the valid window, by name: a column of `prefix_sums` for k layers.
+
+    Attributes:
+        matches: per layer, the shadow tokens matching the target (``c``).
+        matched_conf: per layer, the summed top-1 probabilities of those matches (``tcs``).
+        mismatched_conf: per layer, those of the mismatches (``fcs``).
+        window: the window's length u + 1.
+    """
+
+    matches: tuple[float, ...]
+    matched_conf: tuple[float, ...]
+    mismatched_conf: tuple[float, ...]
+    window: float
+
+    @classmethod
+    def of(cls, column: Sequence[float], k: int) -> RoundSums:
+        """The sums of a column of `prefix_sums` (its rows: k matches, k matched and k mismatched
+        confidences, then the window) read to the host."""
+        c = [float(x) for x in column]
+        return cls(tuple(c[:k]), tuple(c[k : 2 * k]), tuple(c[2 * k : 3 * k]), c[3 * k])
+
+
 def column(sums: Sequence[float], rows: int, j: int) -> list[float]:
     """Column ``j`` of a (rows, n) table of `prefix_sums` read flat (row-major), ``j`` cut to n - 1."""
     n = len(sums) // rows
@@ -197,15 +220,15 @@ class ShadowStatistics:
         of `prefix_sums` read to the host: per layer of ``layers`` (k) the shadow tokens matching
         the target in the window ``c``, the summed top-1 probabilities of those matches ``tcs`` and
         of the mismatches ``fcs``, then the window length u + 1."""
-        w, k = self.decay, len(layers)
+        w, got = self.decay, RoundSums.of(sums, len(layers))
         for acc in (self.c, self.tcs, self.fcs):
             acc[:] = [w * x for x in acc]
         for i, ell in enumerate(layers):
-            self.c[ell] += float(sums[i])
-            self.tcs[ell] += float(sums[k + i])
-            self.fcs[ell] += float(sums[2 * k + i])
-        self.n = w * self.n + sums[3 * k]
-        self.u = w * self.u + (sums[3 * k] - 1)
+            self.c[ell] += got.matches[i]
+            self.tcs[ell] += got.matched_conf[i]
+            self.fcs[ell] += got.mismatched_conf[i]
+        self.n = w * self.n + got.window
+        self.u = w * self.u + (got.window - 1)
 
     def alpha(self, layers: Sequence[int], denominator: str = "window") -> list[float]:
         """Acceptance estimates ``S(c) / S(u + 1)`` (or ``S(c) / S(u)``, paper-literal); 0 without data."""
@@ -289,7 +312,6 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         self._trace: list[dict[str, Any]] = []
         self._loads0 = self._tokens = self._loads = self._rows = self._init_positions = 0
         self._seconds = 0.0
-        self._indices: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
         self._sum_layers: list[int] = []  # the layers of the sums `reads` asked for, in their order
         self._read = 0  # rounds whose sums were read (with the verifier's read, or at the commit)
         self.budget.resume()  # it spans generations (the prompt initialisation is a unit too)
@@ -303,13 +325,6 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         return self._stats
 
     # ------------------------------------------------------------------ statistics
-    def _rows_of(self, layers: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        """``layers`` as an index on ``device``, uploaded once per generation (a few sets: the
-        candidates, and each exit layer E's place among them)."""
-        if (layers, device) not in self._indices:
-            self._indices[layers, device] = upload(list(layers), device, torch.long)
-        return self._indices[layers, device]
-
     def _shadow(
         self, state: RoundView, hidden: torch.Tensor, layers: list[int], *, target: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -317,7 +332,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         what a draft exiting there predicts (through the draft's head, ``state.draft_head``), and
         with ``target`` the target's tokens (n,) (layer L, the full LM head; else ``None``)."""
         self._rows += (len(layers) + target) * hidden.shape[1]
-        rows = self._rows_of(tuple(layers), hidden.device)
+        rows = state.constant(list(layers))  # an index on the device, uploaded once
         toks, conf = state.top1_from_hidden(hidden[rows], draft_head=True)
         return toks, conf, state.top1_from_hidden(hidden[self._L])[0] if target else None
 
@@ -371,8 +386,7 @@ class DelTplSelector(BudgetedWork, LayerSelector):
         if self._chain_rows(h.device):  # every candidate over the chain, the window on the device
             self._sum_layers = list(layers)
             self._rows += (len(layers) + 1) * h.shape[1]
-            rows = self._rows_of(tuple(layers), h.device)
-            exit_row = self._rows_of((layers.index(e),), h.device)
+            rows, exit_row = state.constant(list(layers)), state.constant([layers.index(e)])
             return state.compute(chain_sums, h, rows, exit_row)["sums"]
         # the window's end first (layer E and the target), then the other layers over it
         x_e, conf_e, ref = self._shadow(state, h, [e])

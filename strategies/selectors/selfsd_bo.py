@@ -42,9 +42,8 @@ from framework import (
     register_selector,
 )
 from framework.config_fields import ConfigError, build_config, check_choice, check_range, param
-from framework.engine.cost_model import CostModel
-from framework.kernels.protocols import weights_key
 from framework.search.bayesopt import BinaryBayesOpt
+from framework.types import CostPrices, weights_key
 from framework.utils import cache_dir
 from strategies.selectors.static import uniform_plan
 
@@ -83,7 +82,7 @@ class SelfSDConfig:
     probe_ratios: tuple[float, ...] = param(
         (0.1, 0.2),
         help="uniform skip sets at these ratios are evaluated first (the released code warm-starts "
-        "with two hand-picked sets); each in [0, 1)",
+        "with two sets chosen by hand); each in [0, 1)",
     )
     initial_random: int = param(
         0, help="random sets evaluated after the probes, before the GP proposes (the code: 0); >= 0"
@@ -253,7 +252,7 @@ def _weights(ctx: PrepareView) -> str:
 
 
 def evaluate_plan(
-    ctx: PrepareView, c: SelfSDConfig, plan: LayerPlan, prompts: list[torch.Tensor], cost: CostModel
+    ctx: PrepareView, c: SelfSDConfig, plan: LayerPlan, prompts: list[torch.Tensor], cost: CostPrices
 ) -> dict[str, float]:
     """Decode every calibration prompt with ``plan`` (`PrepareView.evaluate`); tokens/s measured
     and modelled, alpha, M."""

@@ -34,7 +34,6 @@ import torch
 
 from framework import (
     Draft,
-    ForwardSizes,
     LayerPlan,
     LayerSelector,
     ModelInfo,
@@ -223,10 +222,6 @@ class SwiftSelector(BudgetedWork, LayerSelector):
         self.gen_seconds = 0.0
         self.gen_matchness: list[float] = []
         self.gen_start = time.perf_counter()
-
-    def forward_sizes(self, info: ModelInfo) -> ForwardSizes:
-        """Its teacher-forced scratch passes over up to ``context_window`` tokens."""
-        return ForwardSizes.of(scratch=range(1, self.config.context_window + 1))
 
     def plan(self, state: RoundView) -> LayerPlan:
         return self.current

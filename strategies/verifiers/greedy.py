@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import DeviceOps, Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, RoundView, Verification, Verifier, register_verifier
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,6 @@ class GreedyVerifier(Verifier):
     mismatch, the bonus token when all K are accepted).
     """
 
-    def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        """Chain verifications of ``pending`` and 0..``max_draft`` drafts, each with `greedy_rule`
-        inside its forward."""
-        sizes = range(1, max_draft + 2)
-        return ForwardSizes.of(chain=sizes, checked=sizes, rule=greedy_rule)
-
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
         # The target's choices a_0..a_K and m, the longest prefix with d_j == a_{j-1}: the rule
@@ -38,14 +32,12 @@ class GreedyVerifier(Verifier):
         # The round's one device-to-host read (with any strategy's reads): m and row 0's target
         # choices. The accepted d_1..d_m equal a_0..a_{m-1}, so the committed tokens are a_0..a_m:
         # a view of the target's.
-        got = state.read(accepted=m[:1], target=target[0])
-        k = got["accepted"][0]
+        k = state.read(accepted=m[:1], target=target[0])["accepted"][0]
         return Verification(
             num_accepted=m,
             new_tokens=target[:, : k + 1],  # (B, m+1); batch size 1 (DecodeState's)
             target_tokens=target,
             hidden_states=out.hidden_states,
-            host_tokens=tuple(got["target"][: k + 1]),
         )
 
 

@@ -187,15 +187,12 @@ class SamplingVerifier(Verifier):
         rule = functools.partial(accept_rule, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
         out = state.forward_verify(block, logits_at="all", rule=rule, rule_inputs=(draft.probs,))
         res = out.ruled
-        got = state.read(accepted=res["m"][:1], next=res["next"][:1], drafts=draft.tokens[0])  # one read
-        a = got["accepted"][0]
-        new = torch.cat([draft.tokens[:, :a], res["next"][:, None]], dim=1)  # (B, m+1)
+        a = state.read(accepted=res["m"][:1], committed=res["committed"][0])["accepted"][0]  # one read
         return Verification(
             num_accepted=res["m"],
-            new_tokens=new,
+            new_tokens=res["committed"][:, : a + 1],  # (B, m+1): a view of what was read
             target_tokens=res["target"],
             hidden_states=out.hidden_states,
-            host_tokens=(*got["drafts"][:a], got["next"][0]),
         )
 
 
@@ -223,12 +220,15 @@ def accept_rule(
     of the verified block ``ids`` = ``[pending, d_1..d_K]`` (B, K+1), its drafts drawn from ``q``
     (B, K, V), against the target ``logits`` (B, K+1, V): warp them into p, draw the
     rule's random numbers from the engine (``ops.uniform``: the K uniforms, then
-    ``ops.exponential``: the token's Exp(1) noise) and apply `accept_with_noise`. Returns m, the correction or bonus token ``next`` and the target's argmax
-    ``target``."""
+    ``ops.exponential``: the token's Exp(1) noise) and apply `accept_with_noise`. Returns m, the
+    correction or bonus token ``next``, the target's argmax ``target`` and ``committed`` (B, K+1),
+    whose first m+1 tokens are the commit's (d_1..d_m, then ``next``)."""
     p = warp(logits, temperature, top_k, top_p)  # (B, K+1, V)
     tokens = ids[:, 1:]
     b, k = tokens.shape
     u = ops.uniform(b, k, dtype=p.dtype) if k else None
     e = ops.exponential(b, p.shape[-1], dtype=p.dtype)
     m, nxt = accept_with_noise(tokens, p.new_zeros(b, 0, p.shape[-1]) if q is None else q, p, u, e)
-    return {"m": m, "next": nxt, "target": logits.argmax(dim=-1)}
+    # the commit's tokens first: d_1..d_m, then ``next`` at m (what follows is not committed)
+    committed = torch.cat([tokens, nxt[:, None]], dim=1).scatter(1, m[:, None], nxt[:, None])
+    return {"m": m, "next": nxt, "target": logits.argmax(dim=-1), "committed": committed}

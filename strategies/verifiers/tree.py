@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
-from framework import DeviceOps, Draft, ForwardSizes, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, RoundView, Verification, Verifier, register_verifier
 from framework.config_fields import ConfigError, check_range, param
-from framework.utils import upload
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ def tree_shape(widths: list[int]) -> tuple[list[int], list[int]]:
 
 
 def tree_nodes(
-    chain: torch.Tensor, top_tokens: torch.Tensor, widths: list[int], pick: torch.Tensor | None = None
+    chain: torch.Tensor, top_tokens: torch.Tensor, widths: list[int], picks: torch.Tensor
 ) -> torch.Tensor:
     """`build_tree`'s node tokens, computed on the device without reading the draft: (T - 1,).
 
@@ -96,7 +94,7 @@ def tree_nodes(
         top_tokens: LongTensor (K, W), each depth's candidates in descending probability,
             ``W >= max(widths)``.
         widths: per depth, the candidates verified (the chain token included).
-        pick: `node_picks` ``(widths, W)`` on the device when the caller keeps it (else uploaded).
+        picks: `node_picks` ``(widths, W)`` on the device.
     """
     k, w = top_tokens.shape
     if max(widths) > w:
@@ -106,9 +104,7 @@ def tree_nodes(
     is_chain = top_tokens == chain[:, None]
     alts = top_tokens.gather(1, torch.sort(is_chain, dim=1, stable=True).indices)
     flat = torch.cat([chain[:, None], alts], dim=1).reshape(-1)  # depth j: row j of (K, W + 1)
-    if pick is None:
-        pick = upload(node_picks(widths, w), flat.device)
-    return flat[pick]
+    return flat[picks]
 
 
 def node_picks(widths: list[int], w: int) -> list[int]:
@@ -128,13 +124,6 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.bool)
 
 
-class _Shape(NamedTuple):
-    parents: list[int]
-    depths: torch.Tensor  # (T,), the root's 0 first
-    mask: torch.Tensor  # (T, T)
-    picks: torch.Tensor | None  # `node_picks`, without candidates ``None``
-
-
 @register_verifier("tree", config=TreeVerifierConfig)
 class TreeVerifier(Verifier):
     """Verify a confidence-banded top-k token tree around the draft chain in one forward pass.
@@ -148,54 +137,13 @@ class TreeVerifier(Verifier):
     in SWIFT's code.
     """
 
-    #: Tree shapes kept on the device (parents, depths, mask, node picks), by widths.
-    SHAPES_KEPT = 256
-
-    def __init__(self, config: TreeVerifierConfig | None = None) -> None:
-        super().__init__(config)
-        self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
-
     def draft_top_k(self) -> int:
         return max(self.config.band_widths)
 
-    def _shape(self, widths: list[int], w: int, device: torch.device) -> _Shape:
-        """The tree of these widths, its tensors on ``device`` built once (a round's tree usually
-        repeats an earlier one's widths: no host-to-device copies then)."""
-        key = (tuple(widths), w, str(device))
-        shape = self._shapes.get(key)
-        if shape is None:
-            parents, depths = tree_shape(widths)
-            t = len(parents) + 1
-            up = upload([0, *depths, *(node_picks(widths, w) if w else ())], device)  # one copy
-            mask = tree_mask(parents).to(device, non_blocking=True)
-            shape = _Shape(parents, up[:t], mask, up[t:] if w else None)
-            self._shapes[key] = shape
-            if len(self._shapes) > self.SHAPES_KEPT:
-                self._shapes.popitem(last=False)
-        else:
-            self._shapes.move_to_end(key)
-        return shape
-
-    def widths(self, draft: Draft, top1: list[float] | None = None) -> list[int]:
-        """Candidates per depth from the draft's top-1 probabilities (band i: p <= edges[i]);
-        ``top1``: those probabilities already read to the host (else read here).
-
-        A draft without candidates (a drafter that ignores ``draft_top_k()``) is a chain: width 1.
-        """
-        if draft.top_probs is None:
-            return [1] * draft.length
+    def widths(self, top1: Sequence[float]) -> list[int]:
+        """Candidates per depth from the draft's top-1 probabilities (band i: p <= edges[i])."""
         edges, widths = self.config.band_edges, self.config.band_widths
-        if top1 is None:
-            top1 = draft.top_probs[0, :, 0].tolist()
         return [widths[sum(p > e for e in edges)] for p in top1]
-
-    def forward_sizes(self, max_draft: int) -> ForwardSizes:
-        """``pending`` alone (a round without drafts), and trees of up to ``max_draft`` depths of
-        the widest band each."""
-        widest = max(self.config.band_widths)
-        return ForwardSizes.of(
-            chain=(1,), checked=(1,), tree=range(2, 2 + max_draft * widest), rule=target_rule
-        )
 
     def verify(self, state: RoundView, draft: Draft) -> Verification:
         if draft.tokens.shape[0] != 1:
@@ -213,19 +161,23 @@ class TreeVerifier(Verifier):
         k = draft.length
         if draft.top_tokens is not None and draft.top_probs is not None:
             w = draft.top_tokens.shape[-1]  # a reduced draft head may offer fewer candidates
-            widths = [min(x, w) for x in self.widths(draft, draft.host_top1)]  # read here only
-            # without a stop rule's read
-            shape = self._shape(widths, w, device)
-            nodes = tree_nodes(draft.tokens[0], draft.top_tokens[0], widths, shape.picks)  # device
+            conf = draft.confidences if draft.confidences is not None else draft.top_probs[..., 0]
+            # what a stop rule read already is read again for free
+            widths = [min(x, w) for x in self.widths(state.read(top1=conf[0])["top1"])]
+            nodes = tree_nodes(
+                draft.tokens[0],
+                draft.top_tokens[0],
+                widths,
+                state.constant(node_picks(widths, w), key=("tree picks", tuple(widths), w)),
+            )  # on the device
         else:
-            shape = self._shape([1] * k, 0, device)
-            nodes = draft.tokens[0]
-        parents = shape.parents
+            widths, nodes = [1] * k, draft.tokens[0]  # a chain: a drafter without candidates
+        parents, depths = tree_shape(widths)
         block = torch.cat([state.pending, nodes[None].to(state.pending.dtype)], dim=1)  # (1, T)
-        pos = (shape.depths + state.pending_position)[None]  # (1, T)
-        out = state.forward_verify(
-            block, logits_at="all", position_ids=pos, tree_mask=shape.mask, rule=target_rule
-        )
+        depths_t = state.constant([0, *depths], key=("tree depths", tuple(widths)))
+        pos = (depths_t + state.pending_position)[None]  # (1, T)
+        mask = state.constant(lambda: tree_mask(parents), torch.bool, key=("tree mask", tuple(widths)))
+        out = state.forward_verify(block, logits_at="all", position_ids=pos, tree_mask=mask, rule=target_rule)
         target = out.ruled["target"]  # (1, T): each node's target choice, inside the forward
         # The round's one device-to-host read: the target's choices and the node tokens together.
         got = state.read(target=target[0], nodes=nodes)
@@ -243,17 +195,15 @@ class TreeVerifier(Verifier):
             path.append(nxt)
             node = nxt
         m = len(path) - 1
-        host = (*(tokens[i - 1] for i in path[1:]), want[node])
-        # m, the committed tokens and the kept offsets, uploaded together (views of one copy)
-        up = upload([m, *host, *path], device)
+        # m, the committed tokens and the kept offsets in one copy (views of it), which the
+        # engine knows on the host: the commit reads nothing
+        up = state.tensor([m, *(tokens[i - 1] for i in path[1:]), want[node], *path])
         return Verification(
             num_accepted=up[:1],
             new_tokens=up[1 : m + 2][None],  # (1, m+1)
             kv_keep=up[m + 2 :],
-            kv_keep_host=tuple(path),
             target_tokens=target,
             hidden_states=out.hidden_states,
-            host_tokens=host,
         )
 
 

@@ -15,8 +15,8 @@ Layers, bottom up (a module may import its own layer and the layers below it):
    (the benchmark's baselines, load check and report), ``framework.runner`` (the one pipeline and
    both command lines), ``framework.sweep``, and the ``selfspec`` Python API.
 
-``strategies`` sit beside the tooling: they import the API, the engine and the policies, never the
-tooling; the framework reaches them only through the registries (the composition root,
+``strategies`` sit beside the tooling: they import the API and the policies, never the engine,
+the kernels or the tooling; the framework reaches them only through the registries (the composition root,
 ``framework.session.plugins``, imports the package by name).
 """
 
@@ -193,6 +193,16 @@ def test_tooling_imports_only_tooling_below_it(module):
 def test_strategies_never_import_tooling(module):
     bad = [t for t in GRAPH[module] if layer(t) == 5]
     assert not bad, f"{module} imports tooling: {bad}"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
+def test_strategies_see_the_author_api_only_not_even_for_type_checking(module):
+    """Issue 56: a strategy imports the author API and the building blocks, never the engine or
+    the kernels, not even for its annotations (the cost model's prices are `CostPrices`, a draft's
+    weights are named by `framework.types.weights_key`)."""
+    bad = [f"{t} (line {line})" for t, line, _ in imports(module, type_only=True) if layer(t) in (2, 3)]
+    bad += [f"{t} (line {line})" for t, line, _ in imports(module) if layer(t) in (2, 3)]
+    assert not bad, f"{module} imports the engine or the kernels: {bad}"
 
 
 def test_framework_never_imports_strategies_directly():

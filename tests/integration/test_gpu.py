@@ -424,7 +424,6 @@ def test_claspss_dp_replays_as_one_cuda_graph_at_any_position():
     """Issue 38, item 3, on a real GPU: CLaSp's dynamic programme (its L block calls against the
     KV pool and their glue) recorded as one CUDA graph and replayed at other positions chooses
     what the eager DP chooses, up to rounding (the graph attends over a masked span)."""
-    from functools import partial
 
     from framework.engine.adapter import adapter_for
     from framework.engine.state import DecodeState
@@ -442,8 +441,8 @@ def test_claspss_dp_replays_as_one_cuda_graph_at_any_position():
     same = 0
     for p in (11, 6, 9, 4):  # the first DP learns (eagerly), the rest replay one graph
         x = states[0].last_hidden_states[:, 0, p]
-        want = clasp_dp(x, partial(states[0].compute_at, p), m)
-        got = clasp_dp(x, partial(states[1].compute_at, p), m)
+        want = clasp_dp(x, states[0], p, m)
+        got = clasp_dp(x, states[1], p, m)
         assert got.cosine == pytest.approx(want.cosine, abs=1e-4), p
         same += got.skip == want.skip
     works = [k for k in graphed.executor.graphs.store._graphs if k[0] == "work"]

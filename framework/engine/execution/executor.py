@@ -21,6 +21,7 @@ from framework.engine.execution.branches import BranchGraphs
 from framework.engine.execution.forward_graph import ForwardGraphs
 from framework.engine.execution.pool import KVPool
 from framework.engine.execution.route import Route, choose_route
+from framework.engine.execution.sizes import ForwardSizes
 from framework.engine.execution.spec import ForwardSpec, RuleCall, seen_ids
 from framework.engine.execution.store import MAX_GRAPHS, GraphStore
 from framework.engine.execution.work import (
@@ -101,6 +102,10 @@ class Executor:
         self.forward_calls = self.block_evals = self.layer_loads = 0
         self.lm_head_seconds = 0.0
         self.time_lm_head: bool | None = None
+        #: strategies' device constants (`framework.engine.state.DecodeState.constant`), by key
+        self.constants: dict[Hashable, torch.Tensor] = {}
+        #: the token counts of the forwards run after prefills while graphs are on (`prepare_graphs`)
+        self.seen = ForwardSizes()
         self.placed()
 
     @property
@@ -243,6 +248,8 @@ class Executor:
         rule's first (eager) call showed what it draws; elsewhere the rule runs right after."""
         spec = ForwardSpec(plan, **options)
         spec.validate(self.arch.num_layers)
+        if self.graphs is not None and not cache.empty:
+            self.seen.note(spec, input_ids.shape[1])
         route = choose_route(self, spec, input_ids, cache, from_ids=True)
         if route.whole:
             out = self._whole(spec, input_ids, position_ids, cache)
@@ -361,6 +368,8 @@ class Executor:
                 ``logits_at``.
         """
         spec.validate(self.arch.num_layers)
+        if self.graphs is not None and not cache.empty:
+            self.seen.note(spec, hidden.shape[1])
         return self._run(hidden, position_ids, cache, spec)
 
     def _run(

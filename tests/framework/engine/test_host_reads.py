@@ -91,18 +91,11 @@ def test_a_prompt_lookup_round_uploads_without_waiting(adapter):
     assert res.drafted > 0 and not reads.uploads, dict(reads.uploads)
 
 
-def test_observers_read_accepted_from_the_host_copy():
-    v = Verification(
-        num_accepted=torch.tensor([2]), new_tokens=torch.tensor([[5, 6, 7]]), host_tokens=(5, 6, 7)
-    )
+def test_observers_read_accepted_from_the_shape():
+    v = Verification(num_accepted=torch.tensor([2]), new_tokens=torch.tensor([[5, 6, 7]]))
     with count_host_reads() as reads:
         assert [v.accepted for _ in range(5)] == [2] * 5
     assert reads.total == 0
-    lazy = Verification(num_accepted=torch.tensor([1]), new_tokens=torch.tensor([[3, 4]]))
-    with count_host_reads() as reads:
-        assert [lazy.accepted for _ in range(5)] == [1] * 5
-        assert lazy.committed_host() == (3, 4)
-    assert reads.total == 1  # read once, then cached
 
 
 def test_the_counter_names_the_call_site_and_restores_torch():
@@ -127,14 +120,14 @@ def test_the_state_keeps_row_0_on_the_host(adapter):
 
     state = DecodeState(adapter, random_prompt(6, 128, seed=0), 32)
     state.append(torch.tensor([[5]]))  # no host copy given: read once, on demand
-    assert state.host_tokens() == state.tokens[0].tolist()
+    assert state.token_ids() == state.tokens[0].tolist()
     state.append(torch.tensor([[7, 8]]), host=[7, 8])
     want = state.tokens[0].tolist()
     with count_host_reads() as reads:
-        assert state.host_tokens() == want
+        assert state.token_ids() == want
     assert reads.total == 0  # everything was already on the host
     state.num_tokens -= 2  # a shorter state: the copy follows
-    assert state.host_tokens() == want[:-2]
+    assert state.token_ids() == want[:-2]
 
 
 class _Reader:
@@ -194,14 +187,12 @@ def test_a_tree_or_a_verifier_reading_by_itself_gets_its_readers_served_at_the_c
     pos = torch.arange(block.shape[1])[None] + state.pending_position
     out = state.forward_verify(block, logits_at="all", position_ids=pos)  # a tree's positions
     assert state.read(x=torch.tensor([0])) == {"x": [0]} and len(reader.chains) == 1  # not the tree
-    new = out.logits[:, :1].argmax(-1)
+    new = state.tensor([[int(out.logits[0, 0].argmax())]])  # built on the host: known there
     tree = Verification(
         num_accepted=torch.tensor([0]),
         new_tokens=new,
-        kv_keep=torch.tensor([0]),
-        kv_keep_host=(0,),
+        kv_keep=state.tensor([0]),
         hidden_states=out.hidden_states,
-        host_tokens=(int(new[0, 0]),),
     )
     with count_host_reads() as reads:
         state.commit(tree)
@@ -209,13 +200,8 @@ def test_a_tree_or_a_verifier_reading_by_itself_gets_its_readers_served_at_the_c
     assert state.values_for(reader)["first"] == out.hidden_states[-1, 0, :1, 0].tolist()
     block = torch.cat([state.pending, block[:, 1:]], dim=1)
     out = state.forward_verify(block, logits_at="all")  # a chain, read by nobody
-    new = out.logits[:, :1].argmax(-1)
-    chain = Verification(
-        num_accepted=torch.tensor([0]),
-        new_tokens=new,
-        hidden_states=out.hidden_states,
-        host_tokens=(int(new[0, 0]),),
-    )
+    new = state.tensor([[int(out.logits[0, 0].argmax())]])
+    chain = Verification(num_accepted=torch.tensor([0]), new_tokens=new, hidden_states=out.hidden_states)
     with count_host_reads() as reads:
         state.commit(chain)
     assert reads.total == 1 and reader.chains[-1] == (7, 1, 4, 64)  # the verified chain

@@ -238,9 +238,10 @@ def test_the_count_excludes_the_forwards_and_counts_what_a_round_adds():
 
 def test_the_count_leaves_out_what_launches_no_kernel_and_tells_draft_steps_apart():
     """A ``.to()`` that returns its input, a dtype promotion and ``tolist``'s conjugation checks
-    launch nothing; a real cast does. Work inside `DraftBuilder.add` (choosing each draft token, a
+    launch nothing; a real cast does. Work inside `DraftSteps.add` (choosing each draft token, a
     stop rule's read) is counted per step as well."""
-    from framework.drafting.builder import DraftBuilder
+    from framework.engine.draft_steps import DraftSteps
+    from framework.engine.host_values import HostValues
 
     x = torch.arange(4.0)
     with torch.inference_mode(), count_host_work() as work:
@@ -254,8 +255,10 @@ def test_the_count_leaves_out_what_launches_no_kernel_and_tells_draft_steps_apar
     class _State:
         draft_sampler, need_confidence, need_draft_probs, draft_top_k = None, True, False, 0
         pending, device = torch.zeros(1, 1, dtype=torch.long), torch.device("cpu")
+        host_values = HostValues()
 
-    builder = DraftBuilder(_State())
+    state = _State()
+    builder = DraftSteps(state)
     logits = torch.randn(3, 1, 16, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode(), count_host_work() as work:
         for step in logits:
@@ -263,11 +266,13 @@ def test_the_count_leaves_out_what_launches_no_kernel_and_tells_draft_steps_apar
     # each step: a softmax and its top-1 (float32 logits: no cast), and the stop rule's read
     assert (work.draft_steps, work.step_ops, work.step_reads) == (3, 6, 3)
     assert work.ops == 6 and work.reads == 3
-    # what the stop rule read travels with the draft, so that no strategy reads it again
+    # what the stop rule read is known to the engine with the draft: no strategy reads it again
     draft = builder.build(None)
-    assert draft.host_top1 == tuple(draft.confidences[0].tolist())
+    assert state.host_values.of(draft.confidences[0]) == draft.confidences[0].tolist()
+    assert state.host_values.of(draft.confidences[0, 1:]) == draft.confidences[0, 1:].tolist()  # a view
     builder.drop_last()
-    assert builder.build(None).host_top1 == draft.host_top1[:2]
+    shorter = builder.build(None)
+    assert state.host_values.of(shorter.confidences[0]) == draft.confidences[0, :2].tolist()
 
 
 AUTHOR_SELECTOR = """

@@ -217,7 +217,7 @@ def test_sampling_verifier_with_reuse_runs(llama_adapter):
 
 def test_drop_refuses_a_stop_rule_on_the_sampled_token_under_speculative_sampling(llama_adapter):
     """As for layer_skip: dropping a sampled token because of its own probability would bias
-    speculative sampling (`DraftBuilder.drop_last`); the top-1 rule does not depend on the sample."""
+    speculative sampling (`DecodeState.drop_draft_step`); the top-1 rule does not depend on the sample."""
     verifier = SamplingVerifier(SamplingVerifierConfig(seed=0))
     for stop_on, ok in (("top1", True), ("sampled", False)):
         state = DecodeState(

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from framework import LayerPlan, LengthController
 from framework.config_fields import ConfigError, build_config
-from framework.drafting.builder import NgramIndex, copy_draft
+from framework.drafting.copying import NgramIndex, copy_draft
 from framework.engine.adapter import adapter_for
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.state import DecodeState
@@ -273,14 +273,14 @@ def test_extras_only_when_asked(llama_adapter):
 def test_index_follows_the_commits_and_is_per_generation(llama_adapter):
     state = _state(llama_adapter, [5, 6, 7, 8, 5, 6, 7, 8, 5], [6])
     index = NgramIndex(1, 3)
-    assert index.follow(state.host_tokens()) is index and index.tokens == state.tokens[0].tolist()
+    assert index.follow(state.token_ids()) is index and index.tokens == state.tokens[0].tolist()
     table = index._last
     state.append(torch.tensor([[9, 9]]))
-    index.follow(state.host_tokens())
+    index.follow(state.token_ids())
     assert index.tokens == state.tokens[0].tolist()
     assert index._last is table and table[(6, 9)] == 10  # extended by the new tokens, not rebuilt
     other = _state(llama_adapter, [1, 2, 3], [4])
-    assert index.follow(other.host_tokens()).tokens == [1, 2, 3, 4]  # another generation: afresh
+    assert index.follow(other.token_ids()).tokens == [1, 2, 3, 4]  # another generation: afresh
     assert index.match() == (0, -1)
 
 

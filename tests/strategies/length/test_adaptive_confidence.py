@@ -8,9 +8,9 @@ import torch
 
 from framework import Draft, LayerPlan, Verification
 from framework.config_fields import ConfigError, build_config
-from framework.drafting.builder import DraftConfidence
 from framework.drafting.gate import GateConfig, GatedLength
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
+from framework.engine.draft_steps import DraftConfidence
 from framework.engine.state import DecodeState
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter

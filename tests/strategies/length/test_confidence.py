@@ -7,8 +7,8 @@ import torch
 
 from framework import LayerPlan
 from framework.config_fields import ConfigError, build_config
-from framework.drafting.builder import DraftBuilder, DraftConfidence
 from framework.drafting.gate import GateConfig, GatedLength
+from framework.engine.draft_steps import DraftConfidence, DraftSteps
 from framework.engine.state import DecodeState
 from framework.testing import LengthControllerContract, random_prompt, synthetic_cost_model
 from strategies.drafters.layer_skip import LayerSkipDrafter
@@ -178,7 +178,7 @@ def test_stop_on_sampled_is_top1_under_greedy_drafting(llama_adapter, threshold)
         assert torch.equal(drafts[0].tokens, drafts[1].tokens)
         assert torch.equal(drafts[0].confidences, drafts[1].confidences)
     state = _state(llama_adapter)
-    _, conf = DraftBuilder(state).add(torch.randn(1, 128))
+    _, conf = DraftSteps(state).add(torch.randn(1, 128))
     assert isinstance(conf, DraftConfidence) and conf.sampled == float(conf)
 
 

@@ -32,6 +32,13 @@ class TestDelDynamicOwnContract(LengthControllerContract):
         return DelDynamicLength(DelDynamicLengthConfig(use_selector_hint=False, max_length=5, threshold=0.2))
 
 
+class _Reads:
+    """A round's reads, as the engine returns them (its host copies aside)."""
+
+    def read(self, **values):
+        return {k: v.reshape(-1).tolist() for k, v in values.items()}
+
+
 def _round(length: DelDynamicLength, confs: list[float], accepted: int) -> None:
     k = len(confs)
     draft = Draft(
@@ -42,7 +49,7 @@ def _round(length: DelDynamicLength, confs: list[float], accepted: int) -> None:
     result = Verification(
         num_accepted=torch.tensor([accepted]), new_tokens=torch.zeros(1, accepted + 1, dtype=torch.long)
     )
-    length.observe(None, draft, result)
+    length.observe(_Reads(), draft, result)
 
 
 def test_follows_the_selector_hint():

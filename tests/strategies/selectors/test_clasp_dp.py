@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from functools import partial
 
 import pytest
 import torch
@@ -124,7 +123,7 @@ def test_dp_matches_independent_implementation_and_direct_forward(num_layers, se
     adapter = _adapter(num_layers, seed)
     state, x, pos = _prefilled(adapter, seed)
     for m in range(1, num_layers):
-        res = clasp_dp(x, partial(state.compute_at, pos), m)
+        res = clasp_dp(x, state, pos, m)
         want_skip, want_cos = reference_dp(state, x, pos, m)
         assert res.skip == want_skip, (num_layers, seed, m)
         assert len(res.skip) == m and all(0 <= b < num_layers for b in res.skip)
@@ -138,8 +137,8 @@ def test_sequence_parallel_equals_sequential_and_costs_one_call_per_layer():
     adapter = _adapter(n, 3)
     state, x, pos = _prefilled(adapter, 3)
     for m in range(1, n):
-        par = clasp_dp(x, partial(state.compute_at, pos), m)
-        seq = clasp_dp(x, partial(state.compute_at, pos), m, sequence_parallel=False)
+        par = clasp_dp(x, state, pos, m)
+        seq = clasp_dp(x, state, pos, m, sequence_parallel=False)
         assert par.skip == seq.skip and par.cosine == pytest.approx(seq.cosine, abs=1e-12)
         # states j in [max(1, M - (L - i)), min(i - 1, M)] are run at layer i (pruned to (L, M))
         per_layer = [max(0, min(i - 1, m) - max(1, m - (n - i)) + 1) for i in range(1, n + 1)]
@@ -159,7 +158,7 @@ def test_the_dp_reads_the_device_once_and_does_a_handful_of_operations_per_layer
     state, x, pos = _prefilled(adapter, 3)
     for m in (1, 4, 7):
         with torch.inference_mode(), count_host_work() as work:
-            clasp_dp(x, partial(state.compute_at, pos), m)
+            clasp_dp(x, state, pos, m)
         assert work.reads == 1, (m, work.host_reads.table())
         assert work.ops <= 10 * n + 20, (m, work.by_op)
 
@@ -173,7 +172,7 @@ def test_dp_leaves_the_cache_untouched():
         state.cache.values[:, :, :, :c].clone(),
         list(state.cache.lengths),
     )
-    clasp_dp(x, partial(state.compute_at, pos), 3)
+    clasp_dp(x, state, pos, 3)
     assert state.cache.lengths == lengths and state.cache.committed == c
     assert torch.equal(state.cache.keys[:, :, :, :c], keys) and torch.equal(
         state.cache.values[:, :, :, :c], values
@@ -204,7 +203,7 @@ def _brute_force_cases(objective: str = "max_cosine"):
         adapter = _adapter(n, seed)
         state, x, pos = _prefilled(adapter, seed)
         for m in range(1, n):
-            res = clasp_dp(x, partial(state.compute_at, pos), m, objective=objective)
+            res = clasp_dp(x, state, pos, m, objective=objective)
             every = sorted(_direct_cosine(state, x, pos, s) for s in itertools.combinations(range(n), m))
             yield _direct_cosine(state, x, pos, res.skip), every
 
@@ -257,7 +256,7 @@ def test_dp_against_random_sets():
         adapter = _adapter(n, seed)
         state, x, pos = _prefilled(adapter, seed)
         m = n // 2
-        res = clasp_dp(x, partial(state.compute_at, pos), m)
+        res = clasp_dp(x, state, pos, m)
         rng = random.Random(seed)
         rand = [_direct_cosine(state, x, pos, rng.sample(range(n), m)) for _ in range(120)]
         frac_better = sum(r > res.cosine for r in rand) / len(rand)
@@ -271,8 +270,8 @@ def test_min_cosine_objective_is_the_typo():
     adapter = _adapter(6, 2)
     state, x, pos = _prefilled(adapter, 2)
     for m in (2, 3):
-        best = clasp_dp(x, partial(state.compute_at, pos), m)
-        worst = clasp_dp(x, partial(state.compute_at, pos), m, objective="min_cosine")
+        best = clasp_dp(x, state, pos, m)
+        worst = clasp_dp(x, state, pos, m, objective="min_cosine")
         assert worst.cosine < best.cosine
 
 
@@ -280,10 +279,10 @@ def test_protected_blocks_are_never_skipped():
     adapter = _adapter(8, 0)
     state, x, pos = _prefilled(adapter, 0)
     for m in (1, 3, 6):
-        res = clasp_dp(x, partial(state.compute_at, pos), m, protected={0, 7})
+        res = clasp_dp(x, state, pos, m, protected={0, 7})
         assert len(res.skip) == m and not {0, 7} & set(res.skip)
     with pytest.raises(ValueError, match="cannot skip 7 of 8 blocks with 2 protected"):
-        clasp_dp(x, partial(state.compute_at, pos), 7, protected={0, 7})
+        clasp_dp(x, state, pos, 7, protected={0, 7})
 
 
 # ------------------------------------------------------------------------------ the selector
@@ -383,7 +382,7 @@ def test_initial_set_prompt_or_uniform():
     sel = ClaspDPSelector(ClaspDPConfig(num_skip=3))
     sel.setup(adapter.arch.info())
     plan = sel.plan(state)
-    want = clasp_dp(x, partial(state.compute_at, pos), 3)
+    want = clasp_dp(x, state, pos, 3)
     assert plan == LayerPlan.from_indices(8, attn=want.skip, mlp=want.skip)
     assert sel.plan(state) is plan  # no refresh before the interval
     uni = ClaspDPSelector(ClaspDPConfig(num_skip=3, init="uniform", protect_first=1))

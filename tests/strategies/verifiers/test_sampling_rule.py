@@ -474,7 +474,7 @@ class _GreedyDraft(SamplingVerifier):
 )
 def test_verifier_draft_sampler_and_verify_sample_the_exact_law(verifier_cls, bug):
     """`SamplingVerifier` end to end on fixed logits (temperature 0.7, top-k 4): drafts and q from
-    `draft_sampler` (as `DraftBuilder` calls it), then `verify`, on N rows at once; the outcome must
+    `draft_sampler` (as `DraftSteps` calls it), then `verify`, on N rows at once; the outcome must
     follow the exact law of the warped p and q (warped here by `ref_warp`, independently). A verifier
     whose draft q is the unwarped softmax, or that drafts greedily (Draft & Verify's released code),
     is rejected (N_CONTROL rows)."""

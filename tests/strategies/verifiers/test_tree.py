@@ -18,6 +18,7 @@ from strategies.verifiers.tree import (
     TreeVerifier,
     TreeVerifierConfig,
     build_tree,
+    node_picks,
     tree_mask,
     tree_nodes,
     tree_shape,
@@ -61,13 +62,7 @@ def test_tree_mask_is_ancestors_and_self():
     [(0.01, 10), (0.5, 10), (0.5001, 5), (0.8, 5), (0.81, 3), (0.95, 3), (0.951, 1), (1.0, 1)],
 )
 def test_bands_follow_the_paper(p, width):
-    draft = Draft(
-        torch.tensor([[3]]),
-        LayerPlan.full(L),
-        top_tokens=torch.tensor([[[3]]]),
-        top_probs=torch.tensor([[[p]]], dtype=torch.float64),
-    )
-    assert TreeVerifier().widths(draft) == [width]
+    assert TreeVerifier().widths([p]) == [width]
     assert TreeVerifier().draft_top_k() == 10
 
 
@@ -217,10 +212,10 @@ def test_the_device_tree_has_build_trees_nodes_and_shape(seed):
     widths = [int(x) for x in torch.randint(1, w + 1, (k,), generator=g)]
     widths[3] = w  # without the chain token among them, w alternatives would exist: w - 1 are taken
     tokens, parents, depths = build_tree(chain.tolist(), top.tolist(), widths)
-    assert tree_nodes(chain, top, widths).tolist() == tokens
+    assert tree_nodes(chain, top, widths, torch.tensor(node_picks(widths, w))).tolist() == tokens
     assert tree_shape(widths) == (parents, depths)
 
 
 def test_tree_nodes_refuses_more_width_than_candidates():
     with pytest.raises(ValueError, match="need 4 candidates per depth; the draft has 3"):
-        tree_nodes(torch.tensor([1]), torch.tensor([[1, 2, 3]]), [4])
+        tree_nodes(torch.tensor([1]), torch.tensor([[1, 2, 3]]), [4], torch.tensor([0]))

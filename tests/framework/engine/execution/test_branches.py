@@ -177,23 +177,27 @@ def _decoders(adapter, verifier=None):
 
 @pytest.mark.parametrize("tree", [False, True])
 def test_no_graph_is_recorded_inside_a_timed_decode_once_every_size_was_recorded(tree):
-    """``prepare_graphs`` sizes the pool for the longest prompt and records every (branch, T,
-    span) the decoders declare (their ``forward_sizes``): generations of prompts of very different
-    lengths, crossing a span boundary, then record none, and the output is still plain greedy's."""
+    """``prepare_graphs`` sizes the pool for the longest prompt, and after a short warm-up decode
+    the engine knows which forwards the method runs (no strategy declares them): recording every
+    (branch, T, span) they can use (`SpeculativeDecoder.graph_sizes`), generations of prompts of
+    very different lengths, crossing a span boundary, then record none, and the output is still
+    plain greedy's."""
     _, static = _adapters(num_layers=4, seed=3)
     van, spec = _decoders(static, TreeVerifier() if tree else None)
     prompts = [random_prompt(n, seed=n) for n in (5, 300, 40)]  # the long one crosses span 256
     stop = StopCondition(24)
-    sizes = van.forward_sizes() | spec.forward_sizes()
-    if tree:  # pending alone; trees of up to 3 depths of 10 candidates
-        assert sizes.chain == {1} and sizes.tree == set(range(2, 32))
-    else:  # pending alone, drafts of one token, verifications of up to 3 drafts
-        assert sizes.chain == set(range(1, 5)) and not sizes.tree
     capacity = 300 + 24 + spec.max_draft + 8
-    recorded, _ = static.executor.prepare_graphs(
-        capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch
-    )
-    assert recorded > 0 and static.executor.graphs.pool.capacity >= capacity
+    static.executor.prepare_graphs(capacity)  # the pool first
+    spec.generate(random_prompt(7, seed=99), StopCondition(8))  # the warm-up: what runs
+    sizes = spec.graph_sizes(static.executor.seen)
+    assert sizes.chain == set(range(1, 5))  # pending alone, drafts of one token, verifications of up to 3
+    if tree:  # trees of up to 3 depths of 10 candidates
+        assert sizes.tree == set(range(2, 32)) and static.executor.seen.tree <= sizes.tree
+    else:
+        assert not sizes.tree
+    static.executor.prepare_graphs(capacity, chain=sizes.chain, tree=sizes.tree, mlp=sizes.scratch)
+    assert static.executor.graphs.store.captures > 0  # the warm-up's graphs and the precapture's
+    assert static.executor.graphs.pool.capacity >= capacity
     pool = static.executor.graphs.pool.keys
     for prompt in prompts:
         want = van.generate(prompt, stop)

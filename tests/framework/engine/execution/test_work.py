@@ -264,7 +264,6 @@ def test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses():
     static form of `forward_block`, against the pool) and their glue are one graph, recorded once
     and replayed at any committed position (a device input); the skip set is the eager DP's, and
     the cache's books do not change."""
-    from functools import partial
 
     from strategies.selectors.clasp_dp import clasp_dp
 
@@ -277,14 +276,14 @@ def test_claspss_dp_as_one_graph_chooses_what_the_eager_dp_chooses():
     lengths = list(states[1].cache.lengths)
     for p in (11, 6, 9, 4):  # committed positions of the prompt
         x = states[0].last_hidden_states[:, 0, p]
-        want = clasp_dp(x, partial(states[0].compute_at, p), m)
-        got = clasp_dp(x, partial(states[1].compute_at, p), m)
+        want = clasp_dp(x, states[0], p, m)
+        got = clasp_dp(x, states[1], p, m)
         assert got.skip == want.skip and got.cosine == pytest.approx(want.cosine, abs=1e-5), p
     works = [k for k in graphed.executor.graphs.store.keys("work")]
     assert len(works) == 1 and graphed.executor.graphs.work.runs == 3  # learned, then one graph
     assert states[1].cache.lengths == lengths
     with pytest.raises(ValueError, match="position must be committed"):
-        clasp_dp(x, partial(states[1].compute_at, 12), m)
+        clasp_dp(x, states[1], 12, m)
 
 
 def test_clasp_decodes_through_its_dp_graph_as_through_the_eager_dp(monkeypatch):
@@ -358,7 +357,6 @@ def test_exact_modes_backend_holds_on_every_graph_route(monkeypatch):
     """Exact mode pins SDPA to one backend for every attention: the whole-forward graph, its
     precapture and a strategy's device function with blocks (CLaSp's DP graph), not only the eager
     forward. The CPU has no memory-efficient backend, so the mechanism is checked with another."""
-    from functools import partial
 
     from torch.nn.attention import SDPBackend
 
@@ -387,7 +385,7 @@ def test_exact_modes_backend_holds_on_every_graph_route(monkeypatch):
     assert adapter.executor.graphs.forwards.forwards == 2 and seen and not any(seen)
     seen.clear()
     for _ in range(3):  # learned, recorded, replayed: the DP's blocks in one graph
-        clasp_dp(x, partial(state.compute_at, 10), 2)
+        clasp_dp(x, state, 10, 2)
     assert adapter.executor.graphs.work.runs == 2 and seen and not any(seen)
 
 
@@ -395,7 +393,6 @@ def test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows():
     """A device function with blocks writes its candidates' keys and values in scratch slots after
     the cache's end: near the end of an attention span (a long context) its span must hold them,
     or the candidates lose sight of themselves. The graph's DP equals the eager DP there."""
-    from functools import partial
 
     from framework.engine.execution.store import MIN_SPAN
     from strategies.selectors.clasp_dp import clasp_dp
@@ -412,9 +409,9 @@ def test_a_dp_graph_near_a_spans_end_sees_its_own_scratch_rows():
     for s in states:
         s.append(s.prefill().argmax(-1)[:, None])
     x = states[0].last_hidden_states[:, 0, p - 1]
-    want = clasp_dp(x, partial(states[0].compute_at, p - 1), 3)  # up to 3 candidates a block call
+    want = clasp_dp(x, states[0], p - 1, 3)  # up to 3 candidates a block call
     for _ in range(3):
-        got = clasp_dp(x, partial(states[1].compute_at, p - 1), 3)
+        got = clasp_dp(x, states[1], p - 1, 3)
         assert got.skip == want.skip and got.cosine == pytest.approx(want.cosine, abs=1e-5)
     assert graphed.executor.graphs.work.runs == 2
 

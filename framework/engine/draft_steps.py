@@ -1,33 +1,33 @@
-"""Shared step-by-step bookkeeping of drafters: pick each draft token and keep what was asked for.
+"""A round's draft, step by step, kept by the engine (issue 56): a drafter asks for the next token
+(``state.draft_step``) and for the round's `Draft` (``state.drafted``); what every drafter did the
+same way after each forward lives here.
 
-A drafter's loop is its own (which forward, when to stop); what every drafter does the same way
-after each forward lives in `DraftBuilder`: choose the token as the verifier wants it (the warped
-sample of ``state.draft_sampler``, else the argmax) and keep only the extras some strategy
-declared it needs (top-1 confidences, full distributions, top-k candidates).
-
-Drafters that copy tokens from the context instead of running the model (prompt lookup) share
-`NgramIndex` (the incremental n-gram search, kept by the drafter and brought up to date with the
-committed tokens by `NgramIndex.follow`) and `copy_draft` (a copied draft with the extras the strategies asked for).
+`DraftSteps` chooses each token as the verifier wants it (the warped sample of the verifier's
+draft sampler, else the argmax, picked inside the forward where it runs as one graph) and keeps
+only the extras some strategy declared it needs (top-1 confidences, full distributions, top-k
+candidates). The confidences a stop rule read step by step are remembered on the host with the
+draft (`framework.engine.host_values`): a strategy that reads them again reads nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan, Picked, TokenPick, pick_tokens
-from framework.utils import upload
-from framework.view import DeviceOps, RoundView
+from framework.view import DeviceOps
 
 if TYPE_CHECKING:
     from framework.engine.draft_head import DraftHead
 
+#: The decode state (`framework.engine.state.DecodeState`; not imported: it imports this).
+DecodeState = Any
+
 
 class DraftConfidence(float):
-    """The confidence `DraftBuilder.add` reports: a float, the top-1 draft probability (what
+    """The confidence `DraftSteps.add` reports: a float, the top-1 draft probability (what
     ``LengthController.should_continue`` documents), that also knows the probability of the token
     actually drafted under the draft's unwarped softmax (`sampled`).
 
@@ -72,7 +72,7 @@ def sampled_step(
     return out
 
 
-class DraftBuilder:
+class DraftSteps:
     """Collects one round's draft tokens.
 
     Args:
@@ -80,7 +80,7 @@ class DraftBuilder:
             ``draft_top_k``, ``draft_sampler``) decide what is computed.
     """
 
-    def __init__(self, state: RoundView) -> None:
+    def __init__(self, state: DecodeState) -> None:
         self._state = state
         self.sampler = state.draft_sampler
         self.want_extras = state.need_confidence or state.need_draft_probs or state.draft_top_k > 0
@@ -102,10 +102,18 @@ class DraftBuilder:
         self.probs: list[torch.Tensor] = []
         self.top_tokens: list[torch.Tensor] = []
         self.top_probs: list[torch.Tensor] = []
-        self.host_top1: list[float] = []  # what the stop rule read, step by step
+        self.read_top1: list[float] = []  # what the stop rule read, step by step
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def step(
+        self, input_ids: torch.Tensor, plan: LayerPlan | None, reusable: bool
+    ) -> tuple[torch.Tensor, DraftConfidence | None]:
+        """One draft forward of ``input_ids`` through ``plan`` and its token (`add`), picked
+        inside the forward when it can be."""
+        fwd = self._state.forward_draft(input_ids, plan, logits_at="last", reusable=reusable, pick=self.pick)
+        return self.add(fwd.logits[:, -1], fwd.head, fwd.picked)
 
     def add(
         self, logits: torch.Tensor, head: DraftHead | None = None, picked: Picked | None = None
@@ -155,10 +163,10 @@ class DraftBuilder:
         self.tokens.append(tok)
         if not self.want_conf:
             return tok, None
-        self.host_top1.append(float(top_p[0]))  # the stop rule's read
+        self.read_top1.append(float(top_p[0]))  # the stop rule's read
         if self.sampler is not None:
-            return tok, DraftConfidence(self.host_top1[-1], full[0], tok[0])
-        return tok, DraftConfidence(self.host_top1[-1])  # greedy: the drafted token is the argmax
+            return tok, DraftConfidence(self.read_top1[-1], full[0], tok[0])
+        return tok, DraftConfidence(self.read_top1[-1])  # greedy: the drafted token is the argmax
 
     def drop_last(self, conf: float | None = None) -> None:
         """Forget the last token (a drafter that breaks before appending, as DEL does).
@@ -174,7 +182,7 @@ class DraftBuilder:
                 "(stop_on='sampled') biases speculative sampling; use on_stop='keep' or stop_on='top1'"
             )
         n = len(self.tokens)
-        for lst in (self.tokens, self.confs, self.probs, self.top_tokens, self.top_probs, self.host_top1):
+        for lst in (self.tokens, self.confs, self.probs, self.top_tokens, self.top_probs, self.read_top1):
             if len(lst) == n and lst:
                 lst.pop()
 
@@ -189,141 +197,33 @@ class DraftBuilder:
         tokens = stack(self.tokens)
         if tokens is None:
             tokens = torch.empty(self.batch, 0, dtype=torch.long, device=self.device)
-        return Draft(
+        draft = Draft(
             tokens=tokens,
             plan=plan,
             confidences=stack(self.confs),
             probs=stack(self.probs),
             top_tokens=stack(self.top_tokens),
             top_probs=stack(self.top_probs),
-            host_top1=tuple(self.host_top1) if len(self.host_top1) == len(self.tokens) else None,
         )
+        if draft.confidences is not None and len(self.read_top1) == len(self.tokens):
+            # row 0 as the stop rule read it, known for the round: no strategy reads it again
+            self._state.host_values.remember(draft.confidences[0], self.read_top1)
+        return draft
 
 
-# --------------------------------------------------------------------------------------------
-# Drafting by copying from the context (prompt lookup): no forward at all
-# --------------------------------------------------------------------------------------------
-
-
-class NgramIndex:
-    """The most recent earlier occurrence of every short n-gram of a growing token sequence.
-
-    Maps each n-gram (``min_n <= n <= max_n``) to the position of its last token in its most recent
-    occurrence that ends *before* the sequence's last token (so the n-gram that ends at the last
-    token, the query, never matches itself). Appending t tokens costs ``t * (max_n - min_n + 1)``
-    dict insertions and a `match` at most ``max_n - min_n + 1`` dict probes: the cost per round does
-    not grow with the context.
-
-    Args:
-        min_n: shortest n-gram indexed (>= 1).
-        max_n: longest n-gram indexed (>= min_n).
-    """
-
-    def __init__(self, min_n: int, max_n: int) -> None:
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"NgramIndex needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
-        self._last: dict[tuple[int, ...], int] = {}
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def extend(self, tokens: Iterable[int]) -> None:
-        """Append tokens; the n-grams that now end before the last token become matchable."""
-        seq = self.tokens
-        start = len(seq)
-        seq.extend(int(t) for t in tokens)
-        last = self._last
-        # Ends start-1 .. len-2: the previous last token's n-grams were held back as the query's.
-        for end in range(max(start - 1, 0), len(seq) - 1):
-            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
-                last[tuple(seq[end - n + 1 : end + 1])] = end
-
-    def match(self) -> tuple[int, int]:
-        """The longest n-gram ending at the last token that occurred earlier.
-
-        Returns:
-            ``(n, end)``: its length and the position of the last token of its most recent earlier
-            occurrence, or ``(0, -1)`` when no n-gram of ``min_n`` tokens or more recurs.
-        """
-        seq = self.tokens
-        size = len(seq)
-        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
-            end = self._last.get(tuple(seq[size - n :]))
-            if end is not None:
-                return n, end
-        return 0, -1
-
-    def continuation(self, end: int, k: int) -> list[int]:
-        """The k tokens that followed position ``end``.
-
-        Past the sequence's last token the copy continues from its own output (an overlapping copy,
-        as in LZ77): an occurrence d tokens back proposes the last d tokens repeated periodically.
-        """
-        seq = self.tokens
-        size = len(seq)
-        out: list[int] = []
-        for i in range(k):
-            j = end + 1 + i
-            out.append(seq[j] if j < size else out[j - size])
-        return out
-
-    def follow(self, tokens: Sequence[int]) -> NgramIndex:
-        """Bring the index up to date with ``tokens``, the sequence it indexes so far plus what was
-        committed since (each round indexes only its new tokens); a sequence that is not a
-        continuation of the indexed one (another generation) is indexed afresh. Returns ``self``."""
-        have = len(self.tokens)
-        if have > len(tokens) or (have and tokens[have - 1] != self.tokens[-1]):
-            self.tokens, self._last, have = [], {}, 0  # the tokens were replaced: rebuild
-        if len(tokens) > have:
-            self.extend(tokens[have:])
-        return self
-
-    def lookup(self, k: int) -> tuple[int, list[int]]:
-        """``(n, the k tokens after the match)`` for the longest match, or ``(0, [])``."""
-        n, end = self.match()
-        return (n, self.continuation(end, k)) if n else (0, [])
-
-
-def copy_draft(
-    state: RoundView,
-    candidates: Sequence[int],
-    plan: LayerPlan,
-    length: LengthController,
-    max_tokens: int,
-    confidence: float,
-) -> Draft:
-    """A draft of tokens copied from the context (no forward), stopped as the length controller says.
-
-    Each copied token is reported with the fixed ``confidence`` (to ``length.should_continue`` and,
-    when some strategy asked for confidences, in ``Draft.confidences``). The draft distribution of
-    a copied token is deterministic: when the verifier needs draft probabilities (speculative
-    sampling) ``Draft.probs`` is the one-hot q of each token, for which speculative sampling is
-    still exact (accept with probability p(d), else resample from p without d). No top-k
-    candidates are kept: the draft is a chain, which tree verification verifies as such.
-    ``Draft.source`` is ``"lookup"``: no forward ran for it.
-
-    Args:
-        state: the `DecodeState`.
-        candidates: the tokens to propose, in order (at most ``max_tokens`` are used).
-        plan: recorded as ``Draft.plan``.
-        length: asked after each token whether to continue.
-        max_tokens: the round's cap.
-        confidence: the confidence of every copied token, in [0, 1].
-    """
-    toks: list[int] = []
-    for tok in candidates[:max_tokens]:
-        toks.append(int(tok))
-        if len(toks) >= max_tokens or not length.should_continue(len(toks), confidence):
-            break
-    batch, k = state.pending.shape[0], len(toks)
-    tokens = upload([toks] * batch, state.device, torch.long).reshape(batch, k)  # no device wait
-    draft = Draft(tokens=tokens, plan=plan, source="lookup")  # no forward ran
+def copied_draft(state: DecodeState, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
+    """A draft of ``tokens`` copied from the context (no forward: ``Draft.source`` is ``"lookup"``),
+    with the extras the strategies asked for: each token's confidence is ``confidence``, its draft
+    distribution the one-hot q (for which speculative sampling is still exact). No top-k
+    candidates: the draft is a chain."""
+    batch, k = state.pending.shape[0], len(tokens)
+    ids = state.tensor([list(tokens)] * batch).reshape(batch, k)
+    draft = Draft(tokens=ids, plan=plan, source="lookup")
     if k and (state.need_confidence or state.need_draft_probs or state.draft_top_k > 0):
         draft.confidences = torch.full((batch, k), float(confidence), device=state.device)
+        state.host_values.remember(draft.confidences[0], [float(confidence)] * k)
     if k and state.need_draft_probs:  # q = one-hot: (B, K, V), float32 as the draft sampler's
         draft.probs = torch.zeros(batch, k, state.info.vocab_size, device=state.device).scatter_(
-            -1, tokens[..., None], 1.0
+            -1, ids[..., None], 1.0
         )
     return draft
