@@ -259,10 +259,7 @@ def c_cl_persistence(ctx: Ctx) -> dict[str, Any]:
         state, hs = committed(ctx, i, capture_hidden=True)
         if hs is None:
             continue
-        sets = [
-            set(clasp_dp(hs[:, j], state, state.prompt_len + j, m).skip)
-            for j in range(hs.shape[1])
-        ]
+        sets = [set(clasp_dp(hs[:, j], state, state.prompt_len + j, m).skip) for j in range(hs.shape[1])]
         jac = {
             str(k): [len(sets[a] & sets[a + k]) / len(sets[a] | sets[a + k]) for a in range(len(sets) - k)]
             for k in ks

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 
-
 def _test_module():
     """The host-work tests of the checkout on ``sys.path`` (their budgets and their counting)."""
     import framework
@@ -44,13 +43,20 @@ def main() -> None:
     texts = ["Write a short poem about the sea.", "Explain what a hash table is in two sentences."]
     prompts = [torch.tensor([encode_chat(tok, [{"role": "user", "content": t}])]) for t in texts]
     names = [n for n in args.presets.split(",") if n] or sorted(tests.BUDGETS)
-    print("| preset | rounds | operations a round | host reads a round | of them, a stop rule's a round | reads outside the steps a round |")
+    print(
+        "| preset | rounds | operations a round | host reads a round | of them, a stop rule's a round | reads outside the steps a round |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
-        work = tests._per_round(name, drafting=True, model=model, prompts=prompts, prepared=tests._REAL_PREPARED)
+        work = tests._per_round(
+            name, drafting=True, model=model, prompts=prompts, prepared=tests._REAL_PREPARED
+        )
         ops, reads = work.per_round()
         steps = work.step_reads / work.rounds
-        print(f"| {name} | {work.rounds} | {ops:.2f} | {reads:.2f} | {steps:.2f} | {reads - steps:.2f} |", flush=True)
+        print(
+            f"| {name} | {work.rounds} | {ops:.2f} | {reads:.2f} | {steps:.2f} | {reads - steps:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
