@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from framework.engine.cost_model import CostModel
-from framework.results.metrics import aggregate, compare_table, cost_model_prediction
+from framework.results.metrics import aggregate, compare_table, cost_model_prediction, speedup
 
 
 def final_selector_summary(records: list[dict]) -> dict:
@@ -43,7 +43,7 @@ def ceilings(runs: dict[str, list[dict]], cost: CostModel, category: str) -> lis
             if name == "vanilla" or base is None or not base.mean_tokens_per_s:
                 continue
             pred = cost_model_prediction(cost, m.acceptance_rate, m.skip_ratio, m.forwards_per_draft_token)
-            measured = m.mean_tokens_per_s / base.mean_tokens_per_s
+            measured = speedup(m.tokens_per_s, base.tokens_per_s)
             out.append(
                 f"- {label}: measured {measured:.3f}x; cost model at alpha {pred['alpha']:.3f}, skip ratio "
                 f"{m.skip_ratio:.3f}: ceiling {pred['ceiling']:.3f}x (k = {pred['ceiling_k']}), best drafting "

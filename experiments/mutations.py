@@ -231,8 +231,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "first_token_processed_without_the_prompts_last_token",
         "the first new token's processors see the prompt without its last token (plain decoding too)",
         "framework/engine/state.py",
-        "            return self.processing.next(self._tokens[:, :p], out.logits[:, -1])",
-        "            return self.processing.next(self._tokens[:, : p - 1], out.logits[:, -1])",
+        "            return self.processing.next(self.tokens, out.logits[:, -1])",
+        "            return self.processing.next(self.tokens[:, : p - 1], out.logits[:, -1])",
         (
             "tests/framework/engine/test_processing.py::test_speculative_decoding_with_processors_equals_hf_generate_with_them",
         ),
@@ -790,13 +790,31 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "strategy_reads_past_the_round_view",
-        "the greedy verifier reads the state's token buffer, which RoundView does not declare",
+        "the greedy verifier reads the state's token buffer, which VerifyView does not declare",
         "strategies/verifiers/greedy.py",
         "block = torch.cat([state.pending, draft.tokens], dim=1)",
-        "block = torch.cat([state._tokens[:, state.num_tokens - 1 : state.num_tokens], draft.tokens], dim=1)",
+        "block = torch.cat([state.committed_tokens.span(state.num_tokens - 1), draft.tokens], dim=1)",
         (
             "tests/framework/test_layering.py::test_strategies_and_their_building_blocks_see_views_not_the_engines_objects",
         ),
+    ),
+    Mutation(
+        "drafter_typed_with_the_selectors_view",
+        "the layer-skip drafter's draft takes the selectors' RoundView and still steps the draft",
+        "strategies/drafters/layer_skip.py",
+        "def draft(self, state: DraftView,",
+        "def draft(self, state: RoundView,",
+        (
+            "tests/framework/test_layering.py::test_strategies_and_their_building_blocks_see_views_not_the_engines_objects",
+        ),
+    ),
+    Mutation(
+        "speedup_as_a_mean_of_ratios",
+        "the one speedup function averages the per-prompt ratios instead of taking the ratio of the means",
+        "framework/results/metrics.py",
+        "    return (sum(m) / len(m) if m else 0.0) / mean_b if mean_b > 0 else float(\"nan\")",
+        "    return sum(x / y for x, y in zip(m, b)) / len(m) if mean_b > 0 else float(\"nan\")",
+        ("tests/framework/results/test_metrics.py::test_speedup_is_the_ratio_of_the_mean_tokens_per_second",),
     ),
     Mutation(
         "strategy_reaches_for_the_adapter",
@@ -1040,11 +1058,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
-        "driver_numpy_unseeded",
-        "the pipeline seeds Python's and torch's generators but not NumPy's (a run's NumPy draws differ)",
+        "driver_unseeded",
+        "the pipeline's seeding ignores the seed (every run draws the same numbers whatever --seed says)",
         "framework/runner/pipeline.py",
-        "np.random.seed(seed % 2**32)",
-        "np.random.seed()",
+        "    pl.seed_everything(seed, verbose=False)",
+        "    pl.seed_everything(0, verbose=False)",
         ("tests/framework/runner/test_pipeline.py::test_seed_everything_seeds_python_numpy_and_torch",),
     ),
     Mutation(

@@ -14,7 +14,8 @@ Example:
     ...         n = state.info.num_layers
     ...         return fw.LayerPlan.from_indices(n, mlp=range(1, n, 2))
 
-Strategies see a round through `RoundView` and their one-time preparation through `PrepareView`
+Strategies see a round through `RoundView` (a drafter's ``draft`` through `DraftView`, a verifier's
+``verify`` through `VerifyView`) and their one-time preparation through `PrepareView`
 (typed, read-only: never the model adapter or the KV cache). Everything a strategy needs is
 importable from here. The sub-packages, lowest first: the kernels (`framework.kernels`), the
 engine (`framework.engine`), what strategies compose (`framework.drafting`: draft builder, reduced
@@ -61,10 +62,9 @@ from framework.types import (
     ModelInfo,
     RandomStream,
     RoundRecord,
-    TokenPick,
     Verification,
 )
-from framework.view import DeviceOps, PlanEvaluation, RoundView
+from framework.view import DeviceOps, DraftView, PlanEvaluation, RoundView, VerifyView
 
 __all__ = [
     "AcceptanceRule",
@@ -90,8 +90,9 @@ __all__ = [
     "RandomStream",
     "RoundRecord",
     "RoundView",
+    "DraftView",
+    "VerifyView",
     "Strategy",
-    "TokenPick",
     "UnknownNameError",
     "Verification",
     "Verifier",

@@ -47,7 +47,7 @@ from framework.types import (
     ReducedHead,
     Verification,
 )
-from framework.view import PlanEvaluation, RoundView
+from framework.view import DraftView, PlanEvaluation, RoundView, VerifyView
 
 T = TypeVar("T")
 
@@ -202,7 +202,7 @@ class Drafter(Strategy):
         return None
 
     @abstractmethod
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         """Draft at most ``max_tokens`` (>= 1) tokens after ``state.pending``.
 
         Implementations ask the engine for each token (``state.draft_step``, which owns the
@@ -249,7 +249,7 @@ class Verifier(Strategy):
         return 0
 
     @abstractmethod
-    def verify(self, state: RoundView, draft: Draft) -> Verification:
+    def verify(self, state: VerifyView, draft: Draft) -> Verification:
         """Run the target over ``[state.pending, draft.tokens]`` via ``state.forward_verify``."""
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:  # noqa: B027

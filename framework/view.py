@@ -1,16 +1,18 @@
 """What a strategy may read and call: the typed, read-only views of a round and of a preparation.
 
 Strategies see the engine through these protocols only. Every strategy method of a round (``plan``,
-``length_hint``, ``max_length``, ``draft``, ``verify``, ``observe``) takes a `RoundView`: the
-tokens, the hidden states a strategy asked for (its capability flags), the model's facts, the
-counters of the generation and the forwards whose KV-cache bookkeeping the engine owns. The one-time
+``length_hint``, ``max_length``, ``observe``) takes a `RoundView`: the tokens, the hidden states a
+strategy asked for (its capability flags), the model's facts, the counters of the generation, its
+device work and its read. A drafter's ``draft`` takes a `DraftView`, the round view with the draft
+forwards and the draft's bookkeeping; a verifier's ``verify`` takes a `VerifyView`, the round view
+with the verification forward. The KV-cache bookkeeping of every forward is the engine's. The one-time
 ``prepare`` takes a `framework.interfaces.PrepareView` (declared beside the strategies it hands
 to: the model's facts, prompts to calibrate on, the measured cost model, and
 `PrepareView.evaluate`, the search service that decodes prompts with a candidate plan; this module
 holds what it returns, `PlanEvaluation`). Neither exposes the model adapter or the KV cache. The engine's objects implement them
 (`framework.engine.state.DecodeState`, handed out as it is, and
-`framework.engine.context.PrepareContext`); `tests/framework/test_layering.py` holds strategies to
-the views' members.
+`framework.engine.context.PrepareContext`); `tests/framework/test_layering.py` holds each strategy
+function to the members of the view its ``state`` is annotated with.
 
 Shape notation as in `framework.types`: ``B`` batch (1), ``T`` tokens in one forward, ``N``
 committed tokens, ``V`` vocabulary, ``L`` blocks, ``d`` hidden size.
@@ -50,16 +52,12 @@ class RoundView(Protocol):
         num_tokens: N, the prompt and every committed new token (`pending` included).
         num_new: N - P.
         pending_position: the position of `pending`: the first KV slot not committed.
-        compressed_drafts: draft passes run a compressed copy of the weights (no early-exit KV
-            reuse then).
         draft_head: the generation's reduced draft head (``None``: the full LM head).
         last_hidden_states: FloatTensor (L+1, B, T, d) of the last verification (or the prefill),
             when `capture_hidden`; index 0 is the embedding.
         stats: the generation's counters (per-round records, phase timings, forward counts).
         layer_loads: blocks entered by the model's forwards so far, whatever their token count
             (DEL's "layers loaded" cost), counted over the model's lifetime: read differences.
-        grammar: the generation's grammar matcher (`framework.engine.grammar.GrammarState`;
-            ``forced(generated, limit)``: the tokens it forces next), or ``None`` without a grammar.
     """
 
     info: ModelInfo
@@ -69,12 +67,10 @@ class RoundView(Protocol):
     num_tokens: int
     num_new: int
     pending_position: int
-    compressed_drafts: bool
     draft_head: ReducedHead | None
     last_hidden_states: torch.Tensor | None
     stats: DecodeStats
     layer_loads: int
-    grammar: Any
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -95,55 +91,6 @@ class RoundView(Protocol):
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
         """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
 
-    def draft_step(
-        self, input_ids: torch.Tensor, plan: LayerPlan | None, *, reusable: bool = False
-    ) -> tuple[torch.Tensor, float | None]:
-        """Feed the next draft input(s) (B, T) through the draft ``plan`` and let the engine
-        choose the next token from the last row, as the verifier wants it (sampled, or the
-        argmax), keeping what the other strategies asked for. ``reusable``: ``plan`` is a pure
-        prefix whose blocks the verification may keep (early exit). Returns ``(token (B,),
-        confidence)``: row 0's top-1 draft probability, ``None`` unless a length controller asked
-        for it."""
-
-    def drop_draft_step(self, confidence: float | None = None) -> None:
-        """Forget the last draft token (a drafter that stops before keeping it, as DEL does);
-        ``confidence``: what `draft_step` returned for it."""
-
-    def drafted(self, plan: LayerPlan) -> Draft:
-        """The round's `Draft` of the tokens `draft_step` chose (possibly none), with ``plan``."""
-
-    def copied_draft(self, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
-        """A draft of ``tokens`` copied from the context (no forward), each with ``confidence``,
-        with the extras the other strategies asked for (a one-hot draft distribution)."""
-
-    def forward_draft(
-        self,
-        input_ids: torch.Tensor,
-        plan: LayerPlan | None,
-        *,
-        logits_at: str | torch.Tensor | None = "last",
-        reusable: bool = False,
-    ) -> ForwardOutput:
-        """Feed draft token(s) (B, T) through the draft ``plan`` and return its logits, for a
-        drafter that chooses tokens its own way (`draft_step` chooses them for you; see
-        `framework.engine.state.DecodeState.forward_draft`)."""
-
-    def forward_verify(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        logits_at: str | torch.Tensor | None = "all",
-        position_ids: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
-        rule: AcceptanceRule | None = None,
-        rule_inputs: Sequence[torch.Tensor | None] = (),
-    ) -> ForwardOutput:
-        """Full-model forward over a block (B, T) starting at `pending_position`, the draft's KV
-        discarded first (see `framework.engine.state.DecodeState.forward_verify`). ``rule``: the
-        verifier's acceptance rule, ``rule(ops, ids, logits, *rule_inputs) -> dict of tensors``
-        (`framework.types.AcceptanceRule`), which the engine folds into the forward (inside its
-        one graph on a GPU) and whose outputs come back by name in ``ForwardOutput.ruled``."""
-
     def forward_scratch(
         self,
         start: int,
@@ -154,13 +101,6 @@ class RoundView(Protocol):
     ) -> ForwardOutput:
         """Teacher-forced draft pass over committed tokens ``[start, end)`` that leaves the
         committed cache untouched (SWIFT's candidate scoring)."""
-
-    def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor:
-        """Decoder block ``block`` on n candidate states (n, d) of the committed ``position``,
-        the committed cache untouched (CLaSp's dynamic programme)."""
-
-    def discard_draft(self) -> None:
-        """Forget the current round's draft KV (a drafter that gives up)."""
 
     def top1_from_hidden(
         self, hidden: torch.Tensor, *, draft_head: bool = False
@@ -207,6 +147,80 @@ class RoundView(Protocol):
         """What ``strategy.reads`` asked for, read by name: the prompt's until the first round
         commits, then each round's (read with the verifier's read, or by the engine at the commit
         when the verifier read nothing it could join). Empty when it asked for nothing."""
+
+
+@runtime_checkable
+class DraftView(RoundView, Protocol):
+    """The round as a drafter's ``draft`` sees it: the `RoundView`, the draft forwards and the
+    draft's bookkeeping (the engine chooses each token the way the verifier wants it and keeps what
+    the other strategies asked for).
+
+    Attributes:
+        compressed_drafts: draft passes run a compressed copy of the weights (no early-exit KV
+            reuse then).
+        grammar: the generation's grammar matcher (`framework.engine.grammar.GrammarState`;
+            ``forced(generated, limit)``: the tokens it forces next), or ``None`` without a grammar.
+    """
+
+    compressed_drafts: bool
+    grammar: Any
+
+    def draft_step(
+        self, input_ids: torch.Tensor, plan: LayerPlan | None, *, reusable: bool = False
+    ) -> tuple[torch.Tensor, float | None]:
+        """Feed the next draft input(s) (B, T) through the draft ``plan`` and let the engine
+        choose the next token from the last row, as the verifier wants it (sampled, or the
+        argmax), keeping what the other strategies asked for. ``reusable``: ``plan`` is a pure
+        prefix whose blocks the verification may keep (early exit). Returns ``(token (B,),
+        confidence)``: row 0's top-1 draft probability, ``None`` unless a length controller asked
+        for it."""
+
+    def drop_draft_step(self, confidence: float | None = None) -> None:
+        """Forget the last draft token (a drafter that stops before keeping it, as DEL does);
+        ``confidence``: what `draft_step` returned for it."""
+
+    def drafted(self, plan: LayerPlan) -> Draft:
+        """The round's `Draft` of the tokens `draft_step` chose (possibly none), with ``plan``."""
+
+    def copied_draft(self, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
+        """A draft of ``tokens`` copied from the context (no forward), each with ``confidence``,
+        with the extras the other strategies asked for (a one-hot draft distribution)."""
+
+    def forward_draft(
+        self,
+        input_ids: torch.Tensor,
+        plan: LayerPlan | None,
+        *,
+        logits_at: str | torch.Tensor | None = "last",
+        reusable: bool = False,
+    ) -> ForwardOutput:
+        """Feed draft token(s) (B, T) through the draft ``plan`` and return its logits, for a
+        drafter that chooses tokens its own way (`draft_step` chooses them for you; see
+        `framework.engine.state.DecodeState.forward_draft`)."""
+
+    def discard_draft(self) -> None:
+        """Forget the current round's draft KV (a drafter that gives up)."""
+
+
+@runtime_checkable
+class VerifyView(RoundView, Protocol):
+    """The round as a verifier's ``verify`` sees it: the `RoundView` and the verification forward."""
+
+    def forward_verify(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        logits_at: str | torch.Tensor | None = "all",
+        position_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        rule: AcceptanceRule | None = None,
+        rule_inputs: Sequence[torch.Tensor | None] = (),
+    ) -> ForwardOutput:
+        """Full-model forward over a block (B, T) starting at `pending_position`, the draft's KV
+        discarded first (see `framework.engine.state.DecodeState.forward_verify`). ``rule``: the
+        verifier's acceptance rule, ``rule(ops, ids, logits, *rule_inputs) -> dict of tensors``
+        (`framework.types.AcceptanceRule`), which the engine folds into the forward (inside its
+        one graph on a GPU) and whose outputs come back by name in ``ForwardOutput.ruled``."""
 
 
 class DeviceOps(Protocol):

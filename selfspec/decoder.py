@@ -27,6 +27,7 @@ from framework.engine.grammar import FLAGS as GRAMMAR_FLAGS
 from framework.engine.grammar import Grammar, GrammarError
 from framework.interfaces import Strategy
 from framework.results.compare import Method, compare_methods, warm_up
+from framework.results.metrics import speedup
 from framework.runner.pipeline import run as run_pipeline
 from framework.session.run_config import GenerationConfig, MethodConfig, ModelConfig, RunConfig, section_of
 from framework.session.session import Session
@@ -608,11 +609,10 @@ class Decoder:
                 tok_s[name].append(turns[0][0].tokens_per_second)
             mismatch = mismatch or cmp.mismatches.get("method")
         runs = {name: self._generation(*turns[0]) for name, turns in cmp.results.items()}
-        mean = {k: sum(v) / len(v) for k, v in tok_s.items()}
         return Comparison(
             vanilla=runs["vanilla"],
             method=runs["method"],
-            speedup=mean["method"] / mean["vanilla"] if mean["vanilla"] > 0 else float("nan"),
+            speedup=speedup(tok_s["method"], tok_s["vanilla"]),
             lossless=(mismatch is None) if greedy else None,
             first_mismatch=mismatch if greedy else None,
             repeats=repeats,

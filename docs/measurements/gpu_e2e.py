@@ -65,6 +65,7 @@ from framework import (  # noqa: E402
     LengthHint,
     RoundView,
     Verification,
+    VerifyView,
 )
 from framework.engine.adapter import adapter_for  # noqa: E402
 from framework.engine.cost_model import CostModel  # noqa: E402
@@ -167,7 +168,7 @@ class ReplayVerifier(GreedyVerifier):
 
     Config = TraceConfig
 
-    def verify(self, state: RoundView, draft: Draft) -> Verification:
+    def verify(self, state: VerifyView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)
         out = state.forward_verify(block, logits_at="all")
         target = out.logits.argmax(dim=-1)

@@ -20,6 +20,7 @@ from framework.results.metrics import (
     cost_model_prediction,
     gate_counts,
     rounds_prediction,
+    speedup,
     synthetic_note,
 )
 from framework.session.methods import BASELINE
@@ -37,7 +38,7 @@ def _speedups(records: list[dict[str, Any]], method: str) -> dict[str, float]:
         b, m = by_method.get(BASELINE), by_method.get(method)
         if b is None or m is None:
             continue
-        out[cat] = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
+        out[cat] = speedup(m.tokens_per_s, b.tokens_per_s)
     return out
 
 

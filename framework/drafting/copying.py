@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from framework.interfaces import LengthController
 from framework.types import Draft, LayerPlan
-from framework.view import RoundView
+from framework.view import DraftView
 
 # --------------------------------------------------------------------------------------------
 # Drafting by copying from the context (prompt lookup): no forward at all
@@ -100,7 +100,7 @@ class NgramIndex:
 
 
 def copy_draft(
-    state: RoundView,
+    state: DraftView,
     candidates: Sequence[int],
     plan: LayerPlan,
     length: LengthController,

@@ -14,7 +14,7 @@ the engine scores every draft step (``state.draft_step``) with the generation's 
         ...
 
     class MyDrafter(DraftVocab, Drafter):
-        def draft(self, state: RoundView, plan, length, max_tokens):
+        def draft(self, state: DraftView, plan, length, max_tokens):
             tok, conf = state.draft_step(state.pending, plan)
             ...
 

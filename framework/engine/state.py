@@ -1,20 +1,18 @@
-"""The decode state: the committed tokens, the KV cache and the round's forwards, reads and draft.
+"""The decode state: one generation's tokens, KV cache, round and counters, as the views see it.
 
-Strategies never touch the KV cache: they call the forwards of `framework.view.RoundView`, which
-this class implements with the cache semantics of `framework.engine.kv_cache` (a draft continues
-after the committed prefix; a verification discards the draft's KV and writes its block from the
-first uncommitted position; scratch passes and block evaluations leave the committed cache as it
-is). Invariant between rounds: ``cache.committed == num_tokens - 1``; the last committed token
-(``pending``) has no KV yet and is the first input of the next draft and verification. What the
-state delegates lives beside it: early-exit reuse (`framework.engine.execution.reuse`), the
-round's reads (`framework.engine.reads`), a draft step by step (`framework.engine.draft_steps`)
-and the logits processors (`framework.engine.processing`).
+Strategies never touch the KV cache: they call the forwards of the views (`framework.view`), which
+this class implements with the cache semantics of `framework.engine.kv_cache`. Invariant between
+rounds: ``cache.committed == num_tokens - 1``; the last committed token (``pending``) has no KV yet
+and is the first input of the next draft and verification. What the state delegates lives beside
+it: the committed tokens (`framework.engine.tokens`), the forwards (`framework.engine.forwards`),
+early-exit reuse (`framework.engine.execution.reuse`), the round's reads (`framework.engine.reads`),
+a draft step by step (`framework.engine.draft_steps`) and the logits processors
+(`framework.engine.processing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,10 +23,12 @@ from framework.engine.draft_steps import DraftConfidence, DraftSteps, copied_dra
 from framework.engine.execution.reuse import EarlyExitReuse
 from framework.engine.execution.spec import RuleCall
 from framework.engine.execution.work import DeviceWork, RandomStream
+from framework.engine.forwards import ScratchBlocks, draft_pass, scratch_pass, verify_pass
 from framework.engine.host_values import HostValues, constant
 from framework.engine.kv_cache import KVCache
 from framework.engine.processing import LogitsProcessing
 from framework.engine.reads import RoundReads
+from framework.engine.tokens import CommittedTokens
 from framework.interfaces import Drafter, LayerSelector, LengthController, Strategy, Verifier
 from framework.kernels.protocols import DraftWeights
 from framework.types import (
@@ -74,14 +74,8 @@ class DecodeState:
                 "batch size > 1 is not supported yet (the data objects are batch-shaped)"
             )
         self.adapter, self.info, self.device = adapter, adapter.arch.info(), adapter.arch.device
-        self.prompt_len = self.num_tokens = int(prompt_ids.shape[1])
-        with torch.inference_mode(False):  # writable outside inference mode too
-            size = max(capacity, self.prompt_len) + 1
-            self._tokens = torch.zeros(prompt_ids.shape[0], size, dtype=torch.long, device=self.device)
-            self._arange = torch.arange(size + 64, device=self.device)
-        self._tokens[:, : self.prompt_len] = prompt_ids.to(self.device)
-        #: row 0's tokens known on the host, a prefix of ``tokens[0]`` (`token_ids`)
-        self._host: list[int] = prompt_ids[0].tolist() if prompt_ids.device.type == "cpu" else []
+        self.prompt_len = int(prompt_ids.shape[1])
+        self.committed_tokens = CommittedTokens(prompt_ids, capacity, self.device)
         self.cache: KVCache = adapter.new_cache(max(capacity, self.prompt_len + 1), batch=prompt_ids.shape[0])
         self.capture_hidden, self.need_confidence, self.need_draft_probs = (
             capture_hidden,
@@ -111,8 +105,7 @@ class DecodeState:
         self._work, self._reads, self._reuse = DeviceWork(self), RoundReads(readers), EarlyExitReuse()
         self._steps: DraftSteps | None = None  # this round's draft, step by step
         self._prefix_plans: dict[int, LayerPlan] = {}
-        #: `forward_block`'s (position, positions (1, n), mask (n, n)), n the most candidates there
-        self._block_inputs: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._blocks = ScratchBlocks()  # `forward_block`'s inputs, built once per position
 
     @classmethod
     def for_strategies(
@@ -164,14 +157,19 @@ class DecodeState:
         return self._reads.known
 
     @property
+    def num_tokens(self) -> int:
+        """N: the prompt and every committed new token (``pending`` included)."""
+        return self.committed_tokens.count
+
+    @property
     def tokens(self) -> torch.Tensor:
         """LongTensor (B, N): prompt and every committed new token (``pending`` included)."""
-        return self._tokens[:, : self.num_tokens]
+        return self.committed_tokens.span(0)
 
     @property
     def new_tokens(self) -> torch.Tensor:
         """LongTensor (B, N - P): the generated tokens so far."""
-        return self._tokens[:, self.prompt_len : self.num_tokens]
+        return self.committed_tokens.span(self.prompt_len)
 
     @property
     def num_new(self) -> int:
@@ -180,7 +178,7 @@ class DecodeState:
     @property
     def pending(self) -> torch.Tensor:
         """LongTensor (B, 1): the last committed token, whose KV is not cached yet."""
-        return self._tokens[:, self.num_tokens - 1 : self.num_tokens]
+        return self.committed_tokens.span(self.num_tokens - 1)
 
     @property
     def pending_position(self) -> int:
@@ -189,10 +187,7 @@ class DecodeState:
 
     def positions(self, start: int, n: int) -> torch.Tensor:
         """Positions ``start .. start + n - 1`` (B, n): a view of one arange per state."""
-        if start + n > self._arange.shape[0]:
-            with torch.inference_mode(False):
-                self._arange = torch.arange(2 * (start + n), device=self.device)
-        return self._arange[start : start + n][None].expand(self._tokens.shape[0], n)
+        return self.committed_tokens.positions(start, n)
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
         """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
@@ -216,19 +211,16 @@ class DecodeState:
         committed but for its last token, ``pending``; the caller appends the first new token."""
         p = self.prompt_len
         out = self.adapter.forward(
-            self._tokens[:, :p],
+            self.tokens,
             self.positions(0, p),
             self.cache,
             logits_at="last",
             capture_hidden=self.capture_hidden,
         )
         self.cache.commit(p)
-        self.stats.target_forwards += 1
-        if self.capture_hidden:
-            self.last_hidden_states = out.hidden_states
-        self._reads.verified(out.hidden_states)  # the prompt's: read with the first token
+        self.verified(out)  # the prompt's hidden states: read with the first token
         if self.processing is not None:
-            return self.processing.next(self._tokens[:, :p], out.logits[:, -1])
+            return self.processing.next(self.tokens, out.logits[:, -1])
         return out.logits[:, -1]
 
     def forward_draft(
@@ -240,40 +232,11 @@ class DecodeState:
         reusable: bool = False,
         pick: TokenPick | None = None,
     ) -> ForwardOutput:
-        """Feed draft token(s) (B, T) through ``plan`` (``None``: the full model), after the committed
-        prefix and this round's draft; KV goes only into the layers whose attention it runs, and the
-        logits come from `draft_head`. ``reusable``: ``plan`` is a pure prefix (``exit_layer`` E,
-        nothing skipped before it) and the next chain verification may keep what its blocks
-        computed (every step of the round says so; `framework.engine.execution.reuse`). ``pick``:
-        choose the next token inside the forward (`framework.types.TokenPick`, returned as
-        ``ForwardOutput.picked``; nothing is picked with processors or a reduced head's logits).
-
-        Raises:
-            ValueError: ``reusable`` with a plan that is not a pure prefix, or with compressed
-                draft weights.
-        """
+        """Feed draft token(s) (B, T) through ``plan`` after the committed prefix and this round's
+        draft (`framework.engine.forwards.draft_pass`)."""
         self._device_work()
-        t = input_ids.shape[1]
-        capture = self._reuse.before_step(self, plan) if reusable else False
-        if not reusable:
-            self._reuse.drop()
-        processing = self.processing
-        out = self.adapter.forward(
-            input_ids,
-            self.positions(self.cache.committed + self.draft_len, t),
-            self.cache,
-            plan,
-            logits_at=logits_at,
-            capture_hidden=capture,
-            head=self.draft_head,
-            weights=self.draft_weights,
-            pick=pick if processing is None else None,  # processed first: picked by the caller
-        )
-        if processing is not None:
-            out = processing.draft(self.tokens, input_ids, out, logits_at, first=self.draft_len == 0)
-        if reusable:
-            self._reuse.after_step(input_ids, out)
-        self.draft_len += t
+        out = draft_pass(self, self._reuse, input_ids, plan, logits_at, reusable, pick)
+        self.draft_len += input_ids.shape[1]
         self.stats.draft_forwards += 1
         return out
 
@@ -287,64 +250,20 @@ class DecodeState:
         rule: AcceptanceRule | None = None,
         rule_inputs: Sequence[torch.Tensor | None] = (),
     ) -> ForwardOutput:
-        """Full-model forward over a block (B, T) written at ``[committed, committed + T)`` in every
-        layer, the draft's KV discarded first; ``position_ids``/``tree_mask`` verify a token tree.
-        ``rule``: the verifier's acceptance rule (`framework.types.AcceptanceRule`) on the block,
-        every row's logits (processed first, when the generation has processors) and
-        ``rule_inputs``, inside the forward's graph where it runs as one; its outputs come back in
-        ``ForwardOutput.ruled``. After a reusable early-exit draft a chain verification keeps the
-        draft's lower blocks (`framework.engine.execution.reuse.EarlyExitReuse.verify`)."""
+        """Full-model forward over a block (B, T) from `pending_position`, the draft's KV discarded
+        first, ``rule`` folded in (`framework.engine.forwards.verify_pass`)."""
         self._device_work()
         self.stats.verify_tokens += int(input_ids.shape[1])
         call = None if rule is None else RuleCall(rule, tuple(rule_inputs), self.random)
-        processing = self.processing
-        inside = call if processing is None else None  # with processors: the rule on what they give
-        out = None
-        if position_ids is None and tree_mask is None:
-            out = self._reuse.verify(self, input_ids, logits_at, inside)
-        else:
-            self._reuse.drop()
-        if out is not None:
-            self.stats.target_forwards += 1
-            if self.capture_hidden:
-                self.last_hidden_states = out.hidden_states
-            self._reads.verified(out.hidden_states)
-        else:
-            out = self._verify(input_ids, logits_at, position_ids, tree_mask, inside)
-        if processing is not None and out.logits is not None:
-            logits = processing.verification(self.tokens, input_ids, out.logits, logits_at, tree_mask)
-            ruled = None if call is None else self.adapter.executor.apply_rule(call, input_ids, logits)
-            out = replace(out, logits=logits, ruled=ruled)
-        return out
+        return verify_pass(self, self._reuse, input_ids, logits_at, position_ids, tree_mask, call)
 
-    def _verify(
-        self,
-        input_ids: torch.Tensor,
-        logits_at: str | torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        tree_mask: torch.Tensor | None,
-        call: RuleCall | None,
-    ) -> ForwardOutput:
-        """`forward_verify`'s full forward, ``call`` inside it."""
-        self.cache.rollback()
-        c, t = self.cache.committed, input_ids.shape[1]
-        out = self.adapter.forward(
-            input_ids,
-            self.positions(c, t) if position_ids is None else position_ids,
-            self.cache,
-            None,
-            logits_at=logits_at,
-            capture_hidden=self.capture_hidden,
-            base=c,
-            tree_mask=tree_mask,
-            rule=call,
-        )
+    def verified(self, out: ForwardOutput, chain: bool = True) -> None:
+        """Count a target forward (the prefill, a verification) and keep its hidden states; a chain's
+        go to the round's reads (a tree's path is known after the read)."""
         self.stats.target_forwards += 1
         if self.capture_hidden:
             self.last_hidden_states = out.hidden_states
-        chain = tree_mask is None and position_ids is None  # a tree's path: known after the read
         self._reads.verified(out.hidden_states if chain else None)
-        return out
 
     def forward_scratch(
         self,
@@ -354,65 +273,15 @@ class DecodeState:
         end: int | None = None,
         logits_at: str | torch.Tensor | None = "all",
     ) -> ForwardOutput:
-        """Teacher-forced draft pass of ``plan`` over committed tokens ``[start, end)`` (default
-        ``end``: N - 1). Token ``start`` attends to the committed KV of ``[0, start)`` and to the
-        block's own KV, written beyond every layer's end and forgotten (the committed cache is
-        untouched); ``logits[:, j]`` predicts token ``start + j + 1``, through `draft_head`.
-
-        Raises:
-            ValueError: ``start``/``end`` outside ``0 <= start < end <= N - 1``.
-        """
-        last = self.num_tokens - 1  # == cache.committed
-        end = last if end is None else end
-        if not 0 <= start < end <= last:
-            raise ValueError(f"scratch span must satisfy 0 <= start < end <= {last}, got [{start}, {end})")
+        """A teacher-forced draft pass over committed tokens, the cache untouched (`scratch_pass`)."""
         self._device_work()
-        return self.adapter.forward(
-            self._tokens[:, start:end],
-            self.positions(start, end - start),
-            self.cache,
-            plan,
-            logits_at=logits_at,
-            base=max(self.cache.lengths),
-            visible=start,
-            persist=False,
-            head=self.draft_head,
-            weights=self.draft_weights,
-        )
+        return scratch_pass(self, start, plan, end, logits_at)
 
     def forward_block(self, block: int, states: torch.Tensor, *, position: int) -> torch.Tensor:
-        """Decoder block ``block`` on n candidate states (n, d) of the token at the committed
-        ``position``, as n tokens at that position: each attends to the committed KV before it and
-        to itself only, in scratch slots that are forgotten. Returns the states after it (n, d).
-
-        Raises:
-            ValueError: ``position`` is not committed.
-        """
-        cache = self.cache
-        if not 0 <= position < cache.committed:
-            raise ValueError(f"position must be committed, in [0, {cache.committed}), got {position}")
+        """Decoder block ``block`` on candidate states (n, d) of the committed ``position``, the cache
+        untouched (`ScratchBlocks.run`)."""
         self._device_work()
-        n, held = states.shape[0], self._block_inputs
-        if held is None or held[0] != position or held[1].shape[1] < n:  # built once per DP: views after
-            size = max(n, held[1].shape[1] if held is not None else 0)
-            full = torch.full((1, size), position, dtype=torch.long, device=self.device)
-            held = self._block_inputs = (
-                position,
-                full,
-                torch.eye(size, dtype=torch.bool, device=self.device),
-            )
-        out = self.adapter.forward_from(
-            states[None],
-            held[1][:, :n],
-            cache,
-            start=block,
-            stop=block + 1,
-            base=max(cache.lengths),
-            visible=position,
-            tree_mask=held[2][:n, :n],
-            persist=False,
-        )
-        return out.last_hidden[0]
+        return self._blocks.run(self, block, states, position)
 
     # ------------------------------------------------------------------ strategies' device work
     def _device_work(self) -> None:
@@ -487,32 +356,16 @@ class DecodeState:
     def append(self, tokens: torch.Tensor, host: Sequence[int] | None = None) -> None:
         """Append (B, n) tokens without KV changes (the first token after prefill); ``host``: row
         0's tokens as ints when the caller has them (kept for `token_ids`, no device read)."""
-        n = tokens.shape[1]
-        if self.num_tokens + n > self._tokens.shape[1]:
-            with torch.inference_mode(False):
-                grow = torch.zeros(
-                    self._tokens.shape[0], 2 * self._tokens.shape[1] + n, dtype=torch.long, device=self.device
-                )
-            grow[:, : self.num_tokens] = self._tokens[:, : self.num_tokens]
-            self._tokens = grow
-        self._tokens[:, self.num_tokens : self.num_tokens + n] = tokens
-        if host is not None and len(self._host) == self.num_tokens:
-            self._host.extend(host)
-        self.num_tokens += n
+        self.committed_tokens.append(tokens, host)
 
     def known_on_host(self, tokens: Sequence[int]) -> None:
         """Row 0's last ``len(tokens)`` tokens, appended without ``host``, as the host read them."""
-        if len(self._host) + len(tokens) == self.num_tokens:
-            self._host.extend(tokens)
+        self.committed_tokens.known_on_host(tokens)
 
     def token_ids(self) -> list[int]:
         """Row 0's tokens (prompt, generated, ``pending``) as Python ints, without a device read for
-        what commits brought to the host; any other tail is read once. The state's own list: do not
-        modify it."""
-        del self._host[self.num_tokens :]
-        if len(self._host) < self.num_tokens:
-            self._host.extend(self._tokens[0, len(self._host) : self.num_tokens].tolist())
-        return self._host
+        what commits brought to the host (`CommittedTokens.ids`). Do not modify the list."""
+        return self.committed_tokens.ids()
 
     def commit(self, result: Verification) -> torch.Tensor:
         """Commit a verification: its tokens appended, the KV cut to exactly the verified prefix

@@ -26,6 +26,15 @@ from framework.utils import align_markdown
 PHASES = ("prefill", "draft", "verify", "select", "length", "commit")
 
 
+def speedup(method_tokens_per_s: Sequence[float], baseline_tokens_per_s: Sequence[float]) -> float:
+    """The speedup of a method over its baseline, as every table, tracker key and plot reports it:
+    the ratio of the mean tokens/s over prompts (or repeats), each list one value per prompt; NaN
+    when the baseline has no tokens/s to divide by."""
+    m, b = method_tokens_per_s, baseline_tokens_per_s
+    mean_b = sum(b) / len(b) if b else 0.0
+    return (sum(m) / len(m) if m else 0.0) / mean_b if mean_b > 0 else float("nan")
+
+
 @dataclass
 class MethodStats:
     """Pooled statistics of one method over a set of prompts."""
@@ -126,7 +135,7 @@ def results_table(records: list[dict[str, Any]], method: str, baseline: str = "v
         b, m = by_method.get(baseline), by_method.get(method)
         if b is None or m is None:
             continue
-        speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
+        speed = speedup(m.tokens_per_s, b.tokens_per_s)
         name = f"**{cat}**" if cat == "overall" else cat
         lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
         alpha = f"{m.acceptance_rate:.3f}" if m.drafted else "n/a"  # nothing drafted: no rate
@@ -325,7 +334,7 @@ def compare_table(runs: dict[str, list[dict[str, Any]]], category: str = "overal
         for name, m in agg.items():
             if name == "vanilla" or b is None:
                 continue
-            speed = m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan")
+            speed = speedup(m.tokens_per_s, b.tokens_per_s)
             lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
             # The selector's own time (optimisation, e.g. SWIFT's matchness passes) per wall time.
             select = m.timings.get("select", 0.0) / m.wall_time if m.wall_time else 0.0

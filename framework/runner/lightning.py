@@ -40,6 +40,7 @@ from framework.engine.decoding import SpeculativeDecoder
 from framework.interfaces import REGISTRIES
 from framework.models.loading import DEFAULT_MODEL, dtype_name, load_model, resolve_dtype
 from framework.results.compare import Method, compare_methods, explain_with, warm_up
+from framework.results.metrics import speedup
 from framework.session.methods import BASELINE, MethodSpec, preset_run_config
 from framework.session.run_config import RunConfig
 from framework.session.session import Session
@@ -354,7 +355,7 @@ class DecodeModule(pl.LightningModule):
         spec = next((self.tok_s.get(s.label) for s in self.specs if s.kind != "baseline"), None)
         if not van or not spec:
             return None
-        return (sum(spec) / len(spec)) / (sum(van) / len(van))
+        return speedup(spec, van)
 
 
 def _strategies(session: Session) -> dict[str, Any]:

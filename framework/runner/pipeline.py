@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import signal
 import sys
 import time
@@ -37,6 +36,12 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 
 from framework.benchmark.load import other_cores_now, threads_for_load, vanilla_spread
 from framework.benchmark.load import warnings as load_warnings
@@ -67,16 +72,9 @@ from framework.session.session import provenance
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's generators (every device's), as Lightning's
-    ``seed_everything`` does, without its log line."""
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
-        pass
-    else:
-        np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # every device's generator
+    """Seed Python's, NumPy's and torch's generators (every device's): Lightning's
+    ``seed_everything``, without its log line."""
+    pl.seed_everything(seed, verbose=False)
 
 
 def stamped(label: str, suffix: str = "") -> Path:
@@ -554,25 +552,23 @@ def _run_report(
     return table, breakdown, report
 
 
+def _external_environment() -> ClusterEnvironment | None:
+    """The cluster environment of processes an external launcher started (torchrun, srun), as
+    Lightning's trainer detects it; ``None`` for one process or Lightning's own launcher."""
+    for kind in (TorchElasticEnvironment, SLURMEnvironment):
+        if kind.detect():
+            return kind()
+    return None
+
+
 def launch_rank(cfg: RunConfig) -> int:
-    """This process's global rank as the launcher set it before Lightning starts: ``RANK``
-    (torchrun), ``SLURM_PROCID`` (srun), else Lightning's own ``NODE_RANK`` and ``LOCAL_RANK``."""
-    env = os.environ
-    if "RANK" in env:
-        return int(env["RANK"])
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
-        return int(env["SLURM_PROCID"])
-    return int(env.get("NODE_RANK", "0")) * cfg.runner.devices + int(env.get("LOCAL_RANK", "0"))
-
-
-def _external_launcher() -> bool:
-    """Processes started by torchrun or srun (not by Lightning's launcher from rank 0)."""
-    env = os.environ
-    return (
-        "TORCHELASTIC_RUN_ID" in env
-        or ("RANK" in env and "WORLD_SIZE" in env)
-        or int(env.get("SLURM_NTASKS", "1")) > 1
-    )
+    """This process's global rank before Lightning starts: the external launcher's (torchrun,
+    srun), else what Lightning's own launcher gives its processes (node rank and local rank)."""
+    external = _external_environment()
+    if external is not None:
+        return external.global_rank()
+    own = LightningEnvironment()
+    return own.node_rank() * cfg.runner.devices + own.local_rank()
 
 
 def resolve_output(cfg: RunConfig, folder: bool | None = None) -> Path:
@@ -596,7 +592,7 @@ def resolve_output(cfg: RunConfig, folder: bool | None = None) -> Path:
             )
         return given
     several = cfg.runner.devices * cfg.runner.num_nodes > 1
-    if several and _external_launcher():
+    if several and _external_environment() is not None:
         raise ConfigError(
             "--output", None, "a results file named explicitly when torchrun or srun starts the processes"
         )

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from framework.results.metrics import aggregate
+from framework.results.metrics import aggregate, speedup
 
 
 def summary_metrics(records: list[dict[str, Any]], method: str) -> dict[str, dict[str, float]]:
@@ -32,7 +32,7 @@ def summary_metrics(records: list[dict[str, Any]], method: str) -> dict[str, dic
         if m is not None and method != "vanilla":
             row.update(
                 tokens_per_s=m.mean_tokens_per_s,
-                speedup=m.mean_tokens_per_s / b.mean_tokens_per_s if b.mean_tokens_per_s else float("nan"),
+                speedup=speedup(m.tokens_per_s, b.tokens_per_s),
                 mean_accepted_length=m.mean_accepted_length,
                 acceptance_rate=m.acceptance_rate,
                 skip_ratio=m.skip_ratio,
@@ -72,13 +72,13 @@ def prompt_metrics(recs: list[dict[str, Any]], single: bool = True) -> dict[str,
         tag = "vanilla" if name == "vanilla" else ("method" if single else name)
         out[f"prompt/{tag}_tokens_per_s"] = r["new_tokens"] / max(r["wall_time"], 1e-9)
         if not single and van is not None and tag != "vanilla":
-            out[f"prompt/{tag}_speedup"] = float(out[f"prompt/{tag}_tokens_per_s"]) / max(
-                van["new_tokens"] / max(van["wall_time"], 1e-9), 1e-9
+            out[f"prompt/{tag}_speedup"] = speedup(
+                [float(out[f"prompt/{tag}_tokens_per_s"])], [van["new_tokens"] / max(van["wall_time"], 1e-9)]
             )
     spec = next((r for n, r in by.items() if n != "vanilla"), None)
     if single and spec is not None and van is not None:
-        out["prompt/speedup"] = float(out["prompt/method_tokens_per_s"]) / max(
-            float(out["prompt/vanilla_tokens_per_s"]), 1e-9
+        out["prompt/speedup"] = speedup(
+            [float(out["prompt/method_tokens_per_s"])], [float(out["prompt/vanilla_tokens_per_s"])]
         )
         rounds = spec["accept_lengths"]
         out["prompt/mean_accepted_length"] = sum(rounds) / len(rounds) if rounds else 0.0

@@ -29,7 +29,7 @@ from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.interfaces import REGISTRIES
 from framework.models.loading import TINY_MODEL, load_model
-from framework.results.metrics import aggregate
+from framework.results.metrics import aggregate, speedup
 from framework.runner.pipeline import run as run_experiment
 from framework.session.errors import USER_ERRORS
 from framework.session.flags import flag_name
@@ -399,9 +399,7 @@ def summarize(records: list[dict[str, Any]], method: str) -> dict[str, float]:
         if base is None or m is None:
             continue
         vals = {
-            "speedup": m.mean_tokens_per_s / base.mean_tokens_per_s
-            if base.mean_tokens_per_s
-            else float("nan"),
+            "speedup": speedup(m.tokens_per_s, base.tokens_per_s),
             "mean_accepted_tokens": m.mean_accepted_length,
             "alpha": m.acceptance_rate,
         }

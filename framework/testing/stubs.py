@@ -21,7 +21,7 @@ from framework.engine.cost_model import CostModel
 from framework.engine.execution.work import EagerOps
 from framework.interfaces import REGISTRIES, Drafter, LengthController, Strategy, Verifier
 from framework.types import Draft, LayerPlan, LengthHint, RandomStream, Verification
-from framework.view import DeviceOps, RoundView
+from framework.view import DeviceOps, DraftView, RoundView, VerifyView
 
 #: The strategy `default_strategy_instance` picks for a kind when no name is given.
 DEFAULT_NAMES: dict[str, str] = {
@@ -163,7 +163,7 @@ class AlwaysAcceptDrafter(Drafter):
 
     Config = NoConfig
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         full = LayerPlan.full(state.info.num_layers)
         x, toks = state.pending, []
         for _ in range(max_tokens):
@@ -182,7 +182,7 @@ class NeverAcceptDrafter(Drafter):
 
     Config = NoConfig
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         full = LayerPlan.full(state.info.num_layers)
         x, toks = state.pending, []
         for _ in range(max_tokens):
@@ -201,7 +201,7 @@ class RejectAllVerifier(Verifier):
 
     Config = NoConfig
 
-    def verify(self, state: RoundView, draft: Draft) -> Verification:
+    def verify(self, state: VerifyView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)
         target = state.forward_verify(block, logits_at="all").logits.argmax(-1)
         return Verification(

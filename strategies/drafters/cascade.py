@@ -8,6 +8,7 @@ from typing import Any
 
 from framework import (
     Draft,
+    DraftView,
     LayerPlan,
     LengthController,
     PrepareView,
@@ -96,7 +97,7 @@ class CascadeDrafter(HybridDrafter):
         better = copy is not None and skip is not None and skip >= threshold and skip > copy
         return pays, better
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         copy = self.lookup.draft(state, plan, length, max_tokens)
         pays, better = self._copy_values(state, copy.length, max_tokens) if copy.length else (False, False)
         probe = bool(copy.length) and self._since_copy >= self.copy_gate.probe  # refresh the estimate

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from framework import (
     Draft,
     Drafter,
+    DraftView,
     LayerPlan,
     LengthController,
     ModelInfo,
@@ -170,7 +171,7 @@ class EarlyExitDrafter(DraftVocab, Drafter):
             )
         return plan.exit_layer
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         e = self.exit_layer(plan)
         prefix = state.prefix_plan(e)
         reuse = self.config.reuse_kv and not state.compressed_drafts  # int8 blocks are not the target's

@@ -12,6 +12,7 @@ from framework import (
     REGISTRIES,
     Draft,
     Drafter,
+    DraftView,
     LayerPlan,
     LengthController,
     ModelInfo,
@@ -98,7 +99,7 @@ class _Forcing:
     ``then`` drafter once the round holds ``cap`` tokens, forced ones included."""
 
     def __init__(
-        self, state: RoundView, lead: list[int], generated: list[int], grammar: Any, cap: int, max_forced: int
+        self, state: DraftView, lead: list[int], generated: list[int], grammar: Any, cap: int, max_forced: int
     ) -> None:
         self._state, self._grammar = state, grammar
         self._generated = generated  # committed new tokens (host)
@@ -239,7 +240,7 @@ class GrammarForcedDrafter(Drafter):
         }
         self._forced_at: list[int] = []  # positions of this round's forced tokens in its draft
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         self._counts["rounds"] += 1
         self._forced_at = []
         grammar = getattr(state, "grammar", None)
@@ -281,7 +282,7 @@ class GrammarForcedDrafter(Drafter):
 
 
 def _join(
-    state: RoundView,
+    state: DraftView,
     lead: list[int],
     rest: Draft | None,
     inserted: list[tuple[int, list[int]]],

@@ -8,6 +8,7 @@ from typing import Any
 from framework import (
     Draft,
     Drafter,
+    DraftView,
     LayerPlan,
     LengthController,
     ModelInfo,
@@ -136,7 +137,7 @@ class HybridDrafter(Drafter):
         self._log: list[tuple[str, int]] = []  # (source, drafted) per round the drafter was asked
         self._accepted = dict.fromkeys(SOURCES, 0)  # accepted draft tokens per source
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         draft = self.lookup.draft(state, plan, length, max_tokens)
         source = "lookup"
         if not draft.length:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, Verification, register_drafter
+from framework import (
+    Draft,
+    Drafter,
+    DraftView,
+    LayerPlan,
+    LengthController,
+    RoundView,
+    Verification,
+    register_drafter,
+)
 from framework.config_fields import check_choice, param
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
@@ -48,7 +57,7 @@ class LayerSkipDrafter(DraftVocab, Drafter):
     def reset(self) -> None:
         self._dropped = 0
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         x = state.pending
         for step in range(max_tokens):
             tok, conf = state.draft_step(x, plan)  # the engine chooses the token (B,)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from framework import Draft, Drafter, LayerPlan, LengthController, RoundView, register_drafter
+from framework import Draft, Drafter, DraftView, LayerPlan, LengthController, RoundView, register_drafter
 from framework.config_fields import check_range, param
 from framework.drafting.copying import NgramIndex, copy_draft
 
@@ -84,7 +84,7 @@ class PromptLookupDrafter(Drafter):
             self._counts["no_match"] += 1
         return n, cont
 
-    def draft(self, state: RoundView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         n, cont = self.lookup(state, max_tokens)
         if not n:
             return Draft.empty(state.pending.shape[0], plan, state.device)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import DeviceOps, Draft, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, Verification, Verifier, VerifyView, register_verifier
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class GreedyVerifier(Verifier):
     mismatch, the bonus token when all K are accepted).
     """
 
-    def verify(self, state: RoundView, draft: Draft) -> Verification:
+    def verify(self, state: VerifyView, draft: Draft) -> Verification:
         block = torch.cat([state.pending, draft.tokens], dim=1)  # (B, K+1)
         # The target's choices a_0..a_K and m, the longest prefix with d_j == a_{j-1}: the rule
         # runs inside the verify forward (in its one graph on a GPU).

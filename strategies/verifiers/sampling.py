@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import DeviceOps, Draft, RandomStream, RoundView, Verification, Verifier, register_verifier
+from framework import (
+    DeviceOps,
+    Draft,
+    RandomStream,
+    Verification,
+    Verifier,
+    VerifyView,
+    register_verifier,
+)
 from framework.config_fields import ConfigError, check_range, param
 
 #: A residual ``max(0, p - q)`` with less total mass than this is treated as empty (p == q up to
@@ -169,7 +177,7 @@ class SamplingVerifier(Verifier):
         p = self.warp(logits)
         return sample(p, self.generator(p.device))
 
-    def verify(self, state: RoundView, draft: Draft) -> Verification:
+    def verify(self, state: VerifyView, draft: Draft) -> Verification:
         k = draft.length
         if k and draft.probs is None:
             raise ValueError(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import DeviceOps, Draft, RoundView, Verification, Verifier, register_verifier
+from framework import DeviceOps, Draft, Verification, Verifier, VerifyView, register_verifier
 from framework.config_fields import ConfigError, check_range, param
 
 
@@ -145,7 +145,7 @@ class TreeVerifier(Verifier):
         edges, widths = self.config.band_edges, self.config.band_widths
         return [widths[sum(p > e for e in edges)] for p in top1]
 
-    def verify(self, state: RoundView, draft: Draft) -> Verification:
+    def verify(self, state: VerifyView, draft: Draft) -> Verification:
         if draft.tokens.shape[0] != 1:
             raise NotImplementedError("tree verification supports batch size 1")
         device = state.device

@@ -336,12 +336,14 @@ def test_every_state_parameter_is_typed():
     assert not bad, "\n".join(bad)
 
 
+#: The views a strategy function's ``state`` may be annotated with (`framework.view`).
+VIEWS = ("RoundView", "DraftView", "VerifyView")
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
 def test_strategies_never_see_the_engine_state(module):
-    """A strategy's ``state`` is the `RoundView`, never the engine's `DecodeState`."""
-    bad = [
-        f"{line} {fn}(state: {ann})" for line, fn, ann in _state_params(MODULES[module]) if ann != "RoundView"
-    ]
+    """A strategy's ``state`` is one of the views, never the engine's `DecodeState`."""
+    bad = [f"{line} {fn}(state: {ann})" for line, fn, ann in _state_params(MODULES[module]) if ann not in VIEWS]
     assert not bad, f"{module}: {bad}"
 
 
@@ -363,16 +365,40 @@ def test_no_function_in_the_framework_is_longer_than_the_limit():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
+def _view_members(name: str) -> set[str]:
+    import framework.view as views
+
+    view = getattr(views, name)
+    names = {*dir(view)}
+    for cls in view.__mro__:
+        names |= set(getattr(cls, "__annotations__", {}))
+    return {n for n in names if not n.startswith("_")}
+
+
+def _state_uses(fn: ast.AST) -> Iterator[ast.Attribute]:
+    """``state.<attr>`` in ``fn``'s body, not in a nested function with a ``state`` of its own."""
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and any(
+            a.arg == "state" for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        ):
+            continue
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "state":
+            yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(("strategies", "framework.drafting"))])
 def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(module):
-    """Issue 39, item 1: a strategy, and a building block strategies compose, prepares with a
-    `framework.interfaces.PrepareView` and runs rounds with a `RoundView`: none names the engine's
-    `PrepareContext`, reaches for a model adapter (``.adapter``) or uses anything of its round's
-    ``state`` that `RoundView` does not declare (the engine hands its `DecodeState` out as it is,
-    so this check, not a wrapper, keeps strategies to the view)."""
-    from framework.view import RoundView
-
-    allowed = {n for n in (*dir(RoundView), *RoundView.__annotations__) if not n.startswith("_")}
+    """Issue 39, item 1 (issue 56: per view): a strategy, and a building block strategies compose,
+    prepares with a `framework.interfaces.PrepareView` and runs rounds with a view: none names the
+    engine's `PrepareContext` or reaches for a model adapter (``.adapter``), and a function uses of
+    its ``state`` only what the view it is annotated with declares (`RoundView` for a selector's
+    and a length controller's hooks, `DraftView` for ``draft``, `VerifyView` for ``verify``). The
+    engine hands its `DecodeState` out as it is, so this check, not a wrapper, keeps strategies to
+    the views."""
+    members = {v: _view_members(v) for v in VIEWS}
     tree = ast.parse(MODULES[module].read_text())
     bad = []
     for node in ast.walk(tree):
@@ -382,13 +408,17 @@ def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(
             bad.append("imports PrepareContext")
         elif isinstance(node, ast.Attribute) and node.attr == "adapter":
             bad.append(f"line {node.lineno}: .adapter")
-        elif (  # the round's state (the engine's DecodeState, handed out as it is): RoundView's only
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "state"
-            and node.attr not in allowed
-        ):
-            bad.append(f"line {node.lineno}: state.{node.attr} (not a RoundView member)")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            ann = [ast.unparse(x.annotation) for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x.arg == "state" and x.annotation]
+            if not ann:
+                continue
+            allowed = members.get(ann[0], members["RoundView"])
+            bad += [
+                f"line {use.lineno}: state.{use.attr} (not a {ann[0]} member)"
+                for use in _state_uses(node)
+                if use.attr not in allowed
+            ]
     assert not bad, f"{module}: {bad}"
 
 

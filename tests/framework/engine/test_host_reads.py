@@ -126,7 +126,7 @@ def test_the_state_keeps_row_0_on_the_host(adapter):
     with count_host_reads() as reads:
         assert state.token_ids() == want
     assert reads.total == 0  # everything was already on the host
-    state.num_tokens -= 2  # a shorter state: the copy follows
+    state.committed_tokens.count -= 2  # a shorter state: the copy follows
     assert state.token_ids() == want[:-2]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.results.metrics import aggregate, compare_table, results_table, time_breakdown
+from framework.results.metrics import aggregate, compare_table, results_table, speedup, time_breakdown
 from framework.testing import plain_table
 
 
@@ -192,3 +192,13 @@ def test_a_gate_that_declined_most_rounds_is_said_and_alpha_reads_na_without_dra
         zip([c.strip() for c in head.split("|")], [c.strip() for c in overall.split("|")], strict=True)
     )
     assert cells["alpha"] == "n/a"
+
+
+def test_speedup_is_the_ratio_of_the_mean_tokens_per_second():
+    """Issue 56: every table, tracker key and plot takes its speedup from `speedup`: the ratio of
+    means (not the mean of per-prompt ratios), NaN without a baseline rate."""
+    assert speedup([30.0, 10.0], [10.0, 10.0]) == pytest.approx(2.0)  # a mean of ratios: 2.0 too
+    assert speedup([30.0, 10.0], [20.0, 5.0]) == pytest.approx(20.0 / 12.5)  # ratios' mean: 1.75
+    assert speedup([12.0], [4.0]) == pytest.approx(3.0)
+    for baseline in ([], [0.0], [0.0, 0.0]):
+        assert speedup([5.0], baseline) != speedup([5.0], baseline)  # NaN

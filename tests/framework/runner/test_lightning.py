@@ -249,6 +249,8 @@ def test_launch_rank_and_output_rules_for_external_launchers(data, monkeypatch):
         "SLURM_NTASKS",
         "SLURM_PROCID",
         "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_NAME",
+        "SLURM_NTASKS_PER_NODE",
     ):
         monkeypatch.delenv(var, raising=False)
     cfg = cfg_for(data, None, devices=2, num_nodes=2)
@@ -256,11 +258,16 @@ def test_launch_rank_and_output_rules_for_external_launchers(data, monkeypatch):
     monkeypatch.setenv("NODE_RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert launch_rank(cfg) == 3  # Lightning's launcher: node 1, local 1, 2 devices per node
-    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_NTASKS", "4")  # srun, as Lightning's SLURM environment reads it
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
     monkeypatch.setenv("SLURM_PROCID", "2")
     assert launch_rank(cfg) == 2
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE")
     monkeypatch.setenv("RANK", "1")  # torchrun
     monkeypatch.setenv("WORLD_SIZE", "4")
+    assert launch_rank(cfg) == 3  # RANK alone is no launcher Lightning knows: its own ranks
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     assert launch_rank(cfg) == 1
     # Every torchrun/srun process would pick its own timestamped file: the output must be named.
     with pytest.raises(ConfigError, match="--output must be a results file named explicitly"):
