@@ -812,8 +812,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "speedup_as_a_mean_of_ratios",
         "the one speedup function averages the per-prompt ratios instead of taking the ratio of the means",
         "framework/results/metrics.py",
-        "    return (sum(m) / len(m) if m else 0.0) / mean_b if mean_b > 0 else float(\"nan\")",
-        "    return sum(x / y for x, y in zip(m, b)) / len(m) if mean_b > 0 else float(\"nan\")",
+        '    return (sum(m) / len(m) if m else 0.0) / mean_b if mean_b > 0 else float("nan")',
+        '    return sum(x / y for x, y in zip(m, b)) / len(m) if mean_b > 0 else float("nan")',
         ("tests/framework/results/test_metrics.py::test_speedup_is_the_ratio_of_the_mean_tokens_per_second",),
     ),
     Mutation(

@@ -343,7 +343,9 @@ VIEWS = ("RoundView", "DraftView", "VerifyView")
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("strategies")])
 def test_strategies_never_see_the_engine_state(module):
     """A strategy's ``state`` is one of the views, never the engine's `DecodeState`."""
-    bad = [f"{line} {fn}(state: {ann})" for line, fn, ann in _state_params(MODULES[module]) if ann not in VIEWS]
+    bad = [
+        f"{line} {fn}(state: {ann})" for line, fn, ann in _state_params(MODULES[module]) if ann not in VIEWS
+    ]
     assert not bad, f"{module}: {bad}"
 
 
@@ -410,7 +412,11 @@ def test_strategies_and_their_building_blocks_see_views_not_the_engines_objects(
             bad.append(f"line {node.lineno}: .adapter")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
-            ann = [ast.unparse(x.annotation) for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x.arg == "state" and x.annotation]
+            ann = [
+                ast.unparse(x.annotation)
+                for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]
+                if x.arg == "state" and x.annotation
+            ]
             if not ann:
                 continue
             allowed = members.get(ann[0], members["RoundView"])
