@@ -341,11 +341,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     Mutation(
-        "torch_unseeded",
-        "the pipeline seeds Python's and NumPy's generators but not torch's",
+        "pipeline_unseeded",
+        "a run never seeds Python's, NumPy's or torch's generators (its draws differ from run to run)",
         "framework/runner/pipeline.py",
-        "    torch.manual_seed(seed)  # every device's generator",
-        "    pass",
+        "        seed_everything(cfg.generation.seed)",
+        "        pass",
         (
             "tests/framework/runner/test_resume_and_seeds.py::test_the_pipeline_seeds_python_numpy_and_torch_from_the_seed",
         ),
