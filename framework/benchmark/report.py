@@ -306,8 +306,9 @@ def render_report(
     load: Mapping[str, Any] | None = None,
     warnings: Sequence[str] = (),
     host_work: Sequence[str] = (),
+    resumed: int = 0,
 ) -> str:
-    """The benchmark's markdown report. ``heads``: the cost models of methods that draft with a
+    """The run's markdown report (``run.py``'s one method and ``bench.py``'s several alike). ``heads``: the cost models of methods that draft with a
     reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
     model each method was priced with, for the plain-language reading under the table
     (`framework.benchmark.story.what_happened`). ``graphs``: with ``--cuda-graphs``, the graphs
@@ -316,7 +317,7 @@ def render_report(
     under the story. ``load``: the machine's load while timed (`framework.benchmark.load`), a
     header line; ``warnings``: why the timings may not be trusted, in the header and the story.
     ``host_work``: each speculative method's host work a round (`HostWorkReport.line`), header
-    lines."""
+    lines. ``resumed``: prompts an earlier, interrupted run decoded (``--resume``)."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg
     lines = [
@@ -330,7 +331,8 @@ def render_report(
         + (f" (at most {run.data.limit} per category)" if run.data.limit else "")
         + (f" (after the first {run.data.offset} of each)" if run.data.offset else "")
         + f"; max_new_tokens {run.generation.max_new_tokens}; dtype {run.model.dtype}; greedy, batch 1; warm-up {run.runner.warmup} "
-        f"generation(s) per method; {cfg.compare.repeats} repeat(s); {elapsed:.0f} s timed",
+        f"generation(s) per method; {cfg.compare.repeats} repeat(s); {elapsed:.0f} s timed"
+        + (f" ({resumed} prompt(s) decoded before, by the run --resume continued)" if resumed else ""),
     ]
     lines.append(load_line(load))
     lines += [f"- **warning**: {w}" for w in warnings]
@@ -373,13 +375,12 @@ def make_plots(
     summary: dict[str, Any],
     records: list[dict[str, Any]],
     num_layers: int,
-    single: bool = False,
 ) -> dict[str, str]:
     """The benchmark's PNGs: speedup by category, accepted tokens per round, and for our methods
     the draft's plan over the rounds of the first repeat (`GenerationResult.plans` /
     ``exit_layers``): the exit layer per round for early-exit drafting, else the skip set per round
-    (for a static selector the same set on every row). ``single`` (``run.py``'s one method): the
-    plan's plot is ``skip_sets.png`` or ``exit_layers.png``, as that tool has always named it."""
+    (for a static selector the same set on every row): ``exit_layer_<method>.png`` or
+    ``skip_<method>.png``."""
     out: dict[str, str] = {}
     rows = {m: e["speedup"] for m, e in summary["methods"].items() if m != BASELINE and e["speedup"]}
     out["speedup by category"] = str(plots.speedup_by_category(rows, out_dir / "speedup_by_category.png"))
@@ -404,12 +405,12 @@ def make_plots(
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in method)
         exit_layers = exits.get(method, [])[:MAX_TRACE_ROUNDS]
         if any(e is not None for e in exit_layers):
-            name = "exit_layers.png" if single else f"exit_layer_{safe}.png"
+            name = f"exit_layer_{safe}.png"
             p = plots.exit_layer_over_time(exit_layers, num_layers, out_dir / name)
             out[f"{method}: exit layer per round"] = str(p)
         elif len(set(plan_codes)) > 1 or len(codes) == 1:  # one method: its skip set even when constant
             rows_bits = [[int(c) for c in code] for code in plan_codes[:MAX_TRACE_ROUNDS]]
-            name = "skip_sets.png" if single else f"skip_{safe}.png"
+            name = f"skip_{safe}.png"
             p = plots.skip_heatmap(rows_bits, num_layers, out_dir / name, title=method)
             out[f"{method}: skip set per round"] = str(p)
     return out

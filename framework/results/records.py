@@ -142,14 +142,16 @@ def prompt_key(rec_or_prompt: Prompt | dict[str, Any]) -> tuple[str, str]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a results JSONL (a torn last line from a killed run is ignored). A record
-    ``run.py`` wrote before the one pipeline (issue 48) reads with ``repeat`` 0 and its ``kind``
-    (``baseline`` for vanilla, else ``preset``).
+    """The records of a results JSONL, or of a run's folder (its ``records.jsonl``); a torn last
+    line from a killed run is ignored. A record ``run.py`` wrote before the one pipeline (issue 48)
+    reads with ``repeat`` 0 and its ``kind`` (``baseline`` for vanilla, else ``preset``).
 
     Raises:
         ConfigError: a line other than the last is not JSON (not a results file).
     """
     path = Path(path)
+    if path.is_dir():
+        path = path / "records.jsonl"
     if not path.exists():
         return []
     out = []
@@ -243,7 +245,7 @@ def resume_state(
         ConfigError: no ``--output``, no metadata next to the file, or a different configuration.
     """
     if cfg.runner.output is None:
-        raise ConfigError("--output", None, "the results file to continue when --resume is given")
+        raise ConfigError("--output", None, "the run folder to continue when --resume is given")
     if not out_path.exists():
         return set()
     meta_path = meta_path or out_path.with_suffix(".meta.json")
@@ -251,7 +253,7 @@ def resume_state(
         raise ConfigError(
             "--resume",
             str(out_path),
-            f"a results file written by run.py (its metadata {meta_path.name} is missing)",
+            f"a run folder written by run.py or bench.py (its metadata {meta_path.name} is missing)",
         )
     old = json.loads(meta_path.read_text()).get("config", {})
     diff = config_differences(old, cfg)

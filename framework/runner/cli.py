@@ -246,17 +246,23 @@ def _bench_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace, command: str | None = None) -> RunConfig:
+def config_from_args(
+    args: argparse.Namespace, command: str | None = None, *, bench: bool | None = None
+) -> RunConfig:
     """The validated `RunConfig` of parsed arguments: ``--config FILE`` or the ``--method``
     preset (defaults when neither), with every generated flag that was given applied on top.
-    ``command`` (``bench.py``): its command line, for the report; its methods default to
-    `DEFAULT_METHODS` and ``--preset-args METHOD=FLAGS`` are read.
+    ``command``: the command line, for the report. ``bench`` (default: a ``command`` was given):
+    ``bench.py``'s arguments, whose methods default to `DEFAULT_METHODS` and whose
+    ``--preset-args METHOD=FLAGS`` are read.
 
     Raises:
         ConfigError: an invalid value, named by its flag (UnknownNameError: a strategy name).
     """
     overrides = config_overrides_from_args(args)
+    bench = command is not None if bench is None else bench
     if command is not None:
+        overrides["compare.command"] = command
+    if bench:
         pairs = []
         for item in args.preset_args:
             method, sep, flags = item.partition("=")
@@ -265,12 +271,11 @@ def config_from_args(args: argparse.Namespace, command: str | None = None) -> Ru
                     "--preset-args", item, "METHOD=FLAGS, e.g. 'swift=--selector.skip_ratio 0.3'"
                 )
             pairs.append((method.strip(), flags))
-        overrides["compare.command"] = command
         if pairs:
             overrides["compare.preset_args"] = tuple(pairs)
     if args.config:
         return RunConfig.load(args.config).replace(**overrides)
-    if command is not None and "compare.methods" not in overrides:
+    if bench and "compare.methods" not in overrides:
         overrides["compare.methods"] = DEFAULT_METHODS
     return RunConfig.from_preset(getattr(args, "method", None), **overrides)
 
@@ -300,14 +305,13 @@ def main(
         if getattr(args, "list", False):
             print(list_strategies())
             return 0
-        cfg = config_from_args(
-            args, f"python experiments/{tool} {shlex.join(argv)}".strip() if bench else None
-        )
+        command = f"python experiments/{tool} {shlex.join(argv)}".strip()
+        cfg = config_from_args(args, command if bench else None)
         if args.print_config is not None:
             print_config(cfg, args.print_config)
             return 0
         outputs.append(resolve_output(cfg))
-        run(cfg, output=outputs[-1], model=model, tokenizer=tokenizer)
+        run(cfg, output=outputs[-1], model=model, tokenizer=tokenizer, command=command)
         return 0
 
     def kept() -> str | None:

@@ -11,11 +11,11 @@ and warm up, decode (DDP over prompts with ``--devices``/``--num-nodes``), take 
 (``--cost-model``), and write the report, the plots, the tracker's summary (``--logger``) and the
 Spec-Bench answer files (also on Ctrl-C).
 
-Where the files go (`Layout`): one method (``run.py``) writes ``<stem>.jsonl`` beside
-``<stem>.meta.json``, ``<stem>.config.yaml``, ``<stem>.md`` and the folder ``<stem>/`` (plots,
-tracker, cost model); several methods (``bench.py``) write one folder: ``records.jsonl``,
-``meta.json``, ``config.yaml``, ``bench.md`` (the benchmark's report, `framework.benchmark.report`),
-the plots, ``cost_model.json`` and ``tracking/``.
+Where the files go (`Layout`): one folder, whatever the number of methods: ``records.jsonl``,
+``meta.json``, ``config.yaml``, ``bench.md`` (the report, `framework.benchmark.report`), the plots,
+``cost_model.json`` and ``tracking/``. Before issue 56 ``run.py`` wrote ``<stem>.jsonl`` beside
+``<stem>.meta.json``, ``<stem>.config.yaml`` and ``<stem>.md``; ``--output <stem>.jsonl`` now names
+the folder ``<stem>``, and ``--resume`` continues such a file there (`migrate_results_file`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -45,24 +46,17 @@ from lightning_fabric.plugins.environments import (
 
 from framework.benchmark.load import other_cores_now, threads_for_load, vanilla_spread
 from framework.benchmark.load import warnings as load_warnings
-from framework.benchmark.report import HOST_WORK_HEAD, make_plots, render_report, summarize
+from framework.benchmark.report import make_plots, render_report, results_markdown, summarize
 from framework.config_fields import ConfigError
 from framework.data.prompts import load_prompts
 from framework.data.specbench import check_answer_dir, write_answer_files
 from framework.engine.cost_model import CostModel
 from framework.models.loading import dtype_name, model_name
 from framework.models.provenance import environment
-from framework.results.metrics import (
-    aggregate,
-    gate_lines,
-    mismatch_lines,
-    results_table,
-    synthetic_lines,
-    time_breakdown,
-)
+from framework.results.metrics import aggregate
 from framework.results.records import read_records, resume_state
 from framework.runner.lightning import DecodeModule, Methods, PlainProgress, ResultsWriter, SpeedupProgressBar
-from framework.runner.tracking import TrackingCallback, log_summary, summary_metrics
+from framework.runner.tracking import TrackingCallback, log_summary
 from framework.session.dependencies import check_dependencies
 from framework.session.loggers import close_logger, make_logger
 from framework.session.methods import BASELINE, MethodSpec, preset_run_config
@@ -90,46 +84,38 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a run's files go: beside a results file (one method) or in a folder (several)."""
+    """Where a run's files go: one folder, whatever the number of methods (``run.py``'s one,
+    ``bench.py``'s several)."""
 
     root: Path
-    folder: bool
-
-    def _at(self, stem_suffix: str, name: str) -> Path:
-        return self.root / name if self.folder else self.root.with_suffix(stem_suffix)
 
     @property
     def records(self) -> Path:
-        return self.root / "records.jsonl" if self.folder else self.root
+        return self.root / "records.jsonl"
 
     @property
     def meta(self) -> Path:
-        return self._at(".meta.json", "meta.json")
+        return self.root / "meta.json"
 
     @property
     def config(self) -> Path:
-        return self._at(".config.yaml", "config.yaml")
+        return self.root / "config.yaml"
 
     @property
     def report(self) -> Path:
-        return self._at(".md", "bench.md")
-
-    @property
-    def run_dir(self) -> Path:
-        """The plots, the tracker and the cost model (a method's artefacts: `stem`)."""
-        return self.root if self.folder else self.root.with_suffix("")
+        return self.root / "bench.md"
 
     @property
     def plots(self) -> Path:
-        return self.run_dir if self.folder else self.run_dir / "plots"
+        return self.root
 
     @property
     def tracker(self) -> Path:
-        return self.run_dir / "tracking" if self.folder else self.run_dir
+        return self.root / "tracking"
 
     def stem(self, label: str) -> Path:
         """Where method ``label`` keeps its artefacts (an offline search's skip set)."""
-        return self.root / label if self.folder else self.run_dir
+        return self.root / label
 
 
 class AnswerFiles:
@@ -175,10 +161,12 @@ def run(
     *,
     output: Path | None = None,
     custom: dict[str, Any] | None = None,
+    command: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg``'s methods on its prompts; returns (on rank 0; ``{}`` elsewhere) ``{"output"
-    (the results JSONL), "out" and "run_dir" (where the rest is), "records", "report", "table",
-    "breakdown", "summary", "plots", "specbench_answers"}``.
+    (the results JSONL), "out" (the run's folder), "records", "report", "table" (the report's
+    results table), "summary" (`framework.benchmark.report.summarize`), "plots" ({name: path}),
+    "specbench_answers"}``.
 
     Args:
         cfg: the configuration.
@@ -188,6 +176,7 @@ def run(
         output: where the results go (default `resolve_output`).
         custom: extra methods ``{label: decoder}`` (a decoder has ``generate(prompt_ids, stop) ->
             GenerationResult``), e.g. a modified decoder under test; one process only.
+        command: the command line, for the report (default ``cfg.compare.command``).
 
     Ctrl-C stops after the current prompt's records are written, writes the answer files of the
     records so far and raises KeyboardInterrupt.
@@ -197,9 +186,10 @@ def run(
             written.
     """
     r = _Run(cfg, log, output, custom)
+    r.command = command
     methods = None
     if r.world == 1:  # validated and prepared before any logger or file exists
-        r.layout.run_dir.mkdir(parents=True, exist_ok=True) if r.layout.folder else None
+        r.layout.root.mkdir(parents=True, exist_ok=True)
         methods = Methods.load(
             cfg, r.specs, model, tokenizer, stem=r.layout.stem, log=log, prompts=r.prompts, custom=custom
         )
@@ -218,10 +208,10 @@ def run(
     )
     tty = sys.stderr.isatty() and r.rank0
     progress = SpeedupProgressBar() if tty else PlainProgress()
-    callbacks = [ResultsWriter(r.layout.records), TrackingCallback(single=not r.layout.folder), progress]
+    callbacks = [ResultsWriter(r.layout.records), TrackingCallback(), progress]
     logger = r.tracker(methods) if r.rank0 else None
     try:
-        trainer_args = _trainer_args(cfg, r.layout.run_dir, callbacks, logger, tty)
+        trainer_args = _trainer_args(cfg, r.layout.root, callbacks, logger, tty)
         trainer = _predict(cfg, module, trainer_args, lambda: r.write_answers(module))
         result = r.finish(module, logger) if trainer.global_rank == 0 else {}
     except BaseException:
@@ -246,6 +236,7 @@ class _Run:
         elif _on_cpu(cfg):
             _yield_busy_cores(log)
         self.cfg, self.log, d = cfg, log, cfg.data
+        self.command: str | None = None  # the command line, for the report
         self.prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
         self.specs = methods_of(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
         presets = [
@@ -257,17 +248,15 @@ class _Run:
             raise ConfigError(
                 "custom", sorted({x for x in labels if labels.count(x) > 1}), "names not used by --methods"
             )
-        folder = bool(cfg.compare.methods or custom)
-        layout = self.layout = Layout(output or resolve_output(cfg, folder=folder), folder)
+        layout = self.layout = Layout(output or resolve_output(cfg))
         self.rank0, self.world = launch_rank(cfg) == 0, cfg.runner.devices * cfg.runner.num_nodes
         if custom and self.world > 1:
             raise ConfigError("--devices", self.world, "1 with custom decoders (they live in this process)")
         if not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
             # appending would mix this run's records with an earlier run's in one report
-            kind = (
-                "directory (records.jsonl exists)" if folder else "file (it holds an earlier run's records)"
-            )
-            raise ConfigError("--output", str(layout.root), f"a new or empty {kind}, or --resume")
+            raise ConfigError("--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume")
+        if cfg.runner.resume and self.rank0:
+            migrate_results_file(cfg, layout, log)
         self.answers = AnswerFiles(
             cfg.runner.specbench_answers, labels, [layout.records], cfg.model.name_or_path, log
         )
@@ -303,15 +292,12 @@ class _Run:
         """What the methods resolved to, once per process: provenance, notes, resolved ``auto``
         settings and each method's settings (the metadata's and the tracker's)."""
         if "methods" not in self.meta:
-            folder = self.layout.folder
             self.meta.update(
                 provenance=provenance(self.cfg.model.name_or_path, ms.base),
                 dtype_resolved=dtype_name(ms.base.adapter.arch.dtype),
                 method=", ".join(self.labels[1:]) or BASELINE,
-                notes=ms.notes() if folder else ms.base.notes,
-                resolved={k: e.resolved() for k, e in ms.sessions.items() if k != BASELINE}
-                if folder
-                else ms.base.resolved(),
+                notes=ms.notes(),
+                resolved={k: e.resolved() for k, e in ms.sessions.items() if k != BASELINE},
                 methods=ms.settings(),
             )
         return {k: self.meta[k] for k in ("provenance", "notes", "resolved", "methods")}
@@ -340,8 +326,7 @@ class _Run:
         tracked = {**cfg.describe(), "provenance": None, "notes": [], "resolved": {}, "methods": {}}
         if methods is not None:
             tracked.update(self.describe(methods))
-        name = layout.root.stem if layout.folder else layout.run_dir.name
-        return make_logger(cfg.runner.logger, layout.tracker, name, cfg.runner.wandb_project, tracked)
+        return make_logger(cfg.runner.logger, layout.tracker, layout.root.name, cfg.runner.wandb_project, tracked)
 
     def write_answers(
         self, module: DecodeModule, records: list[dict[str, Any]] | None = None
@@ -363,8 +348,8 @@ class _Run:
                 start = time.perf_counter()
                 cost = CostModel.measure(ms.base.adapter, log=self.log)
                 self.log(f"[selfspec] cost model measured in {time.perf_counter() - start:.0f} s")
-            layout.run_dir.mkdir(parents=True, exist_ok=True)
-            write_json(layout.run_dir / "cost_model.json", {"cost_model": cost.to_dict()})  # --cost-model
+            layout.root.mkdir(parents=True, exist_ok=True)
+            write_json(layout.root / "cost_model.json", {"cost_model": cost.to_dict()})  # --cost-model
         spread = _spread(records)
         host_lines = [w.line(label) for label, w in module.host_work.items()]
         full = full_model_drafts(records, labels)
@@ -384,39 +369,29 @@ class _Run:
         plots = {}
         if cfg.runner.plots and records:
             layers = ms.base.adapter.arch.info().num_layers
-            plots = make_plots(layout.plots, summary, records, layers, single=not layout.folder)
-        table = breakdown = ""
-        if layout.folder:
-            hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
-            report = render_report(
-                cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
-                heads, method_costs, graphs=module.graphs, load=load, warnings=said,
-                run_notes={k: [*self.meta["notes"].get(k, []), *([full[k]] if k in full else [])]
-                           for k in {*self.meta["notes"], *full}},
-                host_work=host_lines,
-            )  # fmt: skip
-        else:
-            undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
-            progress = (len(self.items), undone, self.resumed, module.elapsed)
-            notes = [f"note: {note}" for note in full.values()]
-            table, breakdown, report = _run_report(
-                cfg, records, labels, layout, plots, progress, [*host_lines, *notes]
-            )
+            plots = make_plots(layout.plots, summary, records, layers)
+        hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
+        undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
+        report = render_report(
+            cfg.replace(command=self.command) if self.command and not cfg.compare.command else cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
+            heads, method_costs, graphs=module.graphs, load=load, warnings=said,
+            run_notes={k: [*self.meta["notes"].get(k, []), *([full[k]] if k in full else [])]
+                       for k in {*self.meta["notes"], *full}},
+            host_work=host_lines, resumed=undone if self.resumed else 0,
+        )  # fmt: skip
         layout.report.write_text(report)
         self.log("\n" + report)
         if logger is not None:
-            log_summary(logger, records, summary, report, plots, labels, single=not layout.folder)
+            log_summary(logger, records, summary, report, plots, labels)
         written = self.write_answers(module, records)
         return {
             "output": str(layout.records),
             "out": str(layout.root),
-            "run_dir": str(layout.run_dir),
             "records": records,
             "report": report,
-            "table": table,
-            "breakdown": breakdown,
-            "summary": summary if layout.folder else summary_metrics(records, labels[-1]),
-            "plots": plots if layout.folder else list(plots.values()),
+            "table": results_markdown(summary),
+            "summary": summary,
+            "plots": plots,
             "specbench_answers": [str(p) for p in written.values()],
         }
 
@@ -521,37 +496,6 @@ def full_model_drafts(records: list[dict[str, Any]], labels: Sequence[str]) -> d
     return out
 
 
-def _run_report(
-    cfg: RunConfig,
-    records: list[dict[str, Any]],
-    labels: list[str],
-    layout: Layout,
-    plots: Mapping[str, str],
-    progress: tuple[int, int, bool, float],
-    host_work: Sequence[str] = (),
-) -> tuple[str, str, str]:
-    """One method's report: the results table with its notes, where the time goes, the host work
-    a round (`framework.testing.host_work.HostWorkReport.line`), what was decoded (``progress``:
-    prompts decoded now, resumed from the file, whether it resumed, seconds)."""
-    decoded, resumed, did_resume, seconds = progress
-    method = labels[-1]
-    table = results_table(records, method)
-    for lines in (synthetic_lines(records), gate_lines(records, method), mismatch_lines(records)):
-        if lines:
-            table += "\n\n" + lines
-    breakdown = time_breakdown(records, labels)
-    title = "vanilla (baseline only)" if cfg.method.baseline_only else f"{method} vs vanilla"
-    report = (
-        f"## {title}\n\n{table}\n\nWhere the time goes (share of wall time):\n\n{breakdown}\n\n"
-        + "".join(f"{HOST_WORK_HEAD} {line}\n\n" for line in host_work)
-        + f"{decoded} prompts decoded in {seconds:.0f} s"
-        + (f" ({resumed} resumed from the file)" if did_resume else "")
-        + f"; results: {layout.records}\n"
-        + (f"plots: {layout.plots}\n" if plots else "")
-    )
-    return table, breakdown, report
-
-
 def _external_environment() -> ClusterEnvironment | None:
     """The cluster environment of processes an external launcher started (torchrun, srun), as
     Lightning's trainer detects it; ``None`` for one process or Lightning's own launcher."""
@@ -571,38 +515,48 @@ def launch_rank(cfg: RunConfig) -> int:
     return own.node_rank() * cfg.runner.devices + own.local_rank()
 
 
-def resolve_output(cfg: RunConfig, folder: bool | None = None) -> Path:
-    """``cfg.runner.output``, or a fresh ``runs/<method>-<time>.jsonl`` (several methods: the
-    folder ``runs/bench-<time>``); DDP ranks started by Lightning's launcher inherit rank 0's choice
-    through the environment.
+def resolve_output(cfg: RunConfig) -> Path:
+    """The run's folder: ``cfg.runner.output``, or a fresh ``runs/<method>-<time>`` (several
+    methods: ``runs/bench-<time>``). A results file's name (``x.jsonl``, what ``run.py`` wrote
+    before issue 56) names the folder ``x``. DDP ranks started by Lightning's launcher inherit rank
+    0's choice through the environment.
 
     Raises:
         ConfigError: several processes started by an external launcher (torchrun, srun) and no
-            ``--output``: each would pick its own timestamped file.
+            ``--output``: each would pick its own timestamped folder.
     """
-    folder = bool(cfg.compare.methods) if folder is None else folder
     if cfg.runner.output:
         given = Path(cfg.runner.output)
-        if not folder and given.is_dir():  # it read as "holds an earlier run's records"
-            raise ConfigError(
-                "--output",
-                str(given),
-                f"a results file for run.py, not a folder (bench.py writes a folder): e.g. "
-                f"{given / stamped(cfg.method.label, '.jsonl').name}",
-            )
-        return given
+        return given.with_suffix("") if given.suffix == ".jsonl" else given
     several = cfg.runner.devices * cfg.runner.num_nodes > 1
     if several and _external_environment() is not None:
         raise ConfigError(
-            "--output", None, "a results file named explicitly when torchrun or srun starts the processes"
+            "--output", None, "a folder named explicitly when torchrun or srun starts the processes"
         )
     inherited = os.environ.get("SELFSPEC_RUN_OUTPUT")
     if inherited and launch_rank(cfg) > 0:
         return Path(inherited)
-    path = stamped("bench") if folder else stamped(cfg.method.label, ".jsonl")
+    path = stamped("bench" if cfg.compare.methods else cfg.method.label)
     if several:
         os.environ["SELFSPEC_RUN_OUTPUT"] = str(path)
     return path
+
+
+def migrate_results_file(cfg: RunConfig, layout: Layout, log: Callable[[str], None] = print) -> bool:
+    """``--resume`` of a results file ``run.py`` wrote before issue 56 (``x.jsonl`` beside
+    ``x.meta.json``, its plots and tracker in ``x/``): its records and metadata are copied into the
+    folder ``x`` as ``records.jsonl`` and ``meta.json`` (the file stays as it was), once, and the
+    run continues there. Returns whether it copied."""
+    given = Path(cfg.runner.output) if cfg.runner.output else None
+    if given is None or given.suffix != ".jsonl" or not given.is_file() or layout.records.exists():
+        return False
+    layout.root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(given, layout.records)
+    old_meta = given.with_suffix(".meta.json")
+    if old_meta.is_file():
+        shutil.copyfile(old_meta, layout.meta)
+    log(f"[selfspec] --resume: {given} (an earlier run.py's results file) continues in the folder {layout.root}")
+    return True
 
 
 def _trainer_args(
@@ -686,6 +640,7 @@ __all__ = [
     "head_costs",
     "launch_rank",
     "load_cost_model",
+    "migrate_results_file",
     "resolve_output",
     "run",
     "seed_everything",

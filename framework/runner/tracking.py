@@ -1,12 +1,13 @@
 """Experiment tracking: what a run logs (the loggers themselves, W&B offline without credentials,
 CSV, or none, are made by `framework.session.loggers.make_logger`).
 
-Logged: the configuration; per prompt as it finishes (`prompt_metrics`), each method's tokens/s
-and speedup (one method: also M, alpha, the lossless check and the strategies' scalar statistics);
-at the end (`log_summary`), the per-category summary (one method: ``summary/<category>/...``;
-several: ``<method>/speedup/<category>``, ``<method>/M``, ...), and with W&B the results table, the
-prompts with every method's output, a per-round trace (draft length, accepted length, the skip set
-as a 2L-bit string, exit layer), each prompt's selector summary, the report and the plots.
+Logged, whatever the number of methods (``run.py``'s one, ``bench.py``'s several): the
+configuration; per prompt as it finishes (`prompt_metrics`), each method's tokens/s and, against
+vanilla, its speedup, M, alpha, the lossless check and its strategies' scalar statistics; at the
+end (`log_summary`), each method's ``<method>/speedup/<category>``, ``<method>/M``, ... and with
+W&B the results table, the prompts with every method's output, a per-round trace (draft length,
+accepted length, the skip set as a 2L-bit string, exit layer), each prompt's selector summary, the
+report and the plots.
 """
 
 from __future__ import annotations
@@ -18,81 +19,39 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from framework.results.metrics import aggregate, speedup
+from framework.results.metrics import speedup
 
 
-def summary_metrics(records: list[dict[str, Any]], method: str) -> dict[str, dict[str, float]]:
-    """``{category or "overall": {metric: value}}`` of ``method`` against vanilla."""
-    out: dict[str, dict[str, float]] = {}
-    for cat, by_method in aggregate(records).items():
-        b, m = by_method.get("vanilla"), by_method.get(method)
-        if b is None:
-            continue
-        row = {"prompts": b.prompts, "vanilla_tokens_per_s": b.mean_tokens_per_s}
-        if m is not None and method != "vanilla":
-            row.update(
-                tokens_per_s=m.mean_tokens_per_s,
-                speedup=speedup(m.tokens_per_s, b.tokens_per_s),
-                mean_accepted_length=m.mean_accepted_length,
-                acceptance_rate=m.acceptance_rate,
-                skip_ratio=m.skip_ratio,
-            )
-            if m.lossless_checked:
-                row["lossless_share"] = m.lossless / m.lossless_checked
-            # the target's top-1/top-2 margin at each first mismatch: near-ties (rounding flips,
-            # expected on a GPU or in bfloat16) apart from the rest (bugs)
-            bad = [
-                r.get("first_mismatch") or {}
-                for r in records
-                if r["method"] == method and r.get("lossless") is False and cat in ("overall", r["category"])
-            ]
-            if bad:
-                margins = [w["margin"] for w in bad if w.get("margin") is not None]
-                row["mismatches"] = len(bad)
-                row["near_tie_mismatches"] = sum(bool(w.get("near_tie")) for w in bad)
-                if margins:
-                    row["min_mismatch_margin"] = min(margins)
-                    row["max_mismatch_margin"] = max(margins)
-        out[cat] = row
-    return out
-
-
-def prompt_metrics(recs: list[dict[str, Any]], single: bool = True) -> dict[str, float | str]:
+def prompt_metrics(recs: list[dict[str, Any]]) -> dict[str, float | str]:
     """Per-prompt metrics of one predict step's records, with the prompt's question id and
-    category (so that a CSV row or a W&B step says which prompt it is). One method (``single``):
-    ``prompt/method_tokens_per_s``, the speedup, M, alpha (none where nothing was drafted), the
-    check and the strategies' scalar statistics; several: each method's tokens/s and speedup."""
+    category (so that a CSV row or a W&B step says which prompt it is): each method's
+    ``prompt/<method>_tokens_per_s``; each speculative method's ``prompt/<method>_speedup`` (against
+    vanilla), ``_M``, ``_alpha`` (none where nothing was drafted), ``_lossless`` (greedy checks
+    only) and its strategies' scalar statistics, ``<method>/<strategy kind>/<name>``."""
     by = {r["method"]: r for r in recs if not r.get("error")}
-    van = by.get("vanilla")
     out: dict[str, float | str] = {}
     if recs:
         out["prompt/question_id"] = str(recs[0]["question_id"])
         out["prompt/category"] = str(recs[0]["category"])
+    rate = {name: r["new_tokens"] / max(r["wall_time"], 1e-9) for name, r in by.items()}
     for name, r in by.items():
-        tag = "vanilla" if name == "vanilla" else ("method" if single else name)
-        out[f"prompt/{tag}_tokens_per_s"] = r["new_tokens"] / max(r["wall_time"], 1e-9)
-        if not single and van is not None and tag != "vanilla":
-            out[f"prompt/{tag}_speedup"] = speedup(
-                [float(out[f"prompt/{tag}_tokens_per_s"])], [van["new_tokens"] / max(van["wall_time"], 1e-9)]
-            )
-    spec = next((r for n, r in by.items() if n != "vanilla"), None)
-    if single and spec is not None and van is not None:
-        out["prompt/speedup"] = speedup(
-            [float(out["prompt/method_tokens_per_s"])], [float(out["prompt/vanilla_tokens_per_s"])]
-        )
-        rounds = spec["accept_lengths"]
-        out["prompt/mean_accepted_length"] = sum(rounds) / len(rounds) if rounds else 0.0
-        if spec["drafted"]:  # nothing drafted: no acceptance rate (not 0)
-            out["prompt/acceptance_rate"] = spec["accepted"] / spec["drafted"]
-        if spec["lossless"] is not None:
-            out["prompt/lossless"] = float(spec["lossless"])
-        summaries = spec["turns"][-1].get("strategy_summary") or {}
+        out[f"prompt/{name}_tokens_per_s"] = rate[name]
+        if name == "vanilla" or "vanilla" not in by:
+            continue
+        out[f"prompt/{name}_speedup"] = speedup([rate[name]], [rate["vanilla"]])
+        rounds = r["accept_lengths"]
+        out[f"prompt/{name}_M"] = sum(rounds) / len(rounds) if rounds else 0.0
+        if r["drafted"]:  # nothing drafted: no acceptance rate (not 0)
+            out[f"prompt/{name}_alpha"] = r["accepted"] / r["drafted"]
+        if r.get("lossless") is not None:
+            out[f"prompt/{name}_lossless"] = float(r["lossless"])
+        summaries = (r.get("turns") or [{}])[-1].get("strategy_summary") or {}
         for kind, summary in summaries.items():  # scalars, and one level of nested dicts (the gate)
             for k, v in (summary or {}).items():
                 items = v.items() if isinstance(v, dict) else [(None, v)]
                 for sub, x in items:
                     if isinstance(x, (int, float)) and not isinstance(x, bool):
-                        out[f"{kind}/{k}" + (f"/{sub}" if sub else "")] = float(x)
+                        out[f"{name}/{kind}/{k}" + (f"/{sub}" if sub else "")] = float(x)
     return out
 
 
@@ -135,13 +94,12 @@ class TrackingCallback(pl.Callback):
     """Logs each prompt's metrics (`prompt_metrics`) as it finishes; at the end every rank waits
     until all records are in the file."""
 
-    def __init__(self, single: bool = True) -> None:
-        self.single = single
+    def __init__(self) -> None:
         self.step = 0
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if trainer.logger is not None:
-            metrics = prompt_metrics(outputs, self.single)
+            metrics = prompt_metrics(outputs)
             if metrics:
                 trainer.logger.log_metrics(metrics, step=self.step)
         self.step += 1
@@ -157,18 +115,13 @@ def log_summary(
     report: str,
     plots: Mapping[str, str],
     labels: list[str],
-    single: bool = True,
 ) -> None:
-    """The run's end in the tracker: one method's ``summary/<category>/<metric>`` against vanilla
-    (`summary_metrics`), several methods' ``<method>/...`` (`method_metrics`); with W&B also the
-    results and prompts tables, the round trace, the selectors' summaries, the report and the plots."""
+    """The run's end in the tracker: each method's ``<method>/...`` (`method_metrics`); with W&B
+    also the results and prompts tables, the round trace, the selectors' summaries, the report and
+    the plots."""
     if not records:
         return
-    if single:
-        rows = summary_metrics(records, labels[-1])
-        flat = {f"summary/{cat}/{k}": v for cat, row in rows.items() for k, v in row.items()}
-    else:
-        flat = method_metrics(summary)
+    flat = method_metrics(summary)
     step = sum(1 for r in records if r["method"] == "vanilla")
     logger.log_metrics(flat, step=step)
     from pytorch_lightning.loggers import WandbLogger

@@ -235,8 +235,13 @@ def test_dtype_takes_the_short_spellings_torch_users_write(capsys):
     assert RunConfig.of(dtype="bf16").model.dtype == "bfloat16"  # the Python API too
 
 
-def test_run_py_output_that_is_a_folder_is_refused_as_a_folder(capsys, tmp_path):
-    """Issue 55, item 5: ``--output DIR`` was refused as "holds an earlier run's records"."""
-    code, _, err = run_cli(capsys, "--model", "tiny-random", "--limit", "1", "--output", str(tmp_path))
-    assert code == 2 and "--output must be a results file for run.py, not a folder" in err
-    assert "earlier run" not in err and f"e.g. {tmp_path}/" in err
+def test_run_py_writes_the_folder_its_output_names(capsys, tmp_path):
+    """Issue 56: run.py writes bench.py's folder; a results file's name (``o.jsonl``, what run.py
+    wrote before) names the folder ``o``."""
+    argv = ["--model", "tiny-random", "--limit", "1", "--max-new-tokens", "4", "--output", str(tmp_path / "o.jsonl")]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    written = {p.name for p in (tmp_path / "o").iterdir()}
+    assert {"records.jsonl", "meta.json", "config.yaml", "bench.md"} <= written
+    assert not (tmp_path / "o.jsonl").exists()
+    assert "- command: `python experiments/run.py --model tiny-random" in (tmp_path / "o" / "bench.md").read_text()

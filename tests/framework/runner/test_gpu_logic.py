@@ -74,7 +74,7 @@ def test_a_rank_decodes_on_its_own_cuda_device(data, tmp_path, monkeypatch, dtyp
         return tiny_model("llama", num_layers=4, max_position_embeddings=256), tiny_tokenizer()
 
     monkeypatch.setattr(experiment_mod, "load_model", fake_load)
-    cfg = cfg_for(data, tmp_path / "r.jsonl", devices=2, dtype=dtype)
+    cfg = cfg_for(data, tmp_path / "r", devices=2, dtype=dtype)
     with pytest.raises(ConfigError, match="cuda:N names one GPU"):
         cfg.replace(device="cuda:1")  # the user-facing check stays
     module = _module(cfg, data, tmp_path)
@@ -97,7 +97,7 @@ def test_a_cpu_rank_keeps_float32_for_auto(data, tmp_path, monkeypatch):
             loaded.append((d, dev)) or (tiny_model("llama", num_layers=4), tiny_tokenizer())
         ),
     )
-    cfg = cfg_for(data, tmp_path / "r.jsonl", devices=2, dtype="auto")
+    cfg = cfg_for(data, tmp_path / "r", devices=2, dtype="auto")
     module = _module(cfg, data, tmp_path)
     module.trainer = fake_trainer(torch.device("cpu"), rank=0)
     module.setup("predict")
@@ -280,7 +280,7 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     """The runner's records: ``first_mismatch`` is ``None`` for a lossless method, and at a
     mismatch holds the position and the target's top-1/top-2 margin there."""
     model, tok = tiny_model("llama", num_layers=4, max_position_embeddings=256), tiny_tokenizer()
-    cfg = cfg_for(data, tmp_path / "r.jsonl")
+    cfg = cfg_for(data, tmp_path / "r")
     module = _module(cfg, data, tmp_path, model, tok)
     module.trainer = fake_trainer(torch.device("cpu"), rank=0, world=1)
     module.setup("predict")
@@ -294,8 +294,9 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     assert (fm["turn"], fm["position"]) == (0, len(bad["turns"][0]["tokens"]) - 1)
     assert fm["margin"] > 0 and fm["near_tie"] is False and fm["dtype"] == "float64"
     # the runner's table notes and the W&B summary carry it too
+    from framework.benchmark.report import summarize
     from framework.results.metrics import mismatch_lines
-    from framework.runner.tracking import summary_metrics
+    from framework.runner.tracking import method_metrics
 
     records = [van, spec, _van, bad]
     note = mismatch_lines(records)
@@ -304,10 +305,12 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     )
     assert "not a near-tie: a bug?" in note
     assert mismatch_lines([van, spec]) == ""
-    overall = summary_metrics(records, cfg.method.label)["overall"]
-    assert overall["mismatches"] == 1 and overall["near_tie_mismatches"] == 0
-    assert overall["min_mismatch_margin"] == overall["max_mismatch_margin"] == fm["margin"]
-    assert "mismatches" not in summary_metrics([van, spec], cfg.method.label)["overall"]
+    label = cfg.method.label
+    entry = summarize(records, ["vanilla", label])["methods"][label]
+    assert entry["mismatches"] == 1 and entry["mismatch_at"][str(prompt.question_id)]["margin"] == fm["margin"]
+    assert entry["mismatch_at"][str(prompt.question_id)]["near_tie"] is False
+    assert method_metrics(summarize(records, ["vanilla", label]))[f"{label}/mismatches"] == 1
+    assert summarize([van, spec], ["vanilla", label])["methods"][label]["mismatches"] == 0
 
 
 # ---- phase timing (--phase-timing): every phase boundary waits for a CUDA device ------------------
@@ -384,7 +387,7 @@ def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
         True,
         False,
     ]
-    cfg = cfg_for(data, tmp_path / "r.jsonl", phase_timing="off")
+    cfg = cfg_for(data, tmp_path / "r", phase_timing="off")
     exp = experiment_mod.Session(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
     assert exp.adapter.executor.time_lm_head is False
     assert exp.spec.phase_timing is False
@@ -393,11 +396,11 @@ def test_phase_timing_flag_reaches_the_decoder_and_the_adapter(data, tmp_path):
 def test_cuda_graphs_flag_is_checked_and_refused_without_cuda(data, tmp_path):
     with pytest.raises(ConfigError, match="--cuda-graphs"):
         ModelConfig(cuda_graphs="yes")  # a typed value is checked, not parsed
-    cfg = cfg_for(data, tmp_path / "r.jsonl", cuda_graphs=True)
+    cfg = cfg_for(data, tmp_path / "r", cuda_graphs=True)
     with pytest.raises(ConfigError, match="--cuda-graphs must be used with a CUDA device"):
         experiment_mod.Session(cfg, tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer())
     exp = experiment_mod.Session(
-        cfg_for(data, tmp_path / "r.jsonl"), tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer()
+        cfg_for(data, tmp_path / "r"), tiny_model("llama", num_layers=4, seed=0), tiny_tokenizer()
     )
     assert exp.adapter.executor.graphs is None
 

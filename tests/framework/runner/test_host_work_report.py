@@ -41,17 +41,17 @@ def test_run_reports_a_selector_in_the_authors_folder_at_its_own_line(tiny, data
     model, tok = tiny
     try:
         spec.loader.exec_module(module)
-        cfg = cfg_for(data, tmp_path / "out.jsonl", selector="zz_author_reads", limit=1, warmup=1)
+        cfg = cfg_for(data, tmp_path / "out", selector="zz_author_reads", limit=1, warmup=1)
         res = run(cfg, log=lambda s: None, model=model, tokenizer=tok)
     finally:
         REGISTRIES["selector"].unregister("zz_author_reads")
     site = f"{path.resolve()}:{line}"
     said = next(
-        x for x in res["report"].splitlines() if x.startswith("host work (counted in the first warm-up")
+        x for x in res["report"].splitlines() if x.startswith("- host work (counted in the first warm-up")
     )
     assert "zz_author_reads+fixed: " in said and "operations and" in said and "host reads a round" in said
     assert f"most at {site} (" in said and "a round)" in said, said
-    meta = json.loads((tmp_path / "out.meta.json").read_text())
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert site in [x["site"] for x in meta["host_work"]["zz_author_reads+fixed"]["sites"]]
 
 
@@ -81,12 +81,12 @@ def test_a_skip_ratio_that_skips_nothing_is_said(tiny, data, tmp_path):
 
     model, tok = tiny
     said: list[str] = []
-    cfg = cfg_for(data, tmp_path / "none.jsonl", limit=1, **{"selector.skip_ratio": 0.01})
+    cfg = cfg_for(data, tmp_path / "none", limit=1, **{"selector.skip_ratio": 0.01})
     res = run(cfg, log=said.append, model=model, tokenizer=tok)
     assert "its drafts skipped no sub-layer in any round" in res["report"]
     assert any(x.startswith("note: static+fixed: its drafts skipped no sub-layer") for x in said)
     skips = run(
-        cfg_for(data, tmp_path / "some.jsonl", limit=1), log=lambda s: None, model=model, tokenizer=tok
+        cfg_for(data, tmp_path / "some", limit=1), log=lambda s: None, model=model, tokenizer=tok
     )
     assert "skipped no sub-layer" not in skips["report"]
     assert full_model_drafts(skips["records"], ["vanilla", "static+fixed"]) == {}

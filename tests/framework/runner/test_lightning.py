@@ -45,7 +45,7 @@ def keys(records):
 
 def test_resume_decodes_only_missing_prompts(tiny, data, tmp_path):
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     run(cfg_for(data, out, limit=1), log=lambda s: None, model=model, tokenizer=tok)
     assert keys(read_records(out)) == [
         (1, "static+fixed"),
@@ -59,17 +59,17 @@ def test_resume_decodes_only_missing_prompts(tiny, data, tmp_path):
     decoded = [s for s in lines if "lossless yes" in s]
     assert len(decoded) == 3  # q2, q4, q5 only
     assert keys(read_records(out)) == sorted((q, m) for q in range(1, 6) for m in ("vanilla", "static+fixed"))
-    assert "| **overall** | 5 |" in plain_table(res["table"]) and "5/5" in res["table"]
+    assert _whole(res, 5)
     # Nothing left: a second resume decodes nothing and still reports the whole file.
     lines.clear()
     res = run(cfg_for(data, out, resume=True), log=lines.append, model=model, tokenizer=tok)
     assert not [s for s in lines if "lossless" in s and "q" in s.split(":")[0]]
-    assert "| **overall** | 5 |" in plain_table(res["table"])
+    assert _whole(res, 5)
 
 
 def test_resume_refuses_a_file_from_another_configuration(tiny, data, tmp_path):
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     run(cfg_for(data, out, limit=1), log=lambda s: None, model=model, tokenizer=tok)
     other = cfg_for(data, out, resume=True, selector="static", **{"selector.skip_ratio": 0.5})
     with pytest.raises(
@@ -90,18 +90,20 @@ def test_resume_refuses_a_file_from_another_configuration(tiny, data, tmp_path):
 def test_resume_needs_an_output_file_and_its_metadata(tiny, data, tmp_path):
     model, tok = tiny
     with pytest.raises(
-        ConfigError, match="--output must be the results file to continue when --resume is given"
+        ConfigError, match="--output must be the run folder to continue when --resume is given"
     ):
         run(cfg_for(data, None, resume=True), log=lambda s: None, model=model, tokenizer=tok)
     stray = tmp_path / "stray.jsonl"
     stray.write_text(json.dumps({"question_id": 1, "category": "qa", "method": "vanilla"}) + "\n")
-    with pytest.raises(ConfigError, match=r"metadata stray\.meta\.json is missing"):
-        run(cfg_for(data, stray, resume=True), log=lambda s: None, model=model, tokenizer=tok)
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match=r"a run folder written by run.py or bench.py \(its metadata meta\.json is missing"):
+        run(cfg_for(data, stray, resume=True), log=lines.append, model=model, tokenizer=tok)
+    assert any("an earlier run.py's results file) continues in the folder" in s for s in lines)
 
 
 def test_interrupted_run_then_resume_completes_without_duplicates(tiny, data, tmp_path, monkeypatch):
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     real = Session.decode_prompt
 
     def interrupt_at_q3(self, decoder, prompt, max_new_tokens=None):
@@ -119,7 +121,7 @@ def test_interrupted_run_then_resume_completes_without_duplicates(tiny, data, tm
         (2, "vanilla"),
     ]
     # A kill in the middle of a write leaves a torn line: resume cuts it and goes on.
-    with out.open("a") as fh:
+    with (out / "records.jsonl").open("a") as fh:
         fh.write('{"question_id": 3, "categ')
     monkeypatch.setattr(Session, "decode_prompt", real)
     lines: list[str] = []
@@ -142,7 +144,7 @@ def test_append_records_is_one_line_per_record(tmp_path):
 
 def test_records_carry_the_per_round_plans(tiny, data, tmp_path):
     model, tok = tiny
-    res = run(cfg_for(data, tmp_path / "p.jsonl", limit=1), log=lambda s: None, model=model, tokenizer=tok)
+    res = run(cfg_for(data, tmp_path / "p", limit=1), log=lambda s: None, model=model, tokenizer=tok)
     spec = [r for r in res["records"] if r["method"] != "vanilla"]
     for r in spec:
         for t in r["turns"]:
@@ -167,7 +169,7 @@ def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
     """``--devices 2`` on CPU: Lightning starts a second process; each decodes its share, both
     append to one file, and rank 0 reports the whole run."""
     model_dir = _saved_tiny(tmp_path)
-    out = tmp_path / "ddp" / "r.jsonl"
+    out = tmp_path / "ddp" / "r"
     cmd = [
         sys.executable,
         str(ROOT / "experiments" / "run.py"),
@@ -203,7 +205,7 @@ def test_ddp_two_cpu_processes_split_the_prompts(tmp_path, data):
     assert {r["rank"] for r in recs} == {0, 1}
     assert {r["question_id"] for r in recs if r["rank"] == 1} == {2, 4}  # prompts[1::2]
     assert all(r["lossless"] for r in recs if r["method"] != "vanilla")
-    assert "| **overall** | 5 |" in plain_table(proc.stdout)
+    assert "| static+fixed | " in plain_table(proc.stdout) and "| 0/5 |" in plain_table(proc.stdout)
 
 
 @pytest.mark.slow
@@ -270,11 +272,18 @@ def test_launch_rank_and_output_rules_for_external_launchers(data, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     assert launch_rank(cfg) == 1
     # Every torchrun/srun process would pick its own timestamped file: the output must be named.
-    with pytest.raises(ConfigError, match="--output must be a results file named explicitly"):
+    with pytest.raises(ConfigError, match="--output must be a folder named explicitly"):
         resolve_output(cfg)
-    assert resolve_output(cfg_for(data, "x.jsonl", devices=2)) == Path("x.jsonl")
+    assert resolve_output(cfg_for(data, "x", devices=2)) == Path("x")
+    assert resolve_output(cfg_for(data, "x.jsonl", devices=2)) == Path("x")  # an earlier run.py's name
 
 
 def test_one_named_gpu_cannot_host_several_processes(data):
     with pytest.raises(ConfigError, match="cuda:N names one GPU"):
         cfg_for(data, None, device="cuda:1", devices=2)
+
+
+def _whole(res, prompts: int) -> bool:
+    """The report covers every prompt of the folder, each method's output lossless."""
+    methods = res["summary"]["methods"]
+    return all(e["prompts"] == prompts for e in methods.values()) and not methods["static+fixed"]["mismatches"]

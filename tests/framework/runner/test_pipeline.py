@@ -37,29 +37,16 @@ def test_stamped_names_are_file_safe_and_under_runs():
     assert "/" not in path.name and ":" not in path.name
 
 
-def test_layout_keeps_each_tools_file_shape(tmp_path):
-    """One method: ``<stem>.*`` files beside the results and a ``<stem>/`` folder; several: one folder."""
-    one = pipeline.Layout(tmp_path / "r.jsonl", folder=False)
+def test_layout_is_one_folder_whatever_the_number_of_methods(tmp_path):
+    """Issue 56: run.py's one method and bench.py's several write the same folder."""
+    one = pipeline.Layout(tmp_path / "b")
     assert (one.records, one.meta, one.config, one.report) == (
-        tmp_path / "r.jsonl",
-        tmp_path / "r.meta.json",
-        tmp_path / "r.config.yaml",
-        tmp_path / "r.md",
-    )
-    assert (one.run_dir, one.plots, one.tracker, one.stem("x")) == (
-        tmp_path / "r",
-        tmp_path / "r" / "plots",
-        tmp_path / "r",
-        tmp_path / "r",
-    )
-    many = pipeline.Layout(tmp_path / "b", folder=True)
-    assert (many.records, many.meta, many.config, many.report) == (
         tmp_path / "b" / "records.jsonl",
         tmp_path / "b" / "meta.json",
         tmp_path / "b" / "config.yaml",
         tmp_path / "b" / "bench.md",
     )
-    assert (many.plots, many.tracker, many.stem("swift")) == (
+    assert (one.plots, one.tracker, one.stem("swift")) == (
         tmp_path / "b",
         tmp_path / "b" / "tracking",
         tmp_path / "b" / "swift",

@@ -48,9 +48,9 @@ def cfg_for(data, out, **kw):
 
 def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     result = run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    lines = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert [(r["question_id"], r["method"]) for r in lines] == [
         (1, "vanilla"),
         (1, "static+fixed"),
@@ -72,11 +72,10 @@ def test_run_writes_one_line_per_prompt_and_method(tiny, data, tmp_path):
             )  # prefill token not in a round
             assert r["accepted"] <= r["drafted"]
             assert r["strategies"]["selector"]["config"]["skip_ratio"] == 0.3
-    assert "| **overall** | 3 |" in plain_table(result["table"])
-    assert "3/3" in result["table"]
-    assert out.with_suffix(".md").exists() and out.with_suffix(".meta.json").exists()
-    # The saved configuration reproduces the run (`run.py --config r.config.yaml`).
-    assert RunConfig.load(out.with_suffix(".config.yaml")).to_dict() == cfg_for(data, out).to_dict()
+    assert "| static+fixed |" in plain_table(result["table"]) and "| 0/3 |" in plain_table(result["table"])
+    assert (out / "bench.md").read_text() == result["report"] and (out / "meta.json").exists()
+    # The saved configuration reproduces the run (`run.py --config r/config.yaml`).
+    assert RunConfig.load(out / "config.yaml").to_dict() == cfg_for(data, out).to_dict()
 
 
 def test_gate_wraps_the_length_controller(tiny, data, tmp_path):
@@ -105,7 +104,7 @@ def test_second_turn_sees_the_first_answer(tiny, data, tmp_path):
 
 def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatch):
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     calls = {"n": 0}
     real = Session.decode_prompt
 
@@ -118,7 +117,7 @@ def test_interrupted_run_keeps_finished_prompts(tiny, data, tmp_path, monkeypatc
     monkeypatch.setattr(Session, "decode_prompt", flaky)
     with pytest.raises(KeyboardInterrupt):
         run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    lines = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert [(r["question_id"], r["method"]) for r in lines] == [(1, "vanilla"), (1, "static+fixed")]
 
 
@@ -126,12 +125,12 @@ def test_a_second_run_into_the_same_file_is_refused_unless_it_resumes(tiny, data
     """Appending a second run's records would make one table of two runs (each prompt counted
     twice); the file is refused without ``--resume`` and left as it was."""
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
-    before = out.read_text()
-    with pytest.raises(ConfigError, match=r"--output must be a new or empty file .*or --resume"):
+    before = (out / "records.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"--output must be a new or empty directory .*or --resume"):
         run(cfg_for(data, out), log=lambda s: None, model=model, tokenizer=tok)
-    assert out.read_text() == before
+    assert (out / "records.jsonl").read_text() == before
     res = run(cfg_for(data, out, resume=True), log=lambda s: None, model=model, tokenizer=tok)
     assert len(res["records"]) == len(before.splitlines()), "resuming a finished run decodes nothing more"
 
@@ -187,12 +186,12 @@ def test_warmup_does_not_leak_carried_state(tiny, data, tmp_path, monkeypatch):
 
 def test_baseline_only_runs_vanilla_alone(tiny, data, tmp_path):
     model, tok = tiny
-    out = tmp_path / "v.jsonl"
+    out = tmp_path / "v"
     result = run(cfg_for(data, out, baseline_only=True), log=lambda s: None, model=model, tokenizer=tok)
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    lines = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert [r["method"] for r in lines] == ["vanilla"] * 3
-    assert "| category | prompts | vanilla tok/s | new tokens | wall s |" in plain_table(result["table"])
-    assert "| **overall** | 3 |" in plain_table(result["table"])
+    assert list(result["summary"]["methods"]) == ["vanilla"]
+    assert "| vanilla | " in plain_table(result["table"]) and "n/a (baseline)" in result["table"]
 
 
 def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_path, monkeypatch):
@@ -203,15 +202,15 @@ def test_offline_search_runs_once_before_warmup_and_is_saved(tiny, data, tmp_pat
     real = selfsd.search
     monkeypatch.setattr(selfsd, "search", lambda ctx, c: calls.append(ctx.artifact_stem) or real(ctx, c))
     fast = {"selector.iterations": 3, "selector.calib_limit": 2, "selector.calib_max_new_tokens": 6}
-    out = tmp_path / "sd.jsonl"
+    out = tmp_path / "sd"
     res = run(
         cfg_for(data, out, selector="selfsd_bo", **fast),
         log=lambda s: None,
         model=model,
         tokenizer=tok,
     )
-    assert len(calls) == 1 and str(calls[0]) == str(out.with_suffix(""))
-    saved = out.with_suffix(".skipset.json")
+    assert len(calls) == 1 and str(calls[0]) == str(out / "selfsd_bo+fixed")  # the method's stem
+    saved = out / "selfsd_bo+fixed.skipset.json"
     assert json.loads(saved.read_text())["bits"]
     spec = [r for r in res["records"] if r["method"] != "vanilla"]
     assert all(r["lossless"] for r in spec)
@@ -234,9 +233,9 @@ def test_a_run_with_processors_is_lossless_and_they_change_the_output(tiny, data
     model, tok = tiny
     outs = {}
     for name, kw in (("plain", {}), ("processed", dict(repetition_penalty=1.8, no_repeat_ngram_size=2))):
-        out = tmp_path / f"{name}.jsonl"
+        out = tmp_path / name
         run(cfg_for(data, out, max_new_tokens=16, **kw), log=lambda s: None, model=model, tokenizer=tok)
-        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        lines = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
         assert all(r["lossless"] for r in lines)
         outs[name] = [t["tokens"] for r in lines if r["method"] == "vanilla" for t in r["turns"]]
     assert outs["plain"] != outs["processed"]

@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from framework.benchmark.report import summarize
 from framework.runner.pipeline import run
-from framework.runner.tracking import prompt_metrics, round_rows, summary_metrics
+from framework.runner.tracking import method_metrics, prompt_metrics, round_rows
 from framework.session.loggers import wandb_mode
 from framework.session.run_config import RunConfig
 
@@ -68,15 +70,17 @@ def test_wandb_mode_offline_without_credentials(no_wandb_account, monkeypatch):
 
 def test_csv_logger_writes_per_prompt_and_summary_metrics(tiny, data, tmp_path):
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     res = run(cfg_for(data, out, logger="csv"), log=lambda s: None, model=model, tokenizer=tok)
-    rows = list(csv.DictReader((tmp_path / "r" / "csv" / "metrics.csv").open()))
-    per_prompt = [r for r in rows if r["prompt/speedup"]]
-    assert len(per_prompt) == 2
-    summary = [r for r in rows if r["summary/overall/speedup"]]
+    rows = list(csv.DictReader((out / "tracking" / "csv" / "metrics.csv").open()))
+    (label,) = [m for m in res["summary"]["methods"] if m != "vanilla"]
+    per_prompt = [r for r in rows if r[f"prompt/{label}_speedup"]]
+    assert len(per_prompt) == 2 and all(float(r[f"prompt/{label}_lossless"]) == 1.0 for r in per_prompt)
+    summary = [r for r in rows if r[f"{label}/speedup/overall"]]
     assert len(summary) == 1
-    assert float(summary[0]["summary/overall/speedup"]) == pytest.approx(res["summary"]["overall"]["speedup"])
-    assert float(summary[0]["summary/overall/lossless_share"]) == 1.0
+    entry = res["summary"]["methods"][label]
+    assert float(summary[0][f"{label}/speedup/overall"]) == pytest.approx(entry["speedup"]["overall"])
+    assert float(summary[0][f"{label}/mismatches"]) == 0
 
 
 def test_a_failure_after_the_report_closes_the_logger_once_and_raises(tiny, data, tmp_path, monkeypatch):
@@ -107,7 +111,7 @@ def test_offline_wandb_run_directory_is_found_by_wandb_sync(tiny, data, tmp_path
     out = tmp_path / "r.jsonl"
     lines: list[str] = []
     res = run(cfg_for(data, out, logger="wandb"), log=lines.append, model=model, tokenizer=tok)
-    runs = list((tmp_path / "r" / "wandb").glob("offline-run-*"))
+    runs = list((tmp_path / "r" / "tracking" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     run_dir = runs[0]
     assert list(run_dir.glob("run-*.wandb")) and (run_dir / "files").is_dir()
@@ -121,7 +125,7 @@ def test_offline_wandb_run_directory_is_found_by_wandb_sync(tiny, data, tmp_path
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}  # conftest silences W&B
     proc = subprocess.run(
         [*wandb_cli, "sync", "--dry-run"],
-        cwd=tmp_path / "r",
+        cwd=tmp_path / "r" / "tracking",
         capture_output=True,
         text=True,
         timeout=120,
@@ -132,16 +136,18 @@ def test_offline_wandb_run_directory_is_found_by_wandb_sync(tiny, data, tmp_path
 
 def test_plots_are_written_as_png(tiny, data, tmp_path):
     model, tok = tiny
-    res = run(cfg_for(data, tmp_path / "p.jsonl"), log=lambda s: None, model=model, tokenizer=tok)
-    names = sorted(p.rsplit("/", 1)[1] for p in res["plots"])
-    assert names == ["accept_lengths.png", "skip_sets.png", "speedup_by_category.png"]  # run.py's names
-    for p in res["plots"]:
+    res = run(cfg_for(data, tmp_path / "p"), log=lambda s: None, model=model, tokenizer=tok)
+    (label,) = [m for m in res["summary"]["methods"] if m != "vanilla"]
+    names = sorted(Path(p).name for p in res["plots"].values())
+    assert names == sorted(["accept_lengths.png", "speedup_by_category.png", "skip_static_fixed.png"])
+    assert label == "static+fixed"  # bench.py's names: one plot of the plan per method
+    for p in res["plots"].values():
         with open(p, "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     none = run(
-        cfg_for(data, tmp_path / "n.jsonl", plots=False), log=lambda s: None, model=model, tokenizer=tok
+        cfg_for(data, tmp_path / "n", plots=False), log=lambda s: None, model=model, tokenizer=tok
     )
-    assert none["plots"] == [] and not (tmp_path / "n" / "plots").exists()
+    assert none["plots"] == {} and not list((tmp_path / "n").glob("*.png"))
 
 
 def _rec(qid, cat, method, tokens, wall, accept, drafted=0, accepted=0, **turn):
@@ -168,19 +174,22 @@ def test_summary_and_prompt_metrics_by_hand():
         _rec(2, "rag", "vanilla", 20, 4.0, [1] * 19),
         _rec(2, "rag", "m", 20, 2.0, [2] * 10, drafted=20, accepted=10, skip_ratios=[0.2] * 10),
     ]
-    s = summary_metrics(recs, "m")
+    for r in recs:
+        r["repeat"] = 0
+    s = method_metrics(summarize(recs, ["vanilla", "m"]))
     # ratio of means: ((10/0.5 + 20/2) / 2) / ((10/1 + 20/4) / 2) = 15 / 7.5
-    assert s["overall"]["speedup"] == pytest.approx(2.0)
-    assert s["qa"]["speedup"] == pytest.approx(2.0) and s["rag"]["speedup"] == pytest.approx(2.0)
-    assert s["overall"]["mean_accepted_length"] == pytest.approx((9 + 20) / 13)
-    assert s["overall"]["acceptance_rate"] == pytest.approx(16 / 29)
-    assert s["overall"]["lossless_share"] == 1.0 and s["overall"]["prompts"] == 2
+    assert s["m/speedup/overall"] == pytest.approx(2.0)
+    assert s["m/speedup/qa"] == pytest.approx(2.0) and s["m/speedup/rag"] == pytest.approx(2.0)
+    assert s["m/M"] == pytest.approx((9 + 20) / 13)
+    assert s["m/alpha"] == pytest.approx(16 / 29)
+    assert s["m/mismatches"] == 0 and s["m/tokens_per_s"] == pytest.approx(15.0)
     p = prompt_metrics(recs[:2])
-    assert p["prompt/speedup"] == pytest.approx(2.0)
-    assert p["prompt/mean_accepted_length"] == 3.0 and p["prompt/acceptance_rate"] == pytest.approx(6 / 9)
+    assert p["prompt/m_speedup"] == pytest.approx(2.0) and p["prompt/vanilla_tokens_per_s"] == 10.0
+    assert p["prompt/m_M"] == 3.0 and p["prompt/m_alpha"] == pytest.approx(6 / 9)
+    assert p["prompt/m_lossless"] == 1.0 and "prompt/vanilla_speedup" not in p
     assert p["prompt/question_id"] == "1" and p["prompt/category"] == "qa"  # which prompt a row is
     none = prompt_metrics([recs[0], _rec(1, "qa", "m", 10, 0.9, [1] * 9, drafted=0, accepted=0)])
-    assert "prompt/acceptance_rate" not in none  # nothing drafted: n/a, not 0
+    assert "prompt/m_alpha" not in none  # nothing drafted: n/a, not 0
 
 
 def test_a_resumed_csv_logger_keeps_the_earlier_rows_and_hparams_load_safely(tmp_path):
