@@ -1,6 +1,9 @@
 """Combine result files of several runs into one table (each method against its own run's vanilla).
 
-python experiments/compare.py runs/a.jsonl runs/b.jsonl [--category qa] [--details] [--cost-model F]
+python experiments/compare.py runs/a runs/b [--category qa] [--details] [--cost-model F]
+
+Each argument is a run's folder (what run.py and bench.py write) or a results JSONL (an earlier
+run.py's ``x.jsonl``, or a folder's ``records.jsonl``).
 
 ``--details`` adds, per run, the scalar fields of the selector's summary after the run's last
 generation (e.g. SWIFT's optimisation steps and best matchness, CLaSp's DP share, DEL's eTPL).
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from framework.engine.cost_model import CostModel
 from framework.results.metrics import aggregate, compare_table, cost_model_prediction, speedup
+from framework.results.records import read_records
 
 
 def final_selector_summary(records: list[dict]) -> dict:
@@ -54,7 +58,9 @@ def ceilings(runs: dict[str, list[dict]], cost: CostModel, category: str) -> lis
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", nargs="+", type=Path, help="results JSONL files written by run.py")
+    p.add_argument(
+        "results", nargs="+", type=Path, help="run folders (or their results JSONL) written by run.py"
+    )
     p.add_argument("--category", default="overall", help="category row to report (default overall)")
     p.add_argument("--details", action="store_true", help="also print each run's final selector summary")
     p.add_argument(
@@ -63,10 +69,11 @@ def main() -> int:
     args = p.parse_args()
     runs = {}
     for path in args.results:
-        if not path.is_file():
-            print(f"error: {path}: no such file", file=sys.stderr)
+        file = path / "records.jsonl" if path.is_dir() else path
+        if not file.is_file():
+            print(f"error: {path}: no such run folder or results file", file=sys.stderr)
             return 2
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = read_records(file)
         methods = [r["method"] for r in records if r["method"] != "vanilla"]
         runs[methods[0] if methods else path.stem] = records
     print(compare_table(runs, args.category))

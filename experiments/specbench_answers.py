@@ -46,11 +46,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("results", metavar="RESULTS.jsonl", help="the results file")
+    p.add_argument(
+        "results", metavar="RESULTS.jsonl", help="the results file, or the run's folder holding it"
+    )
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the answer files go (created)")
     p.add_argument("--model", default=None, help="the model's name in model_id (default: from the metadata)")
     args = p.parse_args(argv)
     results = Path(args.results)
+    if results.is_dir():  # a run's folder (run.py and bench.py write one)
+        results = results / "records.jsonl"
     try:
         if not results.is_file():
             raise ConfigError("RESULTS.jsonl", str(results), "an existing results file")

@@ -59,8 +59,8 @@ def tiny_setup(workdir: Path):
 
 # --8<-- [start:run]
 def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
-    """What ``python experiments/run.py --method <METHODS[name]> <COMMON> --output runs/<name>.jsonl``
-    does.
+    """What ``python experiments/run.py --method <METHODS[name]> <COMMON> --output runs/<name>``
+    does (the run's folder: records, metadata, report, plots).
 
     `RunConfig.from_preset` builds the configuration exactly as the command line does (the
     preset's four strategies and their validated configs, then the overrides); `run` is the
@@ -71,13 +71,13 @@ def run_method(name: str, workdir: Path, data: Path, model, tokenizer) -> dict:
     from framework.runner.pipeline import run
     from framework.session.run_config import RunConfig
 
-    cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / f"{name}.jsonl"))
+    cfg = RunConfig.from_preset(METHODS[name], **COMMON, output=str(workdir / name))
     # Smoke mode only: our prompts, and no W&B run (the default logger is wandb).
     cfg = cfg.replace(data=str(data), logger="none")
     print(f"== {cfg.method.label}: " + ", ".join(f"{k}={getattr(cfg.method, k).name}" for k in REGISTRIES))
     result = run(cfg, log=lambda line: None, model=model, tokenizer=tokenizer)
     print(result["table"])
-    print("plots:", ", ".join(Path(p).name for p in result["plots"]))
+    print("plots:", ", ".join(Path(p).name for p in result["plots"].values()))
     return result
 
 
@@ -112,7 +112,7 @@ def load_compare_module():
 
 # --8<-- [start:compare]
 def compare(outputs: list[Path], cost_path: Path) -> None:
-    """What ``python experiments/compare.py A.jsonl B.jsonl --details --cost-model F`` prints."""
+    """What ``python experiments/compare.py runs/A runs/B --details --cost-model F`` prints."""
     from framework.engine.cost_model import CostModel
     from framework.results.records import read_records
 
@@ -139,16 +139,16 @@ def compare(outputs: list[Path], cost_path: Path) -> None:
 # --8<-- [start:plots]
 def joint_plots(outputs: list[Path], plot_dir: Path) -> list[Path]:
     """Both methods in one speedup chart and one accepted-length histogram."""
+    from framework.benchmark.report import summarize
     from framework.results import plots
     from framework.results.records import read_records
-    from framework.runner.tracking import summary_metrics
 
     speedups, accept_lengths = {}, {}
     for path in outputs:
         records = read_records(path)
         method = next(r["method"] for r in records if r["method"] != "vanilla")
-        summary = summary_metrics(records, method)  # {category: {metric: value}}
-        speedups[method] = {cat: row["speedup"] for cat, row in summary.items() if "speedup" in row}
+        summary = summarize(records, ["vanilla", method])  # the report's numbers, per method
+        speedups[method] = summary["methods"][method]["speedup"]  # {category: speedup}
         accept_lengths[method] = [a for r in records if r["method"] == method for a in r["accept_lengths"]]
     return [
         plots.speedup_by_category(speedups, plot_dir / "speedup_by_category.png"),
@@ -167,10 +167,11 @@ def main() -> None:
         outputs = []
         for name in METHODS:
             result = run_method(name, workdir, data, model, tokenizer)
-            overall = next(r for r in result["table"].splitlines() if "**overall**" in r)
-            assert overall.split("|")[2].strip() == "2", result["table"]  # both prompts in the table
-            assert result["summary"]["overall"]["lossless_share"] == 1.0, "a greedy method must be lossless"
-            outputs.append(Path(result["output"]))
+            (label,) = result["summary"]["methods"].keys() - {"vanilla"}
+            entry = result["summary"]["methods"][label]
+            assert entry["prompts"] == 2, result["table"]  # both prompts in the report
+            assert entry["mismatches"] == 0, "a greedy method must be lossless"
+            outputs.append(Path(result["out"]))
         cost_path = workdir / "cost_model.json"
         save_cost_model(model, cost_path)
         print()

@@ -307,6 +307,7 @@ def render_report(
     warnings: Sequence[str] = (),
     host_work: Sequence[str] = (),
     resumed: int = 0,
+    breakdown: str = "",
 ) -> str:
     """The run's markdown report (``run.py``'s one method and ``bench.py``'s several alike). ``heads``: the cost models of methods that draft with a
     reduced head (`CostModel.with_head`), described under the full one. ``method_costs``: the cost
@@ -317,7 +318,8 @@ def render_report(
     under the story. ``load``: the machine's load while timed (`framework.benchmark.load`), a
     header line; ``warnings``: why the timings may not be trusted, in the header and the story.
     ``host_work``: each speculative method's host work a round (`HostWorkReport.line`), header
-    lines. ``resumed``: prompts an earlier, interrupted run decoded (``--resume``)."""
+    lines. ``resumed``: prompts an earlier, interrupted run decoded (``--resume``). ``breakdown``:
+    where each method's time went (`framework.results.metrics.time_breakdown`)."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
     run = cfg
     lines = [
@@ -362,6 +364,8 @@ def render_report(
         "",
         tokens_per_s_markdown(summary),
     ]
+    if breakdown:
+        lines += ["", "Where the time goes (share of wall time):", "", breakdown]
     notes = _notes(summary)
     if notes:
         lines += ["", *notes]

@@ -1,4 +1,5 @@
-"""Aggregating per-prompt records into the metrics the papers report, and the results table.
+"""Aggregating per-prompt records into the metrics the papers report (the report itself is
+`framework.benchmark.report`, for one method as for several).
 
 Definitions (``docs/concepts.md`` has the long form):
 
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framework.data.prompts import category_sort_key
-from framework.results.compare import mismatch_note
 from framework.types import LayerPlan
 from framework.utils import align_markdown
 
@@ -114,54 +114,6 @@ def aggregate(
     return {c: dict(out[c]) for c in cats if c in out}
 
 
-def results_table(records: list[dict[str, Any]], method: str, baseline: str = "vanilla") -> str:
-    """Markdown table per category and overall for ``method`` against ``baseline``."""
-    agg = aggregate(records, baseline)
-    if method == baseline:  # the baseline alone
-        rows = ["| category | prompts | vanilla tok/s | new tokens | wall s |", "|---|---:|---:|---:|---:|"]
-        for cat, by_method in agg.items():
-            b = by_method[baseline]
-            name = f"**{cat}**" if cat == "overall" else cat
-            rows.append(
-                f"| {name} | {b.prompts} | {b.mean_tokens_per_s:.2f} | {b.new_tokens} | {b.wall_time:.1f} |"
-            )
-        return align_markdown("\n".join(rows))
-    head = (
-        "| category | prompts | vanilla tok/s | method tok/s | speedup | M | alpha | skip ratio | lossless |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    )
-    rows = [head]
-    for cat, by_method in agg.items():
-        b, m = by_method.get(baseline), by_method.get(method)
-        if b is None or m is None:
-            continue
-        speed = speedup(m.tokens_per_s, b.tokens_per_s)
-        name = f"**{cat}**" if cat == "overall" else cat
-        lossless = f"{m.lossless}/{m.lossless_checked}" if m.lossless_checked else "n/a"
-        alpha = f"{m.acceptance_rate:.3f}" if m.drafted else "n/a"  # nothing drafted: no rate
-        rows.append(
-            f"| {name} | {m.prompts} | {b.mean_tokens_per_s:.2f} | {m.mean_tokens_per_s:.2f} | {speed:.3f}x | "
-            f"{m.mean_accepted_length:.2f} | {alpha} | {m.skip_ratio:.3f} | {lossless} |"
-        )
-    return align_markdown("\n".join(rows))
-
-
-def mismatch_lines(records: list[dict[str, Any]]) -> str:
-    """Where each method's greedy output first differs from vanilla's, with the target's top-1/top-2
-    logit margin there (`framework.results.compare.mismatch_note`: a near-tie flip or a bug?);
-    empty when every checked output matched."""
-    lines = []
-    by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        if r.get("lossless") is False:
-            by_method[r["method"]].append(r)
-    for method, bad in by_method.items():
-        notes = ", ".join(mismatch_note(str(r.get("question_id")), r.get("first_mismatch")) for r in bad[:20])
-        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
-        lines.append(f"Mismatches against vanilla, {method}: {notes}{more}.")
-    return "\n".join(lines)
-
-
 def gate_counts(records: Sequence[dict[str, Any]]) -> dict[str, int] | None:
     """The draft gate's rounds and declined rounds summed over the turns of ``records`` (each turn
     records its generation's counters under ``strategy_summary.length.gate``), or ``None`` when
@@ -178,21 +130,6 @@ def gate_counts(records: Sequence[dict[str, Any]]) -> dict[str, int] | None:
     return {"rounds": rounds, "declined": declined} if seen else None
 
 
-def gate_lines(records: list[dict[str, Any]], method: str) -> str:
-    """A line when ``method``'s draft gate declined half of the rounds or more: the run then
-    measures mostly the gate's plain steps, not drafting (a smoke run on the tiny random model,
-    whose drafts rarely pay); empty otherwise."""
-    counts = gate_counts([r for r in records if r.get("method") == method])
-    if not counts or not counts["rounds"] or counts["declined"] / counts["rounds"] < 0.5:
-        return ""
-    share = counts["declined"] / counts["rounds"]
-    return (
-        f"**The draft gate of {method} declined {share:.0%} of its rounds** (plain steps where it "
-        "measured that drafting would lose): this run measures the gate more than the drafting; "
-        "`--gate.enabled false` measures the drafting itself."
-    )
-
-
 def synthetic_note(p: float) -> str:
     """What a synthetic-acceptance method's numbers are (`framework.engine.synthetic`)."""
     return (
@@ -200,15 +137,6 @@ def synthetic_note(p: float) -> str:
         "target says; its output is NOT the model's (not checked against vanilla, no answer files); its "
         "speed is the system's at that acceptance"
     )
-
-
-def synthetic_lines(records: list[dict[str, Any]]) -> str:
-    """One line per synthetic-acceptance method among ``records`` (empty without one)."""
-    seen: dict[str, float] = {}
-    for r in records:
-        if r.get("synthetic_acceptance") is not None:
-            seen.setdefault(str(r["method"]), float(r["synthetic_acceptance"]))
-    return "\n".join(f"**{m}: {synthetic_note(p)}.**" for m, p in seen.items())
 
 
 def time_breakdown(records: list[dict[str, Any]], methods: Iterable[str]) -> str:

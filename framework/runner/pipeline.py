@@ -53,7 +53,7 @@ from framework.data.specbench import check_answer_dir, write_answer_files
 from framework.engine.cost_model import CostModel
 from framework.models.loading import dtype_name, model_name
 from framework.models.provenance import environment
-from framework.results.metrics import aggregate
+from framework.results.metrics import aggregate, time_breakdown
 from framework.results.records import read_records, resume_state
 from framework.runner.lightning import DecodeModule, Methods, PlainProgress, ResultsWriter, SpeedupProgressBar
 from framework.runner.tracking import TrackingCallback, log_summary
@@ -254,7 +254,9 @@ class _Run:
             raise ConfigError("--devices", self.world, "1 with custom decoders (they live in this process)")
         if not cfg.runner.resume and layout.records.exists() and layout.records.stat().st_size:
             # appending would mix this run's records with an earlier run's in one report
-            raise ConfigError("--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume")
+            raise ConfigError(
+                "--output", str(layout.root), "a new or empty directory (records.jsonl exists), or --resume"
+            )
         if cfg.runner.resume and self.rank0:
             migrate_results_file(cfg, layout, log)
         self.answers = AnswerFiles(
@@ -326,7 +328,9 @@ class _Run:
         tracked = {**cfg.describe(), "provenance": None, "notes": [], "resolved": {}, "methods": {}}
         if methods is not None:
             tracked.update(self.describe(methods))
-        return make_logger(cfg.runner.logger, layout.tracker, layout.root.name, cfg.runner.wandb_project, tracked)
+        return make_logger(
+            cfg.runner.logger, layout.tracker, layout.root.name, cfg.runner.wandb_project, tracked
+        )
 
     def write_answers(
         self, module: DecodeModule, records: list[dict[str, Any]] | None = None
@@ -378,6 +382,7 @@ class _Run:
             run_notes={k: [*self.meta["notes"].get(k, []), *([full[k]] if k in full else [])]
                        for k in {*self.meta["notes"], *full}},
             host_work=host_lines, resumed=undone if self.resumed else 0,
+            breakdown=time_breakdown([r for r in records if not r.get("error")], labels),
         )  # fmt: skip
         layout.report.write_text(report)
         self.log("\n" + report)
@@ -555,7 +560,9 @@ def migrate_results_file(cfg: RunConfig, layout: Layout, log: Callable[[str], No
     old_meta = given.with_suffix(".meta.json")
     if old_meta.is_file():
         shutil.copyfile(old_meta, layout.meta)
-    log(f"[selfspec] --resume: {given} (an earlier run.py's results file) continues in the folder {layout.root}")
+    log(
+        f"[selfspec] --resume: {given} (an earlier run.py's results file) continues in the folder {layout.root}"
+    )
     return True
 
 

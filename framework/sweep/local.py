@@ -151,7 +151,7 @@ def run_sweep(
 
     Args:
         sweep: a sweep file or a `load_sweep` result.
-        out_dir: where ``trials.jsonl``, ``results.md``, each trial's results (``trial-NNN.*``) and,
+        out_dir: where ``trials.jsonl``, ``results.md``, each trial's run folder (``trial-NNN/``) and,
             unless ``WANDB_DIR`` is set, the W&B runs (``wandb/``) go; default
             ``runs/sweeps/<name>-<time>``. Must not hold an earlier sweep.
         count: trials to run (grid: the first N points; random / bayes: N draws, default run_cap).
@@ -340,7 +340,7 @@ def _run_trial(
     try:
         res = train(
             params,
-            output=str(out / f"trial-{i:03d}.jsonl"),
+            output=str(out / f"trial-{i:03d}"),
             init={**init, "name": f"{sweep.name}-{i:03d}"},
             log=lambda s: log(f"{tag} {s}"),
             **trial_args,

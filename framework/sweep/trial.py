@@ -443,7 +443,7 @@ def train(
             ``wandb agent``, which supplies them through ``wandb.config``.
         model: an already loaded model (else one is loaded, and kept for the next trial).
         tokenizer: its tokenizer.
-        output: the trial's results JSONL (default ``runs/sweeps/<sweep id or local>/<run id>.jsonl``).
+        output: the trial's run folder (default ``runs/sweeps/<sweep id or local>/<run id>``).
         mode: the W&B mode (``online``, ``offline``, ``disabled``); ``None`` decides as `wandb_mode`.
         init: extra ``wandb.init`` arguments (project, group, name, dir, tags, settings).
         overrides: run options applied over the parameters and not logged (smoke mode's data).
@@ -475,9 +475,7 @@ def train(
             )
         if output is None:
             stem = run.id if run is not None else time.strftime("%Y%m%d-%H%M%S")
-            output = str(
-                Path("runs") / "sweeps" / os.environ.get("WANDB_SWEEP_ID", "local") / f"{stem}.jsonl"
-            )
+            output = str(Path("runs") / "sweeps" / os.environ.get("WANDB_SWEEP_ID", "local") / stem)
         extra = dict(overrides or {})
         if mode == "disabled" and "logger" not in params:
             extra.setdefault("logger", "none")  # the runner's own W&B logger would start a run

@@ -50,7 +50,7 @@ def test_table_and_details(tmp_path, monkeypatch, capsys):
 def test_missing_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["compare.py", str(tmp_path / "nope.jsonl")])
     assert _compare().main() == 2
-    assert "no such file" in capsys.readouterr().err
+    assert "no such run folder or results file" in capsys.readouterr().err
 
 
 def test_cost_model_ceiling_lines(tmp_path, monkeypatch, capsys):

@@ -57,6 +57,34 @@ defaults). The earlier ``bench.py`` had no ``--resume``. A script that read ``me
 ``meta["methods"][name]``; one that read ``meta["config"]["out"]`` reads ``["output"]``; a W&B
 query of the benchmark's ``config/a/b`` keys reads the nested ``a.b``.
 
+Changed on purpose by issue 56 (one output contract; shapes regenerated, the resume fixture kept
+as the earlier ``run.py`` wrote it):
+
+- ``run.py`` writes ``bench.py``'s folder: ``--output DIR`` holds ``records.jsonl``, ``meta.json``,
+  ``config.yaml``, ``bench.md`` (the benchmark's report, for one method as for several),
+  ``cost_model.json``, the plots (``skip_<method>.png`` / ``exit_layer_<method>.png``, no longer
+  ``plots/skip_sets.png`` / ``exit_layers.png``) and ``tracking/`` (the CSV or W&B logger). It
+  used to write ``<stem>.jsonl`` beside ``<stem>.meta.json``, ``<stem>.config.yaml`` and
+  ``<stem>.md``, with ``<stem>/`` for the plots, tracker and cost model. ``--output x.jsonl`` now
+  names the folder ``x``; without ``--output`` the folder is ``runs/<method>-<time>``.
+- ``run.py``'s metadata: ``notes`` and ``resolved`` are per method (``{method: ...}``), as the
+  benchmark's were; its report's command line is the one that ran.
+- The tracker logs one key set whatever the number of methods: per prompt
+  ``prompt/<method>_tokens_per_s`` and, for each speculative method, ``prompt/<method>_speedup``,
+  ``_M``, ``_alpha``, ``_lossless`` and its strategies' statistics as ``<method>/<kind>/<name>``;
+  at the end ``<method>/speedup/<category>``, ``<method>/M``, ``<method>/alpha``, ... (``run.py``
+  logged ``prompt/method_tokens_per_s``, ``prompt/speedup``, ``selector/...`` and
+  ``summary/<category>/<metric>``).
+- ``run()`` (the Python API) returns the benchmark's ``summary`` and ``{name: path}`` plots for
+  every run; ``table`` is the report's results table; ``run_dir`` and ``breakdown`` went.
+
+Migration: ``--resume`` with ``--output x.jsonl`` of an earlier ``run.py`` copies ``x.jsonl`` and
+``x.meta.json`` into the folder ``x`` (as ``records.jsonl`` and ``meta.json``; the file stays)
+and continues there (`framework.runner.pipeline.migrate_results_file`). A script that read
+``x.jsonl`` reads ``x/records.jsonl`` (`framework.results.records.read_records` takes the folder
+too); one that read ``summary/overall/speedup`` reads ``<method>/speedup/overall``; W&B charts of
+``prompt/speedup`` chart ``prompt/<method>_speedup``.
+
 Regenerate the shapes only when an output format changes on purpose:
 ``python tests/experiments/test_output_compat.py --write``.
 """
@@ -89,10 +117,10 @@ NO_GATE = ["--gate.enabled", "false"]
 COMMANDS: dict[str, tuple[Any, list[str]]] = {
     "run": (
         run_main,
-        [*COMMON, *NO_GATE, "--method", "static_confidence", "--output", "{out}/out.jsonl"]
+        [*COMMON, *NO_GATE, "--method", "static_confidence", "--output", "{out}"]
         + ["--specbench-answers", "{out}/answers"],
     ),
-    "run_vanilla": (run_main, [*COMMON, "--method", "vanilla", "--no-plots", "--output", "{out}/v.jsonl"]),
+    "run_vanilla": (run_main, [*COMMON, "--method", "vanilla", "--no-plots", "--output", "{out}"]),
     "bench": (
         bench_main,
         [*COMMON, "--methods", "vanilla,static_confidence,hf_generate", "--out", "{out}"]
@@ -214,7 +242,26 @@ def test_run_and_bench_write_the_files_the_previous_version_wrote(tmp_path, monk
             assert got[name][file] == expected, f"{name}/{file} changed its format"
 
 
+def test_run_and_bench_write_one_folder_shape():
+    """Issue 56: run.py (one method) and bench.py (several) write the same files, the same
+    metadata keys, the same report headings and the same tracker columns per method."""
+    want = json.loads(SHAPES.read_text())
+    run, bench = want["run"], want["bench"]
+    assert set(run) == set(bench) - {"answers/hf_generate.jsonl"}
+    assert set(run["meta.json"]) == set(bench["meta.json"])
+    assert [h for h in run["bench.md"] if h.startswith("#")] == [
+        h for h in bench["bench.md"] if h.startswith("#")
+    ]
+    run_cols, bench_cols = set(run["tracking/csv/metrics.csv"]), set(bench["tracking/csv/metrics.csv"])
+    assert run_cols and run_cols <= bench_cols | {c for c in run_cols if "static_confidence" in c}
+    assert {c for c in bench_cols if "static_confidence" in c} == {
+        c for c in run_cols if "static_confidence" in c
+    }
+
+
 def test_a_results_file_of_the_previous_version_resumes(tmp_path, monkeypatch, capsys):
+    """The fixture is a results file as ``run.py`` wrote it before issue 56 (``out.jsonl`` beside
+    ``out.meta.json``): ``--output out.jsonl --resume`` continues it in the folder ``out``."""
     monkeypatch.chdir(tmp_path)
     for f in (DATA / "resume").iterdir():
         shutil.copy(f, tmp_path / f.name)
@@ -223,8 +270,11 @@ def test_a_results_file_of_the_previous_version_resumes(tmp_path, monkeypatch, c
     argv = [*COMMON, *NO_GATE, "--method", "static_confidence", "--no-plots", "--output", "out.jsonl"]
     argv.append("--resume")
     assert run_main(argv) == 0
-    assert f"{len(done) // 2} of 7 prompts already in out.jsonl" in capsys.readouterr().out
-    after = read_records(tmp_path / "out.jsonl")
+    said = capsys.readouterr().out
+    assert "out.jsonl (an earlier run.py's results file) continues in the folder out" in said
+    assert f"{len(done) // 2} of 7 prompts already in out/records.jsonl" in said
+    assert read_records(tmp_path / "out.jsonl") == before  # the earlier file stays as it was
+    after = read_records(tmp_path / "out")
     assert after[: len(before)] == before  # kept as written
     assert len({(r["question_id"], r["method"]) for r in after}) == 14
     for qid in {r["question_id"] for r in after}:
@@ -240,15 +290,8 @@ def _write_fixtures() -> None:  # pragma: no cover - run by hand when a format c
         os.chdir(tmp)
         shapes = write_outputs(Path(tmp) / "out")
         SHAPES.write_text(json.dumps(shapes, indent=1, sort_keys=True) + "\n")
-        resume = DATA / "resume"
-        resume.mkdir(parents=True, exist_ok=True)
-        run_out = Path(tmp) / "out" / "run"
-        lines = (run_out / "out.jsonl").read_text().splitlines(keepends=True)
-        (resume / "out.jsonl").write_text("".join(lines[:4]))  # two prompts, both methods
-        meta = json.loads((run_out / "out.meta.json").read_text())
-        meta["config"]["output"] = "out.jsonl"
-        (resume / "out.meta.json").write_text(json.dumps(meta, indent=2))
-    print(f"wrote {SHAPES} and {resume}")
+    # the resume fixture (data/resume/) stays as run.py wrote it before issue 56: a results file
+    print(f"wrote {SHAPES}")
 
 
 if __name__ == "__main__":  # pragma: no cover

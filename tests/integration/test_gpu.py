@@ -273,7 +273,7 @@ def test_devices_2_runs_one_process_per_gpu(tmp_path):
             for i in range(1, 5)
         )
     )
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     cmd = [
         sys.executable,
         str(ROOT / "experiments" / "run.py"),
@@ -287,7 +287,7 @@ def test_devices_2_runs_one_process_per_gpu(tmp_path):
     recs = read_records(out)
     assert {r["rank"] for r in recs} == {0, 1}
     assert len(recs) == 8
-    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    meta = json.loads((out / "meta.json").read_text())
     assert meta["dtype_resolved"] == "float32"
 
 

@@ -78,12 +78,14 @@ def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
             "none",
             "--no-plots",
             "--output",
-            "out.jsonl",
+            "out",
         ],
         work,
         env,
         timeout=300,
     )
-    records = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (work / "out" / "records.jsonl").read_text().splitlines() if line.strip()
+    ]
     assert records and {r["method"] for r in records} == {"vanilla", "swift"}
-    assert (work / "out.config.yaml").is_file()
+    assert (work / "out" / "config.yaml").is_file()

@@ -18,6 +18,7 @@ from framework.data.specbench import (
     ANSWER_KEYS,
     CHOICE_KEYS,
     AnswerFileError,
+    check_answer_dir,
     read_answer_file,
     write_answer_files,
 )
@@ -222,7 +223,7 @@ def test_run_writes_answer_files_and_the_converter_agrees(tiny, data, tmp_path, 
     from experiments import specbench_answers as converter
 
     model, tok = tiny
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     cfg = RunConfig.of(
         model="tiny-random",  # the tiny model is passed in; named, so that the metadata says which
         data=str(data),
@@ -329,10 +330,11 @@ def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
     )
     assert "--specbench-answers must be a directory" in capsys.readouterr().err
     assert not (tmp_path / "b" / "records.jsonl").exists()
-    # an answer file that would overwrite the results file
+    # an answer file that would overwrite the results file (a run's records.jsonl, or any it protects)
     clash = tmp_path / "c" / "vanilla.jsonl"
-    assert run_cli.main([*argv[:-1], str(clash), "--specbench-answers", str(clash.parent)]) == 2
-    assert "overwrites the results file" in capsys.readouterr().err
+    clash.parent.mkdir()
+    with pytest.raises(ConfigError, match="overwrites the results file"):
+        check_answer_dir(clash.parent, ["vanilla"], [clash])
 
 
 def test_reader_rejects_what_speed_py_cannot_read(tmp_path):

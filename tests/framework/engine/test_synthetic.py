@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework.benchmark.report import results_markdown, summarize
 from framework.config_fields import ConfigError
 from framework.data.prompts import Prompt
 from framework.data.specbench import AnswerFileError, write_answer_files
 from framework.engine.decoding import SpeculativeDecoder, StopCondition, VanillaDecoder
 from framework.engine.synthetic import SyntheticAcceptance, synthetic_label
 from framework.results.compare import Method, compare_methods
-from framework.results.metrics import synthetic_lines
 from framework.session.run_config import RunConfig
 from framework.testing import default_strategy_instance, prepare_context, random_prompt
 
@@ -88,7 +88,9 @@ def test_records_are_marked_and_never_checked_for_equality(deep_adapters):
     base, synth = recs
     assert "synthetic_acceptance" not in base and synth["synthetic_acceptance"] == 0.5
     assert synth["lossless"] is None and synth["first_mismatch"] is None
-    assert "NOT the model's" in synthetic_lines(recs) and "m@synthetic-0.5" in synthetic_lines(recs)
+    summary = summarize([dict(r, repeat=0) for r in recs], [r["method"] for r in recs])
+    assert summary["methods"][synth["method"]]["synthetic"] == 0.5
+    assert "n/a (synthetic)" in results_markdown(summary)  # never counted as lossless or not
 
 
 def test_synthetic_records_are_never_written_as_answer_files(deep_adapters, tmp_path):

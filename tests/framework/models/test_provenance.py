@@ -81,9 +81,9 @@ def test_every_run_records_its_provenance(tmp_path, entry):
 
     common = ["--model", "tiny-random", "--limit", "1", "--categories", "qa", "--max-new-tokens", "4"]
     if entry == "run":
-        out = tmp_path / "r.jsonl"
+        out = tmp_path / "r"
         assert run_main([*common, "--logger", "none", "--warmup", "0", "--output", str(out)]) == 0
-        meta = json.loads(out.with_suffix(".meta.json").read_text())
+        meta = json.loads((out / "meta.json").read_text())
     else:
         common += ["--methods", "vanilla,static_confidence", "--repeats", "1", "--no-plots"]
         assert bench_main([*common, "--out", str(tmp_path / "b")]) == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.results.metrics import aggregate, compare_table, results_table, speedup, time_breakdown
+from framework.results.metrics import aggregate, compare_table, speedup, time_breakdown
 from framework.testing import plain_table
 
 
@@ -55,21 +55,36 @@ def test_aggregate_pools_rounds_and_averages_speed_per_prompt():
     assert (m.lossless, m.lossless_checked) == (1, 2)
 
 
-def test_results_table_is_the_ratio_of_means():
-    table = plain_table(results_table(RECORDS, "m"))
-    qa = next(line for line in table.splitlines() if line.startswith("| qa "))
-    assert "| 10.00 | 20.00 | 2.000x | 3.00 | 0.667 | 0.267 | 1/1 |" in qa
-    overall = next(line for line in table.splitlines() if "overall" in line)
+def _summary(records, methods=("vanilla", "m")):
+    """The report's numbers (`framework.benchmark.report.summarize`) of one-repeat records."""
+    from framework.benchmark.report import summarize
+
+    return summarize([dict(r, repeat=0) for r in records], list(methods))
+
+
+def test_the_reports_speedup_is_the_ratio_of_means():
+    from framework.benchmark.report import results_markdown
+
+    m = _summary(RECORDS)["methods"]["m"]
+    assert m["speedup"]["qa"] == pytest.approx(2.0) and m["speedup"]["rag"] == pytest.approx(0.25)
     # vanilla mean 15 tok/s, method mean 12.5 tok/s
-    assert "| 15.00 | 12.50 | 0.833x |" in overall and "| 1/2 |" in overall
+    assert m["speedup"]["overall"] == pytest.approx(12.5 / 15) and m["tokens_per_s"]["overall"] == 12.5
+    assert m["M"] == pytest.approx((9 + 7) / 6) and m["alpha"] == pytest.approx(10 / 15)
+    assert m["mismatches"] == 1 and m["mismatched"] == ["2"]
+    table = plain_table(results_markdown(_summary(RECORDS)))
+    assert "| m | 2.000x | 0.250x | **0.833x** |" in table and "| 1/2 |" in table
 
 
-def test_sampling_records_show_na_and_baseline_only_table():
+def test_sampling_records_are_never_mismatches_and_a_baseline_only_report_has_its_row():
+    from framework.benchmark.report import results_markdown
+
     sampled = [dict(r, lossless=None) if r["method"] == "m" else r for r in RECORDS]
-    assert "| n/a |" in plain_table(results_table(sampled, "m"))
-    only = plain_table(results_table([r for r in RECORDS if r["method"] == "vanilla"], "vanilla"))
-    assert only.splitlines()[0] == "| category | prompts | vanilla tok/s | new tokens | wall s |"
-    assert "| **overall** | 2 | 15.00 | 30 | 2.0 |" in only
+    assert _summary(sampled)["methods"]["m"]["mismatches"] == 0
+    only = _summary([r for r in RECORDS if r["method"] == "vanilla"], ["vanilla"])
+    assert list(only["methods"]) == ["vanilla"]
+    assert "| vanilla | 1.000x | 1.000x | **1.000x** | n/a (baseline) | 15.00 |" in plain_table(
+        results_markdown(only)
+    )
 
 
 def test_compare_table_uses_each_runs_own_baseline():
@@ -168,9 +183,9 @@ def test_rounds_prediction_prices_each_round_at_its_own_context():
 
 
 def test_a_gate_that_declined_most_rounds_is_said_and_alpha_reads_na_without_drafts():
-    """Issue 48, item 5: a run whose gate declined most rounds says it measured the gate; the
-    table's alpha reads n/a where nothing was drafted (not 0.000)."""
-    from framework.results.metrics import gate_lines, results_table
+    """Issue 48, item 5: the report's table gives the share of rounds a gate declined; its alpha
+    reads n/a where nothing was drafted (not 0.000)."""
+    from framework.benchmark.report import results_markdown
 
     def rec(method, declined, drafted):
         gate = {"rounds": 100, "declined": declined}
@@ -183,15 +198,13 @@ def test_a_gate_that_declined_most_rounds_is_said_and_alpha_reads_na_without_dra
 
     base = rec("vanilla", 0, 0)
     base["turns"] = [{"accept_lengths": [1] * 10}]
-    assert "declined 95% of its rounds" in gate_lines([base, rec("m", 95, 0)], "m")
-    assert gate_lines([base, rec("m", 10, 4)], "m") == ""
-    table = results_table([base, rec("m", 95, 0)], "m")
-    head = next(line for line in table.splitlines() if line.startswith("| category"))
-    overall = next(line for line in table.splitlines() if "overall" in line)
-    cells = dict(
-        zip([c.strip() for c in head.split("|")], [c.strip() for c in overall.split("|")], strict=True)
-    )
-    assert cells["alpha"] == "n/a"
+    summary = _summary([base, rec("m", 95, 0)])
+    assert summary["methods"]["m"]["gate"] == {"rounds": 100, "declined": 95}
+    table = plain_table(results_markdown(summary))
+    head = next(line for line in table.splitlines() if line.startswith("| method"))
+    row = next(line for line in table.splitlines() if line.startswith("| m "))
+    cells = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")], strict=True))
+    assert cells["alpha"] == "n/a" and cells["gate declined"] == "95.0%"
 
 
 def test_speedup_is_the_ratio_of_the_mean_tokens_per_second():

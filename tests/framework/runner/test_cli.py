@@ -238,10 +238,22 @@ def test_dtype_takes_the_short_spellings_torch_users_write(capsys):
 def test_run_py_writes_the_folder_its_output_names(capsys, tmp_path):
     """Issue 56: run.py writes bench.py's folder; a results file's name (``o.jsonl``, what run.py
     wrote before) names the folder ``o``."""
-    argv = ["--model", "tiny-random", "--limit", "1", "--max-new-tokens", "4", "--output", str(tmp_path / "o.jsonl")]
+    argv = [
+        "--model",
+        "tiny-random",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--output",
+        str(tmp_path / "o.jsonl"),
+    ]
     code, _, err = run_cli(capsys, *argv)
     assert code == 0, err
     written = {p.name for p in (tmp_path / "o").iterdir()}
     assert {"records.jsonl", "meta.json", "config.yaml", "bench.md"} <= written
     assert not (tmp_path / "o.jsonl").exists()
-    assert "- command: `python experiments/run.py --model tiny-random" in (tmp_path / "o" / "bench.md").read_text()
+    assert (
+        "- command: `python experiments/run.py --model tiny-random"
+        in (tmp_path / "o" / "bench.md").read_text()
+    )

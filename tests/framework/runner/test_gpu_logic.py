@@ -295,19 +295,18 @@ def test_run_records_carry_the_margin_at_a_mismatch(data, tmp_path):
     assert fm["margin"] > 0 and fm["near_tie"] is False and fm["dtype"] == "float64"
     # the runner's table notes and the W&B summary carry it too
     from framework.benchmark.report import summarize
-    from framework.results.metrics import mismatch_lines
     from framework.runner.tracking import method_metrics
 
     records = [van, spec, _van, bad]
-    note = mismatch_lines(records)
-    assert note.startswith(
-        f"Mismatches against vanilla, {cfg.method.label}: q{prompt.question_id} (turn 0, pos "
-    )
-    assert "not a near-tie: a bug?" in note
-    assert mismatch_lines([van, spec]) == ""
+    from framework.results.compare import mismatch_note
+
+    note = mismatch_note(str(prompt.question_id), fm)  # what the report's notes say of it
+    assert note.startswith(f"q{prompt.question_id} (turn 0, pos ") and "not a near-tie: a bug?" in note
     label = cfg.method.label
     entry = summarize(records, ["vanilla", label])["methods"][label]
-    assert entry["mismatches"] == 1 and entry["mismatch_at"][str(prompt.question_id)]["margin"] == fm["margin"]
+    assert (
+        entry["mismatches"] == 1 and entry["mismatch_at"][str(prompt.question_id)]["margin"] == fm["margin"]
+    )
     assert entry["mismatch_at"][str(prompt.question_id)]["near_tie"] is False
     assert method_metrics(summarize(records, ["vanilla", label]))[f"{label}/mismatches"] == 1
     assert summarize([van, spec], ["vanilla", label])["methods"][label]["mismatches"] == 0

@@ -85,8 +85,6 @@ def test_a_skip_ratio_that_skips_nothing_is_said(tiny, data, tmp_path):
     res = run(cfg, log=said.append, model=model, tokenizer=tok)
     assert "its drafts skipped no sub-layer in any round" in res["report"]
     assert any(x.startswith("note: static+fixed: its drafts skipped no sub-layer") for x in said)
-    skips = run(
-        cfg_for(data, tmp_path / "some", limit=1), log=lambda s: None, model=model, tokenizer=tok
-    )
+    skips = run(cfg_for(data, tmp_path / "some", limit=1), log=lambda s: None, model=model, tokenizer=tok)
     assert "skipped no sub-layer" not in skips["report"]
     assert full_model_drafts(skips["records"], ["vanilla", "static+fixed"]) == {}

@@ -96,7 +96,9 @@ def test_resume_needs_an_output_file_and_its_metadata(tiny, data, tmp_path):
     stray = tmp_path / "stray.jsonl"
     stray.write_text(json.dumps({"question_id": 1, "category": "qa", "method": "vanilla"}) + "\n")
     lines: list[str] = []
-    with pytest.raises(ConfigError, match=r"a run folder written by run.py or bench.py \(its metadata meta\.json is missing"):
+    with pytest.raises(
+        ConfigError, match=r"a run folder written by run.py or bench.py \(its metadata meta\.json is missing"
+    ):
         run(cfg_for(data, stray, resume=True), log=lines.append, model=model, tokenizer=tok)
     assert any("an earlier run.py's results file) continues in the folder" in s for s in lines)
 
@@ -286,4 +288,6 @@ def test_one_named_gpu_cannot_host_several_processes(data):
 def _whole(res, prompts: int) -> bool:
     """The report covers every prompt of the folder, each method's output lossless."""
     methods = res["summary"]["methods"]
-    return all(e["prompts"] == prompts for e in methods.values()) and not methods["static+fixed"]["mismatches"]
+    return (
+        all(e["prompts"] == prompts for e in methods.values()) and not methods["static+fixed"]["mismatches"]
+    )

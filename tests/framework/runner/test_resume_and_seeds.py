@@ -202,4 +202,6 @@ def test_the_prompts_split_over_ranks_once_each_with_a_remainder(data, tmp_path,
 def _whole(res, prompts: int) -> bool:
     """The report covers every prompt of the folder, each method's output lossless."""
     methods = res["summary"]["methods"]
-    return all(e["prompts"] == prompts for e in methods.values()) and not methods["static+fixed"]["mismatches"]
+    return (
+        all(e["prompts"] == prompts for e in methods.values()) and not methods["static+fixed"]["mismatches"]
+    )

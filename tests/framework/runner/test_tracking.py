@@ -144,9 +144,7 @@ def test_plots_are_written_as_png(tiny, data, tmp_path):
     for p in res["plots"].values():
         with open(p, "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
-    none = run(
-        cfg_for(data, tmp_path / "n", plots=False), log=lambda s: None, model=model, tokenizer=tok
-    )
+    none = run(cfg_for(data, tmp_path / "n", plots=False), log=lambda s: None, model=model, tokenizer=tok)
     assert none["plots"] == {} and not list((tmp_path / "n").glob("*.png"))
 
 

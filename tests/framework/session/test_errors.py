@@ -91,13 +91,13 @@ def test_an_exception_in_a_users_strategy_is_a_bug_report_with_its_file_and_line
 
 def test_a_failure_after_some_prompts_names_the_resume_command(tmp_path, monkeypatch, capsys):
     mod = _plugin(tmp_path, monkeypatch, "zz_plugin_late", "RuntimeError", fail_at=4)
-    out = tmp_path / "late.jsonl"
+    out = tmp_path / "late"
     code = main(["--import", mod, "--selector", mod, *RUN, "--output", str(out)])
     err = capsys.readouterr().err
     assert code == 1
-    done = [json.loads(x) for x in out.read_text().splitlines()]
+    done = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert done, "the first prompt finished before the failure"
-    assert f"finished prompt records are in {out}" in err
+    assert f"finished prompt records are in {out / 'records.jsonl'}" in err
     assert "continue with: python experiments/run.py --import zz_plugin_late" in err and "--resume" in err
 
 

@@ -65,15 +65,16 @@ def test_list_marks_the_paper_presets_and_the_building_blocks():
 
 def test_the_notes_are_said_and_kept_in_the_run_and_the_benchmark(tmp_path, capsys):
     common = ["--model", "tiny-random", "--limit", "1", "--categories", "qa", "--max-new-tokens", "8"]
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     assert (
         run_main([*common, "--logger", "none", "--method", "swift", "--warmup", "0", "--output", str(out)])
         == 0
     )
     said = capsys.readouterr().out
     assert "note: swift never optimises in this run" in said
-    meta = json.loads(out.with_suffix(".meta.json").read_text())
-    assert len(meta["notes"]) == 1 and "never optimises" in meta["notes"][0]
+    meta = json.loads((out / "meta.json").read_text())
+    assert list(meta["notes"]) == ["swift"] and "never optimises" in meta["notes"]["swift"][0]
+    assert "- **swift**, as configured: swift never optimises" in (out / "bench.md").read_text()
     assert (
         bench_main([*common, "--methods", "vanilla,swift", "--no-plots", "--out", str(tmp_path / "b")]) == 0
     )

@@ -128,7 +128,7 @@ def test_the_agent_command_runs_one_trial_from_wandb_config(tmp_path, monkeypatc
     finally:
         monkeypatch.delenv("WANDB_SWEEP_PARAM_PATH")
         wandb.teardown()
-    meta = json.loads((tmp_path / "runs" / "sweeps" / "abc" / "run42.meta.json").read_text())
+    meta = json.loads((tmp_path / "runs" / "sweeps" / "abc" / "run42" / "meta.json").read_text())
     assert meta["config"]["selector"]["config"]["skip_ratio"] == 0.5
     assert meta["config"]["length"]["config"]["threshold"] == 0.6
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*-run42")

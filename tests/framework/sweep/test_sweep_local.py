@@ -237,8 +237,8 @@ def test_a_smoke_sweep_names_the_tiny_model_keeps_its_prompts_and_leaves_no_temp
     prompts = out / "smoke-prompts.jsonl"
     assert prompts.is_file()
     trial = Path(res.rows[0]["output"])
-    meta = json.loads(trial.with_suffix(".meta.json").read_text())
+    meta = json.loads((trial.parent / "meta.json").read_text())
     assert meta["config"]["model"] == "tiny-random" and meta["config"]["data"] == str(prompts)
-    saved = RunConfig.load(trial.with_suffix(".config.yaml"))
+    saved = RunConfig.load(trial.parent / "config.yaml")
     assert saved.model.name_or_path == "tiny-random" and saved.data.path == str(prompts)
     assert "smoke-prompts.jsonl" in (out / "results.md").read_text()
