@@ -5,6 +5,7 @@ the page is exactly the code that runs here:
 
     python docs/tutorials/fast_strategy.py
     PYTHONPATH=docs/tutorials python experiments/run.py --import fast_strategy --selector block_influence
+    PYTHONPATH=docs/tutorials python experiments/run.py --import fast_strategy --drafter last_match
 
 Nothing is downloaded: the models are random Llamas built in-process (``--model tiny-random`` on
 the command line).
@@ -95,6 +96,44 @@ class BlockInfluenceSelector(LayerSelector):
 # --8<-- [end:selector]
 
 
+# --8<-- [start:drafter]
+from framework import Drafter, DraftView, LengthController, register_drafter  # noqa: E402
+
+
+@dataclass(frozen=True)
+class LastMatchConfig:
+    min_match: int = param(2, help="the context's last N tokens must occur earlier in it to copy; >= 1")
+
+    def __post_init__(self) -> None:
+        check_range("min_match", self.min_match, 1, None, integer=True)
+
+
+@register_drafter("last_match", config=LastMatchConfig)
+class LastMatchDrafter(Drafter):
+    """Copy what followed the last earlier occurrence of the context's last ``min_match`` tokens
+    (no forward); where there is none, draft with the selector's plan, one token a forward.
+
+    A tutorial strategy (a small prompt-lookup with a layer-skip fallback; the registered
+    ``hybrid`` drafter is the full one), not a published method.
+    """
+
+    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
+        ids, n = state.token_ids(), self.config.min_match  # committed tokens on the host: no read
+        for start in range(len(ids) - n - 1, -1, -1):  # the latest earlier match first
+            if ids[start : start + n] == ids[-n:]:
+                return state.copied_draft(ids[start + n : start + n + max_tokens], plan, 1.0)
+        x = state.pending  # (B, 1): the last committed token, the first draft input
+        for step in range(max_tokens):
+            token, confidence = state.draft_step(x, plan)  # the engine picks the token
+            if step + 1 >= max_tokens or not length.should_continue(step + 1, confidence):
+                break
+            x = token[:, None]
+        return state.drafted(plan)  # the tokens the steps chose, as the verifier wants them
+
+
+# --8<-- [end:drafter]
+
+
 # --8<-- [start:check]
 def check_fast_and_lossless() -> None:
     import selfspec
@@ -116,6 +155,23 @@ def check_fast_and_lossless() -> None:
         cmp = dec.compare(random_prompt(10, 128, 40 + i)[0].tolist(), warmup=False)
         assert cmp.lossless, f"prompt {i}: speculative output differs from vanilla greedy"
     print("lossless on 3 prompts; running influence:", dec.strategies["selector"].summary()["influence"])
+
+    report = measure_host_work(BlockInfluenceSelector(), "confidence", LastMatchDrafter(), "greedy")
+    print(report.describe(top=3))
+    assert report.within_limits, report.describe()
+    dec = selfspec.Decoder.from_strategies(
+        selector=BlockInfluenceSelector(),
+        length="confidence",
+        drafter=LastMatchDrafter(),
+        model=tiny_model("llama", 8, seed=0),
+        tokenizer=tiny_tokenizer(),
+        max_new_tokens=24,
+        log=None,
+    )
+    for i in range(3):
+        cmp = dec.compare(random_prompt(10, 128, 50 + i)[0].tolist(), warmup=False)
+        assert cmp.lossless, f"prompt {i}: the drafter's output differs from vanilla greedy"
+    print("the drafter is within the limits and lossless on 3 prompts")
 
 
 # --8<-- [end:check]
@@ -156,13 +212,11 @@ def run_from_the_command_line(out_dir: str) -> None:
         [
             "--model", "tiny-random", "--selector", "block_influence", "--length", "fixed",
             "--limit", "1", "--categories", "qa,code", "--max-new-tokens", "16", "--warmup", "0",
-            "--logger", "none", "--no-plots", "--output", f"{out_dir}/run.jsonl",
+            "--logger", "none", "--no-plots", "--output", f"{out_dir}/run",
         ]
     )  # fmt: skip
     assert code == 0
-    records = [
-        r for r in read_records(__import__("pathlib").Path(out_dir) / "run.jsonl") if r["method"] != "vanilla"
-    ]
+    records = [r for r in read_records(f"{out_dir}/run") if r["method"] != "vanilla"]  # the run's folder
     assert records and all(r["lossless"] for r in records), records
 
 

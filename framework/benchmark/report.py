@@ -290,6 +290,20 @@ def cost_lines(cost: Any, heads: Mapping[str, Any] | None) -> list[str]:
     return lines + [head_line(m, c) for m, c in (heads or {}).items() if not getattr(c, "inconsistent", "")]
 
 
+def data_line(cfg: RunConfig, n_prompts: int, elapsed: float, resumed: int = 0) -> str:
+    """The report's header line on what was decoded, how, and for how long."""
+    d = cfg.data
+    return (
+        f"- data: {d.path or 'built-in suite'}; {n_prompts} prompts"
+        + (f" (at most {d.limit} per category)" if d.limit else "")
+        + (f" (after the first {d.offset} of each)" if d.offset else "")
+        + f"; max_new_tokens {cfg.generation.max_new_tokens}; dtype {cfg.model.dtype}; greedy, batch 1; "
+        f"warm-up {cfg.runner.warmup} generation(s) per method; {cfg.compare.repeats} repeat(s); "
+        f"{elapsed:.0f} s timed"
+        + (f" ({resumed} prompt(s) decoded before, by the run --resume continued)" if resumed else "")
+    )
+
+
 def render_report(
     cfg: RunConfig,
     summary: dict[str, Any],
@@ -321,7 +335,6 @@ def render_report(
     lines. ``resumed``: prompts an earlier, interrupted run decoded (``--resume``). ``breakdown``:
     where each method's time went (`framework.results.metrics.time_breakdown`)."""
     gpu = f", GPU {env['cuda']}" if env.get("cuda") else ""
-    run = cfg
     lines = [
         "# Benchmark",
         "",
@@ -329,12 +342,7 @@ def render_report(
         f"- machine: {env['cpu']}, {env['cpu_count']} cores, torch threads {env['torch_threads']}{gpu}",
         f"- versions: python {env['python']}, torch {env['torch']}, transformers {env['transformers']}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
-        f"- data: {run.data.path or 'built-in suite'}; {n_prompts} prompts"
-        + (f" (at most {run.data.limit} per category)" if run.data.limit else "")
-        + (f" (after the first {run.data.offset} of each)" if run.data.offset else "")
-        + f"; max_new_tokens {run.generation.max_new_tokens}; dtype {run.model.dtype}; greedy, batch 1; warm-up {run.runner.warmup} "
-        f"generation(s) per method; {cfg.compare.repeats} repeat(s); {elapsed:.0f} s timed"
-        + (f" ({resumed} prompt(s) decoded before, by the run --resume continued)" if resumed else ""),
+        data_line(cfg, n_prompts, elapsed, resumed),
     ]
     lines.append(load_line(load))
     lines += [f"- **warning**: {w}" for w in warnings]

@@ -14,7 +14,7 @@ before anything reads them, the acceptance rule included (`framework.engine.proc
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -22,8 +22,8 @@ from framework.engine.execution.reuse import EarlyExitReuse
 from framework.engine.execution.spec import RuleCall
 from framework.types import ForwardOutput, LayerPlan, TokenPick
 
-if TYPE_CHECKING:
-    from framework.engine.state import DecodeState
+#: The decode state (`framework.engine.state.DecodeState`; not imported: it imports this).
+DecodeState = Any
 
 Where = str | torch.Tensor | None  # a forward's ``logits_at``: "last", "all", row indices or none
 
