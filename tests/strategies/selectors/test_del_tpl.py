@@ -682,12 +682,12 @@ def test_the_sums_reach_del_whether_they_travel_with_the_verifiers_read_or_not(m
     assert apart_reads - joined_reads >= updates + rounds
 
 
-def test_shadow_rows_auto_is_the_chain_on_cuda_only():
-    sel = DelTplSelector()
-    assert not sel._chain_rows(torch.device("cpu")) and sel._chain_rows(torch.device("cuda"))
-    assert DelTplSelector(DelTplConfig(shadow_rows="chain"))._chain_rows(torch.device("cpu"))
-    assert not DelTplSelector(DelTplConfig(shadow_rows="window"))._chain_rows(torch.device("cuda"))
-    with pytest.raises(ConfigError, match="shadow_rows must be one of auto, window, chain"):
+def test_shadow_rows_is_the_same_on_every_device():
+    """Issue 56: the shadow tokens' path is the configuration's, never the device's; the
+    device-dependent 'auto' of a saved configuration reads as the default, 'chain'."""
+    assert DelTplConfig().shadow_rows == "chain" and DelTplConfig(shadow_rows="auto").shadow_rows == "chain"
+    assert DelTplConfig(shadow_rows="window").shadow_rows == "window"
+    with pytest.raises(ConfigError, match="shadow_rows must be one of chain, window"):
         build_config(DelTplConfig, {"shadow_rows": "all"})
 
 
