@@ -51,42 +51,6 @@ __all__ = [
     "print_config",
 ]
 
-#: The ``--help`` section of each `RunConfig` field.
-GROUPS = {
-    **dict.fromkeys(
-        (
-            "model",
-            "dtype",
-            "device",
-            "threads",
-            "kernels",
-            "exact",
-            "phase_timing",
-            "cuda_graphs",
-            "cuda_graph_route",
-        ),
-        "model",
-    ),
-    **dict.fromkeys(("data", "categories", "limit", "offset", "max_new_tokens", "stop_strings"), "data"),
-    **dict.fromkeys((*REGISTRIES, "baseline_only"), "strategies"),
-    "gate": "draft gate (framework.drafting.gate)",
-    **dict.fromkeys(
-        (
-            "output",
-            "name",
-            "seed",
-            "warmup",
-            "resume",
-            "logger",
-            "wandb_project",
-            "plots",
-            "specbench_answers",
-        ),
-        "output",
-    ),
-    **dict.fromkeys(("devices", "num_nodes"), "devices"),
-    **dict.fromkeys(("repeats", "cost_model"), "output"),
-}
 #: The compare section's fields that only bench.py has (run.py compares its one method with vanilla).
 BENCH_ONLY = (
     "methods",
@@ -174,7 +138,7 @@ def build_parser(bench: bool = False) -> argparse.ArgumentParser:
     )
     _add_list(p)
     _add_source(p)
-    add_config_flags(p, RunConfig, groups=GROUPS, exclude=(*BENCH_ONLY, "command"))
+    add_config_flags(p, RunConfig, exclude=(*BENCH_ONLY, "command"))  # groups: the sections
     return p
 
 

@@ -123,8 +123,9 @@ def add_config_flags(
         cfg_cls: a (frozen) config dataclass whose fields carry ``param(help=...)``.
         exclude: field or section names that get no flag (a tool that sets them itself).
         groups: ``{field name: group title}``: fields shown together in ``--help`` (fields not
-            named go to a group titled after their section, or ``cfg_cls``; strategy and
-            nested-config fields get a group of their own unless named here).
+            named go to a group titled after their section and its help, or ``cfg_cls``; strategy
+            and nested-config fields get a group of their own, titled by the field's help, unless
+            named here). Without it the groups are the configuration's own sections.
 
     Every generated flag defaults to ``None`` (not given); read them back with
     `config_overrides_from_args`.
@@ -155,7 +156,8 @@ def add_config_flags(
             continue
         nested = _nested_config(tp)
         if nested is not None:
-            _add_nested_flags(group(groups.get(f.name, f"{f.name} ({nested.__name__})")), f, nested)
+            title = f"{f.name} ({f.metadata.get('help') or nested.__name__})"  # as a section's
+            _add_nested_flags(group(groups.get(f.name, title)), f, nested)
             continue
         g = group(groups.get(f.name, default_title))
         dest = DEST_PREFIX + (f"{_section}.{f.name}" if _section else f.name)
