@@ -842,6 +842,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/framework/results/test_metrics.py::test_speedup_is_the_ratio_of_the_mean_tokens_per_second",),
     ),
     Mutation(
+        "legacy_results_file_resumes_without_its_metadata",
+        "--resume of an earlier run.py's results file copies its records into the folder but not its metadata",
+        "framework/runner/pipeline.py",
+        "        shutil.copyfile(old_meta, layout.meta)",
+        "        pass",
+        ("tests/experiments/test_output_compat.py::test_a_results_file_of_the_previous_version_resumes",),
+    ),
+    Mutation(
         "strategy_reaches_for_the_adapter",
         "the hybrid drafter's preparation reaches the model adapter through its context",
         "strategies/drafters/hybrid.py",

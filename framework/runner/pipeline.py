@@ -189,7 +189,6 @@ def run(
     r.command = command
     methods = None
     if r.world == 1:  # validated and prepared before any logger or file exists
-        r.layout.root.mkdir(parents=True, exist_ok=True)
         methods = Methods.load(
             cfg, r.specs, model, tokenizer, stem=r.layout.stem, log=log, prompts=r.prompts, custom=custom
         )

@@ -314,7 +314,7 @@ def test_flag_is_accepted_resumable_and_validated(tiny, data, tmp_path, capsys):
             RunConfig.of(specbench_answers=bad)
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "r"
     argv = ["--data", str(data), "--model", "tiny-random", "--logger", "none", "--output", str(out)]
     assert run_cli.main([*argv, "--specbench-answers", str(a_file)]) == 2
     err = capsys.readouterr().err

@@ -162,7 +162,7 @@ def test_bad_flags_exit_2_with_a_clear_message(capsys, argv, message):
 def test_bad_data_exits_2_before_loading_the_model(capsys, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question_id": 1, "category": "qa", "turns": ["ok"]}\n{"question_id": 2,\n')
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "out"
     code, _, err = run_cli(capsys, "--data", str(bad), "--output", str(out))
     assert code == 2 and f"{bad}:2: not valid JSON" in err
     empty = tmp_path / "empty.jsonl"
@@ -217,11 +217,11 @@ def test_a_missing_dependency_is_one_line_and_exit_2_before_the_model_loads(
     monkeypatch.setattr(deps, "installed", lambda m: m != module and real(m))
     for where in (lightning, session):
         monkeypatch.setattr(where, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
-    code, _, err = run_cli(capsys, *argv, "--limit", "1", "--output", str(tmp_path / "o.jsonl"))
+    code, _, err = run_cli(capsys, *argv, "--limit", "1", "--output", str(tmp_path / "o"))
     assert code == 2, err
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and flag in lines[0] and f"pip install {module}" in lines[0], err
-    assert "Traceback" not in err and not (tmp_path / "o.jsonl").exists()
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
 
 
 def test_dtype_takes_the_short_spellings_torch_users_write(capsys):

@@ -137,7 +137,7 @@ def test_a_second_run_into_the_same_file_is_refused_unless_it_resumes(tiny, data
 
 def test_bad_input_is_rejected_before_anything_is_written(tiny, data, tmp_path):
     model, tok = tiny
-    out = tmp_path / "never.jsonl"
+    out = tmp_path / "never"
     too_long = tmp_path / "long.jsonl"
     too_long.write_text(
         json.dumps({"question_id": 9, "category": "qa", "turns": [" ".join(["w3"] * 300)]}) + "\n"
