@@ -135,43 +135,35 @@ class LastMatchDrafter(Drafter):
 
 
 # --8<-- [start:check]
-def check_fast_and_lossless() -> None:
+def fast_and_lossless(selector, length: str, drafter="layer_skip", seed: int = 40) -> dict:
+    """Within the host-work limits, and greedy speculative output equal to plain greedy output on
+    3 random prompts; returns the strategies' summaries of the last decode."""
     import selfspec
     from framework.testing import measure_host_work, random_prompt, tiny_model, tiny_tokenizer
 
-    report = measure_host_work(BlockInfluenceSelector(), "fixed", "layer_skip", "greedy")
+    report = measure_host_work(selector, length, drafter, "greedy")
     print(report.describe(top=3))
     assert report.within_limits, report.describe()
-
     dec = selfspec.Decoder.from_strategies(
-        selector=BlockInfluenceSelector(),
-        length="fixed",
+        selector=selector,
+        length=length,
+        drafter=drafter,
         model=tiny_model("llama", 8, seed=0),
         tokenizer=tiny_tokenizer(),
         max_new_tokens=24,
         log=None,
     )
     for i in range(3):
-        cmp = dec.compare(random_prompt(10, 128, 40 + i)[0].tolist(), warmup=False)
+        cmp = dec.compare(random_prompt(10, 128, seed + i)[0].tolist(), warmup=False)
         assert cmp.lossless, f"prompt {i}: speculative output differs from vanilla greedy"
-    print("lossless on 3 prompts; running influence:", dec.strategies["selector"].summary()["influence"])
+    return {kind: s.summary() for kind, s in dec.strategies.items()}
 
-    report = measure_host_work(BlockInfluenceSelector(), "confidence", LastMatchDrafter(), "greedy")
-    print(report.describe(top=3))
-    assert report.within_limits, report.describe()
-    dec = selfspec.Decoder.from_strategies(
-        selector=BlockInfluenceSelector(),
-        length="confidence",
-        drafter=LastMatchDrafter(),
-        model=tiny_model("llama", 8, seed=0),
-        tokenizer=tiny_tokenizer(),
-        max_new_tokens=24,
-        log=None,
-    )
-    for i in range(3):
-        cmp = dec.compare(random_prompt(10, 128, 50 + i)[0].tolist(), warmup=False)
-        assert cmp.lossless, f"prompt {i}: the drafter's output differs from vanilla greedy"
-    print("the drafter is within the limits and lossless on 3 prompts")
+
+def check_fast_and_lossless() -> None:
+    summaries = fast_and_lossless(BlockInfluenceSelector(), "fixed")
+    print("the selector: lossless on 3 prompts; running influence:", summaries["selector"]["influence"])
+    fast_and_lossless(BlockInfluenceSelector(), "confidence", LastMatchDrafter(), seed=50)
+    print("the drafter: within the limits and lossless on 3 prompts")
 
 
 # --8<-- [end:check]

@@ -185,8 +185,7 @@ def run(
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    r = _Run(cfg, log, output, custom)
-    r.command = command
+    r = _Run(cfg, log, output, custom, command)
     methods = None
     if r.world == 1:  # validated and prepared before any logger or file exists
         methods = Methods.load(
@@ -227,7 +226,12 @@ class _Run:
     ``--resume`` left), where it goes (`Layout`), and what is written before and after."""
 
     def __init__(
-        self, cfg: RunConfig, log: Callable[[str], None], output: Path | None, custom: dict[str, Any] | None
+        self,
+        cfg: RunConfig,
+        log: Callable[[str], None],
+        output: Path | None,
+        custom: dict[str, Any] | None,
+        command: str | None = None,
     ) -> None:
         seed_everything(cfg.generation.seed)
         if cfg.runner.threads:
@@ -235,7 +239,8 @@ class _Run:
         elif _on_cpu(cfg):
             _yield_busy_cores(log)
         self.cfg, self.log, d = cfg, log, cfg.data
-        self.command: str | None = None  # the command line, for the report
+        #: the configuration the report describes: the command line that ran it, when given
+        self.reported = cfg.replace(command=command) if command and not cfg.compare.command else cfg
         self.prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
         self.specs = methods_of(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
         presets = [
@@ -376,7 +381,7 @@ class _Run:
         hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
         undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
         report = render_report(
-            cfg.replace(command=self.command) if self.command and not cfg.compare.command else cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
+            self.reported, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
             heads, method_costs, graphs=module.graphs, load=load, warnings=said,
             run_notes={k: [*self.meta["notes"].get(k, []), *([full[k]] if k in full else [])]
                        for k in {*self.meta["notes"], *full}},
