@@ -25,7 +25,15 @@ the session (`RunConfig`, presets, `Session`), results, the runner (`framework.r
 the benchmark and sweeps.
 """
 
-from framework.config_fields import ConfigError, build_config, check_choice, check_range, field_help, param
+from framework.config_fields import (
+    ConfigError,
+    build_config,
+    check_choice,
+    check_range,
+    check_types,
+    field_help,
+    param,
+)
 from framework.interfaces import (
     DRAFTERS,
     LENGTH_CONTROLLERS,
@@ -98,6 +106,7 @@ __all__ = [
     "Verifier",
     "build_config",
     "check_choice",
+    "check_types",
     "check_range",
     "field_help",
     "get_drafter",

@@ -2,8 +2,9 @@
 
 Every strategy owns a frozen dataclass of hyper-parameters. Fields are declared with
 `param` (a default plus a one-line help that the CLI and the docs render); ``__post_init__``
-validates with `check_range` / `check_choice`, which raise `ConfigError` naming
-the field, the value received and what is allowed. `build_config` turns CLI/YAML strings into
+validates: `check_types` first (every field against its annotation: booleans, ``Literal``
+choices, strings), then `check_range` / `check_choice` for what a type does not say; each raises
+`ConfigError` naming the field, the value received and what is allowed. `build_config` turns CLI/YAML strings into
 a config and prefixes the field with the flag (``--selector.skip_ratio``) in error messages.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -132,8 +134,15 @@ def literal_alias(value: Any, choices: tuple[Any, ...]) -> Any:
     return value
 
 
-def _parse_value(text: str, tp: Any, flag: str) -> Any:
-    """Convert a CLI/YAML string to the annotated type ``tp``."""
+def parse_value(text: str, tp: Any, flag: str) -> Any:
+    """Convert a CLI/YAML string to the annotated type ``tp`` (``Optional``, ``Literal``, tuples,
+    bool, int, float, str); errors name ``flag``. A ``Literal``'s choice is returned as that
+    choice (``--dtype bf16``: ``bfloat16``); whether the value is allowed is the config's to judge
+    (`check_types`), not the parser's.
+
+    Raises:
+        ConfigError: the text does not parse as ``tp`` (a boolean or a number).
+    """
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
@@ -141,18 +150,14 @@ def _parse_value(text: str, tp: Any, flag: str) -> Any:
             args == [bool] and text.strip().lower() == "auto"
         ):
             return None  # an optional boolean's None is its automatic choice (``--exact``)
-        return _parse_value(text, args[0], flag)
+        return parse_value(text, args[0], flag)
     if origin is Literal:
-        choices = get_args(tp)
-        text = literal_alias(text, choices)
-        for c in choices:
-            if str(c) == text:
-                return c
-        raise ConfigError(flag, text, "one of " + ", ".join(str(c) for c in choices))
+        text = literal_alias(text, get_args(tp))
+        return next((c for c in get_args(tp) if str(c) == text), text)
     if origin is tuple:
         inner = get_args(tp)[0] if get_args(tp) else str
         parts = [p for p in text.replace(" ", "").split(",") if p]
-        return tuple(_parse_value(p, inner, flag) for p in parts)
+        return tuple(parse_value(p, inner, flag) for p in parts)
     if tp is bool:
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -168,14 +173,52 @@ def _parse_value(text: str, tp: Any, flag: str) -> Any:
     return text
 
 
-def parse_value(text: str, tp: Any, flag: str) -> Any:
-    """Convert a CLI/YAML string to the annotated type ``tp`` (``Optional``, ``Literal``, tuples,
-    bool, int, float, str); errors name ``flag``.
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_error(tp: Any, value: Any) -> str | None:
+    """What ``value`` should be for a field annotated ``tp``, or ``None`` when it is that (or the
+    annotation is one this check leaves to the config: numbers have their ranges, `check_range`)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return _type_error(rest[0], value) if len(rest) == 1 else None
+    if origin is Literal:
+        ok = any(value == c and type(value) is type(c) for c in args)
+        return None if ok else "one of " + ", ".join(str(c) for c in args)
+    if tp is bool:
+        return None if isinstance(value, bool) else "a boolean (true/false)"
+    if tp is str:
+        return None if isinstance(value, str) else "a string"
+    if origin is tuple and args == (str, ...):
+        ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+        return None if ok else "a tuple of strings"
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return None if isinstance(value, tp) else f"a {tp.__name__}"
+    return None
+
+
+def check_types(cfg: Any, *, flags: bool = False) -> None:
+    """Check every field of the config dataclass ``cfg`` against its annotation, once, wherever the
+    config came from (the command line, YAML, a sweep or Python): booleans, ``Literal`` choices,
+    strings, tuples of strings and nested configs (``Optional`` of each). Call it first in
+    ``__post_init__``; the range checks (`check_range`) follow. ``flags``: name a field by its
+    command-line flag (``--cuda-graphs``) instead of its name.
 
     Raises:
-        ConfigError: the text does not parse as ``tp``.
+        ConfigError: the first field whose value is not of its type, naming what is allowed.
     """
-    return _parse_value(text, tp, flag)
+    hints = _hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        allowed = _type_error(hints[f.name], value)
+        if allowed is not None:
+            name = (f.metadata.get("flag") or "--" + f.name.replace("_", "-")) if flags else f.name
+            raise ConfigError(name, value, allowed)
 
 
 def coerce_value(value: Any, tp: Any, flag: str) -> Any:
@@ -188,7 +231,7 @@ def coerce_value(value: Any, tp: Any, flag: str) -> Any:
         ConfigError: a string that does not parse as ``tp``.
     """
     if isinstance(value, str):
-        return _parse_value(value, tp, flag)
+        return parse_value(value, tp, flag)
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]

@@ -86,7 +86,8 @@ class RoundView(Protocol):
 
     def token_ids(self) -> Sequence[int]:
         """Batch row 0's committed tokens as Python ints (no device read for what commits already
-        brought to the host). Read-only."""
+        brought to the host), then the tokens `DraftView.force` drafted before the round's first
+        draft step (the context a drafter continues). Read-only."""
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
         """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
@@ -184,7 +185,18 @@ class DraftView(RoundView, Protocol):
 
     def copied_draft(self, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
         """A draft of ``tokens`` copied from the context (no forward), each with ``confidence``,
-        with the extras the other strategies asked for (a one-hot draft distribution)."""
+        with the extras the other strategies asked for (a one-hot draft distribution), after the
+        tokens `force` drafted."""
+
+    def force(
+        self, tokens: Sequence[int], *, after: Callable[[list[int]], Sequence[int]] | None = None
+    ) -> None:
+        """Draft ``tokens`` with no forward of their own, as known tokens (confidence 1, a one-hot
+        draft distribution), for a drafter that wraps another (``grammar_forced``): they come first
+        in the round's `Draft` (`drafted`, `copied_draft`), `token_ids` ends with them, and they
+        ride along after the input of the next `draft_step`. ``after``: called with the tokens fed
+        to each later `draft_step` (those the drafter drafted, as ints); the tokens it returns are
+        drafted after them the same way and ride along in that forward."""
 
     def forward_draft(
         self,

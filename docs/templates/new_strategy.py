@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework import Draft, LengthController, LengthHint, ModelInfo, RoundView, Verification, register_length
-from framework.config_fields import check_range, param
+from framework.config_fields import check_range, check_types, param
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,10 @@ class MyLengthConfig:
     max_length: int = param(12, help="upper bound on the draft length of one round; >= 1")
 
     def __post_init__(self) -> None:
-        # Validate every field; check_range raises ConfigError naming the field, the value and
-        # the allowed range. Never use assert for user input.
+        # Validate every field: check_types checks each against its annotation (booleans, Literal
+        # choices, strings), check_range the ranges; each raises ConfigError naming the field, the
+        # value and what is allowed. Never use assert for user input.
+        check_types(self)
         check_range("start", self.start, 1)
         check_range("max_length", self.max_length, 1)
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework.config_fields import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_choice, check_range, check_types, param
 from framework.engine.adapter import DRAFT_WEIGHT_FORMATS
 from framework.engine.draft_head import DraftHead, HeadNotLinear, LiveDraftHead
 from framework.interfaces import PrepareView
@@ -96,11 +96,9 @@ class DraftVocabConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("draft_vocab", self.draft_vocab, 0, None, integer=True)
-        check_choice("vocab_context", self.vocab_context, (True, False))
         check_choice("draft_weights", self.draft_weights, (*DRAFT_WEIGHT_FORMATS, "auto"))
-        check_choice("weights_check", self.weights_check, (True, False))
-        check_choice("compress_head", self.compress_head, (True, False))
         if 0 < self.draft_vocab < MIN_DRAFT_VOCAB:
             raise ConfigError(
                 "draft_vocab", self.draft_vocab, f"0 (the whole vocabulary) or >= {MIN_DRAFT_VOCAB}"

@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from framework.config_fields import check_choice, check_range, param
+from framework.config_fields import check_choice, check_range, check_types, param
 from framework.engine.cost_model import CostModel
 from framework.interfaces import LengthController, PrepareView
 from framework.types import Draft, LayerPlan, LengthHint, ModelInfo, Verification
@@ -113,14 +113,13 @@ class GateConfig:
     )
 
     def __post_init__(self) -> None:
-        check_choice("enabled", self.enabled, (True, False))
+        check_types(self)
         check_range("margin", self.margin, -0.5, 0.5)
         check_range("probe", self.probe, 1, 1024, integer=True)
         check_range("probe_max", self.probe_max, self.probe, 4096, integer=True)
         check_range("first_probe", self.first_probe, 0, 64, integer=True)
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
         check_range("optimism", self.optimism, 0.0, 3.0)
-        check_choice("cap", self.cap, (True, False))
 
 
 def speedups(

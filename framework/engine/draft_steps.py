@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 #: The decode state (`framework.engine.state.DecodeState`; not imported: it imports this).
 DecodeState = Any
+#: What forces tokens after each drafted token fed (`DraftSteps.force`): the fed tokens -> the forced.
+ForceAfter = Callable[[list[int]], Sequence[int]]
 
 
 class DraftConfidence(float):
@@ -103,6 +105,13 @@ class DraftSteps:
         self.top_tokens: list[torch.Tensor] = []
         self.top_probs: list[torch.Tensor] = []
         self.read_top1: list[float] = []  # what the stop rule read, step by step
+        #: forced tokens (`force`): those placed before the first step (host ints, the context a
+        #: drafter continues), those that ride along with the next forward (B, n), and the function
+        #: that forces tokens after each drafted token fed
+        self.context: list[int] = []
+        self.queue: torch.Tensor | None = None
+        self.after: ForceAfter | None = None
+        self.stepped = False
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -111,9 +120,45 @@ class DraftSteps:
         self, input_ids: torch.Tensor, plan: LayerPlan | None, reusable: bool
     ) -> tuple[torch.Tensor, DraftConfidence | None]:
         """One draft forward of ``input_ids`` through ``plan`` and its token (`add`), picked
-        inside the forward when it can be."""
+        inside the forward when it can be; forced tokens (`force`) ride along after the input."""
+        if self.after is not None and self.stepped:  # the drafter feeds what it drafted
+            run = self.after(input_ids[0].tolist())
+            if run:
+                self.queue = self.known(run, 1.0)
+        if self.queue is not None:
+            input_ids, self.queue = torch.cat([input_ids, self.queue], dim=1), None
+        self.stepped = True
         fwd = self._state.forward_draft(input_ids, plan, logits_at="last", reusable=reusable, pick=self.pick)
         return self.add(fwd.logits[:, -1], fwd.head, fwd.picked)
+
+    def force(self, tokens: Sequence[int], after: ForceAfter | None) -> None:
+        """Draft ``tokens`` without a forward (`known`, confidence 1): the context a drafter
+        continues (``token_ids``), fed after the input of the next draft forward. ``after``: called
+        with the tokens a drafter feeds to each later draft forward (host ints: the tokens it
+        drafted), returns tokens to force after them, which ride along in that forward."""
+        if tokens:
+            self.queue = self.known(tokens, 1.0)
+            self.context.extend(int(t) for t in tokens)
+        self.after = after
+
+    def known(self, tokens: Sequence[int], confidence: float) -> torch.Tensor:
+        """Append ``tokens`` (host ints) to the draft without a forward, each with ``confidence`` and
+        a one-hot draft distribution where the strategies asked for them (a copied token's extras:
+        `copied_draft`); returns them on the device, (B, k)."""
+        b, k = self.batch, len(tokens)
+        ids = self._state.tensor([list(tokens)] * b).reshape(b, k)
+        for i in range(k):
+            self.tokens.append(ids[:, i])
+            if self.want_extras:
+                self.confs.append(torch.full((b,), float(confidence), device=self.device))
+            if self.want_conf:
+                self.read_top1.append(float(confidence))
+            if self.want_probs:
+                vocab = self._state.info.vocab_size
+                self.probs.append(
+                    torch.zeros(b, vocab, device=self.device).scatter_(-1, ids[:, i : i + 1], 1.0)
+                )
+        return ids
 
     def add(
         self, logits: torch.Tensor, head: DraftHead | None = None, picked: Picked | None = None
@@ -197,13 +242,14 @@ class DraftSteps:
         tokens = stack(self.tokens)
         if tokens is None:
             tokens = torch.empty(self.batch, 0, dtype=torch.long, device=self.device)
+        chain = len(self.top_tokens) != len(self.tokens)  # tokens known without a forward: no top-k
         draft = Draft(
             tokens=tokens,
             plan=plan,
             confidences=stack(self.confs),
             probs=stack(self.probs),
-            top_tokens=stack(self.top_tokens),
-            top_probs=stack(self.top_probs),
+            top_tokens=None if chain else stack(self.top_tokens),
+            top_probs=None if chain else stack(self.top_probs),
         )
         if draft.confidences is not None and len(self.read_top1) == len(self.tokens):
             # row 0 as the stop rule read it, known for the round: no strategy reads it again
@@ -211,11 +257,18 @@ class DraftSteps:
         return draft
 
 
-def copied_draft(state: DecodeState, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
+def copied_draft(
+    state: DecodeState,
+    tokens: Sequence[int],
+    plan: LayerPlan,
+    confidence: float,
+    steps: DraftSteps | None = None,
+) -> Draft:
     """A draft of ``tokens`` copied from the context (no forward: ``Draft.source`` is ``"lookup"``),
     with the extras the strategies asked for: each token's confidence is ``confidence``, its draft
     distribution the one-hot q (for which speculative sampling is still exact). No top-k
-    candidates: the draft is a chain."""
+    candidates: the draft is a chain. After the tokens the round's ``steps`` forced before any
+    draft step (`DraftSteps.force`), which stay there for a draft step of the same round."""
     batch, k = state.pending.shape[0], len(tokens)
     ids = state.tensor([list(tokens)] * batch).reshape(batch, k)
     draft = Draft(tokens=ids, plan=plan, source="lookup")
@@ -226,4 +279,16 @@ def copied_draft(state: DecodeState, tokens: Sequence[int], plan: LayerPlan, con
         draft.probs = torch.zeros(batch, k, state.info.vocab_size, device=state.device).scatter_(
             -1, ids[..., None], 1.0
         )
-    return draft
+    if steps is None or steps.stepped or not len(steps):
+        return draft
+    lead = steps.build(plan)
+    if not k:
+        return lead
+    cat = lambda a, b: None if a is None or b is None else torch.cat([a, b.to(a.dtype)], dim=1)  # noqa: E731
+    return Draft(
+        torch.cat([lead.tokens, ids], dim=1),
+        plan,
+        cat(lead.confidences, draft.confidences),
+        cat(lead.probs, draft.probs),
+        source="lookup",
+    )

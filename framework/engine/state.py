@@ -19,7 +19,7 @@ import torch
 
 from framework.engine.adapter import ModelAdapter
 from framework.engine.draft_head import DraftHead, LiveDraftHead
-from framework.engine.draft_steps import DraftConfidence, DraftSteps, copied_draft
+from framework.engine.draft_steps import DraftConfidence, DraftSteps, ForceAfter, copied_draft
 from framework.engine.execution.reuse import EarlyExitReuse
 from framework.engine.execution.spec import RuleCall
 from framework.engine.execution.work import DeviceWork, RandomStream
@@ -77,14 +77,10 @@ class DecodeState:
         self.prompt_len = int(prompt_ids.shape[1])
         self.committed_tokens = CommittedTokens(prompt_ids, capacity, self.device)
         self.cache: KVCache = adapter.new_cache(max(capacity, self.prompt_len + 1), batch=prompt_ids.shape[0])
-        self.capture_hidden, self.need_confidence, self.need_draft_probs = (
-            capture_hidden,
-            need_confidence,
-            need_draft_probs,
-        )
-        #: set by the decoder from the strategies (`for_strategies`): the verifier's draft sampler
-        #: (``None``: argmax) and top-k candidates, the drafter's reduced head and compressed weights
-        #: (``None``: the full head, the model's own weights; verification always runs those)
+        self.capture_hidden, self.need_confidence = capture_hidden, need_confidence
+        self.need_draft_probs = need_draft_probs
+        #: set from the strategies (`for_strategies`): the verifier's draft sampler (``None``: argmax)
+        #: and top-k, the drafter's head and weights (``None``: the model's own, as verifications run)
         self.draft_sampler: Callable[..., Any] | None = None
         self.draft_top_k = 0
         self.draft_head: DraftHead | None = None
@@ -191,12 +187,11 @@ class DecodeState:
 
     def prefix_plan(self, exit_layer: int) -> LayerPlan:
         """The plan that runs blocks ``0..exit_layer-1`` unchanged, then the LM head."""
-        plan = self._prefix_plans.get(exit_layer)
-        if plan is None:
-            plan = self._prefix_plans[exit_layer] = LayerPlan.from_indices(
+        if exit_layer not in self._prefix_plans:
+            self._prefix_plans[exit_layer] = LayerPlan.from_indices(
                 self.info.num_layers, exit_layer=exit_layer
             )
-        return plan
+        return self._prefix_plans[exit_layer]
 
     def top1_from_hidden(
         self, hidden: torch.Tensor, *, draft_head: bool = False
@@ -317,10 +312,8 @@ class DecodeState:
     def tensor(self, values: Sequence[Any], dtype: torch.dtype = torch.long) -> torch.Tensor:
         """Host ``values`` on the device without waiting; the engine keeps them for the round."""
         out = upload(values, self.device, dtype)
-        flat = (
-            [x for row in values for x in row] if values and isinstance(values[0], (list, tuple)) else values
-        )
-        self._reads.known.remember(out, list(flat))
+        nested = values and isinstance(values[0], (list, tuple))
+        self._reads.known.remember(out, [x for row in values for x in row] if nested else list(values))
         return out
 
     def constant(
@@ -334,9 +327,16 @@ class DecodeState:
         self, input_ids: torch.Tensor, plan: LayerPlan | None, *, reusable: bool = False
     ) -> tuple[torch.Tensor, DraftConfidence | None]:
         """A draft forward and the token the engine chooses from its last row (`DraftSteps.step`)."""
+        return self._draft_steps().step(input_ids, plan, reusable)
+
+    def force(self, tokens: Sequence[int], *, after: ForceAfter | None = None) -> None:
+        """Draft ``tokens`` with no forward; ``after`` each fed token, what it returns (`DraftSteps.force`)."""
+        self._draft_steps().force(tokens, after)
+
+    def _draft_steps(self) -> DraftSteps:
         if self._steps is None:
             self._steps = DraftSteps(self)
-        return self._steps.step(input_ids, plan, reusable)
+        return self._steps
 
     def drop_draft_step(self, confidence: float | None = None) -> None:
         """Forget the last draft token (`DraftSteps.drop_last`)."""
@@ -349,8 +349,9 @@ class DecodeState:
         return (steps or DraftSteps(self)).build(plan)
 
     def copied_draft(self, tokens: Sequence[int], plan: LayerPlan, confidence: float) -> Draft:
-        """A draft of ``tokens`` copied from the context (`framework.engine.draft_steps.copied_draft`)."""
-        return copied_draft(self, tokens, plan, confidence)
+        """A draft of ``tokens`` copied from the context, after what `force` drafted
+        (`framework.engine.draft_steps.copied_draft`)."""
+        return copied_draft(self, tokens, plan, confidence, self._steps)
 
     # ------------------------------------------------------------------ commits
     def append(self, tokens: torch.Tensor, host: Sequence[int] | None = None) -> None:
@@ -364,8 +365,10 @@ class DecodeState:
 
     def token_ids(self) -> list[int]:
         """Row 0's tokens (prompt, generated, ``pending``) as Python ints, without a device read for
-        what commits brought to the host (`CommittedTokens.ids`). Do not modify the list."""
-        return self.committed_tokens.ids()
+        what commits brought to the host (`CommittedTokens.ids`), then what `force` drafted before
+        the round's first draft step. Do not modify the list."""
+        ids = self.committed_tokens.ids()
+        return ids if self._steps is None or not self._steps.context else [*ids, *self._steps.context]
 
     def commit(self, result: Verification) -> torch.Tensor:
         """Commit a verification: its tokens appended, the KV cut to exactly the verified prefix
@@ -377,17 +380,12 @@ class DecodeState:
         self.cache.commit(new.shape[1], keep=keep, keep_host=None if keep is None else known.of(keep))
         if self.capture_hidden and result.hidden_states is None:
             result.hidden_states = self.last_hidden_states
-        host = None
-        if new.shape[0] == 1:
-            host = known.of(new[0])
-            if host is None:
-                host = new[0].tolist()
+        host = (known.of(new[0]) or new[0].tolist()) if new.shape[0] == 1 else None
         self.last_committed = host or []
         if isinstance(self.draft_head, LiveDraftHead):
             self.draft_head.observe(new, host)  # coverage; a context head adds the new tokens
         self.append(new, host=host)
-        self.draft_len, self._steps = 0, None
-        self._reuse.drop()
+        self.discard_draft()  # the round's draft is done (the cache's commit dropped its KV already)
         self._reads.commit(self, result.path_hidden if self.capture_hidden else None)
         self.round += 1
         return new

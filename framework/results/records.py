@@ -210,9 +210,9 @@ _NEUTRAL_SINCE: dict[str, Any] = {
 }
 
 
-def config_differences(old: dict[str, Any], cfg: RunConfig) -> list[str]:
+def config_differences(old: dict[str, Any], cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
     """The fields (outside `RESUMABLE_FIELDS`) in which the metadata config ``old`` of a results
-    file differs from ``cfg``. A file from before the draft gate existed had it off; one from before
+    file differs from ``cfg``, each with its value there and here. A file from before the draft gate existed had it off; one from before
     ``exact`` was a boolean wrote it as auto/on/off (unset, true, false); one from before the
     generation section's processors, grammars and synthetic acceptance (issue 47) or the recorded
     ``--import`` modules (issue 48) had them at their neutral values."""
@@ -223,7 +223,8 @@ def config_differences(old: dict[str, Any], cfg: RunConfig) -> list[str]:
     if isinstance(old.get("exact"), str):
         old["exact"] = {"auto": None, "on": True, "off": False}.get(old["exact"], old["exact"])
     new = json.loads(json.dumps(cfg.describe(), default=str))
-    return sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+    keys = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+    return {k: (old.get(k), new.get(k)) for k in keys}
 
 
 def resume_state(
@@ -258,8 +259,7 @@ def resume_state(
     old = json.loads(meta_path.read_text()).get("config", {})
     diff = config_differences(old, cfg)
     if diff:
-        new = json.loads(json.dumps(cfg.describe(), default=str))
-        detail = "; ".join(f"{k}: file {old.get(k)!r}, now {new.get(k)!r}" for k in diff)
+        detail = "; ".join(f"{k}: file {was!r}, now {now!r}" for k, (was, now) in diff.items())
         raise ConfigError(
             "--resume",
             str(out_path),

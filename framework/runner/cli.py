@@ -1,17 +1,10 @@
 """Command lines over the one pipeline (`framework.runner.pipeline.run`): ``run.py`` (one method
 against vanilla; also the ``selfspec`` script) and ``bench.py`` (several methods and the
-benchmark's report).
-
-The flags are generated from the fields of `RunConfig` (``framework.session.flags``): every
-field is a flag (``max_new_tokens`` -> ``--max-new-tokens``), each strategy kind is ``--<kind>
-NAME`` plus ``--<kind>.<f> VALUE`` for every field ``f`` of a registered strategy's config
-(``--selector.skip_ratio 0.3``), and the draft gate is ``--gate.<f>``. ``run.py`` has the method
-section's flags; ``bench.py`` names its methods (``--methods``, ``--raw``, ``--preset-args
-METHOD=FLAGS``) instead. Both build their config with ``RunConfig.from_preset(--method, **flags
-given)`` (or, with ``--config FILE``, ``RunConfig.load(FILE).replace(**flags given)``), so they
-follow exactly the rules of the Python API. Out-of-tree strategies are loaded with ``--import
-my_pkg.module``. Bad input exits with status 2 and a message naming the flag, the value and what
-is allowed; Ctrl-C exits with 130.
+benchmark's report). Their flags are `RunConfig`'s fields (``framework.session.flags`` says how a
+field becomes flags); ``bench.py`` names its methods (``--methods``, ``--raw``, ``--preset-args
+METHOD=FLAGS``) instead of the method section's flags. Both build their config as the Python API
+does (`config_from_args`). Bad input exits with status 2 and a message naming the flag, the value
+and what is allowed; Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
@@ -238,7 +231,7 @@ def config_from_args(
         if pairs:
             overrides["compare.preset_args"] = tuple(pairs)
     if args.config:
-        return RunConfig.load(args.config).replace(**overrides)
+        return RunConfig.load(args.config, **overrides)
     if bench and "compare.methods" not in overrides:
         overrides["compare.methods"] = DEFAULT_METHODS
     return RunConfig.from_preset(getattr(args, "method", None), **overrides)
@@ -270,12 +263,12 @@ def main(
             print(list_strategies())
             return 0
         command = f"python experiments/{tool} {shlex.join(argv)}".strip()
-        cfg = config_from_args(args, command if bench else None)
+        cfg = config_from_args(args, command, bench=bench)
         if args.print_config is not None:
             print_config(cfg, args.print_config)
             return 0
         outputs.append(resolve_output(cfg))
-        run(cfg, output=outputs[-1], model=model, tokenizer=tokenizer, command=command)
+        run(cfg, output=outputs[-1], model=model, tokenizer=tokenizer)
         return 0
 
     def kept() -> str | None:

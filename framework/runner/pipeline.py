@@ -161,7 +161,6 @@ def run(
     *,
     output: Path | None = None,
     custom: dict[str, Any] | None = None,
-    command: str | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg``'s methods on its prompts; returns (on rank 0; ``{}`` elsewhere) ``{"output"
     (the results JSONL), "out" (the run's folder), "records", "report", "table" (the report's
@@ -176,7 +175,6 @@ def run(
         output: where the results go (default `resolve_output`).
         custom: extra methods ``{label: decoder}`` (a decoder has ``generate(prompt_ids, stop) ->
             GenerationResult``), e.g. a modified decoder under test; one process only.
-        command: the command line, for the report (default ``cfg.compare.command``).
 
     Ctrl-C stops after the current prompt's records are written, writes the answer files of the
     records so far and raises KeyboardInterrupt.
@@ -185,7 +183,7 @@ def run(
         ConfigError, DataError, ModelLoadError, UnknownNameError: bad input, before anything is
             written.
     """
-    r = _Run(cfg, log, output, custom, command)
+    r = _Run(cfg, log, output, custom)
     methods = None
     if r.world == 1:  # validated and prepared before any logger or file exists
         methods = Methods.load(
@@ -231,7 +229,6 @@ class _Run:
         log: Callable[[str], None],
         output: Path | None,
         custom: dict[str, Any] | None,
-        command: str | None = None,
     ) -> None:
         seed_everything(cfg.generation.seed)
         if cfg.runner.threads:
@@ -239,8 +236,6 @@ class _Run:
         elif _on_cpu(cfg):
             _yield_busy_cores(log)
         self.cfg, self.log, d = cfg, log, cfg.data
-        #: the configuration the report describes: the command line that ran it, when given
-        self.reported = cfg.replace(command=command) if command and not cfg.compare.command else cfg
         self.prompts = load_prompts(d.path, d.categories or None, d.limit, d.offset)
         self.specs = methods_of(cfg) + [MethodSpec(label, "custom") for label in custom or {}]
         presets = [
@@ -381,7 +376,7 @@ class _Run:
         hf = {s.label: ms.decoders[s.label].describe() for s in specs if s.kind == "hf"}
         undone = len(self.prompts) * cfg.compare.repeats - len(self.items)
         report = render_report(
-            self.reported, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
+            self.cfg, summary, self.meta["environment"], len(self.prompts), module.elapsed, plots, hf, cost,
             heads, method_costs, graphs=module.graphs, load=load, warnings=said,
             run_notes={k: [*self.meta["notes"].get(k, []), *([full[k]] if k in full else [])]
                        for k in {*self.meta["notes"], *full}},

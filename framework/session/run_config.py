@@ -173,9 +173,10 @@ class RunConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, Any], /, **overrides: Any) -> RunConfig:
         """The config `to_dict` wrote (keys left out keep their defaults); a flat dict of override
-        keys (a config saved before the sections) is read too.
+        keys (a config saved before the sections) is read too. ``overrides`` (as `from_preset`'s)
+        apply on top, validated once with the rest.
 
         Raises:
             ConfigError: not a mapping, an unknown key, or an invalid value (named as its flag).
@@ -191,7 +192,10 @@ class RunConfig:
                     keys.update({f"{sub}.{k}": x for k, x in v.items()} if nested else {f"{key}.{sub}": v})
             else:
                 keys[key] = value
-        return cls.from_preset(None, **keys)
+        draft = ov.preset_draft(None)
+        ov.apply(draft, keys)
+        ov.apply(draft, overrides)  # the command line's, after the file's
+        return cls(**ov.build(draft))
 
     def save(self, path: str | Path) -> Path:
         """Write `to_dict` as YAML (JSON when ``path`` ends in ``.json``); returns the path."""
@@ -205,8 +209,8 @@ class RunConfig:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> RunConfig:
-        """A config written by `save` (YAML or JSON).
+    def load(cls, path: str | Path, /, **overrides: Any) -> RunConfig:
+        """A config written by `save` (YAML or JSON), with ``overrides`` as `from_dict`'s.
 
         Raises:
             ConfigError: a missing or unreadable file, or invalid contents (named as their flags).
@@ -218,7 +222,7 @@ class RunConfig:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as err:
             raise ConfigError("--config", str(path), f"valid YAML or JSON ({yaml_problem(err)})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(data, **overrides)
 
     # ---- reading ----------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from framework.config_fields import ConfigError, check_range, literal_alias, param
+from framework.config_fields import ConfigError, check_range, check_types, literal_alias, param
 from framework.drafting.gate import GateConfig
 from framework.engine.grammar import Grammar
 from framework.engine.placement import BlockPlacement
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 
 #: Values of ``--logger``.
 LOGGERS = ("wandb", "csv", "none")
-#: Values of ``--phase-timing`` (``auto``: on for a CPU, off for CUDA).
-PHASE_TIMING = ("auto", "on", "off")
 #: Values of ``--dtype`` (``framework.models.loading.DTYPES`` maps them to torch dtypes).
 #: ``auto`` is resolved where the device is (`framework.models.loading.resolve_dtype`): bfloat16 on
 #: CUDA, float32 on CPU.
@@ -112,15 +110,7 @@ def strategy_field(
     )
 
 
-def _check_bools(pairs: tuple[tuple[str, Any], ...]) -> None:
-    for flag, value in pairs:
-        if not isinstance(value, bool):
-            raise ConfigError(flag, value, "a boolean (true/false)")
-
-
-def _check_strings(flag: str, value: Any) -> None:
-    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(flag, value, "a tuple of strings")
+def _check_nonempty(flag: str, value: tuple[str, ...]) -> None:
     for v in value:
         if not v:  # an empty stop string would end every turn at once; an empty word bans nothing
             raise ConfigError(flag, v, "a non-empty string")
@@ -189,14 +179,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", literal_alias(self.dtype, DTYPE_NAMES))  # bf16: bfloat16
-        if self.dtype not in DTYPE_NAMES:
-            raise ConfigError("--dtype", self.dtype, f"one of {', '.join(DTYPE_NAMES)}")
-        if self.phase_timing not in PHASE_TIMING:
-            raise ConfigError("--phase-timing", self.phase_timing, f"one of {', '.join(PHASE_TIMING)}")
-        if self.cuda_graph_route not in ("forward", "branch"):
-            raise ConfigError("--cuda-graph-route", self.cuda_graph_route, "forward or branch")
-        if self.exact is not None:
-            _check_bools((("--exact", self.exact),))
+        check_types(self, flags=True)
         if self.exact and self.kernels is False:
             raise ConfigError(
                 "--exact", True, "unset or off with --no-kernels (a CPU's exact mode is the kernels)"
@@ -205,9 +188,6 @@ class ModelConfig:
             raise ConfigError(
                 "--exact", True, "unset or off with --device-map (exact mode serves one device)"
             )
-        _check_bools((("--kernels", self.kernels), ("--cuda-graphs", self.cuda_graphs)))
-        if not isinstance(self.device_map, str):
-            raise ConfigError("--device-map", self.device_map, "auto or DEVICE[=BLOCKS],...")
         if self.device_map and self.device_map != "auto":
             try:  # the syntax now; the block counts once the model's depth is known
                 BlockPlacement.parse(self.device_map, 1 << 20)
@@ -273,14 +253,8 @@ class MethodConfig:
     )
 
     def __post_init__(self) -> None:
-        for kind in REGISTRIES:
-            spec = getattr(self, kind)
-            if not isinstance(spec, StrategySpec):
-                raise ConfigError(f"--{kind}", spec, "a StrategySpec")
-        if not isinstance(self.gate, GateConfig):
-            raise ConfigError("--gate", self.gate, "a GateConfig")
-        _check_bools((("--baseline-only", self.baseline_only),))
-        _check_strings("--import", self.imports)
+        check_types(self, flags=True)
+        _check_nonempty("--import", self.imports)
         if self.name == "vanilla" and not self.baseline_only:
             raise ConfigError("--name", self.name, "a name other than 'vanilla' (the baseline's name)")
         if self.synthetic_acceptance is not None:
@@ -342,10 +316,11 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self, flags=True)
         if self.limit is not None:
             check_range("--limit", self.limit, 1, integer=True)
         check_range("--offset", self.offset, 0, integer=True)
-        _check_strings("--categories", self.categories)
+        _check_nonempty("--categories", self.categories)
 
 
 @dataclass(frozen=True)
@@ -402,13 +377,14 @@ class GenerationConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self, flags=True)
         check_range("--max-new-tokens", self.max_new_tokens, 1, integer=True)
         check_range("--seed", self.seed, integer=True)
-        _check_strings("--stop", self.stop_strings)
+        _check_nonempty("--stop", self.stop_strings)
         check_range("--repetition-penalty", self.repetition_penalty, 0.0, lo_open=True)
         check_range("--no-repeat-ngram-size", self.no_repeat_ngram_size, 0, integer=True)
         check_range("--min-new-tokens", self.min_new_tokens, 0, integer=True)
-        _check_strings("--bad-word", self.bad_words)
+        _check_nonempty("--bad-word", self.bad_words)
         for flag in ("suppress_tokens", "begin_suppress_tokens", "eos_token_ids"):
             for t in getattr(self, flag):
                 check_range("--" + flag.replace("_", "-"), t, 0, integer=True)
@@ -468,17 +444,13 @@ class RunnerConfig:
     num_nodes: int = param(1, help="nodes of a multi-node run (Lightning's DDP environment)")
 
     def __post_init__(self) -> None:
-        if self.logger not in LOGGERS:
-            raise ConfigError("--logger", self.logger, f"one of {', '.join(LOGGERS)}")
+        check_types(self, flags=True)
         check_range("--warmup", self.warmup, 0, integer=True)
         if self.threads is not None:
             check_range("--threads", self.threads, 1, integer=True)
         check_range("--devices", self.devices, 1, integer=True)
         check_range("--num-nodes", self.num_nodes, 1, integer=True)
-        _check_bools((("--plots", self.plots), ("--resume", self.resume)))
-        if not isinstance(self.specbench_answers, str) or (
-            self.specbench_answers and not self.specbench_answers.strip()
-        ):
+        if self.specbench_answers and not self.specbench_answers.strip():
             raise ConfigError("--specbench-answers", self.specbench_answers, "a directory path, or '' (off)")
 
 
@@ -554,6 +526,7 @@ class CompareConfig:
     command: str = param("", help="the command line, for the report")
 
     def __post_init__(self) -> None:
+        check_types(self, flags=True)
         check_range("--repeats", self.repeats, 1, integer=True)
         if self.synthetic is not None:
             check_range("--synthetic-acceptance", self.synthetic, 0.0, 1.0)
@@ -564,9 +537,6 @@ class CompareConfig:
         ):
             if val is not None:
                 check_range(flag, val, 1, integer=True)
-        for flag, val in (("--raw", self.raw), ("--hf-kernels", self.hf_kernels)):
-            if not isinstance(val, bool):
-                raise ConfigError(flag, val, "a boolean (true/false)")
         if not self.methods and (self.raw or self.preset_args):
             raise ConfigError("--raw" if self.raw else "--preset-args", True, "used with --methods")
 

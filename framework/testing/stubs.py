@@ -162,35 +162,27 @@ class AlwaysAcceptDrafter(Drafter):
     """
 
     Config = NoConfig
-
-    def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
-        full = LayerPlan.full(state.info.num_layers)
-        x, toks = state.pending, []
-        for _ in range(max_tokens):
-            tok = state.forward_draft(x, full).logits[:, -1].argmax(-1)
-            toks.append(tok)
-            x = tok[:, None]
-        return Draft(torch.stack(toks, dim=1), full)
-
-
-class NeverAcceptDrafter(Drafter):
-    """Stub drafter (unregistered) whose first token is never the target's greedy choice.
-
-    It runs the full model and proposes the runner-up token, so a greedy verifier accepts nothing
-    (litgpt's "never accepts" stub).
-    """
-
-    Config = NoConfig
+    rank = 0  # the token drafted: the full model's most likely (0) or its runner-up (1)
 
     def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         full = LayerPlan.full(state.info.num_layers)
         x, toks = state.pending, []
         for _ in range(max_tokens):
             logits = state.forward_draft(x, full).logits[:, -1]
-            tok = logits.topk(2, dim=-1).indices[:, 1]  # the runner-up: never the argmax
+            tok = logits.argmax(-1) if not self.rank else logits.topk(2, dim=-1).indices[:, 1]
             toks.append(tok)
             x = tok[:, None]
         return Draft(torch.stack(toks, dim=1), full)
+
+
+class NeverAcceptDrafter(AlwaysAcceptDrafter):
+    """Stub drafter (unregistered) whose first token is never the target's greedy choice.
+
+    It runs the full model and proposes the runner-up token, so a greedy verifier accepts nothing
+    (litgpt's "never accepts" stub).
+    """
+
+    rank = 1  # the runner-up: never the argmax
 
 
 class RejectAllVerifier(Verifier):

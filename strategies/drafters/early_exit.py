@@ -18,7 +18,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config_fields import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_range, param
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
 
@@ -58,9 +58,6 @@ class EarlyExitDrafterConfig(DraftVocabConfig):
         if self.exit_layer is not None:
             check_range("exit_layer", self.exit_layer, 1, None, integer=True)
         check_range("exit_ratio", self.exit_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
-        check_choice("reuse_kv", self.reuse_kv, (True, False))
-        check_choice("checkpoint_exit", self.checkpoint_exit, (True, False))
-        check_choice("on_stop", self.on_stop, ("keep", "drop"))
 
 
 @dataclass(frozen=True)

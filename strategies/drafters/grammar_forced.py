@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import yaml
 
 from framework import (
@@ -21,7 +20,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config_fields import ConfigError, build_config, check_range, param
+from framework.config_fields import ConfigError, build_config, check_range, check_types, param
 from framework.registry import UnknownNameError
 from framework.types import DraftWeights, ReducedHead
 
@@ -52,6 +51,7 @@ class GrammarForcedDrafterConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("max_forced", self.max_forced, 1, integer=True)
         if self.then == "grammar_forced":
             raise ConfigError("then", self.then, "another drafter (grammar_forced does not nest)")
@@ -82,74 +82,29 @@ class GrammarForcedDrafterConfig:
         return build_config(cls, dict(self.then_config or {}), "then_config.")
 
 
-def _ids(state: RoundView, tokens: list[int]) -> torch.Tensor:
-    """LongTensor (B, len(tokens)): ``tokens`` on the state's device for every batch row (no wait)."""
-    b = state.pending.shape[0]
-    return state.tensor([tokens] * b).reshape(b, len(tokens))
-
-
 class _Forcing:
-    """The round as the ``then`` drafter sees it.
-
-    The leading forced run is drafted already: `pending` is its last token, and the first draft
-    forward feeds the run too (one forward for the run and the first step, as a prefill of the
-    run). Each later draft forward feeds the token the ``then`` drafter just drafted; when the
-    grammar forces tokens after it, they are fed in the same forward (no step of their own) and
-    recorded in `inserted`, so that the next token drafted follows them. `length` stops the
-    ``then`` drafter once the round holds ``cap`` tokens, forced ones included."""
+    """What the grammar forces in one round: the leading run, and after each token the ``then``
+    drafter feeds to its next draft forward the run that rides along (`DraftView.force`'s
+    ``after``). Keeps the round's draft on the host (``seq``) and where its forced tokens stand."""
 
     def __init__(
-        self, state: DraftView, lead: list[int], generated: list[int], grammar: Any, cap: int, max_forced: int
+        self, grammar: Any, generated: list[int], lead: list[int], cap: int, max_forced: int
     ) -> None:
-        self._state, self._grammar = state, grammar
-        self._generated = generated  # committed new tokens (host)
-        self.lead = lead
-        self.seq: list[int] = list(lead)  # the round's draft so far (host): forced and drafted
-        self.inserted: list[tuple[int, list[int]]] = []  # (drafted tokens before it, the forced run)
-        self._drafted = 0  # tokens of the ``then`` drafter fed so far
+        self._grammar, self._generated = grammar, generated  # committed new tokens (host)
+        self.seq: list[int] = list(lead)  # the round's draft so far: forced and drafted
+        self.forced_at: list[int] = list(range(len(lead)))
+        self.inserted = 0  # forced runs inside the draft
         self._cap, self._max_forced = cap, max_forced
-        self._started = False
-        self._lead_ids = _ids(state, lead) if lead else None
-        f = len(lead)
-        self.num_tokens = state.num_tokens + f
-        self.num_new = state.num_new + f
-        self.pending_position = state.pending_position + f
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._state, name)
-
-    @property
-    def pending(self) -> torch.Tensor:
-        return self._state.pending if self._lead_ids is None else self._lead_ids[:, -1:]
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        t = self._state.tokens
-        return t if self._lead_ids is None else torch.cat([t, self._lead_ids], dim=1)
-
-    @property
-    def new_tokens(self) -> torch.Tensor:
-        t = self._state.new_tokens
-        return t if self._lead_ids is None else torch.cat([t, self._lead_ids], dim=1)
-
-    def token_ids(self) -> list[int]:
-        return [*self._state.token_ids(), *self.lead]
-
-    def draft_step(self, input_ids: torch.Tensor, plan: LayerPlan | None, **kw: Any) -> Any:
-        if not self._started:  # the first input is `pending`: the lead's inputs go first
-            self._started = True
-            if self._lead_ids is not None:
-                input_ids = torch.cat([self._state.pending, self._lead_ids[:, :-1], input_ids], dim=1)
-        else:  # tokens the ``then`` drafter drafted: a forced run after them rides along
-            self.seq.extend(int(t) for t in input_ids[0].tolist())
-            self._drafted += int(input_ids.shape[1])
-            room = min(self._max_forced, self._cap - len(self.seq) - 1)  # one drafted token must follow
-            run = self._grammar.forced([*self._generated, *self.seq], room) if room > 0 else []
-            if run:
-                self.inserted.append((self._drafted, run))
-                self.seq.extend(run)
-                input_ids = torch.cat([input_ids, _ids(self._state, run)], dim=1)
-        return self._state.draft_step(input_ids, plan, **kw)
+    def after(self, fed: list[int]) -> list[int]:
+        self.seq.extend(fed)
+        room = min(self._max_forced, self._cap - len(self.seq) - 1)  # one drafted token must follow
+        run = self._grammar.forced([*self._generated, *self.seq], room) if room > 0 else []
+        if run:
+            self.inserted += 1
+            self.forced_at.extend(range(len(self.seq), len(self.seq) + len(run)))
+            self.seq.extend(run)
+        return run
 
     def full(self) -> bool:
         """The round holds ``cap`` tokens, with the one the ``then`` drafter just drafted."""
@@ -159,14 +114,14 @@ class _Forcing:
 class _Capped:
     """A length controller that also stops the ``then`` drafter once the round is full."""
 
-    def __init__(self, length: LengthController, view: _Forcing) -> None:
-        self._length, self._view = length, view
+    def __init__(self, length: LengthController, forcing: _Forcing) -> None:
+        self._length, self._forcing = length, forcing
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._length, name)
 
     def should_continue(self, drafted: int, confidence: float | None) -> bool:
-        return not self._view.full() and self._length.should_continue(drafted, confidence)
+        return not self._forcing.full() and self._length.should_continue(drafted, confidence)
 
 
 @register_drafter("grammar_forced", config=GrammarForcedDrafterConfig)
@@ -179,11 +134,12 @@ class GrammarForcedDrafter(Drafter):
     round this drafter asks the generation's matcher for that forced run after the committed
     tokens, at most ``max_forced`` tokens and at most the round's cap, and drafts it with no
     forward pass (confidence 1, a one-hot draft distribution under speculative sampling, as a
-    copied token's). Then the drafter named by ``then`` drafts the rest of the round's cap from
-    the last forced token: its first draft forward feeds the run's tokens too, so a layer-skip
-    draft costs the same number of forwards with or without the run. Inside that draft, after
-    each token it feeds, a run the grammar forces rides along in the same draft forward and is
-    spliced into the draft after that token (`_Forcing`); the round stops at its cap, forced
+    copied token's) through the engine (`framework.view.DraftView.force`). Then the drafter named
+    by ``then`` drafts the rest of the round's cap after the run, unchanged: the run is the end
+    of the context it continues, and the engine feeds the run with its first draft forward, so a
+    layer-skip draft costs the same number of forwards with or without the run. Inside that draft,
+    after each token it feeds, a run the grammar forces rides along in the same draft forward
+    and follows that token in the draft (`_Forcing.after`); the round stops at its cap, forced
     tokens included (`_Capped`). ``then: none`` drafts the leading forced runs only.
 
     Lossless: the target still verifies every token, and the verification's rows are masked by the
@@ -243,23 +199,27 @@ class GrammarForcedDrafter(Drafter):
     def draft(self, state: DraftView, plan: LayerPlan, length: LengthController, max_tokens: int) -> Draft:
         self._counts["rounds"] += 1
         self._forced_at = []
-        grammar = getattr(state, "grammar", None)
+        grammar = state.grammar
         if grammar is None:  # no grammar: the ``then`` drafter alone
             if self.then is None:
                 return Draft.empty(state.pending.shape[0], plan, state.device)
             return self.then.draft(state, plan, length, max_tokens)
         generated = list(state.token_ids())[state.prompt_len :]
         lead = grammar.forced(generated, min(max_tokens, self.config.max_forced))
-        rest, inserted = None, []
+        forcing = _Forcing(grammar, generated, lead, max_tokens, self.config.max_forced)
+        state.force(lead, after=forcing.after)  # the engine feeds them with the next draft forward
+        draft = None
         if self.then is not None and max_tokens > len(lead):
-            view = _Forcing(state, lead, generated, grammar, max_tokens, self.config.max_forced)
-            rest = self.then.draft(view, plan, _Capped(length, view), max_tokens - len(lead))  # type: ignore[arg-type]
-            inserted = view.inserted
-        draft, self._forced_at = _join(state, lead, rest, inserted, plan)
-        forced = len(self._forced_at)
+            draft = self.then.draft(state, plan, _Capped(length, forcing), max_tokens - len(lead))
+        if draft is None or not draft.length:  # nothing drafted after the lead: the lead alone
+            draft = state.drafted(plan)
+        forced = len(forcing.forced_at)
+        if forced:
+            draft.source = "forced" if forced == draft.length else f"forced+{draft.source or 'then'}"
+        self._forced_at = forcing.forced_at
         self._counts["forced"] += forced
         self._counts["forced_rounds"] += bool(forced)
-        self._counts["inserted_runs"] += len(inserted)
+        self._counts["inserted_runs"] += forcing.inserted
         return draft
 
     def observe(self, state: RoundView, draft: Draft, result: Verification) -> None:
@@ -279,59 +239,3 @@ class GrammarForcedDrafter(Drafter):
             if inner:
                 out[self.config.then] = inner
         return out
-
-
-def _join(
-    state: DraftView,
-    lead: list[int],
-    rest: Draft | None,
-    inserted: list[tuple[int, list[int]]],
-    plan: LayerPlan,
-) -> tuple[Draft, list[int]]:
-    """The round's draft: the forced ``lead``, then ``rest``'s tokens with each forced run of
-    ``inserted`` after the drafted tokens it followed; forced tokens with confidence 1 and a
-    one-hot draft distribution where the round keeps them. Returns the draft and the positions
-    of its forced tokens."""
-    batch, dev = state.pending.shape[0], state.device
-    drafted = 0 if rest is None else rest.length
-    if drafted:
-        plan = rest.plan  # type: ignore[union-attr]
-    pieces: list[tuple[bool, Any]] = []  # (forced, host tokens) or (drafted, (start, end))
-    if lead:
-        pieces.append((True, lead))
-    at = 0
-    for after, run in inserted:
-        if after > drafted:
-            break
-        if after > at:
-            pieces.append((False, (at, after)))
-        pieces.append((True, run))
-        at = after
-    if drafted > at:
-        pieces.append((False, (at, drafted)))
-    if not any(forced for forced, _ in pieces):  # nothing forced: the drafter's own draft
-        return (rest if rest is not None else Draft.empty(batch, plan, dev)), []
-    parts: list[Draft] = []
-    forced_at, n = [], 0
-    for forced, part in pieces:
-        if forced:  # a copied draft's extras: confidence 1, a one-hot q
-            parts.append(state.copied_draft(part, plan, 1.0))
-            forced_at.extend(range(n, n + len(part)))
-            n += len(part)
-        else:
-            a, b = part
-            parts.append(_slice(rest, a, b))  # type: ignore[arg-type]
-            n += b - a
-    sources = "forced" if not drafted else f"forced+{rest.source or 'then'}"  # type: ignore[union-attr]
-    out = Draft(tokens=torch.cat([d.tokens for d in parts], dim=1), plan=plan, source=sources)
-    for name in ("confidences", "probs"):
-        got = [getattr(d, name) for d in parts]
-        if all(g is not None for g in got):
-            setattr(out, name, torch.cat([g.float() for g in got], dim=1))
-    return out, forced_at
-
-
-def _slice(draft: Draft, a: int, b: int) -> Draft:
-    """Draft tokens ``a .. b-1`` of ``draft``, with their confidences and distributions."""
-    cut = lambda t: None if t is None else t[:, a:b]  # noqa: E731
-    return Draft(draft.tokens[:, a:b], draft.plan, cut(draft.confidences), cut(draft.probs))

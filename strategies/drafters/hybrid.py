@@ -17,7 +17,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config_fields import check_choice, check_range, param
+from framework.config_fields import check_range, param
 from framework.drafting.draft_vocab import DraftVocabConfig
 from framework.drafting.gate import DraftGate, GateConfig
 from framework.types import DraftWeights, ReducedHead
@@ -57,7 +57,6 @@ class HybridDrafterConfig(DraftVocabConfig):
         check_range("max_ngram", self.max_ngram, 1, MAX_NGRAM, integer=True)
         check_range("min_match", self.min_match, 1, self.max_ngram, integer=True)
         check_range("confidence", self.confidence, 0.0, 1.0)
-        check_choice("skip_gate", self.skip_gate, (True, False))
 
 
 @register_drafter("hybrid", config=HybridDrafterConfig)

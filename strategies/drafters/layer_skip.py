@@ -15,7 +15,7 @@ from framework import (
     Verification,
     register_drafter,
 )
-from framework.config_fields import check_choice, param
+from framework.config_fields import param
 from framework.drafting.draft_vocab import DraftVocab, DraftVocabConfig
 
 
@@ -31,7 +31,6 @@ class LayerSkipDrafterConfig(DraftVocabConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("on_stop", self.on_stop, ("keep", "drop"))
 
 
 @register_drafter("layer_skip", config=LayerSkipDrafterConfig)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework import Draft, Drafter, DraftView, LayerPlan, LengthController, RoundView, register_drafter
-from framework.config_fields import check_range, param
+from framework.config_fields import check_range, check_types, param
 from framework.drafting.copying import NgramIndex, copy_draft
 
 #: Longest n-gram the config accepts (the index holds max_ngram - min_ngram + 1 keys per token).
@@ -33,6 +33,7 @@ class PromptLookupDrafterConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("max_ngram", self.max_ngram, 1, MAX_NGRAM, integer=True)
         check_range("min_ngram", self.min_ngram, 1, self.max_ngram, integer=True)
         check_range("confidence", self.confidence, 0.0, 1.0)

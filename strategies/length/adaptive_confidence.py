@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
-from framework.config_fields import check_choice, check_range, param
-from strategies.length.confidence import STOP_ON, STOP_ON_HELP, continue_above
+from framework.config_fields import check_range, check_types, param
+from strategies.length.confidence import STOP_ON_HELP, continue_above
 
 #: The threshold is kept within [GAMMA_MIN, GAMMA_MAX], inside (0, 1).
 GAMMA_MIN, GAMMA_MAX = 1e-3, 1.0 - 1e-3
@@ -45,16 +45,13 @@ class AdaptiveConfidenceLengthConfig:
     stop_on: Literal["top1", "sampled"] = param("top1", help=STOP_ON_HELP)
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("exit_threshold", self.exit_threshold, GAMMA_MIN, GAMMA_MAX)
         check_range("target_accept_rate", self.target_accept_rate, 0.0, 1.0)
         check_range("step", self.step, 0.0, 1.0)
         check_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
         check_range("beta2", self.beta2, 0.0, 1.0, hi_open=True)
         check_range("max_length", self.max_length, 1, 64, integer=True)
-        check_choice("first_update", self.first_update, ("paper", "code"))
-        check_choice("no_decrease_at_cap", self.no_decrease_at_cap, (True, False))
-        check_choice("carry_across_prompts", self.carry_across_prompts, (True, False))
-        check_choice("stop_on", self.stop_on, STOP_ON)
 
 
 @register_length("adaptive_confidence", config=AdaptiveConfidenceLengthConfig)

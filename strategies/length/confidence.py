@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from framework import LengthController, LengthHint, RoundView, register_length
-from framework.config_fields import check_choice, check_range, param
+from framework.config_fields import check_range, check_types, param
 
 #: What a threshold controller compares with its threshold (``stop_on``).
 STOP_ON = ("top1", "sampled")
@@ -28,9 +28,9 @@ class ConfidenceLengthConfig:
     stop_on: Literal["top1", "sampled"] = param("top1", help=STOP_ON_HELP)
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("max_length", self.max_length, 1, 64, integer=True)
-        check_choice("stop_on", self.stop_on, STOP_ON)
 
 
 def continue_above(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
-from framework.config_fields import check_choice, check_range, param
+from framework.config_fields import check_range, check_types, param
 from strategies.length.confidence import continue_above
 
 
@@ -34,11 +34,10 @@ class DelDynamicLengthConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("max_length", self.max_length, 1, 64, integer=True)
         check_range("threshold", self.threshold, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
-        check_choice("use_selector_hint", self.use_selector_hint, (True, False))
-        check_choice("stop_on_confidence", self.stop_on_confidence, (True, False))
 
 
 @register_length("del_dynamic", config=DelDynamicLengthConfig)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from framework import Draft, LengthController, LengthHint, RoundView, Verification, register_length
-from framework.config_fields import check_range, param
+from framework.config_fields import check_range, check_types, param
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class FiniteStateLengthConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("k_min", self.k_min, 1, 64, integer=True)
         check_range("k_max", self.k_max, self.k_min, 64, integer=True)
         check_range("k_init", self.k_init, self.k_min, self.k_max, integer=True)

@@ -20,7 +20,7 @@ from framework import (
     Verification,
     register_selector,
 )
-from framework.config_fields import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_range, check_types, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
 from strategies.selectors.static import spread
 
@@ -70,17 +70,13 @@ class ClaspDPConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.num_skip is not None:
             check_range("num_skip", self.num_skip, 1, None, integer=True)
         check_range("skip_ratio", self.skip_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("interval", self.interval, 1, 100000, integer=True)
-        check_choice("interval_unit", self.interval_unit, ("rounds", "tokens"))
         check_range("protect_first", self.protect_first, 0, None, integer=True)
         check_range("protect_last", self.protect_last, 0, None, integer=True)
-        check_choice("init", self.init, ("prompt", "uniform"))
-        check_choice("dp_token", self.dp_token, ("last_accepted", "previous"))
-        check_choice("objective", self.objective, ("max_cosine", "min_cosine"))
-        check_choice("sequence_parallel", self.sequence_parallel, (True, False))
         check_budget(self)
 
     def skip_count(self, num_layers: int) -> int:

@@ -19,7 +19,7 @@ from framework import (
     Verification,
     register_selector,
 )
-from framework.config_fields import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_range, check_types, param
 from framework.search.budget import BudgetedWork, budget_param, check_budget
 
 
@@ -79,22 +79,16 @@ class DelTplConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.shadow_rows == "auto":  # a saved configuration of an earlier version
+            object.__setattr__(self, "shadow_rows", "chain")
+        check_types(self)
         check_range("decay", self.decay, 0.0, 1.0, lo_open=True)
         check_range("max_length", self.max_length, 1, 64, integer=True)
         check_range("min_exit", self.min_exit, 1, None, integer=True)
         if self.max_exit is not None:
             check_range("max_exit", self.max_exit, self.min_exit, None, integer=True)
         check_range("layer_stride", self.layer_stride, 1, 64, integer=True)
-        check_choice("alpha_denominator", self.alpha_denominator, ("window", "paper_literal"))
-        check_choice("window", self.window, ("shadow", "accepted"))
-        check_choice("cap_by_length", self.cap_by_length, (True, False))
-        check_choice("no_draft_when_unprofitable", self.no_draft_when_unprofitable, (True, False))
         check_range("init_tokens", self.init_tokens, 0, 4096, integer=True)
-        check_choice("init_reference", self.init_reference, ("target", "prompt"))
-        check_choice("empty_mismatch", self.empty_mismatch, ("zero", "keep"))
-        if self.shadow_rows == "auto":  # a saved configuration of an earlier version
-            object.__setattr__(self, "shadow_rows", "chain")
-        check_choice("shadow_rows", self.shadow_rows, ("chain", "window"))
         check_budget(self)
 
 

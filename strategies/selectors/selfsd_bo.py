@@ -41,7 +41,7 @@ from framework import (
     RoundView,
     register_selector,
 )
-from framework.config_fields import ConfigError, build_config, check_choice, check_range, param
+from framework.config_fields import ConfigError, build_config, check_range, check_types, param
 from framework.search.bayesopt import BinaryBayesOpt
 from framework.types import CostPrices, weights_key
 from framework.utils import cache_dir
@@ -110,16 +110,15 @@ class SelfSDConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("calib_limit", self.calib_limit, 1, 64, integer=True)
         check_range("calib_max_new_tokens", self.calib_max_new_tokens, 4, 512, integer=True)
         check_range("iterations", self.iterations, 1, 10000, integer=True)
-        check_choice("objective", self.objective, ("cost_model", "wall_time"))
         for r in self.probe_ratios:
             check_range("probe_ratios", r, 0.0, 1.0, hi_open=True)
         check_range("initial_random", self.initial_random, 0, integer=True)
         check_range("kappa", self.kappa, 0.0, lo_open=True)
         check_range("gp_noise", self.gp_noise, 0.0, lo_open=True)
-        check_choice("keep_first_last", self.keep_first_last, (True, False))
         check_range("search_max_length", self.search_max_length, 1, 64, integer=True)
         check_range("search_exit_threshold", self.search_exit_threshold, 1e-3, 1 - 1e-3)
         check_range("search_target_accept_rate", self.search_target_accept_rate, 0.0, 1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework import LayerPlan, LayerSelector, ModelInfo, RoundView, register_selector
-from framework.config_fields import ConfigError, check_range, param
+from framework.config_fields import ConfigError, check_range, check_types, param
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class StaticSelectorConfig:
     )
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("skip_ratio", self.skip_ratio, 0.0, 1.0, hi_open=True)
         for name in ("skip_attn", "skip_mlp"):
             idx = getattr(self, name)

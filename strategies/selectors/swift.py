@@ -41,7 +41,7 @@ from framework import (
     Verification,
     register_selector,
 )
-from framework.config_fields import ConfigError, check_choice, check_range, param
+from framework.config_fields import ConfigError, check_range, check_types, param
 from framework.search.bayesopt import BinaryBayesOpt
 from framework.search.budget import BudgetedWork, budget_param, check_budget
 from strategies.selectors.static import uniform_plan
@@ -124,17 +124,14 @@ class SwiftConfig:
     seed: int = param(2024, help="seeds random proposals and the GP's random starts (the code: 2024)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("skip_ratio", self.skip_ratio, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("context_window", self.context_window, 2, 1024, integer=True)
-        check_choice("window", self.window, ("first", "sliding"))
         check_range("max_opt_steps", self.max_opt_steps, 1, integer=True)
         check_range("bo_interval", self.bo_interval, 1, integer=True)
         check_range("patience", self.patience, 1, integer=True)
         check_range("matchness_stop", self.matchness_stop, 0.0, 1.0, lo_open=True)
         check_range("opt_interval", self.opt_interval, 1, integer=True)
-        check_choice("initial_set", self.initial_set, ("odd_blocks", "uniform"))
-        check_choice("keep_first_last", self.keep_first_last, (True, False))
-        check_choice("persist_across_prompts", self.persist_across_prompts, (True, False))
         check_range("retrigger_below", self.retrigger_below, 0.0, 1.0, hi_open=True)
         check_range("retrigger_window", self.retrigger_window, 1, integer=True)
         check_range("adaptive_r_below", self.adaptive_r_below, 0.0, 1.0, hi_open=True)

@@ -68,7 +68,9 @@ as the earlier ``run.py`` wrote it):
   ``<stem>.md``, with ``<stem>/`` for the plots, tracker and cost model. ``--output x.jsonl`` now
   names the folder ``x``; without ``--output`` the folder is ``runs/<method>-<time>``.
 - ``run.py``'s metadata: ``notes`` and ``resolved`` are per method (``{method: ...}``), as the
-  benchmark's were; its report's command line is the one that ran.
+  benchmark's were; its report's command line is the one that ran, and its configuration
+  (``config.yaml``, the metadata's and the tracker's ``config``) records it as
+  ``compare.command``, as ``bench.py``'s does (it was ``""``; ``--resume`` ignores it).
 - The tracker logs one key set whatever the number of methods: per prompt
   ``prompt/<method>_tokens_per_s`` and, for each speculative method, ``prompt/<method>_speedup``,
   ``_M``, ``_alpha``, ``_lossless`` and its strategies' statistics as ``<method>/<kind>/<name>``;

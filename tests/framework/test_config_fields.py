@@ -15,6 +15,7 @@ from framework.config_fields import (
     build_config,
     check_choice,
     check_range,
+    check_types,
     field_defaults,
     field_help,
     param,
@@ -132,8 +133,10 @@ def test_param_keeps_command_line_metadata_only_when_given():
 def test_parse_value_is_the_public_parser():
     assert parse_value("3,5", tuple[int, ...], "--x") == (3, 5)
     assert parse_value("none", int | None, "--x") is None
-    with pytest.raises(ConfigError, match="--x must be one of a, b, got 'c'"):
-        parse_value("c", Literal["a", "b"], "--x")
+    assert parse_value("bf16", Literal["float32", "bfloat16"], "--x") == "bfloat16"
+    assert parse_value("2", Literal[1, 2], "--x") == 2
+    # a choice the Literal lacks is the config's to refuse (check_types), not the parser's
+    assert parse_value("c", Literal["a", "b"], "--x") == "c"
 
 
 # --------------------------------------------------------------------------------- build_config
@@ -153,8 +156,46 @@ class _Cfg:
     label: str = "x"
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_range("ratio", self.ratio, 0.0, 1.0, hi_open=True)
         check_range("n", self.n, 1)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"flag": 1}, "flag must be a boolean (true/false), got 1"),
+        ({"flag": "yes"}, "flag must be a boolean (true/false), got 'yes'"),
+        ({"mode": "medium"}, "mode must be one of fast, slow, got 'medium'"),
+        ({"level": True}, "level must be one of 1, 2, 3, got True"),  # True == 1, but not a choice
+        ({"level": 1.0}, "level must be one of 1, 2, 3, got 1.0"),
+        ({"names": ("a", 2)}, "names must be a tuple of strings, got ('a', 2)"),
+        ({"names": ["a"]}, "names must be a tuple of strings, got ['a']"),
+        ({"label": None}, "label must be a string, got None"),
+    ],
+)
+def test_check_types_refuses_a_value_of_another_type(values, message):
+    with pytest.raises(ConfigError) as exc:
+        _Cfg(**values)
+    assert str(exc.value) == message
+
+
+def test_check_types_takes_optional_and_leaves_numbers_to_the_ranges():
+    assert _Cfg(cap=None, limit=None).cap is None
+    assert _Cfg(cap=3, limit=2).limit == 2
+
+    @dataclass(frozen=True)
+    class Flags:
+        cuda_graphs: bool = False
+        dtype: Literal["a"] | None = param(None, flag="--d")
+
+        def __post_init__(self) -> None:
+            check_types(self, flags=True)
+
+    with pytest.raises(ConfigError, match=r"^--cuda-graphs must be a boolean"):
+        Flags(cuda_graphs="no")
+    with pytest.raises(ConfigError, match=r"^--d must be one of a, got 'b'$"):
+        Flags(dtype="b")
 
 
 def test_build_config_parses_strings():
@@ -270,3 +311,18 @@ def test_registered_config_defaults_and_frozen(kind, entry):
             assert math.isfinite(default)
     inst = entry.cls(cfg)
     assert inst.config is cfg and entry.cls.name == entry.name
+
+
+@pytest.mark.parametrize("kind, entry", _all_entries(), ids=lambda v: getattr(v, "name", v))
+def test_registered_configs_check_their_types(kind, entry):
+    """Every registered config refuses, by construction in Python, a value its annotation does not
+    allow: a string for a boolean, an unknown choice for a ``Literal``."""
+    import typing
+
+    hints = typing.get_type_hints(entry.config)
+    for f in dataclasses.fields(entry.config):
+        tp = hints[f.name]
+        bad = "maybe" if tp is bool else "no-such-choice" if typing.get_origin(tp) is Literal else None
+        if bad is not None:
+            with pytest.raises(ConfigError, match=rf"^{f.name} must be (a boolean|one of)"):
+                entry.config(**{f.name: bad})

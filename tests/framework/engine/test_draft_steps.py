@@ -61,3 +61,59 @@ def test_sampling_picks_nothing_in_the_forward_and_one_step_is_a_view():
     tok, _ = b.add(torch.randn(1, 16))
     draft = b.build(None)
     assert draft.tokens.shape == (1, 1) and draft.tokens.data_ptr() == tok.data_ptr()  # no copy
+
+
+# ------------------------------------------------------------------ forced tokens (DraftView.force)
+
+
+def _decode_state(adapter, **flags):
+    from framework.engine.state import DecodeState
+    from framework.testing import random_prompt
+
+    state = DecodeState(adapter, random_prompt(6, 128, 0), 64, **flags)
+    state.append(state.prefill().argmax(-1)[:, None])
+    return state
+
+
+def _greedy_after(adapter, ids: list[int]) -> int:
+    """The full model's greedy token after ``ids``, from a fresh cache."""
+    cache = adapter.new_cache(len(ids) + 1)
+    out = adapter.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache)
+    return int(out.logits[0, -1].argmax())
+
+
+def test_forced_tokens_ride_along_in_the_next_draft_forward_and_come_first_in_the_draft(llama_adapter):
+    state = _decode_state(llama_adapter, need_confidence=True, need_draft_probs=True)
+    committed = list(state.token_ids())
+    fed: list[list[int]] = []
+
+    def after(tokens: list[int]) -> list[int]:
+        fed.append(tokens)
+        return [9] if len(fed) == 1 else []
+
+    state.force([5, 7], after=after)
+    assert list(state.token_ids()) == [*committed, 5, 7]  # the context a drafter continues
+    t1, _ = state.draft_step(state.pending, None)
+    assert state.stats.draft_forwards == 1 and state.draft_len == 3  # pending and the run: one forward
+    assert int(t1) == _greedy_after(llama_adapter, [*committed, 5, 7])
+    t2, _ = state.draft_step(t1.view(1, 1), None)
+    assert fed == [[int(t1)]] and state.draft_len == 5  # t1, then the run `after` forced, in one forward
+    assert int(t2) == _greedy_after(llama_adapter, [*committed, 5, 7, int(t1), 9])
+    draft = state.drafted(None)
+    assert draft.tokens[0].tolist() == [5, 7, int(t1), 9, int(t2)]
+    forced = [0, 1, 3]
+    assert draft.confidences[0, forced].tolist() == [1.0, 1.0, 1.0]
+    assert torch.equal(draft.probs[0, forced].argmax(-1), torch.tensor([5, 7, 9]))
+    assert draft.probs[0, forced].sum(-1).tolist() == [1.0, 1.0, 1.0]  # one-hot
+    assert list(state.token_ids()) == committed  # the round's draft is built: the context is committed again
+
+
+def test_a_copy_after_forced_tokens_holds_them_and_leaves_them_for_a_draft_step(llama_adapter):
+    state = _decode_state(llama_adapter, need_confidence=True)
+    state.force([5, 7])
+    copy = state.copied_draft([3, 4], None, 0.5)
+    assert copy.tokens[0].tolist() == [5, 7, 3, 4] and copy.source == "lookup"
+    assert copy.confidences[0].tolist() == [1.0, 1.0, 0.5, 0.5]
+    t, _ = state.draft_step(state.pending, None)  # a drafter that drops the copy drafts after the run
+    assert state.stats.draft_forwards == 1 and state.draft_len == 3
+    assert state.drafted(None).tokens[0].tolist() == [5, 7, int(t)]

@@ -107,7 +107,11 @@ def test_print_config_file_then_config_file_reproduces_the_config(capsys, tmp_pa
     assert run_cli(capsys, "--method", "swift", *flags, "--print-config", str(saved))[0] == 0
     code, out, _ = run_cli(capsys, "--config", str(saved), "--print-config")
     assert code == 0
-    assert yaml.safe_load(out) == yaml.safe_load(saved.read_text())
+    printed, first = yaml.safe_load(out), yaml.safe_load(saved.read_text())
+    # each records the command line that wrote it (the report's), as bench.py's configurations do
+    assert first["compare"].pop("command").endswith("--stop '###' --print-config " + str(saved))
+    assert printed["compare"].pop("command") == f"python experiments/run.py --config {saved} --print-config"
+    assert printed == first
     # Flags override the file; a strategy named as in the file keeps the file's fields.
     code, out, _ = run_cli(
         capsys, "--config", str(saved), "--length", "fixed", "--max-new-tokens", "9", "--print-config"

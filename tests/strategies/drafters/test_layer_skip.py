@@ -120,7 +120,7 @@ PLAN = LayerPlan.from_indices(L, attn=[1], mlp=[2])
 
 def test_on_stop_default_and_validation():
     assert LayerSkipDrafterConfig().on_stop == "keep"
-    with pytest.raises(ConfigError, match=r"^on_stop must be one of 'keep', 'drop', got 'skip'$"):
+    with pytest.raises(ConfigError, match=r"^on_stop must be one of keep, drop, got 'skip'$"):
         LayerSkipDrafterConfig(on_stop="skip")
     with pytest.raises(ConfigError, match=r"^--drafter\.on_stop must be one of keep, drop"):
         build_config(LayerSkipDrafterConfig, {"on_stop": "cut"}, flag_prefix="--drafter.")

@@ -143,7 +143,7 @@ def test_no_gate_of_its_own():
 
 def test_stop_on_default_and_validation():
     assert ConfidenceLengthConfig().stop_on == "top1"
-    with pytest.raises(ConfigError, match=r"^stop_on must be one of 'top1', 'sampled', got 'max'$"):
+    with pytest.raises(ConfigError, match=r"^stop_on must be one of top1, sampled, got 'max'$"):
         ConfidenceLengthConfig(stop_on="max")
     with pytest.raises(ConfigError, match=r"^--length\.stop_on must be one of top1, sampled"):
         build_config(ConfidenceLengthConfig, {"stop_on": "argmax"}, flag_prefix="--length.")
