@@ -177,7 +177,12 @@ def test_the_fused_path_follows_parameters_that_get_new_storage():
     pos = torch.arange(6)[None]
     want = adapter.forward(ids, pos, adapter.new_cache(8)).logits
     old = model.model.layers[0].mlp.up_proj.weight.data_ptr()
+    # the old storage kept alive (so that the allocator cannot hand its address to the new one) and
+    # overwritten after the move: a fused path still reading it would compute NaNs
+    kept = [p.data for p in model.parameters()]
     model.to(torch.float64).to(torch.float32)  # exact round trip; every parameter's data is new
+    for t in kept:
+        t.fill_(float("nan"))
     assert model.model.layers[0].mlp.up_proj.weight.data_ptr() != old
     assert torch.equal(adapter.forward(ids, pos, adapter.new_cache(8)).logits, want)
 
