@@ -4,8 +4,9 @@ Every strategy owns a frozen dataclass of hyper-parameters. Fields are declared 
 `param` (a default plus a one-line help that the CLI and the docs render); ``__post_init__``
 validates: `check_types` first (every field against its annotation: booleans, ``Literal``
 choices, strings), then `check_range` / `check_choice` for what a type does not say; each raises
-`ConfigError` naming the field, the value received and what is allowed. `build_config` turns CLI/YAML strings into
-a config and prefixes the field with the flag (``--selector.skip_ratio``) in error messages.
+`ConfigError` naming the field, the value received and what is allowed. `build_config` turns
+CLI/YAML strings into a config and prefixes the field with the flag (``--selector.skip_ratio``)
+in error messages.
 """
 
 from __future__ import annotations

@@ -145,19 +145,18 @@ class DraftSteps:
         """Append ``tokens`` (host ints) to the draft without a forward, each with ``confidence`` and
         a one-hot draft distribution where the strategies asked for them (a copied token's extras:
         `copied_draft`); returns them on the device, (B, k)."""
-        b, k = self.batch, len(tokens)
-        ids = self._state.tensor([list(tokens)] * b).reshape(b, k)
-        for i in range(k):
+        ids = self._state.tensor([list(tokens)] * self.batch).reshape(self.batch, len(tokens))
+        conf, q = (
+            known_extras(self._state, ids, confidence, self.want_probs) if self.want_extras else (None, None)
+        )
+        for i in range(len(tokens)):
             self.tokens.append(ids[:, i])
-            if self.want_extras:
-                self.confs.append(torch.full((b,), float(confidence), device=self.device))
+            if conf is not None:
+                self.confs.append(conf[:, i])
             if self.want_conf:
                 self.read_top1.append(float(confidence))
-            if self.want_probs:
-                vocab = self._state.info.vocab_size
-                self.probs.append(
-                    torch.zeros(b, vocab, device=self.device).scatter_(-1, ids[:, i : i + 1], 1.0)
-                )
+            if q is not None:
+                self.probs.append(q[:, i])
         return ids
 
     def add(
@@ -257,6 +256,19 @@ class DraftSteps:
         return draft
 
 
+def known_extras(
+    state: DecodeState, ids: torch.Tensor, confidence: float, probs: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The extras of tokens known without a forward, ``ids`` (B, k): each one's ``confidence``
+    (B, k) and, with ``probs``, its one-hot draft distribution (B, k, V), float32 as the draft
+    sampler's q (for which speculative sampling is still exact)."""
+    conf = torch.full(ids.shape, float(confidence), device=state.device)
+    if not probs:
+        return conf, None
+    q = torch.zeros(*ids.shape, state.info.vocab_size, device=state.device)
+    return conf, q.scatter_(-1, ids[..., None], 1.0)
+
+
 def copied_draft(
     state: DecodeState,
     tokens: Sequence[int],
@@ -273,12 +285,8 @@ def copied_draft(
     ids = state.tensor([list(tokens)] * batch).reshape(batch, k)
     draft = Draft(tokens=ids, plan=plan, source="lookup")
     if k and (state.need_confidence or state.need_draft_probs or state.draft_top_k > 0):
-        draft.confidences = torch.full((batch, k), float(confidence), device=state.device)
+        draft.confidences, draft.probs = known_extras(state, ids, confidence, state.need_draft_probs)
         state.host_values.remember(draft.confidences[0], [float(confidence)] * k)
-    if k and state.need_draft_probs:  # q = one-hot: (B, K, V), float32 as the draft sampler's
-        draft.probs = torch.zeros(batch, k, state.info.vocab_size, device=state.device).scatter_(
-            -1, ids[..., None], 1.0
-        )
     if steps is None or steps.stepped or not len(steps):
         return draft
     lead = steps.build(plan)

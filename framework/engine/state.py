@@ -385,7 +385,7 @@ class DecodeState:
         if isinstance(self.draft_head, LiveDraftHead):
             self.draft_head.observe(new, host)  # coverage; a context head adds the new tokens
         self.append(new, host=host)
-        self.discard_draft()  # the round's draft is done (the cache's commit dropped its KV already)
+        self._end_draft()  # the cache's commit dropped the draft's KV
         self._reads.commit(self, result.path_hidden if self.capture_hidden else None)
         self.round += 1
         return new
@@ -393,5 +393,8 @@ class DecodeState:
     def discard_draft(self) -> None:
         """Forget the current round's draft KV and tokens (e.g. a drafter that gives up)."""
         self.cache.rollback()
+        self._end_draft()
+
+    def _end_draft(self) -> None:
         self.draft_len, self._steps = 0, None
         self._reuse.drop()

@@ -212,10 +212,11 @@ _NEUTRAL_SINCE: dict[str, Any] = {
 
 def config_differences(old: dict[str, Any], cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
     """The fields (outside `RESUMABLE_FIELDS`) in which the metadata config ``old`` of a results
-    file differs from ``cfg``, each with its value there and here. A file from before the draft gate existed had it off; one from before
-    ``exact`` was a boolean wrote it as auto/on/off (unset, true, false); one from before the
-    generation section's processors, grammars and synthetic acceptance (issue 47) or the recorded
-    ``--import`` modules (issue 48) had them at their neutral values."""
+    file differs from ``cfg``, each with its value there and here. A file from before the draft
+    gate existed had it off; one from before ``exact`` was a boolean wrote it as auto/on/off
+    (unset, true, false); one from before the generation section's processors, grammars and
+    synthetic acceptance (issue 47) or the recorded ``--import`` modules (issue 48) had them at
+    their neutral values."""
     old = dict(old)
     old.setdefault("gate", dataclasses.asdict(GateConfig()))
     for key, neutral in _NEUTRAL_SINCE.items():

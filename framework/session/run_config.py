@@ -138,8 +138,15 @@ class RunConfig:
             ConfigError: a bad preset, an unknown key, a value that does not parse or is out of
                 range, a strategy name that is not registered (the message names the flag).
         """
+        return cls._layered(name_or_path, overrides)
+
+    @classmethod
+    def _layered(cls, name_or_path: str | None, *layers: Mapping[str, Any]) -> RunConfig:
+        """The preset's draft (`from_preset`'s ``name_or_path``) with each layer of overrides
+        applied in order, validated once."""
         draft = ov.preset_draft(name_or_path)
-        ov.apply(draft, overrides)
+        for overrides in layers:
+            ov.apply(draft, overrides)
         return cls(**ov.build(draft))
 
     @classmethod
@@ -192,10 +199,7 @@ class RunConfig:
                     keys.update({f"{sub}.{k}": x for k, x in v.items()} if nested else {f"{key}.{sub}": v})
             else:
                 keys[key] = value
-        draft = ov.preset_draft(None)
-        ov.apply(draft, keys)
-        ov.apply(draft, overrides)  # the command line's, after the file's
-        return cls(**ov.build(draft))
+        return cls._layered(None, keys, overrides)  # the command line's after the file's
 
     def save(self, path: str | Path) -> Path:
         """Write `to_dict` as YAML (JSON when ``path`` ends in ``.json``); returns the path."""
