@@ -1541,6 +1541,67 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        if False:",
         ("tests/framework/runner/test_host_work_report.py::test_a_skip_ratio_that_skips_nothing_is_said",),
     ),
+    Mutation(
+        "batch_rows_written_at_the_first_rows_base",
+        "a merged verification writes every row's block at the first row's slot (one base for a ragged batch)",
+        "framework/engine/batch/merge.py",
+        '    writes = [RowWrite(r.cache, r.num_new, r.options.get("base")) for r in reqs]',
+        '    writes = [RowWrite(r.cache, r.num_new, reqs[0].options.get("base")) for r in reqs]',
+        (
+            "tests/framework/engine/batch/test_batch_decoding.py::test_each_row_of_a_batch_equals_its_batch_1_output",
+        ),
+    ),
+    Mutation(
+        "batch_rows_read_from_row_0",
+        "a merged forward of rows 1.. attends to the KV of rows 0.. (a finished row 0 left a gap)",
+        "framework/engine/batch/rows.py",
+        "        k = self.batch.keys[layer_idx].narrow(0, self.first, n).narrow(2, 0, span)",
+        "        k = self.batch.keys[layer_idx].narrow(0, 0, n).narrow(2, 0, span)",
+        (
+            "tests/framework/engine/batch/test_batch_decoding.py::test_rows_that_finish_early_leave_the_forwards",
+        ),
+    ),
+    Mutation(
+        "batch_bonus_token_of_the_next_row",
+        "a row of a merged verification reads the next row's logits (its bonus token is another row's)",
+        "framework/engine/batch/merge.py",
+        '            chosen.append(h[j, n - 1 : n] if at == "last" else h[j, :n])',
+        '            chosen.append(h[j, n - 1 : n] if at == "last" else h[(j + 1) % len(reqs), :n])',
+        (
+            "tests/framework/engine/batch/test_batch_decoding.py::test_each_row_of_a_batch_equals_its_batch_1_output",
+        ),
+    ),
+    Mutation(
+        "batch_mask_shows_the_later_tokens",
+        "the merged forward's mask lets a row's new tokens see the tokens after them (no causal order)",
+        "framework/engine/batch/rows.py",
+        "        allowed = (slots < base) | ((slots >= base) & (slots <= base + new))",
+        "        allowed = slots < base + t",
+        (
+            "tests/framework/engine/batch/test_batch_decoding.py::test_vanilla_batched_equals_vanilla_alone_and_merges_every_step",
+            "tests/framework/engine/batch/test_batch_decoding.py::test_each_row_of_a_batch_equals_its_batch_1_output",
+        ),
+    ),
+    Mutation(
+        "batch_rows_share_one_random_stream",
+        "every row of a batch draws from the first row's random stream",
+        "framework/interfaces.py",
+        "            twin.random = random.for_row(row)  # type: ignore[attr-defined]",
+        "            pass",
+        (
+            "tests/framework/engine/batch/test_batch_decoding.py::test_sampling_rows_draw_from_their_own_streams",
+        ),
+    ),
+    Mutation(
+        "batch_verifies_before_the_drafts_end",
+        "a row that stopped drafting verifies alone while other rows still draft (a round's verification is not one forward)",
+        "framework/engine/batch/lockstep.py",
+        "        chosen = drafting or pending",
+        "        chosen = pending",
+        (
+            "tests/framework/engine/batch/test_batch_decoding.py::test_a_rounds_verification_is_one_forward_for_the_batch",
+        ),
+    ),
 )
 
 

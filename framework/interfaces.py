@@ -29,6 +29,7 @@ what no strategy asked for (``LayerSelector.needs_hidden_states``,
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -109,6 +110,20 @@ class Strategy(ABC):
         ``state.compute``. Default: nothing to read."""
         return None
 
+    def for_row(self, row: int) -> Strategy:
+        """This strategy for row ``row`` of a batch (`framework.engine.batch`): row 0 is this
+        instance, every other row a shallow copy of it (what `prepare` found is shared; `reset`
+        gives it its own per-generation state) with its own random stream
+        (`RandomStream.for_row`). A strategy whose per-generation state lives in an object made in
+        ``__init__`` and changed in place overrides this to copy it."""
+        if row == 0:
+            return self
+        twin = copy.copy(self)
+        random = getattr(self, "random", None)
+        if random is not None:
+            twin.random = random.for_row(row)  # type: ignore[attr-defined]
+        return twin
+
     def summary(self) -> dict[str, Any]:
         """Per-prompt statistics to log (e.g. optimisation steps, chosen sets)."""
         return {}
@@ -125,6 +140,11 @@ class LayerSelector(Strategy):
 
     #: The verify pass must return every layer's hidden states (CLaSp, DEL).
     needs_hidden_states: ClassVar[bool] = False
+    #: Every row of a batch gets the same plan from it (a fixed plan, or one searched before
+    #: decoding), so the rows' drafts run as one forward. A selector that adapts its plan to each
+    #: sequence says ``False``: at batch size > 1 each row still follows its own plan (the output
+    #: is the same), but rows whose plans differ draft in separate forwards.
+    shares_plan: ClassVar[bool] = False
 
     def begin(self, state: RoundView) -> None:  # noqa: B027 - optional hook
         """Called once a generation's state exists, before its prefill (after `reset`)."""

@@ -301,6 +301,11 @@ class RandomStream:
         self.seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
 
+    def for_row(self, row: int) -> RandomStream:
+        """The stream of row ``row`` of a batch: its own generators, seeded ``seed + row`` (row 0
+        draws what a batch of one draws)."""
+        return RandomStream(self.seed + row)
+
     def generator(self, device: torch.device | str) -> torch.Generator:
         """The stream's generator on ``device`` (created and seeded on first use)."""
         device = torch.device(device)

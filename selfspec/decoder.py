@@ -22,6 +22,7 @@ import torch
 
 from framework.config_fields import ConfigError
 from framework.data.prompts import encode_chat
+from framework.engine.batch.decoding import BatchDecoder
 from framework.engine.decoding import GenerationResult
 from framework.engine.grammar import FLAGS as GRAMMAR_FLAGS
 from framework.engine.grammar import Grammar, GrammarError
@@ -393,14 +394,15 @@ class Decoder:
         json_schema: Mapping[str, Any] | str | None = None,
         regex: str | None = None,
         grammar: str | None = None,
+        batch_size: int = 1,
     ) -> Generation | list[Generation]:
         """Generate with the method (self-speculative decoding), shaped like transformers'
         ``model.generate``.
 
         Args:
             prompt: a user message, a chat (a list of ``{"role", "content"}`` messages) or prompt
-                token ids; or a list of those (a batch), decoded **one after another** (speculative
-                decoding here runs one sequence at a time), the results in the same order.
+                token ids; or a list of those, the results in the same order, decoded
+                ``batch_size`` at a time.
             max_new_tokens: the budget, a positive int (default: the config's, or
                 ``generation_config``'s).
             do_sample: sample (speculative sampling, lossless in distribution) instead of greedy
@@ -437,6 +439,9 @@ class Decoder:
                 plain decoding (`framework.engine.grammar`).
             regex: the output matches this regular expression (llguidance).
             grammar: the output matches this grammar, in llguidance's Lark syntax (an EBNF).
+            batch_size: for a list of prompts, how many decode together (each row's tokens are
+                what it decodes alone, its forwards shared with the other rows';
+                docs/batching.md). 1 (the default): one after another.
 
         Returns:
             One `Generation`, or a list of them for a list of prompts.
@@ -466,12 +471,30 @@ class Decoder:
         prompts = _as_batch(prompt)
         if prompts is not None and streamer is not None:
             raise ValueError("streamer: streaming takes one prompt at a time (a batch of prompts was given)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self._use_sampling(opts.sampling, reseed=seed is not None)
         dec = self.experiment.decoder
         with python_names():
             if prompts is None:
                 return self._run(dec, self.encode(prompt), opts.max_new_tokens, streamer, controls)  # type: ignore[arg-type]
+            if batch_size > 1:
+                return self._run_batches(
+                    dec, [self.encode(p) for p in prompts], opts.max_new_tokens, controls, batch_size
+                )
             return [self._run(dec, self.encode(p), opts.max_new_tokens, None, controls) for p in prompts]
+
+    def _run_batches(
+        self, decoder: Any, prompts: list[torch.Tensor], max_new_tokens: int | None, controls: Any, size: int
+    ) -> list[Generation]:
+        """``prompts`` decoded ``size`` at a time (`framework.engine.batch.decoding.BatchDecoder`)."""
+        batch, out = BatchDecoder(decoder, size), []
+        for lo in range(0, len(prompts), size):
+            part = prompts[lo : lo + size]
+            stops = [self.experiment.stop(max_new_tokens, None, **(controls or {})) for _ in part]
+            for res in batch.generate(part, stops).rows:
+                out.append(self._generation(res, self.experiment.text(res.tokens)))
+        return out
 
     def _controls(self, generation_config: Any, **given: Any) -> dict[str, Any]:
         """`Session.stop`'s keywords for `generate`'s processing, stopping and grammar arguments (a

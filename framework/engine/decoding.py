@@ -6,6 +6,7 @@ logic, so a speedup compares like with like. The speculative loop knows only the
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,8 +216,8 @@ class GenerationResult:
 PLAIN_ROUND = RoundRecord(drafted=0, accepted=0, committed=1, skip_ratio=0.0)
 
 
-def _capacity(prompt_len: int, max_new_tokens: int, max_draft: int) -> int:
-    # Prompt + budget + the longest draft block + bonus, and a little slack.
+def capacity_for(prompt_len: int, max_new_tokens: int, max_draft: int) -> int:
+    """KV slots of one generation: prompt + budget + the longest draft block + bonus, and slack."""
     return prompt_len + max_new_tokens + max_draft + 8
 
 
@@ -324,16 +325,29 @@ class VanillaDecoder:
     name = "vanilla"
 
     def __init__(self, adapter: ModelAdapter, verifier: Verifier | None = None) -> None:
-        self.adapter = adapter
+        self.adapter, self.verifier = adapter, verifier
         if verifier is not None:
             verifier.setup(adapter.arch.info())
         self.choose = verifier.choose if verifier is not None else (lambda logits: logits.argmax(-1))
+
+    def for_row(self, row: int, adapter: ModelAdapter) -> VanillaDecoder:
+        """This decoder for row ``row`` of a batch (`framework.engine.batch`): its verifier's
+        `Strategy.for_row` (its own random stream)."""
+        if row == 0:
+            return self
+        return VanillaDecoder(adapter, None if self.verifier is None else self.verifier.for_row(row))
+
+    def on(self, adapter: Any) -> VanillaDecoder:
+        """This decoder running its forwards through ``adapter`` (a batch row's)."""
+        twin = copy.copy(self)
+        twin.adapter = adapter
+        return twin
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, stop: StopCondition) -> GenerationResult:
         adapter = self.adapter
         _check_context(adapter, prompt_ids.shape[1], stop.max_new_tokens)
-        state = DecodeState(adapter, prompt_ids, _capacity(prompt_ids.shape[1], stop.max_new_tokens, 0))
+        state = DecodeState(adapter, prompt_ids, capacity_for(prompt_ids.shape[1], stop.max_new_tokens, 0))
         counters = _Counters.of(adapter)
         t0, new, cut = _prefill(state, self.choose, stop)
         while cut is None:
@@ -401,6 +415,26 @@ class SpeculativeDecoder:
         for s in (selector, length, drafter, verifier):
             s.setup(info)
 
+    def for_row(self, row: int, adapter: ModelAdapter) -> SpeculativeDecoder:
+        """This decoder for row ``row`` of a batch (`framework.engine.batch`): each strategy's
+        `Strategy.for_row` (row 0: this decoder's own)."""
+        if row == 0:
+            return self
+        s = self.strategies()
+        return SpeculativeDecoder(
+            adapter,
+            *(s[k].for_row(row) for k in ("selector", "length", "drafter", "verifier")),
+            max_draft=self.max_draft,
+            phase_timing=self.phase_timing,
+            synthetic=self.synthetic,
+        )
+
+    def on(self, adapter: Any) -> SpeculativeDecoder:
+        """This decoder running its forwards through ``adapter`` (a batch row's)."""
+        twin = copy.copy(self)
+        twin.adapter = adapter
+        return twin
+
     def prepare(self, ctx: PrepareView) -> None:
         """Run every strategy's one-time `Strategy.prepare` (offline searches).
 
@@ -445,7 +479,7 @@ class SpeculativeDecoder:
         state = DecodeState.for_strategies(
             adapter,
             prompt_ids,
-            _capacity(prompt_ids.shape[1], stop.max_new_tokens, self.max_draft),
+            capacity_for(prompt_ids.shape[1], stop.max_new_tokens, self.max_draft),
             self.selector,
             self.length,
             self.verifier,

@@ -27,7 +27,14 @@ from framework.testing.stubs import (
     random_prompt,
     synthetic_cost_model,
 )
-from framework.testing.tiny import ARCHS, cached_tiny_model, tiny_json_tokenizer, tiny_model, tiny_tokenizer
+from framework.testing.tiny import (
+    ARCHS,
+    cached_tiny_model,
+    char_regex_grammar,
+    tiny_json_tokenizer,
+    tiny_model,
+    tiny_tokenizer,
+)
 
 
 def plain_table(text: str) -> str:
@@ -37,6 +44,7 @@ def plain_table(text: str) -> str:
 
 
 __all__ = [
+    "char_regex_grammar",
     "plain_table",
     "ARCHS",
     "CONTRACT_PARTNERS",

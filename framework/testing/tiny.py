@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from framework.engine.grammar import CompiledGrammar, Grammar
+
 #: Architectures `tiny_model` can build (all served by the Llama-family adapter).
 ARCHS: tuple[str, ...] = ("llama", "qwen2", "mistral", "qwen3")
 
@@ -143,3 +145,19 @@ def tiny_json_tokenizer() -> Any:
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
     tok.chat_template = tiny_tokenizer().chat_template
     return tok
+
+
+def char_regex_grammar(regex: str, chars: str, vocab_size: int) -> Any:
+    """``regex`` compiled (`framework.engine.grammar.CompiledGrammar`) for a tokenizer of one token
+    per character of ``chars`` after three specials (``<unk>``, ``<|im_start|>``, ``<|im_end|>``,
+    the end of sequence), over a model of ``vocab_size`` tokens (ids past the tokenizer's are never
+    allowed)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", *chars])}
+    tk = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
+    return CompiledGrammar(Grammar.regex(regex), tok, vocab_size)

@@ -136,6 +136,8 @@ class SelfSDSelector(LayerSelector):
     """Draft & Verify (Self-SD): one skip set for the whole run, searched offline by GP-UCB Bayesian
     optimisation over the 2L attention/MLP bits (free cardinality), scored by decoding speed."""
 
+    shares_plan = True  # one plan for every row of a batch
+
     requires = ("botorch", "gpytorch")  # its Gaussian-process Bayesian optimisation
 
     def __init__(self, config: SelfSDConfig | None = None) -> None:

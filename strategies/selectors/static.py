@@ -67,6 +67,8 @@ class StaticSelector(LayerSelector):
     skip set (e.g. Draft & Verify's released LLaMA-2 sets) on a new model.
     """
 
+    shares_plan = True  # one plan for every row of a batch
+
     def setup(self, info: ModelInfo) -> None:
         c, n = self.config, info.num_layers
         if c.explicit:

@@ -192,6 +192,20 @@ def test_a_list_of_prompts_is_decoded_one_after_another_in_order(dec):
     ]
 
 
+def test_a_list_of_prompts_decodes_in_batches_with_each_prompts_own_tokens(dec):
+    prompts = [PROMPT, "w3 w4", [{"role": "user", "content": "w8 w9 w10"}], "w5 w6 w7"]
+    alone = [dec.generate(p, max_new_tokens=6).tokens for p in prompts]
+    for size in (2, 3):
+        outs = dec.generate(prompts, max_new_tokens=6, batch_size=size, repetition_penalty=1.2)
+        assert [o.tokens for o in outs] == [
+            dec.generate(p, max_new_tokens=6, repetition_penalty=1.2).tokens for p in prompts
+        ]
+    assert [o.tokens for o in dec.generate(prompts, max_new_tokens=6, batch_size=4)] == alone
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            dec.generate(prompts, batch_size=bad)
+
+
 def test_max_new_tokens_is_validated_like_a_python_argument(dec):
     assert len(dec.generate(PROMPT, max_new_tokens=1).tokens) == 1  # not silently the default
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):

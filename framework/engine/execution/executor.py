@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from framework.engine.batch.rows import MergedRows
 from framework.engine.execution.blocks import run_blocks
 from framework.engine.execution.branches import BranchGraphs
 from framework.engine.execution.forward_graph import ForwardGraphs
@@ -448,6 +449,10 @@ class Executor:
         fused = route.fused
         graphs = self.graphs.branches if route.branches and self.graphs is not None else None
         cos, sin = (e.contiguous() for e in pos_emb) if fused is not None else (None, None)
+        if isinstance(cache, MergedRows):  # several rows of a batch, each at its own slots
+            return run_blocks(
+                h, spec.start, stop, spec.plan, *cache.branches(arch, fused, pos_emb), captured=captured
+            )
 
         def attention(i: int, x: torch.Tensor) -> torch.Tensor:
             if graphs is not None:

@@ -113,6 +113,6 @@ def choose_route(
         fused = res.fused
     else:
         fused = spec.weights if isinstance(spec.weights, FusedBlocks) else None
-    if fused is not None and not fused.applies(hidden):
+    if fused is not None and not fused.applies(hidden if hidden.shape[0] == 1 else hidden[:1]):
         fused = None
     return Route(False, why, branches=branches, fused=fused)

@@ -384,17 +384,9 @@ _CHARS = "xyab012345678"
 @functools.lru_cache(maxsize=4)
 def _regex_grammar(regex: str) -> Any:
     """``regex`` compiled for a character tokenizer of the statistical tests' 16 tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from framework.testing import char_regex_grammar
 
-    from framework.engine.grammar import CompiledGrammar, Grammar
-
-    vocab = {t: i for i, t in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", *_CHARS])}
-    tk = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>")
-    return CompiledGrammar(Grammar.regex(regex), tok, V)
+    return char_regex_grammar(regex, _CHARS, V)
 
 
 def _speculative_samples(
